@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+CARGO ?= cargo
+PIPELINE ?= examples/pipeline.yml
+
+.PHONY: demo test build lint bench
+
+## Build everything and run the example pipeline through the whole stack.
+demo:
+	@scripts/deps.sh demo
+	$(CARGO) build --workspace --bins
+	./target/debug/slipway exec $(PIPELINE)
+
+## Install every test dependency, then run the whole suite.
+test:
+	@scripts/deps.sh test
+	$(CARGO) build --workspace --all-targets
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(CARGO) nextest run --workspace --no-fail-fast; \
+	else \
+		$(CARGO) test --workspace --no-fail-fast; \
+	fi
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+## What CI checks besides the tests.
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## Benchmarks: write bench/results/*.json (release build; the plugin binary is needed too).
+bench:
+	@scripts/deps.sh demo
+	$(CARGO) build --release --workspace --bins
+	$(CARGO) bench -p slipway --bench dispatch

@@ -1,0 +1,25 @@
+//! SSH connector to fleet instances.
+//!
+//! [`Client::connect`] dials an instance described by a fleeting [`ConnectInfo`], pins its host
+//! key in a [`HostKeyStore`] on first use, and authenticates with the key and/or password the
+//! plugin handed out. [`Client::run`] executes one command per SSH channel and streams its
+//! stdout/stderr live; several runs may share one connection.
+//!
+//! [`ConnectInfo`]: slipway_fleeting::ConnectInfo
+
+mod client;
+mod error;
+mod hostkeys;
+
+pub use client::{Client, DialOptions, ExitStatus, Output, RunOptions};
+pub use error::{ConnectError, HostKeyStoreError};
+pub use hostkeys::HostKeyStore;
+
+/// Dial timeout used when the connector config leaves it at zero.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Keepalive interval used when the connector config leaves it at zero.
+pub const DEFAULT_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(30);
+/// Unanswered keepalives after which the connection is considered dead.
+pub const KEEPALIVE_MAX: usize = 3;
+/// SSH port used when the connector config leaves `protocol_port` at zero.
+pub const DEFAULT_SSH_PORT: u16 = 22;

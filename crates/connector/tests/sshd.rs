@@ -1,0 +1,445 @@
+//! End-to-end tests of the connector against a real OpenSSH sshd on 127.0.0.1.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use slipway_connector::{Client, ConnectError, DialOptions, HostKeyStore, Output, RunOptions};
+use slipway_fleeting::{ConnectInfo, ConnectorConfig};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+const SSHD: &str = "/usr/sbin/sshd";
+
+/// Install openssh-server when missing (tests never skip for want of it).
+fn ensure_sshd() {
+    if Path::new(SSHD).exists() {
+        return;
+    }
+    let ok = std::process::Command::new("apt-get")
+        .args(["install", "-y", "-q", "openssh-server"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        let _ = std::process::Command::new("apt-get").arg("update").status();
+        let st = std::process::Command::new("apt-get")
+            .args(["install", "-y", "-q", "openssh-server"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .unwrap();
+        assert!(st.success(), "apt-get install openssh-server failed");
+    }
+}
+
+fn keygen(path: &Path) {
+    let st = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// A real sshd in the foreground (`-D -e`) with its own host key, killed with its session
+/// processes when dropped.
+struct Sshd {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Sshd {
+    async fn start() -> Sshd {
+        ensure_sshd();
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        keygen(&d.join("host"));
+        keygen(&d.join("client"));
+        std::fs::copy(d.join("client.pub"), d.join("authorized_keys")).unwrap();
+        let mut sshd = Sshd {
+            dir,
+            port: 0,
+            child: None,
+        };
+        sshd.spawn(None).await;
+        sshd
+    }
+
+    fn cfg(&self) -> PathBuf {
+        self.dir.path().join("sshd_config")
+    }
+
+    async fn spawn(&mut self, port: Option<u16>) {
+        for _ in 0..20 {
+            let port = match port {
+                Some(p) => p,
+                None => std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port(),
+            };
+            let d = self.dir.path().display();
+            std::fs::write(
+                self.cfg(),
+                format!(
+                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\n\
+                     AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\n\
+                     StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
+                     PermitRootLogin prohibit-password\nMaxSessions 64\nMaxStartups 64:30:128\n\
+                     LogLevel ERROR\n"
+                ),
+            )
+            .unwrap();
+            let mut child = Command::new(SSHD)
+                .arg("-D")
+                .arg("-e")
+                .arg("-f")
+                .arg(self.cfg())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // e.g. port collision: retry with another port
+                }
+                if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+                {
+                    self.port = port;
+                    self.child = Some(child);
+                    return;
+                }
+                assert!(Instant::now() < deadline, "sshd did not start");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        panic!("could not start sshd");
+    }
+
+    fn info(&self) -> ConnectInfo {
+        ConnectInfo {
+            id: "inst-1".into(),
+            connector: ConnectorConfig {
+                os: "linux".into(),
+                protocol: "ssh".into(),
+                username: whoami(),
+                key: std::fs::read(self.dir.path().join("client")).unwrap(),
+                timeout: Duration::from_secs(5),
+                ..ConnectorConfig::default()
+            },
+            internal_addr: format!("127.0.0.1:{}", self.port),
+            ..ConnectInfo::default()
+        }
+    }
+
+    /// SIGKILL the listener and every process below it (connection sshds, commands).
+    fn kill_all(&mut self) {
+        if let Some(pid) = self.child.as_ref().and_then(Child::id) {
+            kill_tree(pid);
+        }
+        self.child = None;
+    }
+
+    /// Restart on the same port with a freshly generated host key.
+    async fn swap_host_key(&mut self) {
+        self.kill_all();
+        let host = self.dir.path().join("host");
+        std::fs::remove_file(&host).unwrap();
+        std::fs::remove_file(host.with_extension("pub")).unwrap();
+        keygen(&host);
+        let port = self.port;
+        // The old listener may take a moment to release the port.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.spawn(Some(port)).await;
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+fn whoami() -> String {
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Kill `root` and all its descendants (found through /proc/*/stat parent pids).
+fn kill_tree(root: u32) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let mut pids = vec![root];
+    let mut i = 0;
+    let table: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after = stat.rsplit_once(')')?.1;
+            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    while i < pids.len() {
+        let parent = pids[i];
+        pids.extend(
+            table
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    for pid in pids {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    }
+}
+
+async fn connect(sshd: &Sshd, store: &HostKeyStore) -> Client {
+    Client::connect(&sshd.info(), &DialOptions::default(), store)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn stdin_stdout_stderr_and_exit_codes() {
+    let sshd = Sshd::start().await;
+    let store = HostKeyStore::new();
+    let client = connect(&sshd, &store).await;
+
+    let (st, out, err) = client
+        .run_capture("tr a-z A-Z; echo oops >&2", b"hello stdin".to_vec())
+        .await
+        .unwrap();
+    assert!(st.success(), "{st:?}");
+    assert_eq!(out, b"HELLO STDIN");
+    assert_eq!(err, b"oops\n");
+
+    let (st, out, _) = client.run_capture("exit 3", Vec::new()).await.unwrap();
+    assert_eq!(
+        (st.code, st.signal.as_deref(), out.len()),
+        (Some(3), None, 0)
+    );
+
+    let (st, _, _) = client
+        .run_capture("kill -KILL $$", Vec::new())
+        .await
+        .unwrap();
+    assert_eq!((st.code, st.signal.as_deref()), (None, Some("KILL")));
+
+    // Large stdin through a command that echoes it back: flow control in both directions.
+    let big: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (st, out, _) = client.run_capture("cat", big.clone()).await.unwrap();
+    assert!(st.success());
+    assert_eq!(out.len(), big.len());
+    assert!(out == big);
+    client.close().await;
+}
+
+#[tokio::test]
+async fn output_streams_before_exit() {
+    let sshd = Sshd::start().await;
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let (tx, mut rx) = mpsc::channel(16);
+    let run = client.run(
+        RunOptions::new("for i in 1 2 3; do echo line$i; sleep 0.3; done"),
+        tx,
+    );
+    let watch = async {
+        let mut chunks = Vec::new();
+        while let Some(Output::Stdout(c)) = rx.recv().await {
+            chunks.push((Instant::now(), c));
+        }
+        chunks
+    };
+    let (st, chunks) = tokio::join!(run, watch);
+    let done = Instant::now();
+    assert!(st.unwrap().success());
+    assert!(chunks.len() > 1, "{chunks:?}");
+    // The first line arrived well before the command ended.
+    assert!(done - chunks[0].0 > Duration::from_millis(400));
+    let all: Vec<u8> = chunks.into_iter().flat_map(|(_, c)| c).collect();
+    assert_eq!(all, b"line1\nline2\nline3\n");
+}
+
+#[tokio::test]
+async fn concurrent_runs_share_a_connection() {
+    let sshd = Sshd::start().await;
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let start = Instant::now();
+    let runs = (0..8).map(|i| {
+        let client = &client;
+        async move {
+            client
+                .run_capture(format!("sleep 0.5; echo {i}; exit {i}"), Vec::new())
+                .await
+        }
+    });
+    let results = futures_join_all(runs).await;
+    for (i, r) in results.into_iter().enumerate() {
+        let (st, out, _) = r.unwrap();
+        assert_eq!(st.code, Some(i as u32));
+        assert_eq!(out, format!("{i}\n").into_bytes());
+    }
+    // Sequential would take 4 s; generous bound for a loaded 2-core machine.
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// Minimal join_all without pulling in the futures crate.
+async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futs.map(Box::pin).collect();
+    let mut out = Vec::new();
+    // Polling them through a single select-free loop: spawn-free, order-preserving.
+    let mut pending: Vec<_> = handles.into_iter().map(Some).collect();
+    let mut results: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (i, slot) in pending.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        results[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.extend(results.into_iter().map(Option::unwrap));
+    out
+}
+
+#[tokio::test]
+async fn run_timeout_closes_the_channel() {
+    let sshd = Sshd::start().await;
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let (tx, _rx) = mpsc::channel(16);
+    let start = Instant::now();
+    let err = client
+        .run(
+            RunOptions::new("sleep 30").timeout(Duration::from_millis(500)),
+            tx,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::Timeout { .. }), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // The connection is still usable afterwards.
+    let (st, out, _) = client.run_capture("echo ok", Vec::new()).await.unwrap();
+    assert!(st.success());
+    assert_eq!(out, b"ok\n");
+}
+
+#[tokio::test]
+async fn host_key_pinned_then_mismatch_detected() {
+    let mut sshd = Sshd::start().await;
+    let pins = tempfile::tempdir().unwrap();
+    let store = HostKeyStore::open(pins.path().join("known_hosts"))
+        .await
+        .unwrap();
+    connect(&sshd, &store).await.close().await;
+    let pinned = store.fingerprint("inst-1").unwrap();
+    let text = std::fs::read_to_string(pins.path().join("known_hosts")).unwrap();
+    assert!(text.starts_with("inst-1 ssh-ed25519 "), "{text}");
+
+    sshd.swap_host_key().await;
+    // A store reopened from the file (a restarted manager) still rejects the new key.
+    let reopened = HostKeyStore::open(pins.path().join("known_hosts"))
+        .await
+        .unwrap();
+    let err = Client::connect(&sshd.info(), &DialOptions::default(), &reopened)
+        .await
+        .unwrap_err();
+    match &err {
+        ConnectError::HostKeyMismatch {
+            instance,
+            expected_fingerprint,
+            got_fingerprint,
+        } => {
+            assert_eq!(instance, "inst-1");
+            assert_eq!(expected_fingerprint, &pinned);
+            assert_ne!(got_fingerprint, &pinned);
+            assert!(got_fingerprint.starts_with("SHA256:"));
+        }
+        other => panic!("expected HostKeyMismatch, got {other}"),
+    }
+    assert!(err.to_string().contains("inst-1"));
+
+    // After the instance is forgotten (deleted and recreated), the new key is accepted.
+    assert!(reopened.forget("inst-1").await.unwrap());
+    connect(&sshd, &reopened).await.close().await;
+}
+
+#[tokio::test]
+async fn dropped_connection_and_dead_server_are_errors() {
+    let mut sshd = Sshd::start().await;
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let (tx, _rx) = mpsc::channel(16);
+    let run = client.run(RunOptions::new("sleep 30"), tx);
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sshd.kill_all();
+    };
+    let (res, ()) =
+        tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(run, kill) })
+            .await
+            .expect("run hung after the connection dropped");
+    let err = res.unwrap_err();
+    assert!(matches!(err, ConnectError::Disconnected { .. }), "{err}");
+
+    let err = Client::connect(&sshd.info(), &DialOptions::default(), &HostKeyStore::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::Io { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("inst-1") && msg.contains(&format!("127.0.0.1:{}", sshd.port)),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn wrong_key_is_an_auth_failure() {
+    let sshd = Sshd::start().await;
+    let other = sshd.dir.path().join("other");
+    keygen(&other);
+    let mut info = sshd.info();
+    info.connector.key = std::fs::read(&other).unwrap();
+    let err = Client::connect(&info, &DialOptions::default(), &HostKeyStore::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::AuthFailed { .. }), "{err}");
+    info.connector.key = b"not a key".to_vec();
+    let err = Client::connect(&info, &DialOptions::default(), &HostKeyStore::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConnectError::InvalidKey { .. }), "{err}");
+    assert!(!format!("{err}").contains("not a key"));
+}

@@ -1,0 +1,292 @@
+//! The `instance` executor: each step is a bash script fed over SSH stdin, in a per-job directory
+//! under the slot.
+
+use std::time::Duration;
+
+use slipway_connector::{Client, Output, RunOptions};
+use slipway_jobs::model::{JobResponse, StepName, When};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::outcome::{FailureReason, JobOutcome};
+use crate::script::{self, JobDirs};
+use crate::trace::Trace;
+
+/// Job timeout when the job names none (GitLab's project default).
+pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
+/// `after_script` has its own timeout, as in GitLab.
+pub const AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bounded time for preparation, artifact transfer and cleanup commands.
+const HOUSEKEEPING_TIMEOUT: Duration = Duration::from_secs(120);
+/// The command sshd runs; the script arrives on stdin. `exec` keeps the session leader's pid,
+/// which is then the step's process group.
+const SHELL: &str = "exec bash --noprofile --norc -s";
+
+/// Settings of the instance executor.
+#[derive(Debug, Clone)]
+pub struct InstanceExecutor {
+    /// Builds root on the instance, relative to the login directory unless absolute.
+    pub builds_dir: String,
+    /// Seconds between SIGTERM and SIGKILL when a step is stopped.
+    pub kill_grace_secs: u32,
+}
+
+impl Default for InstanceExecutor {
+    fn default() -> Self {
+        InstanceExecutor {
+            builds_dir: "builds".into(),
+            kill_grace_secs: 5,
+        }
+    }
+}
+
+/// What a job needs besides its payload.
+#[derive(Debug)]
+pub struct RunContext<'a> {
+    /// SSH connection to the job's instance.
+    pub client: &'a Client,
+    /// The job's slot on that instance.
+    pub slot: u32,
+    /// Output sink (masks secrets).
+    pub trace: &'a mut Trace,
+    /// Cancelled to stop the job (manager shutdown, instance lost).
+    pub cancel: CancellationToken,
+    /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
+    pub artifacts_in: Vec<Vec<u8>>,
+}
+
+/// A finished job.
+#[derive(Debug)]
+pub struct RunResult {
+    /// Success or why not.
+    pub outcome: JobOutcome,
+    /// Tarball of the job's artifacts, when it declared any and they were collected.
+    pub artifacts: Option<Vec<u8>>,
+}
+
+enum StepEnd {
+    Exited(JobOutcome),
+    TimedOut,
+    Canceled,
+}
+
+impl InstanceExecutor {
+    /// Run a job: prepare the directory, the script step, `after_script`, artifacts, cleanup.
+    pub async fn run(&self, job: &JobResponse, ctx: RunContext<'_>) -> RunResult {
+        let RunContext {
+            client,
+            slot,
+            trace,
+            cancel,
+            artifacts_in,
+        } = ctx;
+        let dirs = JobDirs {
+            builds_dir: self.builds_dir.clone(),
+            slot,
+            job_id: job.id,
+        };
+        let timeout = match job.runner_info.timeout {
+            0 => DEFAULT_JOB_TIMEOUT,
+            s => Duration::from_secs(s),
+        };
+        let deadline = Instant::now() + timeout;
+
+        let input: Vec<u8> = artifacts_in.concat();
+        let prepare = script::prepare_script(&dirs, !input.is_empty());
+        if let Err(msg) = housekeeping(client, &prepare, input).await {
+            trace.message(&format!(
+                "ERROR: preparing the build directory failed: {msg}"
+            ));
+            self.cleanup(client, &dirs, trace).await;
+            return RunResult {
+                outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
+                artifacts: None,
+            };
+        }
+
+        let lines = |name: StepName| -> Vec<String> {
+            job.steps
+                .iter()
+                .filter(|s| s.name == name)
+                .flat_map(|s| s.script.iter().cloned())
+                .collect()
+        };
+
+        let script_lines = lines(StepName::Script);
+        let mut outcome = match self
+            .step(client, &dirs, job, &script_lines, deadline, &cancel, trace)
+            .await
+        {
+            StepEnd::Exited(o) => o,
+            StepEnd::TimedOut => {
+                let msg = format!("job execution timeout: exceeded {}", fmt_secs(timeout));
+                trace.message(&format!("ERROR: {msg}"));
+                JobOutcome::failed(FailureReason::JobExecutionTimeout, None, msg)
+            }
+            StepEnd::Canceled => {
+                trace.message("ERROR: job canceled");
+                JobOutcome::failed(FailureReason::JobCanceled, None, "job canceled")
+            }
+        };
+
+        // after_script runs whatever happened, with its own timeout (GitLab does the same).
+        let after = lines(StepName::AfterScript);
+        if !after.is_empty() && !cancel.is_cancelled() {
+            trace.message("Running after_script");
+            let after_deadline = Instant::now() + AFTER_SCRIPT_TIMEOUT;
+            match self
+                .step(client, &dirs, job, &after, after_deadline, &cancel, trace)
+                .await
+            {
+                StepEnd::Exited(JobOutcome::Failed { message, .. }) => {
+                    trace.message(&format!("WARNING: after_script failed: {message}"));
+                }
+                StepEnd::TimedOut => trace.message("WARNING: after_script timed out"),
+                StepEnd::Exited(JobOutcome::Success) | StepEnd::Canceled => {}
+            }
+        }
+
+        let mut artifacts = None;
+        let wanted = job.artifacts.iter().filter(|a| match a.when {
+            When::OnSuccess => outcome.is_success(),
+            When::OnFailure => !outcome.is_success(),
+            When::Always => true,
+        });
+        let paths: Vec<String> = wanted.flat_map(|a| a.paths.iter().cloned()).collect();
+        if !paths.is_empty() && !cancel.is_cancelled() {
+            trace.message("Collecting artifacts");
+            match housekeeping(client, &script::collect_script(&dirs, &paths), Vec::new()).await {
+                Ok(tar) => artifacts = Some(tar),
+                Err(msg) => {
+                    trace.message(&format!("ERROR: collecting artifacts failed: {msg}"));
+                    if outcome.is_success() {
+                        outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+                    }
+                }
+            }
+        }
+
+        self.cleanup(client, &dirs, trace).await;
+        RunResult { outcome, artifacts }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn step(
+        &self,
+        client: &Client,
+        dirs: &JobDirs,
+        job: &JobResponse,
+        lines: &[String],
+        deadline: Instant,
+        cancel: &CancellationToken,
+        trace: &mut Trace,
+    ) -> StepEnd {
+        let body = script::step_script(job, dirs, lines, true);
+        let (tx, mut rx) = mpsc::channel(256);
+        let run = client.run(RunOptions::new(SHELL).stdin(body), tx);
+        tokio::pin!(run);
+        let end = loop {
+            tokio::select! {
+                Some(chunk) = rx.recv() => write_output(trace, chunk),
+                res = &mut run => break Some(res),
+                _ = tokio::time::sleep_until(deadline) => break None,
+                _ = cancel.cancelled() => break None,
+            }
+        };
+        let result = match end {
+            Some(res) => res,
+            None => {
+                // Stop the whole process group, then let the run finish and drain its output.
+                let _ = housekeeping(
+                    client,
+                    &script::kill_script(dirs, self.kill_grace_secs),
+                    Vec::new(),
+                )
+                .await;
+                let drained = tokio::time::timeout(Duration::from_secs(10), async {
+                    loop {
+                        tokio::select! {
+                            Some(chunk) = rx.recv() => write_output(trace, chunk),
+                            _ = &mut run => break,
+                        }
+                    }
+                })
+                .await;
+                if drained.is_err() {
+                    tracing::warn!(job = job.id, "step did not end after kill");
+                }
+                return if cancel.is_cancelled() {
+                    StepEnd::Canceled
+                } else {
+                    StepEnd::TimedOut
+                };
+            }
+        };
+        while let Ok(chunk) = rx.try_recv() {
+            write_output(trace, chunk);
+        }
+        StepEnd::Exited(match result {
+            Ok(status) if status.success() => JobOutcome::Success,
+            Ok(status) => {
+                let code = status.code.and_then(|c| i32::try_from(c).ok());
+                let msg = format!("script failed: {status}");
+                trace.message(&format!("ERROR: Job failed: {status}"));
+                JobOutcome::failed(FailureReason::ScriptFailure, code, msg)
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                trace.message(&format!("ERROR: Job failed (system failure): {msg}"));
+                JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
+            }
+        })
+    }
+
+    async fn cleanup(&self, client: &Client, dirs: &JobDirs, trace: &mut Trace) {
+        if let Err(msg) = housekeeping(
+            client,
+            &script::cleanup_script(dirs, dirs.job_id),
+            Vec::new(),
+        )
+        .await
+        {
+            trace.message(&format!("WARNING: cleanup failed: {msg}"));
+        }
+    }
+}
+
+fn write_output(trace: &mut Trace, chunk: Output) {
+    match chunk {
+        Output::Stdout(b) | Output::Stderr(b) => trace.write(&b),
+    }
+}
+
+/// Run a bash script with bounded time; `Err` carries a message for the trace.
+async fn housekeeping(client: &Client, body: &str, stdin: Vec<u8>) -> Result<Vec<u8>, String> {
+    let command = format!("exec bash --noprofile --norc -c {}", script::quote(body));
+    let run = client.run_capture(command, stdin);
+    match tokio::time::timeout(HOUSEKEEPING_TIMEOUT, run).await {
+        Err(_) => Err(format!(
+            "timed out after {}",
+            fmt_secs(HOUSEKEEPING_TIMEOUT)
+        )),
+        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Ok((status, out, _))) if status.success() => Ok(out),
+        Ok(Ok((status, _, err))) => Err(format!(
+            "{status}: {}",
+            String::from_utf8_lossy(&err).trim()
+        )),
+    }
+}
+
+fn fmt_secs(d: Duration) -> String {
+    humanize(d.as_secs())
+}
+
+fn humanize(secs: u64) -> String {
+    match secs {
+        s if s % 3600 == 0 && s > 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 && s > 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}

@@ -1,0 +1,170 @@
+//! Bash scripts for a job's steps, fed to the instance's shell on stdin.
+
+use std::fmt::Write as _;
+
+use slipway_jobs::model::JobResponse;
+
+/// Quote a string for bash as one single-quoted word.
+pub fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Where a job lives on its instance.
+#[derive(Debug, Clone)]
+pub struct JobDirs {
+    /// Builds root, relative to the login directory (`$HOME`) unless absolute.
+    pub builds_dir: String,
+    /// Slot number on the instance.
+    pub slot: u32,
+    /// Job id.
+    pub job_id: u64,
+}
+
+impl JobDirs {
+    /// The slot's directory, as a bash expression.
+    pub fn slot_dir(&self) -> String {
+        let root = if self.builds_dir.starts_with('/') {
+            quote(&self.builds_dir)
+        } else {
+            format!("\"$HOME\"/{}", quote(&self.builds_dir))
+        };
+        format!("{root}/slot-{}", self.slot)
+    }
+
+    /// The job's project directory, as a bash expression.
+    pub fn project_dir(&self) -> String {
+        format!("{}/job-{}", self.slot_dir(), self.job_id)
+    }
+
+    /// File holding the process-group id of the running step, as a bash expression.
+    pub fn pid_file(&self) -> String {
+        format!("{}/.job-{}.pid", self.slot_dir(), self.job_id)
+    }
+}
+
+/// A script that runs `lines` in the job directory with the job's variables.
+///
+/// The body is one compound command read whole before it runs, so a command that reads stdin
+/// cannot swallow the rest of the script; stdin is `/dev/null` instead.
+pub fn step_script(job: &JobResponse, dirs: &JobDirs, lines: &[String], errexit: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "__slipway_step() {{");
+    if errexit {
+        let _ = writeln!(s, "set -eo pipefail");
+    }
+    let _ = writeln!(s, "echo $$ > {}", dirs.pid_file());
+    let _ = writeln!(s, "export CI_BUILDS_DIR={}", dirs.slot_dir());
+    let _ = writeln!(s, "export CI_PROJECT_DIR={}", dirs.project_dir());
+    let files_dir = format!("{}/.job-{}.vars", dirs.slot_dir(), job.id);
+    for v in &job.variables {
+        if !valid_name(&v.key) {
+            continue;
+        }
+        if v.file {
+            let _ = writeln!(
+                s,
+                "mkdir -p {files_dir} && printf '%s' {} > {files_dir}/{}",
+                quote(&v.value),
+                v.key
+            );
+            let _ = writeln!(s, "export {}={files_dir}/{}", v.key, v.key);
+        } else {
+            let _ = writeln!(s, "export {}={}", v.key, quote(&v.value));
+        }
+    }
+    let _ = writeln!(s, "cd \"$CI_PROJECT_DIR\"");
+    for line in lines {
+        let _ = writeln!(s, "printf '%s\\n' {}", quote(&format!("$ {line}")));
+        let _ = writeln!(s, "{line}");
+    }
+    let _ = writeln!(s, "}}");
+    let _ = writeln!(s, "__slipway_step < /dev/null");
+    s
+}
+
+/// Create the job directory (and unpack `has_input` artifacts from stdin).
+pub fn prepare_script(dirs: &JobDirs, has_input: bool) -> String {
+    let dir = dirs.project_dir();
+    let mut s = format!("set -e\nrm -rf {dir}\nmkdir -p {dir}\n");
+    if has_input {
+        // Several archives may arrive concatenated: -i reads past each end-of-archive marker.
+        let _ = writeln!(s, "tar -x -i -f - -C {dir}");
+    }
+    s
+}
+
+/// Write a tar of the matching paths (globs, `**` included) to stdout.
+pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
+    let mut s = format!(
+        "set -e\nshopt -s globstar nullglob dotglob\ncd {}\nset --\n",
+        dirs.project_dir()
+    );
+    for p in paths {
+        // Globs expand unquoted; a plain path with spaces still works through the glob.
+        let pattern: String = p
+            .chars()
+            .map(|c| match c {
+                '*' | '?' | '[' | ']' => c.to_string(),
+                c if c.is_ascii_alphanumeric() || "/._-".contains(c) => c.to_string(),
+                c => format!("\\{c}"),
+            })
+            .collect();
+        let _ = writeln!(s, "for f in {pattern}; do set -- \"$@\" \"$f\"; done");
+    }
+    s.push_str("if [ $# -eq 0 ]; then tar -c -f - -T /dev/null; else tar -c -f - -- \"$@\"; fi\n");
+    s
+}
+
+/// Kill the step's process group: TERM, wait up to `grace_secs`, then KILL.
+pub fn kill_script(dirs: &JobDirs, grace_secs: u32) -> String {
+    let pid = dirs.pid_file();
+    format!(
+        "p=$(cat {pid} 2>/dev/null) || exit 0\n[ -n \"$p\" ] || exit 0\n\
+         kill -TERM -- -\"$p\" 2>/dev/null || exit 0\n\
+         for _ in $(seq 1 {}); do kill -0 -- -\"$p\" 2>/dev/null || exit 0; sleep 0.1; done\n\
+         kill -KILL -- -\"$p\" 2>/dev/null\nexit 0\n",
+        grace_secs * 10
+    )
+}
+
+/// Remove everything the job left in its slot.
+pub fn cleanup_script(dirs: &JobDirs, job_id: u64) -> String {
+    let slot = dirs.slot_dir();
+    format!(
+        "rm -rf {} {slot}/.job-{job_id}.pid {slot}/.job-{job_id}.vars\n",
+        dirs.project_dir()
+    )
+}
+
+fn valid_name(key: &str) -> bool {
+    let mut chars = key.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_single_quotes() {
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn relative_builds_dir_is_under_home() {
+        let d = JobDirs {
+            builds_dir: "builds".into(),
+            slot: 1,
+            job_id: 7,
+        };
+        assert_eq!(d.project_dir(), "\"$HOME\"/'builds'/slot-1/job-7");
+    }
+
+    #[test]
+    fn rejects_unsafe_variable_names() {
+        assert!(valid_name("CI_JOB_ID"));
+        assert!(!valid_name("A;rm -rf /"));
+        assert!(!valid_name("1X"));
+    }
+}

@@ -1,0 +1,25 @@
+//! Fleeting: instance groups behind plugin processes.
+//!
+//! - [`group`]: the [`InstanceGroup`] trait and its types — what the taskscaler sees.
+//! - [`host`]: starts a `fleeting-plugin-<name>` process go-plugin style and exposes it as an
+//!   [`InstanceGroup`], restarting it when it dies.
+//! - [`sdk`]: turns one [`InstanceGroup`] implementation into a plugin binary.
+
+mod convert;
+pub mod group;
+pub mod handshake;
+pub mod host;
+mod io;
+pub mod proto;
+pub mod sdk;
+pub mod tls;
+
+pub use group::{ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State};
+pub use host::{PluginHost, PluginOptions};
+
+/// Environment variable the host sets so a plugin knows it was started by Slipway.
+pub const MAGIC_COOKIE_KEY: &str = "SLIPWAY_FLEETING_PLUGIN";
+/// Value of [`MAGIC_COOKIE_KEY`].
+pub const MAGIC_COOKIE_VALUE: &str = "5c1a6d3e-fleeting-v1";
+/// App protocol versions this build speaks.
+pub const PROTOCOL_VERSIONS: &[u32] = &[1];

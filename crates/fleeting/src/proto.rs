@@ -1,0 +1,16 @@
+//! Generated gRPC code for `fleeting.v1` and go-plugin's internal `plugin` package.
+
+#![allow(missing_docs, missing_debug_implementations, clippy::all)]
+
+/// `fleeting.v1`: the instance-group service.
+pub mod fleeting {
+    /// Version 1 of the contract.
+    pub mod v1 {
+        tonic::include_proto!("fleeting.v1");
+    }
+}
+
+/// go-plugin's internal services (controller, stdio, broker).
+pub mod goplugin {
+    tonic::include_proto!("plugin");
+}

@@ -1,0 +1,1459 @@
+//! Local pipeline files: a subset of `.gitlab-ci.yml`, read strictly.
+//!
+//! Supported: top-level `stages`, `default` (`before_script`, `after_script`, `timeout`, `image`,
+//! `tags`, `isolation`), `variables`, the deprecated global `image` / `before_script` /
+//! `after_script`, hidden templates (keys starting with `.`), and jobs with `stage`, `variables`,
+//! `before_script`, `script`, `after_script`, `needs`, `when`, `allow_failure`, `extends`,
+//! `artifacts` (`paths`, `when`), `timeout`, `image`, `isolation` (a Slipway extension) and
+//! `tags`. YAML anchors, aliases and `<<` merge keys work.
+//!
+//! Nothing is silently dropped: a GitLab keyword this reader does not implement is an error
+//! (listing all of them, with file, line and key path) unless
+//! [`PipelineOptions::allow_unsupported`] turns those into warnings; a key that is not a GitLab
+//! keyword at all is always an error, as it is in GitLab (it is usually a typo).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::model::{
+    ArtifactSpec, Image, JobInfo, JobResponse, RunnerInfo, Step, StepName, Variable, When,
+};
+use crate::yaml::{self, Kind, Node};
+
+/// Timeout of a job that sets none, in seconds (GitLab's project default: 1 hour).
+pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
+
+/// The stages a pipeline has when it does not list its own (GitLab's defaults).
+pub const DEFAULT_STAGES: [&str; 5] = [".pre", "build", "test", "deploy", ".post"];
+
+/// Deepest `extends` chain accepted (GitLab's limit).
+const MAX_EXTENDS_DEPTH: usize = 11;
+/// Deepest nesting of script lists accepted (GitLab's limit).
+const MAX_SCRIPT_DEPTH: usize = 10;
+
+/// Job keys this reader implements.
+const JOB_KEYS: &[&str] = &[
+    "stage",
+    "variables",
+    "before_script",
+    "script",
+    "after_script",
+    "needs",
+    "when",
+    "allow_failure",
+    "extends",
+    "artifacts",
+    "timeout",
+    "image",
+    "isolation",
+    "tags",
+];
+/// GitLab job keywords this reader does not implement (yet).
+const JOB_KEYS_UNSUPPORTED: &[&str] = &[
+    "cache",
+    "coverage",
+    "dast_configuration",
+    "dependencies",
+    "environment",
+    "except",
+    "hooks",
+    "id_tokens",
+    "identity",
+    "inherit",
+    "interruptible",
+    "manual_confirmation",
+    "only",
+    "pages",
+    "parallel",
+    "release",
+    "resource_group",
+    "retry",
+    "rules",
+    "run",
+    "secrets",
+    "services",
+    "start_in",
+    "trigger",
+];
+/// `default:` keys this reader implements.
+const DEFAULT_KEYS: &[&str] = &[
+    "before_script",
+    "after_script",
+    "timeout",
+    "image",
+    "tags",
+    "isolation",
+];
+/// GitLab `default:` keywords this reader does not implement (yet).
+const DEFAULT_KEYS_UNSUPPORTED: &[&str] = &[
+    "artifacts",
+    "cache",
+    "hooks",
+    "id_tokens",
+    "interruptible",
+    "retry",
+    "services",
+];
+/// Top-level GitLab keywords this reader does not implement (yet); never job names.
+const TOP_KEYS_UNSUPPORTED: &[&str] =
+    &["include", "workflow", "services", "cache", "types", "spec"];
+
+/// How strictly to read a pipeline file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// Report GitLab keywords this reader does not implement as warnings (and ignore them)
+    /// instead of failing.
+    pub allow_unsupported: bool,
+}
+
+/// One problem in a pipeline file, at a line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// File name as given to the reader.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// What is wrong, starting with where (`job "build": ...`).
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.message)
+    }
+}
+
+/// Why a pipeline file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The file could not be read from disk.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file has problems; all that were found, ordered by line, one per line of the message.
+    #[error("{}", Lines(diagnostics))]
+    Invalid {
+        /// The problems.
+        diagnostics: Vec<Diagnostic>,
+    },
+}
+
+struct Lines<'a>(&'a [Diagnostic]);
+
+impl fmt::Display for Lines<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A job this job waits for (`needs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Need {
+    /// Name of the needed job.
+    pub job: String,
+    /// Whether this job receives the needed job's artifacts (default true).
+    pub artifacts: bool,
+}
+
+/// One job of a pipeline, with `extends`, `default` and global variables applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineJob {
+    /// Job name (the top-level key).
+    pub name: String,
+    /// Stage name.
+    pub stage: String,
+    /// Index of the stage in [`Pipeline::stages`].
+    pub stage_index: usize,
+    /// Global variables then the job's own; a job variable replaces a global one of the same key.
+    pub variables: Vec<Variable>,
+    /// `before_script` lines (the job's, else `default`'s).
+    pub before_script: Vec<String>,
+    /// `script` lines.
+    pub script: Vec<String>,
+    /// `after_script` lines (the job's, else `default`'s).
+    pub after_script: Vec<String>,
+    /// `needs`: `None` = wait for all earlier stages; `Some(vec![])` = start at once.
+    pub needs: Option<Vec<Need>>,
+    /// When the job runs, given how earlier jobs went.
+    pub when: When,
+    /// Whether a failure of this job leaves the pipeline successful (with warnings).
+    pub allow_failure: bool,
+    /// Job timeout; `None` = [`DEFAULT_TIMEOUT_SECS`].
+    pub timeout: Option<Duration>,
+    /// `artifacts:paths`, handed to later jobs.
+    pub artifact_paths: Vec<String>,
+    /// `artifacts:when`.
+    pub artifacts_when: When,
+    /// Image name.
+    pub image: Option<String>,
+    /// Requested isolation level (Slipway extension), validated later by the runner.
+    pub isolation: Option<String>,
+    /// Runner tags.
+    pub tags: Vec<String>,
+    /// Line of the job's key in the file.
+    pub line: usize,
+}
+
+/// A parsed pipeline file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pipeline {
+    /// Stages in order; always starts with `.pre` and ends with `.post`.
+    pub stages: Vec<String>,
+    /// Jobs in file order (hidden templates are not jobs).
+    pub jobs: Vec<PipelineJob>,
+    /// Unsupported keys that were ignored (only with `allow_unsupported`), as `file:line: text`.
+    pub warnings: Vec<String>,
+}
+
+impl Pipeline {
+    /// Reads and parses a pipeline file; messages name the file as `path` is written.
+    pub fn from_file(path: impl AsRef<Path>, opts: PipelineOptions) -> Result<Self, PipelineError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| PipelineError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string(), opts)
+    }
+
+    /// Parses pipeline text; `file_name` is used in messages.
+    pub fn parse(
+        text: &str,
+        file_name: &str,
+        opts: PipelineOptions,
+    ) -> Result<Self, PipelineError> {
+        let mut r = Reader {
+            file: file_name,
+            errors: Vec::new(),
+            unsupported: Vec::new(),
+        };
+        let pipeline = r.pipeline(text);
+        let mut errors = r.errors;
+        let mut warnings = Vec::new();
+        if opts.allow_unsupported {
+            r.unsupported.sort_by_key(|d| d.line);
+            warnings = r.unsupported.iter().map(ToString::to_string).collect();
+        } else {
+            errors.extend(r.unsupported);
+        }
+        match pipeline {
+            Some(mut p) if errors.is_empty() => {
+                p.warnings = warnings;
+                Ok(p)
+            }
+            _ => {
+                if errors.is_empty() {
+                    // Defensive: every path that gives up records why.
+                    errors.push(Diagnostic {
+                        file: file_name.to_string(),
+                        line: 1,
+                        message: "invalid pipeline".into(),
+                    });
+                }
+                errors.sort_by_key(|d| d.line);
+                Err(PipelineError::Invalid {
+                    diagnostics: errors,
+                })
+            }
+        }
+    }
+
+    /// The job called `name`.
+    pub fn job(&self, name: &str) -> Option<&PipelineJob> {
+        self.jobs.iter().find(|j| j.name == name)
+    }
+
+    /// Index in [`Pipeline::jobs`] of the job called `name`.
+    pub fn job_index(&self, name: &str) -> Option<usize> {
+        self.jobs.iter().position(|j| j.name == name)
+    }
+}
+
+impl PipelineJob {
+    /// Timeout in effect: the job's, else [`DEFAULT_TIMEOUT_SECS`].
+    pub fn timeout_or_default(&self) -> Duration {
+        self.timeout
+            .unwrap_or(Duration::from_secs(DEFAULT_TIMEOUT_SECS))
+    }
+
+    /// Builds the GitLab-shaped job payload an executor runs.
+    ///
+    /// Steps are built as GitLab builds them: a `script` step (`before_script` + `script`,
+    /// `on_success`) and, if there is one, an `after_script` step (`always`, failure allowed).
+    /// Variables: predefined (`CI`, `SLIPWAY`, `CI_JOB_ID`, `CI_JOB_NAME`, `CI_JOB_STAGE`,
+    /// `CI_JOB_TIMEOUT`, `CI_PIPELINE_ID`), then the job's, then `extra_variables` (later wins).
+    /// `token` is empty and `dependencies` is left for the caller, which knows where earlier
+    /// jobs' artifacts are (see [`crate::PipelineRun::artifact_sources`]).
+    pub fn to_job_response(
+        &self,
+        id: u64,
+        pipeline_id: u64,
+        extra_variables: &[Variable],
+    ) -> JobResponse {
+        let timeout = self.timeout_or_default().as_secs().max(1);
+        let mut variables = vec![
+            Variable::new("CI", "true"),
+            Variable::new("SLIPWAY", "true"),
+            Variable::new("CI_JOB_ID", id.to_string()),
+            Variable::new("CI_JOB_NAME", self.name.clone()),
+            Variable::new("CI_JOB_STAGE", self.stage.clone()),
+            Variable::new("CI_JOB_TIMEOUT", timeout.to_string()),
+            Variable::new("CI_PIPELINE_ID", pipeline_id.to_string()),
+        ];
+        variables.extend(self.variables.iter().cloned());
+        variables.extend(extra_variables.iter().cloned());
+
+        let mut steps = vec![Step {
+            name: StepName::Script,
+            script: self
+                .before_script
+                .iter()
+                .chain(&self.script)
+                .cloned()
+                .collect(),
+            timeout,
+            when: When::OnSuccess,
+            allow_failure: false,
+        }];
+        if !self.after_script.is_empty() {
+            steps.push(Step {
+                name: StepName::AfterScript,
+                script: self.after_script.clone(),
+                timeout,
+                when: When::Always,
+                // An after_script failure never fails the job, as in GitLab.
+                allow_failure: true,
+            });
+        }
+        let artifacts = if self.artifact_paths.is_empty() {
+            Vec::new()
+        } else {
+            vec![ArtifactSpec {
+                name: "artifacts".into(),
+                paths: self.artifact_paths.clone(),
+                when: self.artifacts_when,
+                artifact_type: "archive".into(),
+                artifact_format: "zip".into(),
+                ..ArtifactSpec::default()
+            }]
+        };
+        JobResponse {
+            id,
+            job_info: JobInfo {
+                name: self.name.clone(),
+                stage: self.stage.clone(),
+                pipeline_id,
+                ..JobInfo::default()
+            },
+            runner_info: RunnerInfo {
+                uuid: None,
+                timeout,
+            },
+            variables,
+            steps,
+            image: self.image.as_deref().map(Image::named),
+            artifacts,
+            ..JobResponse::default()
+        }
+    }
+}
+
+/// Parses a GitLab human duration: `3600` (seconds), `30s`, `10 minutes`, `1h 30m`, `1h30m`,
+/// `1.5 hours`, `2 days`, `1 hour and 30 minutes`, `01:30:00`. Months count 30 days, years 365.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let s = text.trim().to_ascii_lowercase();
+    if s.is_empty() {
+        return None;
+    }
+    let secs = if s.contains(':') {
+        // hh:mm:ss or mm:ss
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() > 3 {
+            return None;
+        }
+        let mut total = 0f64;
+        for p in parts {
+            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            total = total * 60.0 + p.parse::<f64>().ok()?;
+        }
+        total
+    } else {
+        parse_units(&s)?
+    };
+    // Bound before converting: Duration::from_secs_f64 panics on overflow.
+    if !(secs > 0.0 && secs <= 100.0 * 365.0 * 86400.0) {
+        return None;
+    }
+    Some(Duration::from_secs_f64(secs))
+}
+
+fn parse_units(s: &str) -> Option<f64> {
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    let mut total = 0f64;
+    let mut parts = 0;
+    let mut bare = false;
+    while i < bytes.len() {
+        while i < bytes.len() && (bytes[i].is_ascii_whitespace() || bytes[i] == b',') {
+            i += 1;
+        }
+        if i >= bytes.len() {
+            break;
+        }
+        if s[i..].starts_with("and ") {
+            i += 4;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
+            i += 1;
+        }
+        if start == i {
+            return None;
+        }
+        let n: f64 = s[start..i].parse().ok()?;
+        while i < bytes.len() && bytes[i] == b' ' {
+            i += 1;
+        }
+        let ustart = i;
+        while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
+            i += 1;
+        }
+        let unit = &s[ustart..i];
+        let factor = match unit {
+            "" => {
+                bare = true;
+                1.0
+            }
+            "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3600.0,
+            "d" | "day" | "days" => 86400.0,
+            "w" | "wk" | "wks" | "week" | "weeks" => 7.0 * 86400.0,
+            "mo" | "mos" | "month" | "months" => 30.0 * 86400.0,
+            "y" | "yr" | "yrs" | "year" | "years" => 365.0 * 86400.0,
+            _ => return None,
+        };
+        total += n * factor;
+        parts += 1;
+    }
+    // A number without a unit means seconds only when it stands alone ("3600"); in "1h 30" it is
+    // ambiguous, so it is refused.
+    if parts == 0 || (bare && parts > 1) {
+        return None;
+    }
+    Some(total)
+}
+
+/// `job "build"` or `template ".base"`: how messages name a top-level entry.
+fn ctx_for(name: &str) -> String {
+    if name.starts_with('.') {
+        format!("template \"{name}\"")
+    } else {
+        format!("job \"{name}\"")
+    }
+}
+
+/// Settings from `default:` (and the deprecated global keys).
+#[derive(Default)]
+struct Defaults {
+    before_script: Option<Vec<String>>,
+    after_script: Option<Vec<String>>,
+    timeout: Option<Duration>,
+    image: Option<String>,
+    tags: Option<Vec<String>>,
+    isolation: Option<String>,
+}
+
+/// A need as written, with its line, checked once all jobs are known.
+struct RawNeed {
+    job: String,
+    artifacts: bool,
+    optional: bool,
+    line: usize,
+}
+
+/// A job as read, before cross-job checks.
+struct RawJob {
+    job: PipelineJob,
+    stage_line: usize,
+    needs: Option<Vec<RawNeed>>,
+}
+
+struct Reader<'a> {
+    file: &'a str,
+    errors: Vec<Diagnostic>,
+    unsupported: Vec<Diagnostic>,
+}
+
+impl Reader<'_> {
+    fn error(&mut self, line: usize, message: impl Into<String>) {
+        self.errors.push(Diagnostic {
+            file: self.file.to_string(),
+            line,
+            message: message.into(),
+        });
+    }
+
+    fn unsupported(&mut self, line: usize, ctx: &str, key: &str) {
+        self.unsupported.push(Diagnostic {
+            file: self.file.to_string(),
+            line,
+            message: format!("{ctx}: unsupported key \"{key}\""),
+        });
+    }
+
+    /// Reports a key that is neither implemented nor a GitLab keyword, with a likely intended
+    /// keyword from `known` when one is close (typos are the usual cause).
+    fn unknown(&mut self, line: usize, ctx: &str, key: &str, known: &[&[&str]]) {
+        let hint = known
+            .iter()
+            .flat_map(|list| list.iter())
+            .map(|k| (edit_distance(key, k), *k))
+            .filter(|&(d, _)| d <= 2)
+            .min()
+            .map(|(_, k)| format!(" (did you mean \"{k}\"?)"))
+            .unwrap_or_default();
+        self.error(line, format!("{ctx}: unknown key \"{key}\"{hint}"));
+    }
+
+    fn pipeline(&mut self, text: &str) -> Option<Pipeline> {
+        let root = match yaml::parse(text) {
+            Ok(Some(root)) => root,
+            Ok(None) => {
+                self.error(1, "the file is empty: a pipeline needs at least one job");
+                return None;
+            }
+            Err(errs) => {
+                for e in errs {
+                    self.error(e.line, e.message);
+                }
+                return None;
+            }
+        };
+        if root.is_null() {
+            self.error(
+                root.line,
+                "the file is empty: a pipeline needs at least one job",
+            );
+            return None;
+        }
+        let Some(entries) = root.as_map() else {
+            self.error(
+                root.line,
+                format!(
+                    "expected a mapping of keywords and jobs at the top level, found {}",
+                    root.describe()
+                ),
+            );
+            return None;
+        };
+
+        let mut stages: Option<Vec<String>> = None;
+        let mut stages_line = 1;
+        let mut defaults = Defaults::default();
+        let mut global_defaults = Defaults::default();
+        let mut global_vars = Vec::new();
+        // Every top-level entry `extends` may name (jobs and templates), and the jobs in order.
+        let mut defs: HashMap<&str, &Node> = HashMap::new();
+        let mut job_keys = Vec::new();
+
+        for e in entries {
+            match e.key.as_str() {
+                "stages" => {
+                    stages_line = e.key_line;
+                    stages = self.string_list("stages", &e.value);
+                }
+                "default" => {
+                    if let Some(d) = self.defaults(&e.value) {
+                        defaults = d;
+                    }
+                }
+                "variables" => global_vars = self.variables("variables", &e.value),
+                // Deprecated global forms of `default:` keys; `default:` wins over them.
+                "image" => global_defaults.image = self.image("image", &e.value),
+                "before_script" => {
+                    global_defaults.before_script = self.script("before_script", &e.value)
+                }
+                "after_script" => {
+                    global_defaults.after_script = self.script("after_script", &e.value)
+                }
+                k if TOP_KEYS_UNSUPPORTED.contains(&k) => {
+                    self.unsupported(e.key_line, "top level", k)
+                }
+                "" => self.error(e.key_line, "a job name must not be empty"),
+                k => {
+                    defs.insert(k, &e.value);
+                    if !k.starts_with('.') {
+                        job_keys.push(e);
+                    }
+                }
+            }
+        }
+        let defaults = Defaults {
+            before_script: defaults.before_script.or(global_defaults.before_script),
+            after_script: defaults.after_script.or(global_defaults.after_script),
+            image: defaults.image.or(global_defaults.image),
+            ..defaults
+        };
+
+        let mut stages =
+            stages.unwrap_or_else(|| DEFAULT_STAGES.iter().map(|s| s.to_string()).collect());
+        let mut seen = HashSet::new();
+        for s in &stages {
+            if !seen.insert(s.as_str()) {
+                self.error(stages_line, format!("stages: duplicate stage \"{s}\""));
+            }
+        }
+        // GitLab always has `.pre` first and `.post` last, listed or not.
+        if stages.first().map(String::as_str) != Some(".pre") {
+            stages.retain(|s| s != ".pre");
+            stages.insert(0, ".pre".into());
+        }
+        if stages.last().map(String::as_str) != Some(".post") {
+            stages.retain(|s| s != ".post");
+            stages.push(".post".into());
+        }
+
+        if job_keys.is_empty() {
+            self.error(
+                root.line,
+                "no jobs: a job is a top-level key that does not start with \".\"",
+            );
+            return None;
+        }
+
+        let mut memo: HashMap<String, Option<Node>> = HashMap::new();
+        let mut raw_jobs = Vec::new();
+        for e in job_keys {
+            let ctx = ctx_for(&e.key);
+            if e.value.as_map().is_none() {
+                self.error(
+                    e.key_line,
+                    format!(
+                        "{ctx}: expected a mapping of job keys, found {}",
+                        e.value.describe()
+                    ),
+                );
+                continue;
+            }
+            let mut stack = Vec::new();
+            let Some(node) = self.resolve(&e.key, &defs, &mut memo, &mut stack) else {
+                continue;
+            };
+            if let Some(job) = self.job(&e.key, e.key_line, &node, &defaults, &global_vars) {
+                raw_jobs.push(job);
+            }
+        }
+
+        Some(self.link(stages, raw_jobs))
+    }
+
+    /// Stage indices and `needs` checks: these need every job.
+    fn link(&mut self, stages: Vec<String>, raw_jobs: Vec<RawJob>) -> Pipeline {
+        let stage_list = stages.join(", ");
+        let mut jobs: Vec<PipelineJob> = Vec::new();
+        let mut needs_raw: Vec<Option<Vec<RawNeed>>> = Vec::new();
+        for mut raw in raw_jobs {
+            match stages.iter().position(|s| *s == raw.job.stage) {
+                Some(i) => raw.job.stage_index = i,
+                None => self.error(
+                    raw.stage_line,
+                    format!(
+                        "{}: unknown stage \"{}\" (stages: {stage_list})",
+                        ctx_for(&raw.job.name),
+                        raw.job.stage
+                    ),
+                ),
+            }
+            jobs.push(raw.job);
+            needs_raw.push(raw.needs);
+        }
+        let index: HashMap<String, usize> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (j.name.clone(), i))
+            .collect();
+        let mut edges: Vec<Vec<(usize, usize)>> = vec![Vec::new(); jobs.len()];
+        for (i, raw) in needs_raw.into_iter().enumerate() {
+            let Some(raw) = raw else { continue };
+            let ctx = ctx_for(&jobs[i].name);
+            let mut needs = Vec::new();
+            for n in raw {
+                match index.get(&n.job) {
+                    None if n.optional => {}
+                    None => self.error(n.line, format!("{ctx}: needs: unknown job \"{}\"", n.job)),
+                    Some(&t) if jobs[t].stage_index > jobs[i].stage_index => self.error(
+                        n.line,
+                        format!(
+                            "{ctx}: needs: \"{}\" is in a later stage ({}) than this job ({})",
+                            n.job, jobs[t].stage, jobs[i].stage
+                        ),
+                    ),
+                    Some(&t) => {
+                        if needs.iter().any(|x: &Need| x.job == n.job) {
+                            self.error(
+                                n.line,
+                                format!("{ctx}: needs: \"{}\" is listed twice", n.job),
+                            );
+                            continue;
+                        }
+                        edges[i].push((t, n.line));
+                        needs.push(Need {
+                            job: n.job,
+                            artifacts: n.artifacts,
+                        });
+                    }
+                }
+            }
+            jobs[i].needs = Some(needs);
+        }
+        self.check_need_cycles(&jobs, &edges);
+        Pipeline {
+            stages,
+            jobs,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// `needs` may name jobs of the same stage, so cycles are possible; each is reported once.
+    fn check_need_cycles(&mut self, jobs: &[PipelineJob], edges: &[Vec<(usize, usize)>]) {
+        // 0 = unvisited, 1 = on the stack, 2 = done. Iterative DFS: no recursion on user input.
+        let mut state = vec![0u8; jobs.len()];
+        for start in 0..jobs.len() {
+            if state[start] != 0 {
+                continue;
+            }
+            let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+            state[start] = 1;
+            while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+                if let Some(&(t, line)) = edges[node].get(*next) {
+                    *next += 1;
+                    match state[t] {
+                        0 => {
+                            state[t] = 1;
+                            stack.push((t, 0));
+                        }
+                        1 => {
+                            let from = stack.iter().position(|&(n, _)| n == t).unwrap_or(0);
+                            let mut path: Vec<&str> = stack[from..]
+                                .iter()
+                                .map(|&(n, _)| jobs[n].name.as_str())
+                                .collect();
+                            path.push(&jobs[t].name);
+                            self.error(
+                                line,
+                                format!(
+                                    "{}: needs: circular dependency: {}",
+                                    ctx_for(&jobs[node].name),
+                                    path.join(" -> ")
+                                ),
+                            );
+                        }
+                        _ => {}
+                    }
+                } else {
+                    state[node] = 2;
+                    stack.pop();
+                }
+            }
+        }
+    }
+
+    /// The entry `name` with its `extends` applied (deep merge of mappings, GitLab's order:
+    /// each parent in list order, then the entry itself; lists and scalars are replaced).
+    fn resolve(
+        &mut self,
+        name: &str,
+        defs: &HashMap<&str, &Node>,
+        memo: &mut HashMap<String, Option<Node>>,
+        stack: &mut Vec<String>,
+    ) -> Option<Node> {
+        if let Some(done) = memo.get(name) {
+            return done.clone();
+        }
+        let node = *defs.get(name)?;
+        let ctx = ctx_for(name);
+        let Some(entries) = node.as_map() else {
+            // Only reachable for a parent; the caller names it.
+            return None;
+        };
+        let Some(ext) = entries.iter().find(|e| e.key == "extends") else {
+            memo.insert(name.to_string(), Some(node.clone()));
+            return Some(node.clone());
+        };
+        let parents: Vec<(String, usize)> = match &ext.value.kind {
+            Kind::Scalar { text, .. } if !ext.value.is_null() => {
+                vec![(text.clone(), ext.value.line)]
+            }
+            Kind::Seq(items) if items.iter().all(|i| i.as_scalar().is_some()) => items
+                .iter()
+                .map(|i| (i.as_scalar().unwrap_or_default().to_string(), i.line))
+                .collect(),
+            _ => {
+                self.error(
+                    ext.key_line,
+                    format!(
+                        "{ctx}: extends: expected a job name or a list of job names, found {}",
+                        ext.value.describe()
+                    ),
+                );
+                memo.insert(name.to_string(), None);
+                return None;
+            }
+        };
+        stack.push(name.to_string());
+        let mut acc: Option<Node> = None;
+        let mut ok = true;
+        for (parent, line) in parents {
+            if stack.contains(&parent) {
+                let mut path = stack.clone();
+                path.push(parent.clone());
+                self.error(
+                    line,
+                    format!("{ctx}: extends: circular extends: {}", path.join(" -> ")),
+                );
+                ok = false;
+                continue;
+            }
+            if stack.len() >= MAX_EXTENDS_DEPTH {
+                self.error(
+                    line,
+                    format!("{ctx}: extends: nested more than {MAX_EXTENDS_DEPTH} levels deep"),
+                );
+                ok = false;
+                continue;
+            }
+            match defs.get(parent.as_str()) {
+                None => {
+                    self.error(
+                        line,
+                        format!("{ctx}: extends: unknown job or template \"{parent}\""),
+                    );
+                    ok = false;
+                }
+                Some(p) if p.as_map().is_none() => {
+                    self.error(
+                        line,
+                        format!(
+                            "{ctx}: extends: \"{parent}\" is {}, not a mapping of job keys",
+                            p.describe()
+                        ),
+                    );
+                    ok = false;
+                }
+                Some(_) => match self.resolve(&parent, defs, memo, stack) {
+                    Some(p) => {
+                        acc = Some(match acc {
+                            None => p,
+                            Some(a) => deep_merge(&a, &p),
+                        })
+                    }
+                    None => ok = false,
+                },
+            }
+        }
+        stack.pop();
+        let own = Node {
+            line: node.line,
+            kind: Kind::Map(
+                entries
+                    .iter()
+                    .filter(|e| e.key != "extends")
+                    .cloned()
+                    .collect(),
+            ),
+        };
+        let result = if ok {
+            Some(match acc {
+                None => own,
+                Some(a) => deep_merge(&a, &own),
+            })
+        } else {
+            None
+        };
+        memo.insert(name.to_string(), result.clone());
+        result
+    }
+
+    fn defaults(&mut self, node: &Node) -> Option<Defaults> {
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!("default: expected a mapping, found {}", node.describe()),
+            );
+            return None;
+        };
+        let mut d = Defaults::default();
+        for e in entries {
+            let v = &e.value;
+            match e.key.as_str() {
+                "before_script" => d.before_script = self.script("default: before_script", v),
+                "after_script" => d.after_script = self.script("default: after_script", v),
+                "timeout" => d.timeout = self.timeout("default", v),
+                "image" => d.image = self.image("default: image", v),
+                "tags" => d.tags = self.string_list("default: tags", v),
+                "isolation" => d.isolation = self.string("default: isolation", v),
+                k if DEFAULT_KEYS_UNSUPPORTED.contains(&k) => {
+                    self.unsupported(e.key_line, "default", k)
+                }
+                k => self.unknown(
+                    e.key_line,
+                    "default",
+                    k,
+                    &[DEFAULT_KEYS, DEFAULT_KEYS_UNSUPPORTED],
+                ),
+            }
+        }
+        Some(d)
+    }
+
+    fn job(
+        &mut self,
+        name: &str,
+        line: usize,
+        node: &Node,
+        defaults: &Defaults,
+        global_vars: &[Variable],
+    ) -> Option<RawJob> {
+        let ctx = ctx_for(name);
+        let entries = node.as_map()?;
+        let mut job = PipelineJob {
+            name: name.to_string(),
+            stage: "test".into(),
+            stage_index: 0,
+            variables: Vec::new(),
+            before_script: Vec::new(),
+            script: Vec::new(),
+            after_script: Vec::new(),
+            needs: None,
+            when: When::OnSuccess,
+            allow_failure: false,
+            timeout: None,
+            artifact_paths: Vec::new(),
+            artifacts_when: When::OnSuccess,
+            image: None,
+            isolation: None,
+            tags: Vec::new(),
+            line,
+        };
+        let mut stage_line = line;
+        let mut needs = None;
+        let (mut before, mut after, mut script) = (None, None, None);
+        let (mut timeout, mut image, mut tags, mut isolation) = (None, None, None, None);
+        let mut own_vars = Vec::new();
+        let mut failed = false;
+        for e in entries {
+            let v = &e.value;
+            let key = e.key.as_str();
+            let what = format!("{ctx}: {key}");
+            match key {
+                "stage" => {
+                    stage_line = e.key_line;
+                    match self.string(&what, v) {
+                        Some(s) => job.stage = s,
+                        None => failed = true,
+                    }
+                }
+                "variables" => own_vars = self.variables(&what, v),
+                "before_script" => before = self.script(&what, v),
+                "script" => {
+                    script = self.script(&what, v);
+                    failed |= script.is_none();
+                }
+                "after_script" => after = self.script(&what, v),
+                "needs" => needs = self.needs(&ctx, v),
+                "when" => match self.when(&what, v, true) {
+                    Some(w) => job.when = w,
+                    None => failed = true,
+                },
+                "allow_failure" => match &v.kind {
+                    Kind::Map(_) => {
+                        for sub in v.as_map().unwrap_or_default() {
+                            self.unsupported(
+                                sub.key_line,
+                                &ctx,
+                                &format!("allow_failure:{}", sub.key),
+                            );
+                        }
+                    }
+                    _ => match v.as_bool() {
+                        Some(b) => job.allow_failure = b,
+                        None => self.error(
+                            e.key_line,
+                            format!("{what}: expected true or false, found {}", v.describe()),
+                        ),
+                    },
+                },
+                "artifacts" => self.artifacts(&ctx, v, &mut job),
+                "timeout" => timeout = self.timeout(&ctx, v),
+                "image" => image = self.image(&what, v),
+                "isolation" => isolation = self.string(&what, v),
+                "tags" => tags = self.string_list(&what, v),
+                k if JOB_KEYS_UNSUPPORTED.contains(&k) => self.unsupported(e.key_line, &ctx, k),
+                k => self.unknown(e.key_line, &ctx, k, &[JOB_KEYS, JOB_KEYS_UNSUPPORTED]),
+            }
+        }
+        if node.get("script").is_none() {
+            self.error(
+                line,
+                format!("{ctx}: missing \"script\" (every job needs one)"),
+            );
+            failed = true;
+        }
+        if failed {
+            return None;
+        }
+        job.script = script.unwrap_or_default();
+        job.before_script = before
+            .or_else(|| defaults.before_script.clone())
+            .unwrap_or_default();
+        job.after_script = after
+            .or_else(|| defaults.after_script.clone())
+            .unwrap_or_default();
+        job.timeout = timeout.or(defaults.timeout);
+        job.image = image.or_else(|| defaults.image.clone());
+        job.tags = tags.or_else(|| defaults.tags.clone()).unwrap_or_default();
+        job.isolation = isolation.or_else(|| defaults.isolation.clone());
+        job.variables = global_vars
+            .iter()
+            .filter(|g| !own_vars.iter().any(|o: &Variable| o.key == g.key))
+            .cloned()
+            .collect();
+        job.variables.extend(own_vars);
+        Some(RawJob {
+            job,
+            stage_line,
+            needs,
+        })
+    }
+
+    fn artifacts(&mut self, ctx: &str, node: &Node, job: &mut PipelineJob) {
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: artifacts: expected a mapping, found {}",
+                    node.describe()
+                ),
+            );
+            return;
+        };
+        for e in entries {
+            match e.key.as_str() {
+                "paths" => {
+                    job.artifact_paths = self
+                        .string_list(&format!("{ctx}: artifacts:paths"), &e.value)
+                        .unwrap_or_default()
+                }
+                "when" => {
+                    if let Some(w) = self.when(&format!("{ctx}: artifacts:when"), &e.value, false) {
+                        job.artifacts_when = w;
+                    }
+                }
+                k => self.unsupported(e.key_line, ctx, &format!("artifacts:{k}")),
+            }
+        }
+    }
+
+    fn needs(&mut self, ctx: &str, node: &Node) -> Option<Vec<RawNeed>> {
+        let Kind::Seq(items) = &node.kind else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: needs: expected a list of job names, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let mut out = Vec::new();
+        for item in items {
+            if let Some(name) = item.as_scalar() {
+                out.push(RawNeed {
+                    job: name.to_string(),
+                    artifacts: true,
+                    optional: false,
+                    line: item.line,
+                });
+                continue;
+            }
+            let Some(entries) = item.as_map() else {
+                self.error(
+                    item.line,
+                    format!(
+                        "{ctx}: needs: expected a job name or {{job: NAME, artifacts: BOOL}}, found {}",
+                        item.describe()
+                    ),
+                );
+                continue;
+            };
+            let mut need = RawNeed {
+                job: String::new(),
+                artifacts: true,
+                optional: false,
+                line: item.line,
+            };
+            for e in entries {
+                match e.key.as_str() {
+                    "job" => match e.value.as_scalar() {
+                        Some(j) => {
+                            need.job = j.to_string();
+                            need.line = e.value.line;
+                        }
+                        None => self.error(
+                            e.key_line,
+                            format!(
+                                "{ctx}: needs:job: expected a job name, found {}",
+                                e.value.describe()
+                            ),
+                        ),
+                    },
+                    k @ ("artifacts" | "optional") => match e.value.as_bool() {
+                        Some(b) if k == "artifacts" => need.artifacts = b,
+                        Some(b) => need.optional = b,
+                        None => self.error(
+                            e.key_line,
+                            format!(
+                                "{ctx}: needs:{k}: expected true or false, found {}",
+                                e.value.describe()
+                            ),
+                        ),
+                    },
+                    k => self.unsupported(e.key_line, ctx, &format!("needs:{k}")),
+                }
+            }
+            if need.job.is_empty() {
+                if entries.iter().all(|e| e.key != "job") {
+                    self.error(
+                        item.line,
+                        format!("{ctx}: needs: an entry is missing \"job\""),
+                    );
+                }
+                continue;
+            }
+            out.push(need);
+        }
+        Some(out)
+    }
+
+    fn when(&mut self, what: &str, node: &Node, job_level: bool) -> Option<When> {
+        match node.as_scalar() {
+            Some("on_success") => Some(When::OnSuccess),
+            Some("on_failure") => Some(When::OnFailure),
+            Some("always") => Some(When::Always),
+            Some(w @ ("manual" | "delayed")) if job_level => {
+                self.error(node.line, format!("{what}: \"{w}\" is not supported yet"));
+                None
+            }
+            Some(w) => {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: unknown value \"{w}\" (expected on_success, on_failure or always)"
+                    ),
+                );
+                None
+            }
+            None => {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: expected on_success, on_failure or always, found {}",
+                        node.describe()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn timeout(&mut self, ctx: &str, node: &Node) -> Option<Duration> {
+        let Some(text) = node.as_scalar() else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: timeout: expected a duration, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let d = parse_duration(text);
+        if d.is_none() {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: timeout: invalid duration \"{text}\" (examples: \"1h 30m\", \"10 minutes\", \"3600\")"
+                ),
+            );
+        }
+        d
+    }
+
+    fn image(&mut self, what: &str, node: &Node) -> Option<String> {
+        if let Some(name) = node.as_scalar() {
+            return Some(name.to_string());
+        }
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!("{what}: expected an image name, found {}", node.describe()),
+            );
+            return None;
+        };
+        let mut name = None;
+        for e in entries {
+            match e.key.as_str() {
+                "name" => name = self.string(&format!("{what}:name"), &e.value),
+                k => {
+                    let (ctx, key) = split_ctx(what);
+                    self.unsupported(e.key_line, ctx, &format!("{key}:{k}"))
+                }
+            }
+        }
+        if name.is_none() && node.get("name").is_none() {
+            self.error(node.line, format!("{what}: missing \"name\""));
+        }
+        name
+    }
+
+    fn string(&mut self, what: &str, node: &Node) -> Option<String> {
+        match &node.kind {
+            Kind::Scalar { text, .. } if !node.is_null() => Some(text.clone()),
+            _ => {
+                self.error(
+                    node.line,
+                    format!("{what}: expected a string, found {}", node.describe()),
+                );
+                None
+            }
+        }
+    }
+
+    fn string_list(&mut self, what: &str, node: &Node) -> Option<Vec<String>> {
+        let bad = |n: &Node| format!("{what}: expected a list of strings, found {}", n.describe());
+        let Kind::Seq(items) = &node.kind else {
+            self.error(node.line, bad(node));
+            return None;
+        };
+        let mut out = Vec::new();
+        for item in items {
+            match item.as_scalar() {
+                Some(s) => out.push(s.to_string()),
+                None => {
+                    let msg = format!(
+                        "{what}: expected a list of strings, found {} in the list",
+                        item.describe()
+                    );
+                    self.error(item.line, msg);
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// A script: a string, or a list of strings and (nested) lists of strings, flattened.
+    fn script(&mut self, what: &str, node: &Node) -> Option<Vec<String>> {
+        let mut out = Vec::new();
+        match &node.kind {
+            Kind::Scalar { text, .. } if !node.is_null() => out.push(text.clone()),
+            Kind::Seq(items) => {
+                if !self.flatten(what, items, 1, &mut out) {
+                    return None;
+                }
+            }
+            _ => {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: expected a string or a list of strings, found {}",
+                        node.describe()
+                    ),
+                );
+                return None;
+            }
+        }
+        Some(out)
+    }
+
+    fn flatten(&mut self, what: &str, items: &[Node], depth: usize, out: &mut Vec<String>) -> bool {
+        if depth > MAX_SCRIPT_DEPTH {
+            let line = items.first().map_or(1, |n| n.line);
+            self.error(
+                line,
+                format!("{what}: lists nested more than {MAX_SCRIPT_DEPTH} levels deep"),
+            );
+            return false;
+        }
+        let mut ok = true;
+        for item in items {
+            match &item.kind {
+                Kind::Scalar { text, .. } if !item.is_null() => out.push(text.clone()),
+                Kind::Seq(inner) => ok &= self.flatten(what, inner, depth + 1, out),
+                Kind::Map(_) => {
+                    // The usual cause: an unquoted `: ` inside a line turns it into a mapping.
+                    self.error(
+                        item.line,
+                        format!(
+                            "{what}: expected a string or a list of strings, found a mapping \
+                             (quote script lines that contain \": \")"
+                        ),
+                    );
+                    ok = false;
+                }
+                _ => {
+                    self.error(
+                        item.line,
+                        format!(
+                            "{what}: expected a string or a list of strings, found {}",
+                            item.describe()
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok
+    }
+
+    /// `variables:`: `KEY: value` or `KEY: {value:, description:, expand:}`.
+    fn variables(&mut self, what: &str, node: &Node) -> Vec<Variable> {
+        if node.is_null() {
+            return Vec::new();
+        }
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!(
+                    "{what}: expected a mapping of names to values, found {}",
+                    node.describe()
+                ),
+            );
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let v = &e.value;
+            let mut var = Variable::new(e.key.clone(), "");
+            match &v.kind {
+                Kind::Scalar { text, .. } => {
+                    if !v.is_null() {
+                        var.value = text.clone();
+                    }
+                }
+                Kind::Map(fields) => {
+                    for f in fields {
+                        match f.key.as_str() {
+                            "value" => match f.value.as_scalar() {
+                                Some(s) => var.value = s.to_string(),
+                                None if f.value.is_null() => {}
+                                None => self.error(
+                                    f.key_line,
+                                    format!(
+                                        "{what}: \"{}\": value: expected a string or a number, found {}",
+                                        e.key,
+                                        f.value.describe()
+                                    ),
+                                ),
+                            },
+                            "description" => {}
+                            "expand" => match f.value.as_bool() {
+                                Some(b) => var.raw = !b,
+                                None => self.error(
+                                    f.key_line,
+                                    format!(
+                                        "{what}: \"{}\": expand: expected true or false, found {}",
+                                        e.key,
+                                        f.value.describe()
+                                    ),
+                                ),
+                            },
+                            k => {
+                                let (ctx, key) = split_ctx(what);
+                                self.unsupported(f.key_line, ctx, &format!("{key}:{}:{k}", e.key))
+                            }
+                        }
+                    }
+                }
+                Kind::Seq(_) => {
+                    self.error(
+                        e.key_line,
+                        format!(
+                            "{what}: \"{}\": expected a string or a number, found a list",
+                            e.key
+                        ),
+                    );
+                    continue;
+                }
+            }
+            out.push(var);
+        }
+        out
+    }
+}
+
+/// Splits `job "x": image` into (`job "x"`, `image`); a bare key has context `top level`.
+fn split_ctx(what: &str) -> (&str, &str) {
+    match what.rsplit_once(": ") {
+        Some((ctx, key)) => (ctx, key),
+        None => ("top level", what),
+    }
+}
+
+/// Levenshtein distance, for "did you mean" hints on short keys.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Deep merge for `extends`: mappings merge key by key, anything else is replaced by `over`.
+fn deep_merge(base: &Node, over: &Node) -> Node {
+    match (&base.kind, &over.kind) {
+        (Kind::Map(b), Kind::Map(o)) => {
+            let mut out = b.clone();
+            for e in o {
+                match out.iter_mut().find(|x| x.key == e.key) {
+                    Some(x) => {
+                        x.value = deep_merge(&x.value, &e.value);
+                        x.key_line = e.key_line;
+                    }
+                    None => out.push(e.clone()),
+                }
+            }
+            Node {
+                line: over.line,
+                kind: Kind::Map(out),
+            }
+        }
+        _ => over.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

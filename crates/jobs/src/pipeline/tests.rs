@@ -1,0 +1,622 @@
+use super::*;
+
+const FILE: &str = ".gitlab-ci.yml";
+
+fn parse(text: &str) -> Result<Pipeline, PipelineError> {
+    Pipeline::parse(text, FILE, PipelineOptions::default())
+}
+
+/// The error's lines as a user reads them.
+fn errors(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(p) => panic!("expected an error, got {p:#?}"),
+        Err(e) => e.to_string().lines().map(str::to_string).collect(),
+    }
+}
+
+const REALISTIC: &str = r#"stages:
+  - build
+  - test
+  - deploy
+
+variables:
+  GLOBAL: "g"
+  OVERRIDE: global
+  VERSION: 1.10
+  DESCRIBED:
+    value: "d"
+    description: "shown in the UI"
+
+default:
+  before_script:
+    - echo default before
+  timeout: 30m
+  image: alpine:3.20
+
+.rust: &rust
+  image: rust:1.95
+  variables:
+    CARGO_HOME: .cargo
+    OVERRIDE: template
+  before_script:
+    - rustc --version
+
+.retry_script: &steps
+  - cargo build
+  - - cargo doc
+    - cargo test --no-run
+
+build:
+  extends: .rust
+  stage: build
+  script: *steps
+  artifacts:
+    paths: [target/debug/app]
+    when: always
+  timeout: 1h 30m
+
+lint:
+  <<: *rust
+  stage: build
+  script: cargo clippy
+  allow_failure: true
+  timeout: 10 minutes
+
+unit:
+  extends: [.rust]
+  stage: test
+  needs: [build]
+  variables:
+    OVERRIDE: job
+  script:
+    - cargo test
+  after_script: echo done
+
+notify:
+  stage: test
+  needs:
+    - job: build
+      artifacts: false
+  when: on_failure
+  script: ./notify.sh
+  isolation: microvm
+  tags: [small]
+
+deploy:
+  stage: deploy
+  script: ./deploy.sh "$VERSION"
+  timeout: 3600
+"#;
+
+#[test]
+fn parses_a_realistic_pipeline() {
+    let p = parse(REALISTIC).unwrap();
+    assert_eq!(p.stages, [".pre", "build", "test", "deploy", ".post"]);
+    let names: Vec<&str> = p.jobs.iter().map(|j| j.name.as_str()).collect();
+    assert_eq!(names, ["build", "lint", "unit", "notify", "deploy"]);
+    assert!(p.warnings.is_empty());
+
+    let build = p.job("build").unwrap();
+    assert_eq!(build.line, 33);
+    assert_eq!((build.stage.as_str(), build.stage_index), ("build", 1));
+    assert_eq!(
+        build.image.as_deref(),
+        Some("rust:1.95"),
+        "extends beats default"
+    );
+    assert_eq!(build.before_script, ["rustc --version"]);
+    assert_eq!(
+        build.script,
+        ["cargo build", "cargo doc", "cargo test --no-run"]
+    );
+    assert_eq!(build.artifact_paths, ["target/debug/app"]);
+    assert_eq!(build.artifacts_when, When::Always);
+    assert_eq!(build.timeout, Some(Duration::from_secs(5400)));
+    assert_eq!(build.needs, None);
+    let vars: Vec<(&str, &str)> = build
+        .variables
+        .iter()
+        .map(|v| (v.key.as_str(), v.value.as_str()))
+        .collect();
+    assert_eq!(
+        vars,
+        [
+            ("GLOBAL", "g"),
+            ("VERSION", "1.10"),
+            ("DESCRIBED", "d"),
+            ("CARGO_HOME", ".cargo"),
+            ("OVERRIDE", "template"),
+        ]
+    );
+
+    let lint = p.job("lint").unwrap();
+    assert_eq!(
+        lint.image.as_deref(),
+        Some("rust:1.95"),
+        "from the << merge"
+    );
+    assert!(lint.allow_failure);
+    assert_eq!(lint.timeout, Some(Duration::from_secs(600)));
+
+    let unit = p.job("unit").unwrap();
+    assert_eq!(unit.variable_value("OVERRIDE"), Some("job"));
+    assert_eq!(
+        unit.variable_value("CARGO_HOME"),
+        Some(".cargo"),
+        "deep merge keeps parent keys"
+    );
+    assert_eq!(
+        unit.needs,
+        Some(vec![Need {
+            job: "build".into(),
+            artifacts: true
+        }])
+    );
+    assert_eq!(unit.after_script, ["echo done"]);
+    assert_eq!(
+        unit.timeout,
+        Some(Duration::from_secs(1800)),
+        "default timeout"
+    );
+
+    let notify = p.job("notify").unwrap();
+    assert_eq!(notify.when, When::OnFailure);
+    assert!(!notify.needs.as_ref().unwrap()[0].artifacts);
+    assert_eq!(notify.isolation.as_deref(), Some("microvm"));
+    assert_eq!(notify.tags, ["small"]);
+    assert_eq!(
+        notify.image.as_deref(),
+        Some("alpine:3.20"),
+        "default image"
+    );
+    assert_eq!(notify.before_script, ["echo default before"]);
+
+    let deploy = p.job("deploy").unwrap();
+    assert_eq!(deploy.stage_index, 3);
+    assert_eq!(deploy.timeout, Some(Duration::from_secs(3600)));
+}
+
+impl PipelineJob {
+    fn variable_value(&self, key: &str) -> Option<&str> {
+        self.variables
+            .iter()
+            .rev()
+            .find(|v| v.key == key)
+            .map(|v| v.value.as_str())
+    }
+}
+
+#[test]
+fn builds_gitlab_shaped_job_payloads() {
+    let p = parse(REALISTIC).unwrap();
+    let extra = [Variable::new("FROM_CLI", "1")];
+    let job = p.job("unit").unwrap().to_job_response(7, 3, &extra);
+    assert_eq!(job.id, 7);
+    assert_eq!(job.job_info.name, "unit");
+    assert_eq!(job.job_info.stage, "test");
+    assert_eq!(job.job_info.pipeline_id, 3);
+    assert_eq!(job.runner_info.timeout, 1800);
+    assert_eq!(job.steps.len(), 2);
+    assert_eq!(job.steps[0].name, StepName::Script);
+    assert_eq!(job.steps[0].script, ["rustc --version", "cargo test"]);
+    assert_eq!(job.steps[0].when, When::OnSuccess);
+    assert_eq!(job.steps[1].name, StepName::AfterScript);
+    assert_eq!(job.steps[1].when, When::Always);
+    for (k, v) in [
+        ("CI", "true"),
+        ("SLIPWAY", "true"),
+        ("CI_JOB_ID", "7"),
+        ("CI_JOB_NAME", "unit"),
+        ("CI_JOB_STAGE", "test"),
+        ("CI_PIPELINE_ID", "3"),
+        ("OVERRIDE", "job"),
+        ("FROM_CLI", "1"),
+    ] {
+        assert_eq!(job.variable(k), Some(v), "{k}");
+    }
+    assert_eq!(job.image.as_ref().unwrap().name, "rust:1.95");
+
+    let build = p.job("build").unwrap().to_job_response(1, 3, &[]);
+    assert_eq!(
+        build.steps.len(),
+        1,
+        "no after_script step without after_script"
+    );
+    assert_eq!(build.artifacts[0].paths, ["target/debug/app"]);
+    assert_eq!(build.artifacts[0].when, When::Always);
+    assert_eq!(build.runner_info.timeout, 5400);
+
+    let mut no_timeout = p.job("deploy").unwrap().clone();
+    no_timeout.timeout = None;
+    assert_eq!(
+        no_timeout.to_job_response(1, 1, &[]).runner_info.timeout,
+        DEFAULT_TIMEOUT_SECS
+    );
+    // The payload is what GitLab would send: it survives JSON.
+    let json = serde_json::to_string(&job).unwrap();
+    assert_eq!(JobResponse::from_json(&json).unwrap(), job);
+}
+
+#[test]
+fn durations() {
+    let ok = [
+        ("3600", 3600),
+        ("30s", 30),
+        ("10 minutes", 600),
+        ("1h 30m", 5400),
+        ("1h30m", 5400),
+        ("1 hour and 30 minutes", 5400),
+        ("2 days", 172_800),
+        ("1.5h", 5400),
+        ("01:30:00", 5400),
+        ("1 week", 604_800),
+    ];
+    for (text, secs) in ok {
+        assert_eq!(
+            parse_duration(text),
+            Some(Duration::from_secs(secs)),
+            "{text}"
+        );
+    }
+    for bad in [
+        "",
+        "banana",
+        "1h 30",
+        "0",
+        "-5m",
+        "10 parsecs",
+        "1e999h",
+        "99999999999 years",
+        ":",
+    ] {
+        assert_eq!(parse_duration(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn unsupported_keys_are_all_listed_with_file_line_and_path() {
+    let text = "\
+include: other.yml
+build:
+  script: make
+  cache:
+    paths: [x]
+  rules:
+    - if: $X
+  artifacts:
+    paths: [out]
+    expire_in: 1 week
+";
+    assert_eq!(
+        errors(text),
+        [
+            ".gitlab-ci.yml:1: top level: unsupported key \"include\"",
+            ".gitlab-ci.yml:4: job \"build\": unsupported key \"cache\"",
+            ".gitlab-ci.yml:6: job \"build\": unsupported key \"rules\"",
+            ".gitlab-ci.yml:10: job \"build\": unsupported key \"artifacts:expire_in\"",
+        ]
+    );
+    let p = Pipeline::parse(
+        text,
+        FILE,
+        PipelineOptions {
+            allow_unsupported: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(p.jobs[0].artifact_paths, ["out"]);
+    assert_eq!(p.warnings.len(), 4);
+    assert_eq!(
+        p.warnings[1],
+        ".gitlab-ci.yml:4: job \"build\": unsupported key \"cache\""
+    );
+}
+
+#[test]
+fn unknown_keys_are_errors_even_when_unsupported_keys_are_allowed() {
+    let text = "build:\n  script: make\n  scirpt: oops\n";
+    let err = Pipeline::parse(
+        text,
+        FILE,
+        PipelineOptions {
+            allow_unsupported: true,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        ".gitlab-ci.yml:3: job \"build\": unknown key \"scirpt\" (did you mean \"script\"?)"
+    );
+}
+
+#[test]
+fn error_messages() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "build:\n  stage: build\n",
+            ".gitlab-ci.yml:1: job \"build\": missing \"script\" (every job needs one)",
+        ),
+        (
+            "build:\n  script:\n    - echo a: b\n",
+            ".gitlab-ci.yml:3: job \"build\": script: expected a string or a list of strings, found a mapping (quote script lines that contain \": \")",
+        ),
+        (
+            "build:\n  script: {a: 1}\n",
+            ".gitlab-ci.yml:2: job \"build\": script: expected a string or a list of strings, found a mapping",
+        ),
+        (
+            "build:\n  script: x\n  tags: small\n",
+            ".gitlab-ci.yml:3: job \"build\": tags: expected a list of strings, found a string",
+        ),
+        (
+            "stages: build\nbuild:\n  script: x\n",
+            ".gitlab-ci.yml:1: stages: expected a list of strings, found a string",
+        ),
+        (
+            "build:\n  stage: compile\n  script: x\n",
+            ".gitlab-ci.yml:2: job \"build\": unknown stage \"compile\" (stages: .pre, build, test, deploy, .post)",
+        ),
+        (
+            "stages: [build]\nbuild:\n  script: x\n",
+            ".gitlab-ci.yml:2: job \"build\": unknown stage \"test\" (stages: .pre, build, .post)",
+        ),
+        (
+            "a:\n  script: x\n  needs: [nope]\n",
+            ".gitlab-ci.yml:3: job \"a\": needs: unknown job \"nope\"",
+        ),
+        (
+            "a:\n  stage: build\n  script: x\n  needs:\n    - b\nb:\n  stage: test\n  script: y\n",
+            ".gitlab-ci.yml:5: job \"a\": needs: \"b\" is in a later stage (test) than this job (build)",
+        ),
+        (
+            "a:\n  script: x\n  needs: [b]\nb:\n  script: y\n  needs: [a]\n",
+            ".gitlab-ci.yml:6: job \"b\": needs: circular dependency: a -> b -> a",
+        ),
+        (
+            "a:\n  script: x\n  needs: build\n",
+            ".gitlab-ci.yml:3: job \"a\": needs: expected a list of job names, found a string",
+        ),
+        (
+            "a:\n  script: x\nb:\n  script: y\na:\n  script: z\n",
+            ".gitlab-ci.yml:5: duplicate key \"a\" (first defined on line 1)",
+        ),
+        (
+            "a:\n  script: x\n  when: manual\n",
+            ".gitlab-ci.yml:3: job \"a\": when: \"manual\" is not supported yet",
+        ),
+        (
+            "a:\n  script: x\n  when: sometimes\n",
+            ".gitlab-ci.yml:3: job \"a\": when: unknown value \"sometimes\" (expected on_success, on_failure or always)",
+        ),
+        (
+            "a:\n  script: x\n  allow_failure: maybe\n",
+            ".gitlab-ci.yml:3: job \"a\": allow_failure: expected true or false, found a string",
+        ),
+        (
+            "a:\n  script: x\n  timeout: soon\n",
+            ".gitlab-ci.yml:3: job \"a\": timeout: invalid duration \"soon\" (examples: \"1h 30m\", \"10 minutes\", \"3600\")",
+        ),
+        (
+            "a:\n  extends: .nope\n  script: x\n",
+            ".gitlab-ci.yml:2: job \"a\": extends: unknown job or template \".nope\"",
+        ),
+        (
+            ".a:\n  extends: .b\n.b:\n  extends: .a\nc:\n  extends: .a\n  script: x\n",
+            ".gitlab-ci.yml:4: template \".b\": extends: circular extends: c -> .a -> .b -> .a",
+        ),
+        (
+            ".t: [1, 2]\na:\n  extends: .t\n  script: x\n",
+            ".gitlab-ci.yml:3: job \"a\": extends: \".t\" is a list, not a mapping of job keys",
+        ),
+        (
+            ".t:\n  stage: build\na:\n  extends: .t\n",
+            ".gitlab-ci.yml:3: job \"a\": missing \"script\" (every job needs one)",
+        ),
+        (
+            "variables:\n  A: [1]\na:\n  script: x\n",
+            ".gitlab-ci.yml:2: variables: \"A\": expected a string or a number, found a list",
+        ),
+        (
+            "default:\n  timeout: 5 eons\na:\n  script: x\n",
+            ".gitlab-ci.yml:2: default: timeout: invalid duration \"5 eons\" (examples: \"1h 30m\", \"10 minutes\", \"3600\")",
+        ),
+        (
+            "a:\n  script: x\n  image: {entrypoint: [\"\"]}\n",
+            ".gitlab-ci.yml:3: job \"a\": image: missing \"name\"",
+        ),
+        (
+            "a:\n  script: x\n  artifacts: [out]\n",
+            ".gitlab-ci.yml:3: job \"a\": artifacts: expected a mapping, found a list",
+        ),
+        (
+            "a:\n  script: !reference [.x, script]\n",
+            ".gitlab-ci.yml:2: YAML tag \"!reference\" is not supported",
+        ),
+        (
+            "a:\n  script: [x\n",
+            ".gitlab-ci.yml:3: invalid YAML: while parsing a flow sequence, expected ',' or ']'",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = errors(text);
+        assert!(
+            got.iter().any(|g| g == want),
+            "for {text:?}\n want: {want}\n  got: {got:#?}"
+        );
+    }
+}
+
+#[test]
+fn errors_are_collected_and_sorted_by_line() {
+    let text = "\
+a:
+  script: x
+  stage: nowhere
+b:
+  script: {}
+c:
+  script: y
+  needs: [zzz]
+";
+    let errs = errors(text);
+    assert_eq!(errs.len(), 3, "{errs:#?}");
+    assert!(errs[0].starts_with(".gitlab-ci.yml:3: job \"a\": unknown stage"));
+    assert!(errs[1].starts_with(".gitlab-ci.yml:5: job \"b\": script:"));
+    assert!(errs[2].starts_with(".gitlab-ci.yml:8: job \"c\": needs: unknown job"));
+}
+
+#[test]
+fn junk_input_gives_clean_errors() {
+    let cases: &[(&str, &str)] = &[
+        ("", ".gitlab-ci.yml:1: the file is empty"),
+        ("# just a comment\n", ".gitlab-ci.yml:1: the file is empty"),
+        ("~\n", ".gitlab-ci.yml:1: the file is empty"),
+        (
+            "hello\n",
+            ".gitlab-ci.yml:1: expected a mapping of keywords and jobs at the top level, found a string",
+        ),
+        (
+            "- a\n- b\n",
+            ".gitlab-ci.yml:1: expected a mapping of keywords and jobs at the top level, found a list",
+        ),
+        (
+            "build: [make]\n",
+            ".gitlab-ci.yml:1: job \"build\": expected a mapping of job keys, found a list",
+        ),
+        (
+            "build: make\n",
+            ".gitlab-ci.yml:1: job \"build\": expected a mapping of job keys, found a string",
+        ),
+        (
+            "build:\n",
+            ".gitlab-ci.yml:1: job \"build\": expected a mapping of job keys, found nothing (null)",
+        ),
+        (".hidden:\n  script: x\n", ".gitlab-ci.yml:1: no jobs"),
+        ("stages: [a]\n", ".gitlab-ci.yml:1: no jobs"),
+        (
+            "default: [x]\na: {script: x}\n",
+            ".gitlab-ci.yml:1: default: expected a mapping, found a list",
+        ),
+        (
+            "variables: [x]\na: {script: x}\n",
+            ".gitlab-ci.yml:1: variables: expected a mapping of names to values, found a list",
+        ),
+        (
+            "[a]: 1\n",
+            ".gitlab-ci.yml:1: mapping keys must be strings, found a list",
+        ),
+        (
+            "a: {script: x}\n---\nb: {script: y}\n",
+            ".gitlab-ci.yml:2: more than one YAML document",
+        ),
+        (
+            "a:\n  script: x\n\tstage: y\n",
+            ".gitlab-ci.yml:2: invalid YAML: while scanning a plain scalar, found a tab",
+        ),
+        (
+            "a: {script: x, needs: [{artifacts: true}]}\n",
+            "needs: an entry is missing \"job\"",
+        ),
+        (
+            "a: {script: x, <<: 3}\n",
+            "merge key \"<<\" expects a mapping or a list of mappings, found a number",
+        ),
+        ("\"\": {script: x}\n", "a job name must not be empty"),
+        ("\u{feff}\u{0}\u{1}", ".gitlab-ci.yml:"),
+        (
+            "a: {script: [[[[[[[[[[[[x]]]]]]]]]]]]}\n",
+            "lists nested more than 10 levels deep",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = errors(text).join("\n");
+        assert!(
+            got.contains(want),
+            "for {text:?}\n want: {want}\n  got: {got}"
+        );
+    }
+    // Arbitrary byte soup never panics.
+    let mut seed: u32 = 12345;
+    let alphabet: &[u8] = b"ab:- \n[]{}&*<!|>'\"#,.?%@`~0123456789\t";
+    for _ in 0..2000 {
+        let len = (seed % 60) as usize;
+        let mut s = String::new();
+        for _ in 0..len {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            s.push(alphabet[(seed >> 16) as usize % alphabet.len()] as char);
+        }
+        let _ = parse(&s);
+        let _ = parse(&format!("job:\n  script: x\n  {s}"));
+    }
+}
+
+#[test]
+fn needs_optional_and_same_stage() {
+    let p =
+        parse("a: {script: x}\nb: {script: y, needs: [a, {job: gone, optional: true}]}\n").unwrap();
+    assert_eq!(p.job("b").unwrap().needs.as_ref().unwrap().len(), 1);
+    assert_eq!(
+        p.job("b").unwrap().stage_index,
+        p.job("a").unwrap().stage_index
+    );
+}
+
+#[test]
+fn global_deprecated_keys_act_as_defaults_and_default_wins() {
+    let p =
+        parse("image: old\nbefore_script: [g]\ndefault:\n  image: new\na:\n  script: x\n").unwrap();
+    let a = &p.jobs[0];
+    assert_eq!(a.image.as_deref(), Some("new"));
+    assert_eq!(a.before_script, ["g"]);
+}
+
+#[test]
+fn extends_order_and_arrays_replaced() {
+    let p = parse(
+        "\
+.one:
+  variables: {A: one, B: one}
+  script: [one]
+  tags: [x, y]
+.two:
+  variables: {B: two}
+  script: [two]
+job:
+  extends: [.one, .two]
+  tags: [z]
+",
+    )
+    .unwrap();
+    let j = &p.jobs[0];
+    assert_eq!(j.script, ["two"], "later parent wins, arrays replaced");
+    assert_eq!(j.tags, ["z"]);
+    assert_eq!(j.variable_value("A"), Some("one"));
+    assert_eq!(j.variable_value("B"), Some("two"));
+}
+
+#[test]
+fn variables_expand_false_is_raw() {
+    let p = parse("variables:\n  R: {value: \"$X\", expand: false}\na: {script: x}\n").unwrap();
+    assert!(p.jobs[0].variables[0].raw);
+}
+
+#[test]
+fn from_file_names_the_file() {
+    let dir = std::env::temp_dir().join(format!("slipway-jobs-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ci.yml");
+    std::fs::write(&path, "a:\n  scrip: x\n").unwrap();
+    let err = Pipeline::from_file(&path, PipelineOptions::default())
+        .unwrap_err()
+        .to_string();
+    let want = format!(
+        "{}:2: job \"a\": unknown key \"scrip\" (did you mean \"script\"?)",
+        path.display()
+    );
+    assert!(err.lines().any(|l| l == want), "{err}");
+    let missing =
+        Pipeline::from_file(dir.join("nope.yml"), PipelineOptions::default()).unwrap_err();
+    assert!(matches!(missing, PipelineError::Read { .. }));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,489 @@
+//! A tiny YAML tree with line numbers, built from yaml-rust2's event parser.
+//!
+//! yaml-rust2's own `Yaml` loader drops positions and silently keeps the last of duplicate keys;
+//! the pipeline reader needs a line for every error and must reject duplicate job names, so it
+//! builds its own tree. Anchors and aliases are resolved here, as are `<<` merge keys.
+
+use std::collections::HashMap;
+
+use yaml_rust2::parser::{Event, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// Deepest nesting accepted; deeper input is an error rather than a stack overflow.
+const MAX_DEPTH: usize = 128;
+/// Most nodes a document may expand to; guards against alias bombs ("billion laughs").
+const MAX_NODES: usize = 500_000;
+
+/// A problem found while reading YAML: a 1-based line and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct YamlError {
+    pub line: usize,
+    pub message: String,
+}
+
+/// A node with the line it starts on (1-based).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Node {
+    pub line: usize,
+    pub kind: Kind,
+}
+
+/// The shape of a node.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Kind {
+    /// A scalar as written; `plain` is false when it was quoted or a block scalar, so `"true"` is
+    /// a string, not a boolean, and `""` is not null.
+    Scalar {
+        text: String,
+        plain: bool,
+    },
+    Seq(Vec<Node>),
+    Map(Vec<Entry>),
+}
+
+/// One key of a mapping, with the key's own line.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Entry {
+    pub key: String,
+    pub key_line: usize,
+    pub value: Node,
+}
+
+impl Node {
+    /// True for `~`, `null`, and an empty value.
+    pub fn is_null(&self) -> bool {
+        matches!(&self.kind, Kind::Scalar { text, plain: true }
+            if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL"))
+    }
+
+    /// The scalar text, if this is a non-null scalar.
+    pub fn as_scalar(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Scalar { text, .. } if !self.is_null() => Some(text),
+            _ => None,
+        }
+    }
+
+    /// The value of a YAML boolean (`true`/`false` in the usual casings), if this is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match &self.kind {
+            Kind::Scalar { text, plain: true } => match text.as_str() {
+                "true" | "True" | "TRUE" => Some(true),
+                "false" | "False" | "FALSE" => Some(false),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The entries, if this is a mapping.
+    pub fn as_map(&self) -> Option<&[Entry]> {
+        match &self.kind {
+            Kind::Map(entries) => Some(entries),
+            _ => None,
+        }
+    }
+
+    /// The value under `key`, if this is a mapping that has it.
+    pub fn get(&self, key: &str) -> Option<&Entry> {
+        self.as_map()?.iter().find(|e| e.key == key)
+    }
+
+    /// How a user would name this node's type in an error message.
+    pub fn describe(&self) -> &'static str {
+        match &self.kind {
+            _ if self.is_null() => "nothing (null)",
+            Kind::Scalar { .. } if self.as_bool().is_some() => "a boolean",
+            Kind::Scalar { text, plain: true } if text.parse::<f64>().is_ok() => "a number",
+            Kind::Scalar { .. } => "a string",
+            Kind::Seq(_) => "a list",
+            Kind::Map(_) => "a mapping",
+        }
+    }
+
+    fn height(&self) -> usize {
+        1 + match &self.kind {
+            Kind::Scalar { .. } => 0,
+            Kind::Seq(items) => items.iter().map(Node::height).max().unwrap_or(0),
+            Kind::Map(entries) => entries.iter().map(|e| e.value.height()).max().unwrap_or(0),
+        }
+    }
+
+    fn size(&self) -> usize {
+        1 + match &self.kind {
+            Kind::Scalar { .. } => 0,
+            Kind::Seq(items) => items.iter().map(Node::size).sum(),
+            Kind::Map(entries) => entries.iter().map(|e| e.value.size()).sum(),
+        }
+    }
+}
+
+/// Parses one YAML document. `Ok(None)` for an empty stream. Duplicate keys are reported all at
+/// once; a syntax error stops parsing.
+pub(crate) fn parse(text: &str) -> Result<Option<Node>, Vec<YamlError>> {
+    let mut b = Builder {
+        parser: Parser::new_from_str(text),
+        anchors: HashMap::new(),
+        errors: Vec::new(),
+        nodes: 0,
+    };
+    match b.document() {
+        Ok(node) if b.errors.is_empty() => Ok(node),
+        Ok(_) => Err(b.errors),
+        Err(e) => {
+            b.errors.push(e);
+            Err(b.errors)
+        }
+    }
+}
+
+struct Builder<'a> {
+    parser: Parser<std::str::Chars<'a>>,
+    anchors: HashMap<usize, Node>,
+    /// Non-fatal problems (duplicate keys, bad merge values); parsing goes on to find them all.
+    errors: Vec<YamlError>,
+    nodes: usize,
+}
+
+fn line_of(mark: &Marker) -> usize {
+    mark.line().max(1)
+}
+
+impl Builder<'_> {
+    fn next(&mut self) -> Result<(Event, usize), YamlError> {
+        match self.parser.next_token() {
+            Ok((ev, mark)) => Ok((ev, line_of(&mark))),
+            Err(e) => Err(YamlError {
+                line: line_of(e.marker()),
+                message: format!("invalid YAML: {}", e.info()),
+            }),
+        }
+    }
+
+    fn document(&mut self) -> Result<Option<Node>, YamlError> {
+        let mut root = None;
+        loop {
+            let (ev, line) = self.next()?;
+            match ev {
+                Event::StreamStart | Event::DocumentEnd | Event::Nothing => {}
+                Event::StreamEnd => return Ok(root),
+                Event::DocumentStart => {
+                    if root.is_some() {
+                        return Err(YamlError {
+                            line,
+                            message: "more than one YAML document (`---`) is not supported".into(),
+                        });
+                    }
+                    let (ev, line) = self.next()?;
+                    root = Some(self.node(ev, line, 0)?);
+                }
+                other => {
+                    // The parser always wraps nodes in a document; be defensive anyway.
+                    root = Some(self.node(other, line, 0)?);
+                }
+            }
+        }
+    }
+
+    fn count(&mut self, n: usize, line: usize) -> Result<(), YamlError> {
+        self.nodes += n;
+        if self.nodes > MAX_NODES {
+            return Err(YamlError {
+                line,
+                message: format!(
+                    "document too large: more than {MAX_NODES} nodes after expanding aliases"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn anchor(&mut self, id: usize, node: &Node) {
+        if id > 0 {
+            self.anchors.insert(id, node.clone());
+        }
+    }
+
+    fn node(&mut self, ev: Event, line: usize, depth: usize) -> Result<Node, YamlError> {
+        if depth > MAX_DEPTH {
+            return Err(YamlError {
+                line,
+                message: format!("nesting deeper than {MAX_DEPTH} levels"),
+            });
+        }
+        match ev {
+            Event::Scalar(text, style, anchor, tag) => {
+                reject_tag(tag.as_ref(), line)?;
+                self.count(1, line)?;
+                let node = Node {
+                    line,
+                    kind: Kind::Scalar {
+                        text,
+                        plain: style == TScalarStyle::Plain,
+                    },
+                };
+                self.anchor(anchor, &node);
+                Ok(node)
+            }
+            Event::Alias(id) => {
+                let Some(node) = self.anchors.get(&id) else {
+                    return Err(YamlError {
+                        line,
+                        message: "alias to an unknown anchor".into(),
+                    });
+                };
+                // Aliases nest trees without nesting events: bound the height here too, so
+                // that later recursion over the tree cannot overflow the stack.
+                if depth + node.height() > MAX_DEPTH + 1 {
+                    return Err(YamlError {
+                        line,
+                        message: format!(
+                            "nesting deeper than {MAX_DEPTH} levels (through aliases)"
+                        ),
+                    });
+                }
+                let node = node.clone();
+                self.count(node.size(), line)?;
+                Ok(node)
+            }
+            Event::SequenceStart(anchor, tag) => {
+                reject_tag(tag.as_ref(), line)?;
+                self.count(1, line)?;
+                let mut items = Vec::new();
+                loop {
+                    let (ev, l) = self.next()?;
+                    if ev == Event::SequenceEnd {
+                        break;
+                    }
+                    items.push(self.node(ev, l, depth + 1)?);
+                }
+                let node = Node {
+                    line,
+                    kind: Kind::Seq(items),
+                };
+                self.anchor(anchor, &node);
+                Ok(node)
+            }
+            Event::MappingStart(anchor, tag) => {
+                reject_tag(tag.as_ref(), line)?;
+                self.count(1, line)?;
+                let node = self.mapping(line, depth)?;
+                self.anchor(anchor, &node);
+                Ok(node)
+            }
+            other => Err(YamlError {
+                line,
+                message: format!("invalid YAML: unexpected {other:?}"),
+            }),
+        }
+    }
+
+    fn mapping(&mut self, line: usize, depth: usize) -> Result<Node, YamlError> {
+        let mut entries: Vec<Entry> = Vec::new();
+        // Merged entries (`<<`) and where they go; explicit keys win over them whatever the order,
+        // as the YAML merge-key spec says, so they are placed once the mapping is complete.
+        let mut merges: Vec<(usize, Vec<Entry>)> = Vec::new();
+        loop {
+            let (ev, key_line) = self.next()?;
+            if ev == Event::MappingEnd {
+                break;
+            }
+            let key_node = self.node(ev, key_line, depth + 1)?;
+            let (ev, l) = self.next()?;
+            let mut value = self.node(ev, l, depth + 1)?;
+            if matches!(&value.kind, Kind::Scalar { text, plain: true } if text.is_empty()) {
+                // An empty value is reported where its key is, not on the next line.
+                value.line = key_line;
+            }
+            let key = match &key_node.kind {
+                Kind::Scalar { text, .. } => text.clone(),
+                _ => {
+                    self.errors.push(YamlError {
+                        line: key_line,
+                        message: format!(
+                            "mapping keys must be strings, found {}",
+                            key_node.describe()
+                        ),
+                    });
+                    continue;
+                }
+            };
+            if key == "<<" && matches!(key_node.kind, Kind::Scalar { plain: true, .. }) {
+                let merged = self.merge_value(&value);
+                merges.push((entries.len(), merged));
+                continue;
+            }
+            if let Some(first) = entries.iter().find(|e| e.key == key) {
+                self.errors.push(YamlError {
+                    line: key_line,
+                    message: format!(
+                        "duplicate key \"{key}\" (first defined on line {})",
+                        first.key_line
+                    ),
+                });
+                continue;
+            }
+            entries.push(Entry {
+                key,
+                key_line,
+                value,
+            });
+        }
+        // Insert merged entries at the position of their `<<`, later positions first so earlier
+        // indices stay valid; a key already present (explicit, or from an earlier merge) wins.
+        let mut out = entries;
+        let mut seen: Vec<String> = out.iter().map(|e| e.key.clone()).collect();
+        let mut inserts: Vec<(usize, Vec<Entry>)> = Vec::new();
+        for (pos, merged) in merges {
+            let fresh: Vec<Entry> = merged
+                .into_iter()
+                .filter(|e| {
+                    if seen.contains(&e.key) {
+                        false
+                    } else {
+                        seen.push(e.key.clone());
+                        true
+                    }
+                })
+                .collect();
+            inserts.push((pos, fresh));
+        }
+        for (pos, fresh) in inserts.into_iter().rev() {
+            let tail = out.split_off(pos);
+            out.extend(fresh);
+            out.extend(tail);
+        }
+        Ok(Node {
+            line,
+            kind: Kind::Map(out),
+        })
+    }
+
+    /// The entries a `<<` value contributes: a mapping, or a list of mappings (earlier wins).
+    fn merge_value(&mut self, value: &Node) -> Vec<Entry> {
+        match &value.kind {
+            Kind::Map(entries) => entries.clone(),
+            Kind::Seq(items) => {
+                let mut out: Vec<Entry> = Vec::new();
+                for item in items {
+                    match &item.kind {
+                        Kind::Map(entries) => {
+                            for e in entries {
+                                if !out.iter().any(|o| o.key == e.key) {
+                                    out.push(e.clone());
+                                }
+                            }
+                        }
+                        _ => self.errors.push(YamlError {
+                            line: item.line,
+                            message: format!(
+                                "merge key \"<<\" expects a mapping or a list of mappings, found {}",
+                                item.describe()
+                            ),
+                        }),
+                    }
+                }
+                out
+            }
+            Kind::Scalar { .. } => {
+                self.errors.push(YamlError {
+                    line: value.line,
+                    message: format!(
+                        "merge key \"<<\" expects a mapping or a list of mappings, found {}",
+                        value.describe()
+                    ),
+                });
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Tags such as GitLab's `!reference` change meaning; refusing them beats misreading them.
+fn reject_tag(tag: Option<&yaml_rust2::parser::Tag>, line: usize) -> Result<(), YamlError> {
+    match tag {
+        None => Ok(()),
+        // Standard-schema tags (`!!str`, `!!int`, ...) only restate the type; accept them.
+        Some(t) if t.handle == "tag:yaml.org,2002:" || t.handle == "!!" => Ok(()),
+        Some(t) => Err(YamlError {
+            line,
+            message: format!("YAML tag \"{}{}\" is not supported", t.handle, t.suffix),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: &Node) -> Vec<&str> {
+        n.as_map().unwrap().iter().map(|e| e.key.as_str()).collect()
+    }
+
+    #[test]
+    fn lines_anchors_and_merge_keys() {
+        let text = "a: &x\n  k1: 1\n  k2: 2\nb:\n  <<: *x\n  k2: over\n  k3: 3\n";
+        let root = parse(text).unwrap().unwrap();
+        let b = root.get("b").unwrap();
+        assert_eq!(b.key_line, 4);
+        assert_eq!(keys(&b.value), vec!["k1", "k2", "k3"]);
+        assert_eq!(b.value.get("k2").unwrap().value.as_scalar(), Some("over"));
+        assert_eq!(
+            b.value.get("k1").unwrap().key_line,
+            2,
+            "merged keys keep their line"
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_reported() {
+        let errs = parse("a: 1\nb: 2\na: 3\n").unwrap_err();
+        assert_eq!(errs[0].line, 3);
+        assert_eq!(
+            errs[0].message,
+            "duplicate key \"a\" (first defined on line 1)"
+        );
+    }
+
+    #[test]
+    fn scalars_keep_their_text_and_style() {
+        let root = parse("a: 1.10\nb: \"true\"\nc: true\nd:\ne: ~\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(root.get("a").unwrap().value.as_scalar(), Some("1.10"));
+        assert_eq!(root.get("b").unwrap().value.as_bool(), None);
+        assert_eq!(root.get("c").unwrap().value.as_bool(), Some(true));
+        assert!(root.get("d").unwrap().value.is_null());
+        assert!(root.get("e").unwrap().value.is_null());
+    }
+
+    #[test]
+    fn hostile_input_is_an_error_not_a_crash() {
+        assert_eq!(parse("").unwrap(), None);
+        assert!(parse(&"[".repeat(10_000)).is_err());
+        let bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n\
+                    b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n\
+                    c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n\
+                    d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n\
+                    e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n\
+                    f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n";
+        let errs = parse(bomb).unwrap_err();
+        assert!(errs[0].message.contains("too large"), "{errs:?}");
+        // Deep through aliases: each anchor nests the previous one 100 levels deeper.
+        let mut deep = String::new();
+        for i in 0..5 {
+            deep.push_str(&format!("a{i}: &a{i} "));
+            deep.push_str(&"[".repeat(100));
+            if i > 0 {
+                deep.push_str(&format!("*a{}", i - 1));
+            }
+            deep.push_str(&"]".repeat(100));
+            deep.push('\n');
+        }
+        let errs = parse(&deep).unwrap_err();
+        assert!(errs[0].message.contains("through aliases"), "{errs:?}");
+        assert!(parse("a: !reference [.x, script]\n").is_err());
+        assert!(parse("a: *nope\n").is_err());
+        assert!(parse("a: 1\n---\nb: 2\n").is_err());
+    }
+}

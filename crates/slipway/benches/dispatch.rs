@@ -1,0 +1,219 @@
+//! Dispatch latency with warm idle capacity: from a job being queued to its first output line,
+//! next to a bare SSH exec over an open connection and a local `sh -c true` spawn.
+//!
+//! Writes `bench/results/dispatch.json`. Run with `make bench` (see `command` in the file).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use slipway::config;
+use slipway::runner::{Runner, StartOptions};
+use slipway_executor::{InstanceExecutor, RunContext, Trace};
+use slipway_jobs::{Pipeline, PipelineOptions};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const JOBS: usize = 200;
+const BASELINE_RUNS: usize = 200;
+const COMMAND: &str = "make bench";
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(bench())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn bench() -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/dispatch-… → target/<profile>
+    let plugin_dir = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .map(PathBuf::from)
+        .context("locating the target dir")?;
+    let run_dir = tempfile::Builder::new()
+        .prefix("slipway-bench-")
+        .tempdir()?;
+
+    // The embedded config, with idle capacity kept warm for the whole run.
+    let text = config::EMBEDDED.replace("idle_count = 0", "idle_count = 2");
+    let loaded = config::parse(&text, "embedded")?;
+    let runner_cfg = loaded.config.runners[0].clone();
+    let mut defaults = toml::Table::new();
+    defaults.insert(
+        "dir".into(),
+        toml::Value::String(run_dir.path().join("plugin").display().to_string()),
+    );
+    defaults.insert(
+        "name".into(),
+        toml::Value::String(format!("b{}", std::process::id())),
+    );
+    let runner = Runner::start(
+        &runner_cfg,
+        &StartOptions {
+            plugin_dir: Some(plugin_dir),
+            plugin_config_defaults: defaults,
+            handshake_timeout: None,
+        },
+    )
+    .await?;
+    let result = measure(&runner).await;
+    runner.shutdown().await;
+    let (dispatch, ssh_exec) = result?;
+
+    let mut spawn = Vec::with_capacity(BASELINE_RUNS);
+    for _ in 0..BASELINE_RUNS {
+        let t = Instant::now();
+        let st = tokio::process::Command::new("sh")
+            .args(["-c", "true"])
+            .status()
+            .await?;
+        anyhow::ensure!(st.success(), "sh -c true failed");
+        spawn.push(ms(t.elapsed()));
+    }
+    spawn.sort_by(f64::total_cmp);
+
+    let d50 = percentile(&dispatch, 50.0);
+    let d95 = percentile(&dispatch, 95.0);
+    let s50 = percentile(&ssh_exec, 50.0);
+    let p50 = percentile(&spawn, 50.0);
+    let json = serde_json::json!({
+        "bench": "dispatch",
+        "command": COMMAND,
+        "machine": machine(),
+        "date": date(),
+        "results": {
+            "jobs": dispatch.len(),
+            "dispatch_ms_p50": round(d50),
+            "dispatch_ms_p95": round(d95),
+            "ssh_exec_ms_p50": round(s50),
+            "spawn_ms_p50": round(p50),
+            "dispatch_over_ssh_exec_p50": round(d50 / s50),
+            "dispatch_over_spawn_p50": round(d50 / p50),
+        }
+    });
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/dispatch.json");
+    std::fs::create_dir_all(out.parent().context("results dir")?)?;
+    std::fs::write(&out, serde_json::to_string_pretty(&json)? + "\n")?;
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    Ok(())
+}
+
+fn round(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Run trivial jobs one after another; returns (queue→first line, bare ssh exec) in ms, sorted.
+async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let pipeline = Pipeline::parse(
+        "bench:\n  script: [echo hi]\n",
+        "bench.yml",
+        PipelineOptions::default(),
+    )?;
+    let job = &pipeline.jobs[0];
+    let exec = InstanceExecutor::default();
+
+    // Warm: wait until idle capacity is running, and open the connection once.
+    let warm = runner_job(runner, &exec, job, 0).await?;
+    anyhow::ensure!(warm.is_some(), "warm-up job produced no output");
+
+    let mut dispatch = Vec::with_capacity(JOBS);
+    for i in 1..=JOBS {
+        let first = runner_job(runner, &exec, job, i as u64)
+            .await?
+            .context("no output")?;
+        dispatch.push(first);
+    }
+    dispatch.sort_by(f64::total_cmp);
+
+    runner.scaler.reserve("ssh-baseline")?;
+    let acq = runner.scaler.acquire("ssh-baseline").await?;
+    let client = runner.client(&acq).await?;
+    let mut ssh = Vec::with_capacity(BASELINE_RUNS);
+    for _ in 0..BASELINE_RUNS {
+        let t = Instant::now();
+        let (st, _, _) = client.run_capture("true", Vec::new()).await?;
+        anyhow::ensure!(st.success(), "ssh true failed: {st}");
+        ssh.push(ms(t.elapsed()));
+    }
+    runner.scaler.release("ssh-baseline");
+    ssh.sort_by(f64::total_cmp);
+    Ok((dispatch, ssh))
+}
+
+/// Queue one job and return the time until its first output chunk.
+async fn runner_job(
+    runner: &Runner,
+    exec: &InstanceExecutor,
+    job: &slipway_jobs::PipelineJob,
+    id: u64,
+) -> anyhow::Result<Option<f64>> {
+    let payload = job.to_job_response(id + 1, 1, &[]);
+    let key = format!("bench-{id}");
+    let queued = Instant::now();
+    runner.scaler.reserve(&key)?;
+    let acq = runner.scaler.acquire(&key).await?;
+    let client = runner.client(&acq).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut trace = Trace::new(Vec::<String>::new(), tx);
+    let first = tokio::spawn(async move { rx.recv().await.map(|_| queued.elapsed()) });
+    let result = exec
+        .run(
+            &payload,
+            RunContext {
+                client: &client,
+                slot: acq.slot,
+                trace: &mut trace,
+                cancel: CancellationToken::new(),
+                artifacts_in: Vec::new(),
+            },
+        )
+        .await;
+    drop(trace);
+    runner.scaler.release(&key);
+    anyhow::ensure!(
+        result.outcome.is_success(),
+        "bench job failed: {:?}",
+        result.outcome
+    );
+    Ok(first.await?.map(ms))
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown cpu".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    format!("{cores} cores, {cpu}")
+}
+
+fn date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

@@ -1,0 +1,654 @@
+//! `config.toml`, read as GitLab Runner writes it: the keys Slipway honours so far.
+//!
+//! A wrong type or value is an error naming file, line and key; an unknown key is a warning.
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The configuration Slipway uses when none is given (`slipway exec` without `-c`).
+pub const EMBEDDED: &str = include_str!("embedded.toml");
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// Jobs running at once across all runners.
+    pub concurrent: u32,
+    /// Log level (`debug`, `info`, `warn`, `error`).
+    pub log_level: Option<String>,
+    /// Seconds to wait for jobs at shutdown.
+    pub shutdown_timeout: u64,
+    /// The `[[runners]]` entries.
+    pub runners: Vec<RunnerConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            concurrent: 1,
+            log_level: None,
+            shutdown_timeout: 30,
+            runners: Vec::new(),
+        }
+    }
+}
+
+/// One `[[runners]]` entry.
+#[derive(Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct RunnerConfig {
+    /// Runner name.
+    pub name: String,
+    /// GitLab URL (job source "gitlab", later).
+    pub url: String,
+    /// Runner token. Never printed.
+    pub token: String,
+    /// Executor name.
+    pub executor: String,
+    /// Jobs this runner runs at once; 0 = no limit beyond `concurrent`.
+    pub limit: u32,
+    /// Builds root on the instance.
+    pub builds_dir: Option<String>,
+    /// `[runners.autoscaler]`.
+    pub autoscaler: Option<AutoscalerConfig>,
+}
+
+impl fmt::Debug for RunnerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "[masked]"
+                },
+            )
+            .field("executor", &self.executor)
+            .field("limit", &self.limit)
+            .field("builds_dir", &self.builds_dir)
+            .field("autoscaler", &self.autoscaler)
+            .finish()
+    }
+}
+
+/// `[runners.autoscaler]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct AutoscalerConfig {
+    /// Plugin name or path.
+    pub plugin: String,
+    /// Slots per instance.
+    pub capacity_per_instance: u32,
+    /// Jobs per instance before removal; 0 = unlimited.
+    pub max_use_count: u32,
+    /// Cap on instances; 0 = unlimited.
+    pub max_instances: u32,
+    /// Delete every instance when the runner stops.
+    pub delete_instances_on_shutdown: bool,
+    /// How long a job waits for a slot.
+    #[serde(with = "duration")]
+    pub instance_acquire_timeout: Duration,
+    /// Plugin `Update` period.
+    #[serde(with = "duration")]
+    pub update_interval: Duration,
+    /// Plugin `Update` period while changes are expected.
+    #[serde(with = "duration")]
+    pub update_interval_when_expecting: Duration,
+    /// Free-form table passed to the plugin as JSON.
+    pub plugin_config: toml::Table,
+    /// `[runners.autoscaler.connector_config]`.
+    pub connector_config: ConnectorConfigToml,
+    /// `[[runners.autoscaler.policy]]`.
+    pub policy: Vec<PolicyConfig>,
+}
+
+impl Default for AutoscalerConfig {
+    fn default() -> Self {
+        let d = slipway_taskscaler::Config::default();
+        AutoscalerConfig {
+            plugin: String::new(),
+            capacity_per_instance: 1,
+            max_use_count: 0,
+            max_instances: 0,
+            delete_instances_on_shutdown: false,
+            instance_acquire_timeout: d.instance_acquire_timeout,
+            update_interval: d.update_interval,
+            update_interval_when_expecting: d.update_interval_when_expecting,
+            plugin_config: toml::Table::new(),
+            connector_config: ConnectorConfigToml::default(),
+            policy: Vec::new(),
+        }
+    }
+}
+
+/// `[runners.autoscaler.connector_config]`.
+#[derive(Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct ConnectorConfigToml {
+    /// `linux`, `windows`, `darwin`.
+    pub os: String,
+    /// `amd64`, `arm64`.
+    pub arch: String,
+    /// `ssh`.
+    pub protocol: String,
+    /// Protocol port.
+    pub protocol_port: u16,
+    /// Login user.
+    pub username: String,
+    /// Password. Never printed.
+    pub password: String,
+    /// Private key file, read by the manager.
+    pub key_path: String,
+    /// The plugin must not provision credentials.
+    pub use_static_credentials: bool,
+    /// SSH keepalive.
+    #[serde(with = "duration")]
+    pub keepalive: Duration,
+    /// Dial timeout.
+    #[serde(with = "duration")]
+    pub timeout: Duration,
+    /// Dial the external address.
+    pub use_external_addr: bool,
+}
+
+impl fmt::Debug for ConnectorConfigToml {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectorConfigToml")
+            .field("os", &self.os)
+            .field("protocol", &self.protocol)
+            .field("username", &self.username)
+            .field(
+                "password",
+                &if self.password.is_empty() {
+                    ""
+                } else {
+                    "[masked]"
+                },
+            )
+            .field("key_path", &self.key_path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `[[runners.autoscaler.policy]]` (this version: `idle_count` and `idle_time`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct PolicyConfig {
+    /// Target idle slots.
+    pub idle_count: u32,
+    /// How long an instance may stay idle.
+    #[serde(with = "duration")]
+    pub idle_time: Duration,
+}
+
+mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// Go-style duration strings (`1m`, `20m0s`, `1h30m`) or plain seconds.
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Secs(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a duration such as \"30s\", \"5m\" or \"1h30m\"")
+        })? {
+            Raw::Secs(s) => Ok(Duration::from_secs(s)),
+            Raw::Text(t) => humantime::parse_duration(t.trim()).map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "invalid duration {t:?} ({e}); expected e.g. \"30s\", \"5m\" or \"1h30m\""
+                ))
+            }),
+        }
+    }
+}
+
+/// A problem in a config file, located by line and key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// File name as given.
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// Dotted key path, e.g. `runners[0].autoscaler.capacity_per_instance`.
+    pub key: String,
+    /// What is wrong and what was expected.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{}: ", self.file, l)?,
+            None => write!(f, "{}: ", self.file)?,
+        }
+        if self.key.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.key, self.message)
+        }
+    }
+}
+
+/// A config that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {file}: {source}")]
+    Read {
+        /// File name.
+        file: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// One or more errors; every one is listed.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Problem>),
+}
+
+/// A config with the warnings found while reading it.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The settings.
+    pub config: Config,
+    /// Unknown keys and other things worth a look.
+    pub warnings: Vec<Problem>,
+}
+
+/// Read and check a config file.
+pub async fn load(path: &Path) -> Result<Loaded, ConfigError> {
+    let file = path.display().to_string();
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+    parse(&text, &file)
+}
+
+/// Parse and check config text; `file` names it in messages.
+pub fn parse(text: &str, file: &str) -> Result<Loaded, ConfigError> {
+    let doc = toml_edit::Document::parse(text.to_string()).map_err(|e| {
+        ConfigError::Invalid(vec![Problem {
+            file: file.into(),
+            line: e.span().map(|s| line_of(text, s.start)),
+            key: String::new(),
+            message: format!("not valid TOML: {}", e.message()),
+        }])
+    })?;
+    let locate = |path: &[Seg]| key_line(&doc, text, path);
+    let problem = |path: &[Seg], message: String| Problem {
+        file: file.into(),
+        line: locate(path),
+        key: display_path(path),
+        message,
+    };
+
+    let mut unknown = Vec::new();
+    let de = toml::Deserializer::parse(text).map_err(|e| {
+        ConfigError::Invalid(vec![Problem {
+            file: file.into(),
+            line: e.span().map(|s| line_of(text, s.start)),
+            key: String::new(),
+            message: e.message().to_string(),
+        }])
+    })?;
+    let mut on_unknown = |p: serde_ignored::Path<'_>| unknown.push(segments_of_ignored(&p));
+    let ignored = serde_ignored::Deserializer::new(de, &mut on_unknown);
+    let config: Config = serde_path_to_error::deserialize(ignored).map_err(|e| {
+        let path = segments_of_error(e.path());
+        let inner = e.into_inner();
+        let line = inner
+            .span()
+            .map(|s| line_of(text, s.start))
+            .or_else(|| locate(&path));
+        ConfigError::Invalid(vec![Problem {
+            file: file.into(),
+            line,
+            key: display_path(&path),
+            message: inner.message().to_string(),
+        }])
+    })?;
+
+    let mut warnings: Vec<Problem> = unknown
+        .iter()
+        .map(|p| problem(p, "unknown key, ignored".into()))
+        .collect();
+    let mut errors = Vec::new();
+    validate(&config, &mut |path: Vec<Seg>, msg: String, fatal: bool| {
+        let p = problem(&path, msg);
+        if fatal {
+            errors.push(p)
+        } else {
+            warnings.push(p)
+        }
+    });
+    if !errors.is_empty() {
+        return Err(ConfigError::Invalid(errors));
+    }
+    Ok(Loaded { config, warnings })
+}
+
+fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
+    let key = |k: &str| Seg::Key(k.to_string());
+    if cfg.concurrent == 0 {
+        report(vec![key("concurrent")], "must be at least 1".into(), true);
+    }
+    if cfg.runners.is_empty() {
+        report(
+            vec![key("runners")],
+            "no [[runners]] entry: nothing to run".into(),
+            true,
+        );
+    }
+    for (i, r) in cfg.runners.iter().enumerate() {
+        let at = |rest: &[&str]| {
+            let mut p = vec![key("runners"), Seg::Index(i)];
+            p.extend(rest.iter().map(|k| key(k)));
+            p
+        };
+        match r.executor.as_str() {
+            "instance" => {}
+            "" => report(
+                at(&["executor"]),
+                "missing; expected \"instance\"".into(),
+                true,
+            ),
+            other => report(
+                at(&["executor"]),
+                format!("executor {other:?} is not supported yet; expected \"instance\""),
+                true,
+            ),
+        }
+        let Some(a) = &r.autoscaler else {
+            if r.executor == "instance" {
+                report(
+                    at(&["autoscaler"]),
+                    "the instance executor needs a [runners.autoscaler] section".into(),
+                    true,
+                );
+            }
+            continue;
+        };
+        if a.plugin.trim().is_empty() {
+            report(
+                at(&["autoscaler", "plugin"]),
+                "missing; expected a plugin name or path".into(),
+                true,
+            );
+        }
+        if a.capacity_per_instance == 0 {
+            report(
+                at(&["autoscaler", "capacity_per_instance"]),
+                "must be at least 1".into(),
+                true,
+            );
+        }
+        if a.update_interval.is_zero() {
+            report(
+                at(&["autoscaler", "update_interval"]),
+                "must be greater than 0".into(),
+                true,
+            );
+        }
+        if a.update_interval_when_expecting.is_zero() {
+            report(
+                at(&["autoscaler", "update_interval_when_expecting"]),
+                "must be greater than 0".into(),
+                true,
+            );
+        }
+        if !a.connector_config.key_path.is_empty()
+            && !Path::new(&a.connector_config.key_path).exists()
+        {
+            report(
+                at(&["autoscaler", "connector_config", "key_path"]),
+                format!(
+                    "file {:?} does not exist on this machine",
+                    a.connector_config.key_path
+                ),
+                false,
+            );
+        }
+        if a.policy.len() > 1 {
+            report(
+                at(&["autoscaler", "policy"]),
+                "several policies: this version applies only the last (periods come later)".into(),
+                false,
+            );
+        }
+        let limit = u64::from(a.max_instances) * u64::from(a.capacity_per_instance);
+        if a.max_instances > 0 && u64::from(cfg.concurrent) > limit {
+            report(
+                vec![key("concurrent")],
+                format!(
+                    "larger than max_instances × capacity_per_instance ({limit}) of runner {:?}",
+                    r.name
+                ),
+                false,
+            );
+        }
+    }
+}
+
+/// One step of a key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seg {
+    /// A table key.
+    Key(String),
+    /// An array index.
+    Index(usize),
+}
+
+fn display_path(path: &[Seg]) -> String {
+    let mut s = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !s.is_empty() {
+                    s.push('.');
+                }
+                s.push_str(k);
+            }
+            Seg::Index(i) => s.push_str(&format!("[{i}]")),
+        }
+    }
+    s
+}
+
+fn segments_of_ignored(p: &serde_ignored::Path<'_>) -> Vec<Seg> {
+    use serde_ignored::Path as P;
+    match p {
+        P::Root => Vec::new(),
+        P::Seq { parent, index } => {
+            let mut v = segments_of_ignored(parent);
+            v.push(Seg::Index(*index));
+            v
+        }
+        P::Map { parent, key } => {
+            let mut v = segments_of_ignored(parent);
+            v.push(Seg::Key(key.clone()));
+            v
+        }
+        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
+            segments_of_ignored(parent)
+        }
+    }
+}
+
+fn segments_of_error(p: &serde_path_to_error::Path) -> Vec<Seg> {
+    use serde_path_to_error::Segment as S;
+    p.iter()
+        .filter_map(|s| match s {
+            S::Seq { index } => Some(Seg::Index(*index)),
+            S::Map { key } => Some(Seg::Key(key.clone())),
+            S::Enum { variant } => Some(Seg::Key(variant.clone())),
+            S::Unknown => None,
+        })
+        .collect()
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset).map_or(0, |t| t.matches('\n').count()) + 1
+}
+
+/// The line where the key at `path` is written (or its nearest written parent).
+fn key_line(doc: &toml_edit::Document<String>, text: &str, path: &[Seg]) -> Option<usize> {
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let mut best = None;
+    let mut i = 0;
+    while i < path.len() {
+        let Seg::Key(k) = &path[i] else { return best };
+        let (key, item) = table.get_key_value(k)?;
+        best = key
+            .span()
+            .or_else(|| item.span())
+            .map(|s| line_of(text, s.start))
+            .or(best);
+        i += 1;
+        match (item, path.get(i)) {
+            (toml_edit::Item::ArrayOfTables(arr), Some(Seg::Index(n))) => {
+                let t = arr.get(*n)?;
+                best = t.span().map(|s| line_of(text, s.start)).or(best);
+                table = t;
+                i += 1;
+            }
+            (item, _) => match item.as_table_like() {
+                Some(t) => table = t,
+                None => return best,
+            },
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse(text, "config.toml") {
+            Err(ConfigError::Invalid(p)) => p.iter().map(ToString::to_string).collect(),
+            Err(e) => vec![e.to_string()],
+            Ok(_) => Vec::new(),
+        }
+    }
+
+    const GOOD: &str = r#"
+concurrent = 4
+
+[[runners]]
+  name = "local"
+  token = "glrt-secret-token"
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 2
+    max_instances = 2
+    max_use_count = 5
+    instance_acquire_timeout = "1m"
+    [runners.autoscaler.plugin_config]
+      provisioning_delay = "1s"
+    [[runners.autoscaler.policy]]
+      idle_count = 1
+      idle_time = "20m0s"
+"#;
+
+    #[test]
+    fn reads_gitlab_style_config() {
+        let loaded = parse(GOOD, "config.toml").expect("valid");
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let r = &loaded.config.runners[0];
+        let a = r.autoscaler.as_ref().expect("autoscaler");
+        assert_eq!(a.capacity_per_instance, 2);
+        assert_eq!(a.instance_acquire_timeout, Duration::from_secs(60));
+        assert_eq!(a.policy[0].idle_time, Duration::from_secs(1200));
+        assert_eq!(a.plugin_config["provisioning_delay"].as_str(), Some("1s"));
+        assert!(
+            !format!("{r:?}").contains("glrt-secret"),
+            "token must not be printed"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_file_line_and_key() {
+        let text = GOOD.replace(
+            "capacity_per_instance = 2",
+            "capacity_per_instance = \"two\"",
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("config.toml:10: runners[0].autoscaler.capacity_per_instance:"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn bad_duration_is_an_error_with_line() {
+        let text = GOOD.replace("idle_time = \"20m0s\"", "idle_time = \"soon\"");
+        let e = errors(&text);
+        assert!(
+            e[0].starts_with("config.toml:18: runners[0].autoscaler.policy[0].idle_time:"),
+            "{e:?}"
+        );
+        assert!(e[0].contains("expected e.g."), "{e:?}");
+    }
+
+    #[test]
+    fn wrong_values_are_all_reported() {
+        let text = GOOD
+            .replace("capacity_per_instance = 2", "capacity_per_instance = 0")
+            .replace("executor = \"instance\"", "executor = \"docker+machine\"");
+        let e = errors(&text);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("config.toml:7: runners[0].executor:")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|l| l.starts_with(
+                "config.toml:10: runners[0].autoscaler.capacity_per_instance: must be at least 1"
+            )),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_a_warning_with_line() {
+        let text = GOOD.replace(
+            "max_use_count = 5",
+            "max_use_count = 5\n    frobnicate = true",
+        );
+        let loaded = parse(&text, "config.toml").expect("still valid");
+        let w: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            w,
+            vec!["config.toml:13: runners[0].autoscaler.frobnicate: unknown key, ignored"]
+        );
+    }
+
+    #[test]
+    fn broken_toml_is_an_error_with_line() {
+        let e = errors("concurrent = 4\n[[runners]\n");
+        assert!(e[0].starts_with("config.toml:2:"), "{e:?}");
+    }
+
+    #[test]
+    fn embedded_config_is_valid() {
+        let loaded = parse(EMBEDDED, "embedded").expect("embedded config");
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    }
+}

@@ -1,0 +1,488 @@
+//! `slipway exec`: run a local pipeline through the whole path —
+//! taskscaler → plugin process → SSH → instance executor.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use slipway_executor::{InstanceExecutor, JobOutcome, RunContext, Trace};
+use slipway_jobs::{JobStatus, Pipeline, PipelineOptions, PipelineRun, PipelineStatus};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RunnerConfig;
+use crate::runner::{Runner, StartOptions};
+
+/// What `slipway exec` was asked to do.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    /// Pipeline file.
+    pub file: PathBuf,
+    /// Run only this job.
+    pub job: Option<String>,
+    /// Ignore (with a warning) keys the reader does not support.
+    pub allow_unsupported: bool,
+    /// Jobs at once.
+    pub concurrent: u32,
+    /// Where to look for plugins first.
+    pub plugin_dir: Option<PathBuf>,
+    /// Handshake timeout for the plugin process (default: the host's).
+    pub plugin_start_timeout: Option<Duration>,
+}
+
+/// One row of the summary table.
+#[derive(Debug, Clone)]
+pub struct JobRow {
+    /// Job name.
+    pub name: String,
+    /// Stage.
+    pub stage: String,
+    /// Final status.
+    pub status: JobStatus,
+    /// Wall time from acquisition to the end.
+    pub duration: Option<Duration>,
+    /// Instance the job ran on.
+    pub instance: String,
+    /// Slot on that instance.
+    pub slot: Option<u32>,
+    /// Failure message, if any.
+    pub message: String,
+}
+
+struct Finished {
+    index: usize,
+    row: JobRow,
+    artifacts: Option<PathBuf>,
+}
+
+/// Run the pipeline; returns whether it succeeded. `stop` cancels it (SIGTERM, Ctrl-C).
+pub async fn run(
+    runner_cfg: &RunnerConfig,
+    opts: &ExecOptions,
+    stop: CancellationToken,
+) -> anyhow::Result<bool> {
+    let pipeline = Pipeline::from_file(
+        &opts.file,
+        PipelineOptions {
+            allow_unsupported: opts.allow_unsupported,
+        },
+    )?;
+    for w in &pipeline.warnings {
+        eprintln!("warning: {w}");
+    }
+    let mut plan = PipelineRun::new(&pipeline, opts.job.as_deref())?;
+
+    // Everything this run creates lives under one directory, removed at the end.
+    let run_dir = tempfile::Builder::new()
+        .prefix("slipway-exec-")
+        .tempdir()
+        .context("creating the run directory")?;
+    let artifacts_dir = run_dir.path().join("artifacts");
+    tokio::fs::create_dir_all(&artifacts_dir).await?;
+
+    let mut defaults = toml::Table::new();
+    defaults.insert(
+        "dir".into(),
+        toml::Value::String(run_dir.path().join("plugin").display().to_string()),
+    );
+    // Group names become instance names: unique per run so parallel runs never collide.
+    defaults.insert(
+        "name".into(),
+        toml::Value::String(format!("x{}", std::process::id())),
+    );
+    let start = StartOptions {
+        plugin_dir: opts.plugin_dir.clone(),
+        plugin_config_defaults: defaults,
+        handshake_timeout: opts.plugin_start_timeout,
+    };
+    let runner = tokio::select! {
+        r = Runner::start(runner_cfg, &start) => Arc::new(r?),
+        _ = stop.cancelled() => anyhow::bail!("interrupted while starting the runner"),
+    };
+
+    let result = drive(&runner, &pipeline, &mut plan, opts, &artifacts_dir, &stop).await;
+    runner.shutdown().await;
+    drop(run_dir);
+    let rows = result?;
+    print_summary(&rows);
+    let ok = matches!(
+        plan.status(),
+        PipelineStatus::Success | PipelineStatus::SuccessWithWarnings
+    );
+    println!("Pipeline {}", if ok { "succeeded" } else { "failed" });
+    Ok(ok)
+}
+
+async fn drive(
+    runner: &Arc<Runner>,
+    pipeline: &Pipeline,
+    plan: &mut PipelineRun,
+    opts: &ExecOptions,
+    artifacts_dir: &Path,
+    stop: &CancellationToken,
+) -> anyhow::Result<Vec<JobRow>> {
+    let printer = Printer::start();
+    let mut rows: Vec<Option<JobRow>> = vec![None; pipeline.jobs.len()];
+    let mut artifacts: HashMap<usize, PathBuf> = HashMap::new();
+    let mut tasks: JoinSet<Finished> = JoinSet::new();
+    let mut running = 0usize;
+    let limit = opts.concurrent.max(1) as usize;
+    let pipeline_id = u64::from(std::process::id());
+
+    loop {
+        if !stop.is_cancelled() {
+            for index in plan.ready() {
+                if running >= limit {
+                    break;
+                }
+                plan.start(index)?;
+                running += 1;
+                let job = &pipeline.jobs[index];
+                let id = index as u64 + 1;
+                let payload = job.to_job_response(id, pipeline_id, &[]);
+                let inputs: Vec<PathBuf> = plan
+                    .artifact_sources(index)
+                    .into_iter()
+                    .filter_map(|i| artifacts.get(&i).cloned())
+                    .collect();
+                let ctx = JobTask {
+                    runner: runner.clone(),
+                    index,
+                    name: job.name.clone(),
+                    stage: job.stage.clone(),
+                    payload,
+                    inputs,
+                    artifacts_out: artifacts_dir.join(format!("{id}.tar")),
+                    trace: printer.sender(&job.name),
+                    cancel: stop.child_token(),
+                };
+                tasks.spawn(ctx.run());
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        tokio::select! {
+            done = tasks.join_next() => {
+                let Some(done) = done else { break };
+                running -= 1;
+                let finished = done.context("job task failed")?;
+                plan.finish(finished.index, finished.row.status)?;
+                if let Some(path) = finished.artifacts {
+                    artifacts.insert(finished.index, path);
+                }
+                let mut row = finished.row;
+                // The plan knows allow_failure: it turns a failure into "failed (allowed)".
+                row.status = plan.job_status(finished.index).unwrap_or(row.status);
+                rows[finished.index] = Some(row);
+            }
+            _ = stop.cancelled(), if !stop.is_cancelled() => {
+                eprintln!("Stopping: canceling running jobs");
+            }
+        }
+    }
+    if stop.is_cancelled() {
+        plan.cancel();
+    }
+    printer.stop().await;
+    Ok(pipeline
+        .jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            rows[i].take().unwrap_or_else(|| JobRow {
+                name: j.name.clone(),
+                stage: j.stage.clone(),
+                status: plan.job_status(i).unwrap_or(JobStatus::Skipped),
+                duration: None,
+                instance: String::new(),
+                slot: None,
+                message: String::new(),
+            })
+        })
+        .enumerate()
+        .filter(|(i, _)| plan.is_selected(*i))
+        .map(|(_, r)| r)
+        .collect())
+}
+
+struct JobTask {
+    runner: Arc<Runner>,
+    index: usize,
+    name: String,
+    stage: String,
+    payload: slipway_jobs::JobResponse,
+    inputs: Vec<PathBuf>,
+    artifacts_out: PathBuf,
+    trace: mpsc::UnboundedSender<Vec<u8>>,
+    cancel: CancellationToken,
+}
+
+impl JobTask {
+    async fn run(self) -> Finished {
+        let key = format!("{}-{}", self.name, self.payload.id);
+        let mut trace = Trace::new(
+            self.payload
+                .masked_values()
+                .into_iter()
+                .map(String::from)
+                .collect::<Vec<_>>(),
+            self.trace.clone(),
+        );
+        let mut row = JobRow {
+            name: self.name.clone(),
+            stage: self.stage.clone(),
+            status: JobStatus::Failed,
+            duration: None,
+            instance: String::new(),
+            slot: None,
+            message: String::new(),
+        };
+        let mut artifacts = None;
+        let scaler = &self.runner.scaler;
+        if let Err(e) = scaler.reserve(&key) {
+            trace.message(&format!("ERROR: {e}"));
+            row.message = e.to_string();
+            trace.finish();
+            return Finished {
+                index: self.index,
+                row,
+                artifacts,
+            };
+        }
+        trace.message(&format!(
+            "Waiting for a slot on runner {:?}",
+            self.runner.name
+        ));
+        let acq = tokio::select! {
+            a = scaler.acquire(&key) => a,
+            _ = self.cancel.cancelled() => {
+                scaler.unreserve(&key);
+                row.status = JobStatus::Canceled;
+                trace.finish();
+                return Finished { index: self.index, row, artifacts };
+            }
+        };
+        let acq = match acq {
+            Ok(a) => a,
+            Err(e) => {
+                scaler.unreserve(&key);
+                trace.message(&format!("ERROR: {e}"));
+                row.message = e.to_string();
+                trace.finish();
+                return Finished {
+                    index: self.index,
+                    row,
+                    artifacts,
+                };
+            }
+        };
+        let started = Instant::now();
+        row.instance = acq.instance_id.clone();
+        row.slot = Some(acq.slot);
+        trace.message(&format!(
+            "Running on instance {} slot {}",
+            acq.instance_id, acq.slot
+        ));
+        let outcome = match self.runner.client(&acq).await {
+            Err(e) => {
+                let msg = format!("{e:#}");
+                trace.message(&format!("ERROR: {msg}"));
+                JobOutcome::failed(
+                    slipway_executor::FailureReason::RunnerSystemFailure,
+                    None,
+                    msg,
+                )
+            }
+            Ok(client) => {
+                let mut inputs = Vec::new();
+                for p in &self.inputs {
+                    match tokio::fs::read(p).await {
+                        Ok(b) => inputs.push(b),
+                        Err(e) => {
+                            trace.message(&format!("WARNING: artifacts {}: {e}", p.display()))
+                        }
+                    }
+                }
+                // A job stops when it is canceled or its instance disappears.
+                let cancel = self.cancel.child_token();
+                let lost = acq.instance_lost();
+                let exec = InstanceExecutor {
+                    builds_dir: self.runner.builds_dir.clone(),
+                    ..InstanceExecutor::default()
+                };
+                let ctx = RunContext {
+                    client: &client,
+                    slot: acq.slot,
+                    trace: &mut trace,
+                    cancel: cancel.clone(),
+                    artifacts_in: inputs,
+                };
+                let (mut result, instance_lost) = {
+                    let run = exec.run(&self.payload, ctx);
+                    tokio::pin!(run);
+                    let mut instance_lost = false;
+                    let result = loop {
+                        tokio::select! {
+                            r = &mut run => break r,
+                            _ = lost.cancelled(), if !instance_lost => {
+                                instance_lost = true;
+                                cancel.cancel();
+                            }
+                        }
+                    };
+                    (result, instance_lost)
+                };
+                if instance_lost {
+                    let msg = format!("instance {} was removed under the job", acq.instance_id);
+                    trace.message(&format!("ERROR: {msg}"));
+                    result.outcome = JobOutcome::failed(
+                        slipway_executor::FailureReason::RunnerSystemFailure,
+                        None,
+                        msg,
+                    );
+                }
+                if let Some(tar) = result.artifacts {
+                    match tokio::fs::write(&self.artifacts_out, tar).await {
+                        Ok(()) => artifacts = Some(self.artifacts_out.clone()),
+                        Err(e) => trace.message(&format!("WARNING: storing artifacts: {e}")),
+                    }
+                }
+                result.outcome
+            }
+        };
+        scaler.release(&key);
+        row.duration = Some(started.elapsed());
+        row.status = match &outcome {
+            JobOutcome::Success => JobStatus::Success,
+            JobOutcome::Failed {
+                reason, message, ..
+            } => {
+                row.message = message.clone();
+                if *reason == slipway_executor::FailureReason::JobCanceled {
+                    JobStatus::Canceled
+                } else {
+                    JobStatus::Failed
+                }
+            }
+        };
+        trace.message(&match &outcome {
+            JobOutcome::Success => "Job succeeded".to_string(),
+            JobOutcome::Failed { reason, .. } => format!("Job failed ({reason})"),
+        });
+        trace.finish();
+        Finished {
+            index: self.index,
+            row,
+            artifacts,
+        }
+    }
+}
+
+/// Prints job output line by line, each line prefixed with its job's name.
+struct Printer {
+    tx: mpsc::UnboundedSender<(Arc<str>, Option<Vec<u8>>)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Printer {
+    fn start() -> Printer {
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<str>, Option<Vec<u8>>)>();
+        let task = tokio::spawn(async move {
+            let mut partial: HashMap<Arc<str>, Vec<u8>> = HashMap::new();
+            while let Some((name, chunk)) = rx.recv().await {
+                let buf = partial.entry(name.clone()).or_default();
+                let mut out = Vec::new();
+                match chunk {
+                    Some(bytes) => {
+                        buf.extend_from_slice(&bytes);
+                        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                            let line: Vec<u8> = buf.drain(..=pos).collect();
+                            out.extend_from_slice(format!("[{name}] ").as_bytes());
+                            out.extend_from_slice(&line);
+                        }
+                    }
+                    None if !buf.is_empty() => {
+                        out.extend_from_slice(format!("[{name}] ").as_bytes());
+                        out.append(buf);
+                        out.push(b'\n');
+                    }
+                    None => {}
+                }
+                if !out.is_empty() {
+                    let mut stdout = std::io::stdout().lock();
+                    let _ = stdout.write_all(&out);
+                    let _ = stdout.flush();
+                }
+            }
+        });
+        Printer { tx, task }
+    }
+
+    /// A sink for one job's trace.
+    fn sender(&self, name: &str) -> mpsc::UnboundedSender<Vec<u8>> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let out = self.tx.clone();
+        let name: Arc<str> = Arc::from(name);
+        // Ends when the job drops its trace; then flushes the job's last partial line.
+        tokio::spawn(async move {
+            while let Some(chunk) = rx.recv().await {
+                let _ = out.send((name.clone(), Some(chunk)));
+            }
+            let _ = out.send((name, None));
+        });
+        tx
+    }
+
+    async fn stop(self) {
+        drop(self.tx);
+        let _ = self.task.await;
+    }
+}
+
+fn print_summary(rows: &[JobRow]) {
+    let header = ["JOB", "STAGE", "STATUS", "DURATION", "INSTANCE", "SLOT"];
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                r.stage.clone(),
+                r.status.to_string(),
+                r.duration
+                    .map(|d| format!("{:.1}s", d.as_secs_f64()))
+                    .unwrap_or_else(|| "-".into()),
+                if r.instance.is_empty() {
+                    "-".into()
+                } else {
+                    r.instance.clone()
+                },
+                r.slot.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cols: Vec<&str>| {
+        cols.iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    println!();
+    println!("{}", line(header.to_vec()));
+    for row in &cells {
+        println!("{}", line(row.iter().map(String::as_str).collect()));
+    }
+}

@@ -1,0 +1,9 @@
+//! The Slipway manager as a library: the `slipway` binary is a thin CLI over these modules.
+//!
+//! - [`config`]: GitLab Runner's `config.toml`, with located errors and warnings.
+//! - [`runner`]: one `[[runners]]` entry started — plugin process, taskscaler, SSH connections.
+//! - [`exec`]: `slipway exec`, a local pipeline through the whole stack.
+
+pub mod config;
+pub mod exec;
+pub mod runner;

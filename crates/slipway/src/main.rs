@@ -1,0 +1,263 @@
+//! `slipway`: the CI job runner's manager and command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use slipway::config::{self, Loaded, RunnerConfig};
+use slipway::{exec, runner};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "slipway",
+    version,
+    about = "CI job runner with autoscaling and per-job isolation"
+)]
+struct Cli {
+    /// Log level for the manager's own messages (error, warn, info, debug, trace).
+    #[arg(long, global = true, env = "SLIPWAY_LOG")]
+    log_level: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a local pipeline file through the whole stack.
+    Exec {
+        /// Pipeline file.
+        #[arg(default_value = ".gitlab-ci.yml")]
+        file: PathBuf,
+        /// Run only this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// config.toml to use instead of the embedded default.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Which [[runners]] entry of the config to use (default: the first).
+        #[arg(long)]
+        runner: Option<String>,
+        /// Warn about pipeline keys this version does not support instead of failing.
+        #[arg(long)]
+        allow_unsupported: bool,
+        /// Directory searched first for fleeting plugins.
+        #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
+        plugin_dir: Option<PathBuf>,
+        /// How long a plugin may take to print its handshake (e.g. 10s).
+        #[arg(long, env = "SLIPWAY_PLUGIN_START_TIMEOUT", value_parser = humantime::parse_duration)]
+        plugin_start_timeout: Option<std::time::Duration>,
+    },
+    /// Run the manager with a config.toml until SIGTERM or Ctrl-C.
+    Run {
+        /// config.toml.
+        #[arg(short, long, default_value = "config.toml")]
+        config: PathBuf,
+        /// Directory searched first for fleeting plugins.
+        #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
+        plugin_dir: Option<PathBuf>,
+    },
+    /// Check a config.toml and report every problem.
+    VerifyConfig {
+        /// config.toml.
+        #[arg(short, long, default_value = "config.toml")]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Exec { .. } => "warn",
+        _ => "info",
+    };
+    init_logging(cli.log_level.as_deref().unwrap_or(default_level));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Exec {
+            file,
+            job,
+            config,
+            runner,
+            allow_unsupported,
+            plugin_dir,
+            plugin_start_timeout,
+        } => {
+            let loaded = match &config {
+                Some(path) => config::load(path).await?,
+                None => config::parse(config::EMBEDDED, "embedded config")?,
+            };
+            print_warnings(&loaded);
+            let runner_cfg = pick_runner(&loaded, runner.as_deref())?;
+            let opts = exec::ExecOptions {
+                file,
+                job,
+                allow_unsupported,
+                concurrent: effective_concurrency(&loaded, &runner_cfg),
+                plugin_dir,
+                plugin_start_timeout,
+            };
+            let stop = shutdown_signal()?;
+            let ok = exec::run(&runner_cfg, &opts, stop).await?;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Run { config, plugin_dir } => {
+            let loaded = config::load(&config).await?;
+            print_warnings(&loaded);
+            let stop = shutdown_signal()?;
+            run_manager(&loaded, plugin_dir, stop).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::VerifyConfig { config } => {
+            let loaded = config::load(&config).await?;
+            print_warnings(&loaded);
+            println!(
+                "{}: ok ({} runner(s))",
+                config.display(),
+                loaded.config.runners.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn print_warnings(loaded: &Loaded) {
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+fn pick_runner(loaded: &Loaded, name: Option<&str>) -> anyhow::Result<RunnerConfig> {
+    let runners = &loaded.config.runners;
+    match name {
+        None => runners
+            .first()
+            .cloned()
+            .context("the config has no [[runners]] entry"),
+        Some(n) => runners
+            .iter()
+            .find(|r| r.name == n)
+            .cloned()
+            .with_context(|| {
+                let names: Vec<&str> = runners.iter().map(|r| r.name.as_str()).collect();
+                format!("no runner named {n:?}; the config has {names:?}")
+            }),
+    }
+}
+
+fn effective_concurrency(loaded: &Loaded, runner: &RunnerConfig) -> u32 {
+    let global = loaded.config.concurrent.max(1);
+    if runner.limit > 0 {
+        global.min(runner.limit)
+    } else {
+        global
+    }
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT; a second one exits at once.
+fn shutdown_signal() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let t = token.clone();
+    tokio::spawn(async move {
+        for round in 0..2 {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if round == 0 {
+                tracing::info!("shutting down: finishing cleanup (signal again to exit at once)");
+                t.cancel();
+            } else {
+                eprintln!("second signal: exiting without cleanup");
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(token)
+}
+
+async fn run_manager(
+    loaded: &Loaded,
+    plugin_dir: Option<PathBuf>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let opts = runner::StartOptions {
+        plugin_dir,
+        ..runner::StartOptions::default()
+    };
+    let mut runners = Vec::new();
+    for cfg in &loaded.config.runners {
+        let started = tokio::select! {
+            r = runner::Runner::start(cfg, &opts) => r,
+            _ = stop.cancelled() => break,
+        };
+        match started {
+            Ok(r) => runners.push(r),
+            Err(e) => {
+                for r in &runners {
+                    r.shutdown().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    tracing::info!(
+        runners = runners.len(),
+        "manager running; job sources arrive with GitLab support"
+    );
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                for r in &runners {
+                    let s = r.scaler.stats();
+                    tracing::info!(runner = %r.name, instances = s.instances, running = s.running,
+                        acquired = s.acquired, pending = s.pending, "status");
+                }
+            }
+        }
+    }
+    for r in &runners {
+        r.shutdown().await;
+    }
+    Ok(())
+}

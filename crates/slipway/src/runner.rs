@@ -1,0 +1,181 @@
+//! One `[[runners]]` entry brought to life: its plugin process, taskscaler and SSH connections.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use slipway_connector::{Client, DialOptions, HostKeyStore};
+use slipway_fleeting::{ConnectorConfig, InstanceGroup as _, PluginHost, PluginOptions};
+use slipway_taskscaler::{Acquisition, Taskscaler};
+use tokio::sync::Mutex;
+
+use crate::config::{AutoscalerConfig, RunnerConfig};
+
+/// A started runner.
+#[derive(Debug)]
+pub struct Runner {
+    /// Runner name from the config.
+    pub name: String,
+    /// Builds root on instances.
+    pub builds_dir: String,
+    /// The plugin process.
+    pub plugin: Arc<PluginHost>,
+    /// The autoscaler.
+    pub scaler: Taskscaler,
+    host_keys: HostKeyStore,
+    dial: DialOptions,
+    /// One SSH connection per instance, shared by the jobs on its slots.
+    connections: Mutex<HashMap<String, Arc<Client>>>,
+}
+
+/// Extra settings a command passes when starting a runner.
+#[derive(Debug, Default, Clone)]
+pub struct StartOptions {
+    /// Where to look for plugins first.
+    pub plugin_dir: Option<PathBuf>,
+    /// Keys merged into `plugin_config` (a per-run state dir, say) unless the config sets them.
+    pub plugin_config_defaults: toml::Table,
+    /// Handshake timeout.
+    pub handshake_timeout: Option<Duration>,
+}
+
+impl Runner {
+    /// Start the plugin, `Init` it and start the taskscaler.
+    pub async fn start(cfg: &RunnerConfig, opts: &StartOptions) -> anyhow::Result<Runner> {
+        let Some(auto) = &cfg.autoscaler else {
+            bail!("runner {:?} has no [runners.autoscaler] section", cfg.name);
+        };
+        let path = slipway_fleeting::host::find_plugin(&auto.plugin, opts.plugin_dir.as_deref())
+            .with_context(|| format!("runner {:?}", cfg.name))?;
+        let mut plugin_config = auto.plugin_config.clone();
+        for (k, v) in &opts.plugin_config_defaults {
+            plugin_config.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        let plugin_json = serde_json::to_vec(&plugin_config).context("plugin_config as JSON")?;
+        let connector = connector_config(auto).await?;
+        let mut popts = PluginOptions::new(plugin_name(&auto.plugin), path);
+        if let Some(t) = opts.handshake_timeout {
+            popts.handshake_timeout = t;
+        }
+        let plugin = Arc::new(
+            PluginHost::start(popts)
+                .await
+                .with_context(|| format!("starting plugin for runner {:?}", cfg.name))?,
+        );
+        let info = match plugin.init(&plugin_json, &connector).await {
+            Ok(info) => info,
+            Err(e) => {
+                plugin.stop().await;
+                return Err(e)
+                    .with_context(|| format!("plugin {:?} refused its config", auto.plugin));
+            }
+        };
+        tracing::info!(runner = %cfg.name, group = %info.id, version = %info.version, "plugin ready");
+        let scaler = Taskscaler::start(plugin.clone(), info, scaler_config(auto));
+        Ok(Runner {
+            name: cfg.name.clone(),
+            builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
+            plugin,
+            scaler,
+            host_keys: HostKeyStore::new(),
+            dial: DialOptions {
+                use_external_addr: auto.connector_config.use_external_addr,
+            },
+            connections: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// An SSH connection to the acquisition's instance, reused across jobs.
+    pub async fn client(&self, acq: &Acquisition) -> anyhow::Result<Arc<Client>> {
+        let mut conns = self.connections.lock().await;
+        if let Some(c) = conns.get(&acq.instance_id)
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let client = Client::connect(&acq.connect_info, &self.dial, &self.host_keys)
+            .await
+            .with_context(|| format!("connecting to instance {}", acq.instance_id))?;
+        let client = Arc::new(client);
+        conns.insert(acq.instance_id.clone(), client.clone());
+        // Drop connections to instances that are gone.
+        let live: Vec<String> = conns.keys().cloned().collect();
+        for id in live {
+            if conns.get(&id).is_some_and(|c| c.is_closed()) {
+                conns.remove(&id);
+            }
+        }
+        Ok(client)
+    }
+
+    /// Close connections, stop the taskscaler (deleting instances when configured), stop the plugin.
+    pub async fn shutdown(&self) {
+        let conns: Vec<Arc<Client>> = self
+            .connections
+            .lock()
+            .await
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        for c in conns {
+            if let Ok(c) = Arc::try_unwrap(c) {
+                c.close().await;
+            }
+        }
+        self.scaler.shutdown().await;
+        self.plugin.stop().await;
+    }
+}
+
+fn plugin_name(reference: &str) -> String {
+    let base = Path::new(reference)
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| reference.to_string());
+    base.strip_prefix("fleeting-plugin-")
+        .unwrap_or(&base)
+        .to_string()
+}
+
+async fn connector_config(auto: &AutoscalerConfig) -> anyhow::Result<ConnectorConfig> {
+    let c = &auto.connector_config;
+    let key = if c.key_path.is_empty() {
+        Vec::new()
+    } else {
+        tokio::fs::read(&c.key_path)
+            .await
+            .with_context(|| format!("reading connector_config.key_path {:?}", c.key_path))?
+    };
+    Ok(ConnectorConfig {
+        os: c.os.clone(),
+        arch: c.arch.clone(),
+        protocol: c.protocol.clone(),
+        protocol_port: c.protocol_port,
+        username: c.username.clone(),
+        password: c.password.clone(),
+        key,
+        use_static_credentials: c.use_static_credentials,
+        keepalive: c.keepalive,
+        timeout: c.timeout,
+    })
+}
+
+fn scaler_config(auto: &AutoscalerConfig) -> slipway_taskscaler::Config {
+    // This version honours one policy: the last, as GitLab's "last match wins" does when every
+    // policy's periods match.
+    let policy = auto.policy.last().cloned().unwrap_or_default();
+    slipway_taskscaler::Config {
+        capacity_per_instance: auto.capacity_per_instance,
+        max_instances: auto.max_instances,
+        max_use_count: auto.max_use_count,
+        idle_count: policy.idle_count,
+        idle_time: policy.idle_time,
+        instance_acquire_timeout: auto.instance_acquire_timeout,
+        update_interval: auto.update_interval,
+        update_interval_when_expecting: auto.update_interval_when_expecting,
+        delete_instances_on_shutdown: auto.delete_instances_on_shutdown,
+        ..slipway_taskscaler::Config::default()
+    }
+}

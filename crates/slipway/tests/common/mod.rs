@@ -1,0 +1,243 @@
+//! Shared helpers for the `slipway` binary's integration tests: real plugin processes, real sshd.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The `slipway` binary under test.
+pub fn slipway() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_slipway"))
+}
+
+/// Directory holding `fleeting-plugin-local`, building it first if this test run did not.
+pub fn plugin_dir() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = slipway().parent().expect("bin dir").to_path_buf();
+            if !dir.join("fleeting-plugin-local").exists() {
+                let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let st = Command::new(cargo)
+                    .args(["build", "-p", "fleeting-plugin-local"])
+                    .status()
+                    .expect("cargo build fleeting-plugin-local");
+                assert!(st.success(), "building fleeting-plugin-local failed");
+            }
+            dir
+        })
+        .clone()
+}
+
+/// A test's private world: its own TMPDIR (every file a run creates lands there) and files.
+pub struct World {
+    pub dir: tempfile::TempDir,
+}
+
+impl World {
+    pub fn new() -> World {
+        World {
+            dir: tempfile::Builder::new()
+                .prefix("slw-test-")
+                .tempdir()
+                .expect("tempdir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The TMPDIR given to slipway: empty after a clean run.
+    pub fn tmp(&self) -> PathBuf {
+        let t = self.dir.path().join("tmp");
+        std::fs::create_dir_all(&t).expect("tmp");
+        t
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p
+    }
+
+    /// A `slipway` command with this world's TMPDIR and plugin dir.
+    pub fn slipway(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(slipway());
+        c.args(args)
+            .env("TMPDIR", self.tmp())
+            .env("SLIPWAY_PLUGIN_DIR", plugin_dir())
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Run to completion, with a generous bound so a hang fails the test instead of CI.
+    pub fn run(&self, args: &[&str]) -> Run {
+        let child = self.slipway(args).spawn().expect("spawn slipway");
+        let out = wait_with_timeout(child, Duration::from_secs(240));
+        Run::from(out)
+    }
+
+    /// Files and directories left in TMPDIR.
+    pub fn leftovers(&self) -> Vec<String> {
+        std::fs::read_dir(self.tmp())
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Processes whose command line mentions this world's directory (sshd instances, plugins).
+    pub fn processes(&self) -> Vec<String> {
+        processes_matching(&self.dir.path().display().to_string())
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Never leave instances behind, even when a test fails half-way.
+        let me = self.dir.path().display().to_string();
+        let _ = Command::new("pkill").args(["-KILL", "-f", &me]).status();
+    }
+}
+
+pub fn processes_matching(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in rd.filter_map(Result::ok) {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
+            found.push(format!("{pid} {cmd}"));
+        }
+    }
+    found
+}
+
+/// Environment variables of a process (for finding a run's children).
+pub fn environ_of(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', "\n"))
+        .unwrap_or_default()
+}
+
+pub fn wait_with_timeout(mut child: std::process::Child, limit: Duration) -> Output {
+    let start = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().expect("output"),
+            Ok(None) if start.elapsed() > limit => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("output");
+                panic!(
+                    "slipway did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("waiting for slipway: {e}"),
+        }
+    }
+}
+
+/// A finished run.
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Run {
+        Run {
+            code: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// One row of the summary table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub job: String,
+    pub stage: String,
+    pub status: String,
+    pub instance: String,
+    pub slot: String,
+}
+
+impl Run {
+    pub fn explain(&self) -> String {
+        format!(
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+
+    /// Lines a job printed, without the `[job] ` prefix.
+    pub fn job_lines(&self, job: &str) -> Vec<String> {
+        let prefix = format!("[{job}] ");
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .collect()
+    }
+
+    /// The summary table, parsed by its header's column positions.
+    pub fn summary(&self) -> Vec<Row> {
+        let lines: Vec<&str> = self.stdout.lines().collect();
+        let Some(h) = lines.iter().rposition(|l| l.starts_with("JOB ")) else {
+            return Vec::new();
+        };
+        let header = lines[h];
+        let col = |name: &str| header.find(name).expect("column");
+        let cols = [
+            col("JOB"),
+            col("STAGE"),
+            col("STATUS"),
+            col("DURATION"),
+            col("INSTANCE"),
+            col("SLOT"),
+        ];
+        let cell = |line: &str, i: usize| -> String {
+            let start = cols[i];
+            let end = cols
+                .get(i + 1)
+                .copied()
+                .unwrap_or(line.len())
+                .min(line.len());
+            line.get(start..end).unwrap_or("").trim().to_string()
+        };
+        lines[h + 1..]
+            .iter()
+            .take_while(|l| !l.trim().is_empty() && !l.starts_with("Pipeline "))
+            .map(|l| Row {
+                job: cell(l, 0),
+                stage: cell(l, 1),
+                status: cell(l, 2),
+                instance: cell(l, 4),
+                slot: cell(l, 5),
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,283 @@
+//! Faults: a plugin that dies, a plugin that lies or hangs, and SIGTERM in the middle of a job.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Child;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{World, environ_of, processes_matching, wait_with_timeout};
+
+/// Spawn `slipway` and forward its stdout lines to a channel, keeping a copy.
+fn spawn_streaming(w: &World, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = w.slipway(args).spawn().expect("spawn slipway");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+fn wait_for_line(rx: &mpsc::Receiver<String>, seen: &mut Vec<String>, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            let hit = line.contains(needle);
+            seen.push(line);
+            if hit {
+                return;
+            }
+        }
+    }
+    panic!("never saw {needle:?}; output so far:\n{}", seen.join("\n"));
+}
+
+/// The plugin processes this test's slipway started (they inherit its TMPDIR).
+fn plugin_pids(w: &World) -> Vec<u32> {
+    let tmp = format!("TMPDIR={}", w.tmp().display());
+    processes_matching("fleeting-plugin-local")
+        .iter()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|pid| environ_of(*pid).lines().any(|l| l == tmp))
+        .collect()
+}
+
+fn config(max_use: u32) -> String {
+    format!(
+        r#"
+concurrent = 2
+[[runners]]
+  name = "t"
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 1
+    max_instances = 2
+    max_use_count = {max_use}
+    update_interval = "1s"
+    update_interval_when_expecting = "100ms"
+    delete_instances_on_shutdown = true
+"#
+    )
+}
+
+#[test]
+fn killed_plugin_is_restarted_and_the_pipeline_finishes() {
+    let w = World::new();
+    let cfg = w.write("config.toml", &config(1));
+    let file = w.write(
+        "p.yml",
+        "stages: [one, two]\nfirst:\n  stage: one\n  script:\n    - echo started\n    - sleep 3\n    - echo first done\nsecond:\n  stage: two\n  script: [echo second done]\n",
+    );
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[first] started");
+    let before = plugin_pids(&w);
+    assert_eq!(before.len(), 1, "one plugin process: {before:?}");
+    let st = std::process::Command::new("kill")
+        .args(["-KILL", &before[0].to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+
+    // `second` needs a new instance (max_use_count = 1): only a restarted plugin can make it.
+    let out = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    assert_eq!(
+        out.0,
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        seen.join("\n"),
+        out.1
+    );
+    assert!(
+        seen.iter().any(|l| l == "[first] first done"),
+        "{}",
+        seen.join("\n")
+    );
+    assert!(
+        seen.iter().any(|l| l == "[second] second done"),
+        "{}",
+        seen.join("\n")
+    );
+    assert!(
+        out.1.to_lowercase().contains("restart"),
+        "restart not logged:\n{}",
+        out.1
+    );
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}
+
+fn wait_with_timeout_reading(
+    child: &mut Child,
+    rx: mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+) -> (Option<i32>, String) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        while let Ok(line) = rx.try_recv() {
+            seen.push(line);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            // Drain what is left.
+            while let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+                seen.push(line);
+            }
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            return (status.code(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("slipway did not finish; output:\n{}", seen.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn fake_plugin(w: &World, name: &str, body: &str) -> String {
+    let path = w.path().join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write plugin");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path.display().to_string()
+}
+
+fn config_with_plugin(plugin: &str) -> String {
+    format!(
+        "[[runners]]\n  name = \"t\"\n  executor = \"instance\"\n  [runners.autoscaler]\n    plugin = \"{plugin}\"\n"
+    )
+}
+
+#[test]
+fn garbage_handshake_is_a_clear_error_naming_the_plugin() {
+    let w = World::new();
+    let plugin = fake_plugin(
+        &w,
+        "fleeting-plugin-liar",
+        "echo 'hello, I am definitely a plugin'\nexec sleep 300",
+    );
+    let cfg = w.write("config.toml", &config_with_plugin(&plugin));
+    let file = w.write("p.yml", "job:\n  script: [echo hi]\n");
+    let started = Instant::now();
+    let run = w.run(&[
+        "exec",
+        "-c",
+        cfg.to_str().expect("c"),
+        file.to_str().expect("p"),
+    ]);
+    assert_eq!(run.code, Some(2), "{}", run.explain());
+    assert!(
+        run.stderr.contains("liar"),
+        "plugin not named: {}",
+        run.explain()
+    );
+    assert!(run.stderr.contains("handshake"), "{}", run.explain());
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        w.processes().is_empty(),
+        "plugin left running: {:?}",
+        w.processes()
+    );
+}
+
+#[test]
+fn silent_plugin_times_out_with_a_clear_error() {
+    let w = World::new();
+    let plugin = fake_plugin(&w, "fleeting-plugin-mute", "exec sleep 300");
+    let cfg = w.write("config.toml", &config_with_plugin(&plugin));
+    let file = w.write("p.yml", "job:\n  script: [echo hi]\n");
+    let mut cmd = w.slipway(&[
+        "exec",
+        "-c",
+        cfg.to_str().expect("c"),
+        file.to_str().expect("p"),
+    ]);
+    cmd.env("SLIPWAY_PLUGIN_START_TIMEOUT", "2s");
+    let run = common::Run::from(wait_with_timeout(
+        cmd.spawn().expect("spawn"),
+        Duration::from_secs(60),
+    ));
+    assert_eq!(run.code, Some(2), "{}", run.explain());
+    assert!(
+        run.stderr.contains("mute"),
+        "plugin not named: {}",
+        run.explain()
+    );
+    assert!(
+        run.stderr.contains("2s"),
+        "timeout not named: {}",
+        run.explain()
+    );
+    assert!(
+        w.processes().is_empty(),
+        "plugin left running: {:?}",
+        w.processes()
+    );
+}
+
+#[test]
+fn sigterm_leaves_no_instance_plugin_or_temporary_file() {
+    let w = World::new();
+    // The job's long sleep runs from a copy under the instance's $HOME, so it is findable by path.
+    let file = w.write(
+        "p.yml",
+        "stuck:\n  script:\n    - cp \"$(command -v sleep)\" \"$HOME/slw-sleeper\"\n    - echo sleeping\n    - \"\\\"$HOME/slw-sleeper\\\" 300\"\n",
+    );
+    let (mut child, rx) = spawn_streaming(&w, &["exec", file.to_str().expect("p")]);
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[stuck] sleeping");
+    assert!(!w.processes().is_empty(), "instances should be running now");
+    assert!(!plugin_pids(&w).is_empty(), "plugin should be running now");
+
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let sent = Instant::now();
+    let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    let took = sent.elapsed();
+    assert!(took < Duration::from_secs(10), "exit took {took:?}");
+    assert_ne!(code, Some(0), "an interrupted pipeline is not a success");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}\n{stderr}",
+        w.processes()
+    );
+    assert!(plugin_pids(&w).is_empty(), "plugin left running");
+    assert!(
+        w.leftovers().is_empty(),
+        "left in TMPDIR: {:?}",
+        w.leftovers()
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("stuck") && l.contains("canceled")),
+        "{}",
+        seen.join("\n")
+    );
+}

@@ -1,0 +1,66 @@
+//! Taskscaler settings: the `[runners.autoscaler]` keys this version honours.
+
+use std::time::Duration;
+
+/// What the taskscaler is allowed to do (GitLab's meaning and defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Concurrent jobs (slots) per instance.
+    pub capacity_per_instance: u32,
+    /// Cap on instances in any state; 0 = unlimited.
+    pub max_instances: u32,
+    /// Jobs per instance before it is removed; 0 = unlimited.
+    pub max_use_count: u32,
+    /// Target idle capacity in job slots.
+    pub idle_count: u32,
+    /// How long an instance may stay idle before removal.
+    pub idle_time: Duration,
+    /// How long `acquire` waits for capacity.
+    pub instance_acquire_timeout: Duration,
+    /// Poll period for plugin `Update`.
+    pub update_interval: Duration,
+    /// Poll period while a state change is expected (instances creating or deleting).
+    pub update_interval_when_expecting: Duration,
+    /// Delete every instance when the taskscaler shuts down.
+    pub delete_instances_on_shutdown: bool,
+    /// Wait between deletion checks at shutdown.
+    pub shutdown_deletion_interval: Duration,
+    /// Deletion checks at shutdown before giving up.
+    pub shutdown_deletion_retries: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            capacity_per_instance: 1,
+            max_instances: 0,
+            max_use_count: 0,
+            idle_count: 0,
+            idle_time: Duration::from_secs(0),
+            instance_acquire_timeout: Duration::from_secs(15 * 60),
+            update_interval: Duration::from_secs(60),
+            update_interval_when_expecting: Duration::from_secs(2),
+            delete_instances_on_shutdown: false,
+            shutdown_deletion_interval: Duration::from_secs(10),
+            shutdown_deletion_retries: 3,
+        }
+    }
+}
+
+impl Config {
+    /// Slots a fresh instance can ever hand out at once: its capacity, bounded by its use count.
+    pub fn usable_slots_per_instance(&self) -> u32 {
+        let cap = self.capacity_per_instance.max(1);
+        if self.max_use_count > 0 {
+            cap.min(self.max_use_count)
+        } else {
+            cap
+        }
+    }
+
+    /// Most jobs that can hold a slot at once (`None` = unlimited).
+    pub fn max_capacity(&self) -> Option<u64> {
+        (self.max_instances > 0)
+            .then(|| u64::from(self.max_instances) * u64::from(self.usable_slots_per_instance()))
+    }
+}

@@ -1,0 +1,619 @@
+//! The running taskscaler: reservations, acquisitions and the scaling loop over one instance group.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use slipway_fleeting::{ConnectInfo, GroupError, InstanceGroup, ProviderInfo, State};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::decision::{self, InstanceView, RemovalCause};
+
+/// Longest a single plugin call may take before the loop moves on.
+const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Instances asked for but never listed by the plugin stop counting after this long.
+const REQUEST_GRACE: Duration = Duration::from_secs(300);
+
+/// Taskscaler errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Every slot the runner may ever have is reserved.
+    #[error("no capacity: all {0} slots are reserved")]
+    NoCapacity(u64),
+    /// `acquire`/`release` for a key that was never reserved.
+    #[error("no reservation {0}")]
+    NotReserved(String),
+    /// No slot became free within `instance_acquire_timeout`.
+    #[error("no instance became available within {0:?}")]
+    AcquireTimeout(Duration),
+    /// The taskscaler is shutting down.
+    #[error("taskscaler is shutting down")]
+    ShuttingDown,
+    /// The instance group failed.
+    #[error(transparent)]
+    Group(#[from] GroupError),
+}
+
+/// A job's slot on an instance, handed out by [`Taskscaler::acquire`].
+#[derive(Debug, Clone)]
+pub struct Acquisition {
+    /// The reservation key.
+    pub key: String,
+    /// Instance the slot is on.
+    pub instance_id: String,
+    /// Slot number, `0..capacity_per_instance`.
+    pub slot: u32,
+    /// How to reach the instance.
+    pub connect_info: ConnectInfo,
+    lost: CancellationToken,
+}
+
+impl Acquisition {
+    /// Cancelled when the instance disappears under the job.
+    pub fn instance_lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+}
+
+/// Counts for status lines and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Instances by state (removing ones included).
+    pub instances: usize,
+    /// Instances the plugin reports as running.
+    pub running: usize,
+    /// Reservations not yet acquired.
+    pub pending: usize,
+    /// Acquired slots.
+    pub acquired: usize,
+    /// Instances ever created through this taskscaler.
+    pub created: u64,
+    /// Instances ever removed by this taskscaler.
+    pub removed: u64,
+}
+
+#[derive(Debug)]
+struct Instance {
+    state: State,
+    slots: Vec<Option<String>>,
+    uses: u32,
+    removing: bool,
+    idle_since: Instant,
+    created: Instant,
+    info: Option<ConnectInfo>,
+    lost: CancellationToken,
+    /// Found at startup with no record of its use: removed, never used.
+    preexisting: bool,
+}
+
+impl Instance {
+    fn acquired(&self) -> u32 {
+        u32::try_from(self.slots.iter().filter(|s| s.is_some()).count()).unwrap_or(u32::MAX)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    instances: BTreeMap<String, Instance>,
+    /// Reservation key → (instance, slot) once acquired.
+    reservations: HashMap<String, Option<(String, u32)>>,
+    requested: u32,
+    requested_at: Option<Instant>,
+    seen_first_update: bool,
+    created: u64,
+    removed: u64,
+}
+
+impl Book {
+    fn pending(&self) -> u32 {
+        u32::try_from(self.reservations.values().filter(|r| r.is_none()).count())
+            .unwrap_or(u32::MAX)
+    }
+}
+
+struct Inner {
+    group: Arc<dyn InstanceGroup>,
+    cfg: Config,
+    provider: ProviderInfo,
+    book: Mutex<Book>,
+    changed: watch::Sender<u64>,
+    wake: Notify,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Taskscaler")
+            .field("provider", &self.provider.id)
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The autoscaler of one runner: owns its scaling loop task.
+#[derive(Debug)]
+pub struct Taskscaler {
+    inner: Arc<Inner>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Taskscaler {
+    /// Start the scaling loop over an initialized group.
+    pub fn start(group: Arc<dyn InstanceGroup>, provider: ProviderInfo, cfg: Config) -> Self {
+        let (changed, _) = watch::channel(0);
+        let inner = Arc::new(Inner {
+            group,
+            cfg,
+            provider,
+            book: Mutex::new(Book::default()),
+            changed,
+            wake: Notify::new(),
+            stop: CancellationToken::new(),
+        });
+        let task = tokio::spawn(run_loop(inner.clone()));
+        Taskscaler {
+            inner,
+            task: Mutex::new(Some(task)),
+        }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Hold capacity for a job that is about to be requested.
+    pub fn reserve(&self, key: &str) -> Result<(), Error> {
+        if self.inner.stop.is_cancelled() {
+            return Err(Error::ShuttingDown);
+        }
+        {
+            let mut book = self.inner.lock();
+            if let Some(max) = self.inner.cfg.max_capacity()
+                && book.reservations.len() as u64 >= max
+            {
+                return Err(Error::NoCapacity(max));
+            }
+            book.reservations.insert(key.to_string(), None);
+        }
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Give back a reservation no job arrived for.
+    pub fn unreserve(&self, key: &str) {
+        self.release(key);
+    }
+
+    /// Bind a reservation to a slot on a running instance, waiting up to `instance_acquire_timeout`.
+    pub async fn acquire(&self, key: &str) -> Result<Acquisition, Error> {
+        let timeout = self.inner.cfg.instance_acquire_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (instance_id, slot, lost, cached) = loop {
+            let mut rx = self.inner.changed.subscribe();
+            if let Some(found) = self.inner.try_assign(key)? {
+                break found;
+            }
+            self.inner.wake.notify_one();
+            tokio::select! {
+                _ = self.inner.stop.cancelled() => return Err(Error::ShuttingDown),
+                r = tokio::time::timeout_at(deadline, rx.changed()) => {
+                    if r.is_err() {
+                        return Err(Error::AcquireTimeout(timeout));
+                    }
+                }
+            }
+        };
+        let connect_info = match cached {
+            Some(info) => info,
+            None => match self.inner.fetch_connect_info(&instance_id).await {
+                Ok(info) => info,
+                Err(e) => {
+                    self.release(key);
+                    return Err(e.into());
+                }
+            },
+        };
+        Ok(Acquisition {
+            key: key.to_string(),
+            instance_id,
+            slot,
+            connect_info,
+            lost,
+        })
+    }
+
+    /// Free a reservation or acquisition; counts towards the instance's idle time.
+    pub fn release(&self, key: &str) {
+        {
+            let mut book = self.inner.lock();
+            if let Some(Some((id, slot))) = book.reservations.remove(key)
+                && let Some(inst) = book.instances.get_mut(&id)
+            {
+                if let Some(s) = inst.slots.get_mut(slot as usize) {
+                    *s = None;
+                }
+                if inst.acquired() == 0 {
+                    inst.idle_since = Instant::now();
+                }
+            }
+        }
+        self.inner.bump();
+        self.inner.wake.notify_one();
+    }
+
+    /// Counts for status output.
+    pub fn stats(&self) -> Stats {
+        let book = self.inner.lock();
+        Stats {
+            instances: book.instances.len(),
+            running: book
+                .instances
+                .values()
+                .filter(|i| i.state == State::Running)
+                .count(),
+            pending: book.pending() as usize,
+            acquired: book.instances.values().map(|i| i.acquired() as usize).sum(),
+            created: book.created,
+            removed: book.removed,
+        }
+    }
+
+    /// Stop the loop; with `delete_instances_on_shutdown`, delete every instance and wait for it.
+    pub async fn shutdown(&self) {
+        self.inner.stop.cancel();
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        if self.inner.cfg.delete_instances_on_shutdown {
+            self.inner.delete_all().await;
+        }
+        if let Err(e) = call(self.inner.group.shutdown()).await {
+            tracing::warn!(error = %e, "plugin shutdown failed");
+        }
+    }
+}
+
+impl Drop for Taskscaler {
+    fn drop(&mut self) {
+        self.inner.stop.cancel();
+    }
+}
+
+async fn call<T>(
+    fut: impl std::future::Future<Output = Result<T, GroupError>>,
+) -> Result<T, GroupError> {
+    match tokio::time::timeout(PLUGIN_CALL_TIMEOUT, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(GroupError::Provider(format!(
+            "plugin call timed out after {PLUGIN_CALL_TIMEOUT:?}"
+        ))),
+    }
+}
+
+async fn run_loop(inner: Arc<Inner>) {
+    loop {
+        inner.pass().await;
+        let interval = if inner.expecting() {
+            inner.cfg.update_interval_when_expecting
+        } else {
+            inner.cfg.update_interval
+        };
+        tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+            _ = inner.wake.notified() => {}
+        }
+    }
+}
+
+type Assigned = (String, u32, CancellationToken, Option<ConnectInfo>);
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        // A poisoned lock only means another task panicked mid-update; the book stays usable.
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    fn expecting(&self) -> bool {
+        let book = self.lock();
+        book.requested > 0
+            || book.pending() > 0
+            || book
+                .instances
+                .values()
+                .any(|i| i.removing || matches!(i.state, State::Creating | State::Deleting))
+    }
+
+    /// Pick a slot for `key`: pack onto the busiest running instance first, oldest on ties.
+    fn try_assign(&self, key: &str) -> Result<Option<Assigned>, Error> {
+        let mut book = self.lock();
+        match book.reservations.get(key) {
+            None => return Err(Error::NotReserved(key.to_string())),
+            Some(Some((id, slot))) => {
+                let inst = book.instances.get(id);
+                return Ok(Some((
+                    id.clone(),
+                    *slot,
+                    inst.map(|i| i.lost.clone()).unwrap_or_default(),
+                    inst.and_then(|i| i.info.clone()),
+                )));
+            }
+            Some(None) => {}
+        }
+        let cfg = &self.cfg;
+        let best = book
+            .instances
+            .iter()
+            .filter(|(_, i)| i.state == State::Running && !i.preexisting)
+            .filter(|(id, i)| decision::free_slots(cfg, &view(id, i)) > 0)
+            .max_by(|(_, a), (_, b)| {
+                a.acquired()
+                    .cmp(&b.acquired())
+                    .then_with(|| b.created.cmp(&a.created))
+            })
+            .map(|(id, _)| id.clone());
+        let Some(id) = best else { return Ok(None) };
+        let Some(inst) = book.instances.get_mut(&id) else {
+            return Ok(None);
+        };
+        let Some(slot) = inst.slots.iter().position(Option::is_none) else {
+            return Ok(None);
+        };
+        inst.slots[slot] = Some(key.to_string());
+        inst.uses += 1;
+        let assigned = (
+            id.clone(),
+            u32::try_from(slot).unwrap_or(u32::MAX),
+            inst.lost.clone(),
+            inst.info.clone(),
+        );
+        book.reservations
+            .insert(key.to_string(), Some((id, assigned.1)));
+        Ok(Some(assigned))
+    }
+
+    async fn fetch_connect_info(&self, id: &str) -> Result<ConnectInfo, GroupError> {
+        let info = call(self.group.connect_info(id)).await?;
+        if let Some(inst) = self.lock().instances.get_mut(id) {
+            inst.info = Some(info.clone());
+        }
+        Ok(info)
+    }
+
+    /// One scaling pass: read the plugin's view, reconcile, decide, act.
+    async fn pass(&self) {
+        match call(self.group.update()).await {
+            Ok(list) => self.reconcile(list),
+            Err(e) => tracing::warn!(error = %e, "plugin update failed; keeping last known state"),
+        }
+        self.prefetch_connect_info().await;
+
+        let (decision, removing) = {
+            let mut book = self.lock();
+            if book.requested > 0
+                && book
+                    .requested_at
+                    .is_some_and(|t| t.elapsed() > REQUEST_GRACE)
+            {
+                tracing::warn!(
+                    requested = book.requested,
+                    "plugin never listed requested instances; no longer counting them"
+                );
+                book.requested = 0;
+            }
+            let views: Vec<InstanceView> =
+                book.instances.iter().map(|(id, i)| view(id, i)).collect();
+            let d = decision::decide(
+                &self.cfg,
+                &views,
+                book.pending(),
+                book.requested,
+                self.provider.max_size,
+                Instant::now(),
+            );
+            let mut d = d;
+            for (id, inst) in &book.instances {
+                if inst.preexisting && !inst.removing {
+                    d.remove.push((id.clone(), RemovalCause::Preexisting));
+                }
+            }
+            // Mark before asking, so no acquisition lands on an instance being removed.
+            for (id, _) in &d.remove {
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.removing = true;
+                }
+            }
+            (d.clone(), d.remove)
+        };
+
+        if !removing.is_empty() {
+            self.remove(&removing).await;
+        }
+        if decision.increase > 0 && !self.stop.is_cancelled() {
+            match call(self.group.increase(decision.increase)).await {
+                Ok(n) => {
+                    tracing::info!(requested = decision.increase, accepted = n, "scaling up");
+                    let mut book = self.lock();
+                    book.requested += n;
+                    book.requested_at = Some(Instant::now());
+                    book.created += u64::from(n);
+                }
+                Err(e) => tracing::warn!(error = %e, "plugin increase failed"),
+            }
+        }
+        self.bump();
+    }
+
+    fn reconcile(&self, list: Vec<(String, State)>) {
+        let mut book = self.lock();
+        let first = !book.seen_first_update;
+        book.seen_first_update = true;
+        let reported: HashMap<String, State> = list.into_iter().collect();
+        let gone: Vec<String> = book
+            .instances
+            .keys()
+            .filter(|id| !matches!(reported.get(*id), Some(s) if *s != State::Deleted))
+            .cloned()
+            .collect();
+        for id in gone {
+            if let Some(inst) = book.instances.remove(&id) {
+                let jobs = inst.acquired();
+                if jobs > 0 {
+                    tracing::warn!(instance = %id, jobs, "instance vanished under running jobs");
+                }
+                inst.lost.cancel();
+                book.reservations
+                    .retain(|_, r| !matches!(r, Some((i, _)) if *i == id));
+            }
+        }
+        let cap = self.cfg.capacity_per_instance.max(1) as usize;
+        for (id, state) in reported {
+            if state == State::Deleted {
+                continue;
+            }
+            if let Some(inst) = book.instances.get_mut(&id) {
+                if inst.state != state {
+                    tracing::debug!(instance = %id, from = %inst.state, to = %state, "instance state");
+                    if state == State::Running {
+                        inst.idle_since = Instant::now();
+                    }
+                }
+                inst.state = state;
+                continue;
+            }
+            // Without saved state we cannot know a pre-existing instance's use count, so it is
+            // not trusted (GitLab's rule with state storage off).
+            let removing = first && !matches!(state, State::Deleting);
+            if removing {
+                tracing::warn!(instance = %id, "no data on pre-existing instance; removing it for safety");
+            } else {
+                book.requested = book.requested.saturating_sub(1);
+            }
+            let now = Instant::now();
+            book.instances.insert(
+                id.clone(),
+                Instance {
+                    state,
+                    slots: vec![None; cap],
+                    uses: 0,
+                    removing: false,
+                    idle_since: now,
+                    created: now,
+                    info: None,
+                    lost: CancellationToken::new(),
+                    preexisting: false,
+                },
+            );
+            if removing && let Some(inst) = book.instances.get_mut(&id) {
+                inst.preexisting = true;
+            }
+        }
+        if book.requested == 0 {
+            book.requested_at = None;
+        }
+    }
+
+    async fn prefetch_connect_info(&self) {
+        let missing: Vec<String> = self
+            .lock()
+            .instances
+            .iter()
+            .filter(|(_, i)| i.state == State::Running && i.info.is_none() && !i.removing)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in missing {
+            if let Err(e) = self.fetch_connect_info(&id).await {
+                tracing::warn!(instance = %id, error = %e, "connect info unavailable");
+            }
+        }
+    }
+
+    async fn remove(&self, removing: &[(String, RemovalCause)]) {
+        let ids: Vec<String> = removing.iter().map(|(id, _)| id.clone()).collect();
+        for (id, cause) in removing {
+            tracing::info!(instance = %id, cause = cause.as_str(), "removing instance");
+        }
+        match call(self.group.decrease(&ids)).await {
+            Ok(accepted) => {
+                let mut book = self.lock();
+                book.removed += accepted.len() as u64;
+                for id in ids.iter().filter(|id| !accepted.contains(id)) {
+                    if let Some(inst) = book.instances.get_mut(id) {
+                        inst.removing = false;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "plugin decrease failed; will retry");
+                let mut book = self.lock();
+                for id in &ids {
+                    if let Some(inst) = book.instances.get_mut(id) {
+                        inst.removing = false;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn delete_all(&self) {
+        let poll = self
+            .cfg
+            .shutdown_deletion_interval
+            .min(Duration::from_millis(250));
+        for _ in 0..=self.cfg.shutdown_deletion_retries {
+            let Some(alive) = self.alive_instances().await else {
+                continue;
+            };
+            if alive.is_empty() {
+                return;
+            }
+            tracing::info!(count = alive.len(), "deleting instances on shutdown");
+            if let Err(e) = call(self.group.decrease(&alive)).await {
+                tracing::warn!(error = %e, "decrease failed during shutdown deletion");
+            }
+            let until = Instant::now() + self.cfg.shutdown_deletion_interval;
+            while Instant::now() < until {
+                tokio::time::sleep(poll).await;
+                if self.alive_instances().await.is_some_and(|a| a.is_empty()) {
+                    return;
+                }
+            }
+        }
+        tracing::warn!("instances may remain after shutdown deletion retries");
+    }
+
+    async fn alive_instances(&self) -> Option<Vec<String>> {
+        match call(self.group.update()).await {
+            Ok(list) => Some(
+                list.into_iter()
+                    .filter(|(_, s)| *s != State::Deleted)
+                    .map(|(id, _)| id)
+                    .collect(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "update failed during shutdown deletion");
+                None
+            }
+        }
+    }
+}
+
+fn view(id: &str, i: &Instance) -> InstanceView {
+    InstanceView {
+        id: id.to_string(),
+        state: i.state,
+        acquired: i.acquired(),
+        uses: i.uses,
+        removing: i.removing,
+        idle_since: i.idle_since,
+    }
+}

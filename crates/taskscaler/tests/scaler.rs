@@ -1,0 +1,183 @@
+//! The taskscaler loop against an in-memory instance group (a unit layer beside the real
+//! plugin-process tests in `crates/slipway/tests`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use slipway_fleeting::{
+    ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State,
+};
+use slipway_taskscaler::{Config, Error, Taskscaler};
+
+#[derive(Default)]
+struct Memory {
+    instances: Mutex<Vec<(String, State)>>,
+    next: Mutex<u32>,
+    decreased: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl InstanceGroup for Memory {
+    async fn init(&self, _: &[u8], _: &ConnectorConfig) -> Result<ProviderInfo, GroupError> {
+        Ok(ProviderInfo::default())
+    }
+    async fn update(&self) -> Result<Vec<(String, State)>, GroupError> {
+        Ok(self
+            .instances
+            .lock()
+            .map_err(|e| GroupError::Provider(e.to_string()))?
+            .clone())
+    }
+    async fn increase(&self, delta: u32) -> Result<u32, GroupError> {
+        let mut next = self
+            .next
+            .lock()
+            .map_err(|e| GroupError::Provider(e.to_string()))?;
+        let mut list = self
+            .instances
+            .lock()
+            .map_err(|e| GroupError::Provider(e.to_string()))?;
+        for _ in 0..delta {
+            *next += 1;
+            list.push((format!("i{next}"), State::Running));
+        }
+        Ok(delta)
+    }
+    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, GroupError> {
+        self.instances
+            .lock()
+            .map_err(|e| GroupError::Provider(e.to_string()))?
+            .retain(|(id, _)| !ids.contains(id));
+        self.decreased
+            .lock()
+            .map_err(|e| GroupError::Provider(e.to_string()))?
+            .extend(ids.iter().cloned());
+        Ok(ids.to_vec())
+    }
+    async fn connect_info(&self, id: &str) -> Result<ConnectInfo, GroupError> {
+        Ok(ConnectInfo {
+            id: id.into(),
+            ..ConnectInfo::default()
+        })
+    }
+    async fn heartbeat(&self, _: &str) -> Result<(), GroupError> {
+        Ok(())
+    }
+    async fn shutdown(&self) -> Result<(), GroupError> {
+        Ok(())
+    }
+}
+
+fn cfg(cap: u32, max_instances: u32, max_use: u32) -> Config {
+    Config {
+        capacity_per_instance: cap,
+        max_instances,
+        max_use_count: max_use,
+        idle_time: Duration::from_secs(600),
+        instance_acquire_timeout: Duration::from_secs(10),
+        update_interval: Duration::from_millis(50),
+        update_interval_when_expecting: Duration::from_millis(10),
+        delete_instances_on_shutdown: true,
+        shutdown_deletion_interval: Duration::from_millis(50),
+        ..Config::default()
+    }
+}
+
+#[tokio::test]
+async fn packs_two_jobs_on_one_instance_and_refuses_beyond_capacity() {
+    let group = Arc::new(Memory::default());
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(2, 1, 0));
+    ts.reserve("a").expect("a");
+    ts.reserve("b").expect("b");
+    assert!(matches!(ts.reserve("c"), Err(Error::NoCapacity(2))));
+    let a = ts.acquire("a").await.expect("acquire a");
+    let b = ts.acquire("b").await.expect("acquire b");
+    assert_eq!(a.instance_id, b.instance_id);
+    assert_ne!(a.slot, b.slot);
+    ts.release("a");
+    ts.reserve("c").expect("capacity back after release");
+    ts.shutdown().await;
+    assert!(
+        group.instances.lock().expect("lock").is_empty(),
+        "deleted on shutdown"
+    );
+}
+
+#[tokio::test]
+async fn max_use_count_one_gives_every_job_a_fresh_instance() {
+    let group = Arc::new(Memory::default());
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 1));
+    let mut seen = Vec::new();
+    for key in ["j1", "j2", "j3", "j4"] {
+        ts.reserve(key).expect("reserve");
+        let acq = ts.acquire(key).await.expect("acquire");
+        assert!(
+            !seen.contains(&acq.instance_id),
+            "{} reused",
+            acq.instance_id
+        );
+        seen.push(acq.instance_id.clone());
+        ts.release(key);
+    }
+    // Used-up instances are removed once free.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while group.decreased.lock().expect("lock").len() < 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("used-up instances removed");
+    ts.shutdown().await;
+}
+
+#[tokio::test]
+async fn reservations_beyond_capacity_and_unknown_keys_are_refused() {
+    let group = Arc::new(Memory::default());
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0));
+    ts.reserve("a").expect("a");
+    let _a = ts.acquire("a").await.expect("a");
+    // max_capacity is 1: a second reservation is refused outright.
+    assert!(matches!(ts.reserve("b"), Err(Error::NoCapacity(1))));
+    assert!(matches!(
+        ts.acquire("zzz").await,
+        Err(Error::NotReserved(_))
+    ));
+    ts.shutdown().await;
+}
+
+#[tokio::test]
+async fn instance_that_vanishes_cancels_its_acquisition() {
+    let group = Arc::new(Memory::default());
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0));
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    let lost = a.instance_lost();
+    group.instances.lock().expect("lock").clear();
+    tokio::time::timeout(Duration::from_secs(5), lost.cancelled())
+        .await
+        .expect("acquisition told the instance is gone");
+    ts.shutdown().await;
+}
+
+#[tokio::test]
+async fn preexisting_instances_are_removed_not_used() {
+    let group = Arc::new(Memory::default());
+    group
+        .instances
+        .lock()
+        .expect("lock")
+        .push(("old".into(), State::Running));
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 0));
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    assert_ne!(a.instance_id, "old");
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&"old".to_string())
+    );
+    ts.shutdown().await;
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what Slipway's demo (`deps.sh demo`) or test suite (`deps.sh test`) needs on Debian,
+# or says exactly what is missing when not run as root.
+set -euo pipefail
+what=${1:-test}
+
+missing=()
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+have sshd || missing+=(openssh-server)
+have ssh-keygen || missing+=(openssh-client)
+have ip || missing+=(iproute2)
+have tar || missing+=(tar)
+if [ "$what" = test ]; then
+  have python3 || missing+=(python3)
+  python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "deps: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "deps: missing Debian packages: ${missing[*]}" >&2
+    echo "deps: install them with: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+# OpenSSH's sshd refuses to start without its privilege-separation directory.
+if [ "$(id -u)" = 0 ]; then mkdir -p /run/sshd; fi
+
+if [ "$what" = test ]; then
+  # The go-plugin peer (python-plugin) and grpc codegen for the Python test plugin.
+  if ! python3 -c 'import plugin, grpclib, grpc_tools' >/dev/null 2>&1; then
+    echo "deps: installing Python packages python-plugin grpcio-tools"
+    python3 -m pip install -q python-plugin grpcio-tools 2>&1 | grep -v 'Running pip as the' || true
+    python3 -c 'import plugin, grpclib, grpc_tools' >/dev/null
+  fi
+fi
+command -v cargo >/dev/null || { echo "deps: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
