@@ -92,9 +92,14 @@ impl InstanceExecutor {
         };
         let deadline = Instant::now() + timeout;
 
+        // Without artifacts to unpack, the script step creates its own directory: one SSH
+        // round trip less between a job being queued and its first output line.
         let input: Vec<u8> = artifacts_in.concat();
-        let prepare = script::prepare_script(&dirs, !input.is_empty());
-        if let Err(msg) = housekeeping(client, &prepare, input).await {
+        let separate_prepare = !input.is_empty();
+        if separate_prepare
+            && let Err(msg) =
+                housekeeping(client, &script::prepare_script(&dirs, true), input).await
+        {
             trace.message(&format!(
                 "ERROR: preparing the build directory failed: {msg}"
             ));
@@ -115,7 +120,16 @@ impl InstanceExecutor {
 
         let script_lines = lines(StepName::Script);
         let mut outcome = match self
-            .step(client, &dirs, job, &script_lines, deadline, &cancel, trace)
+            .step(
+                client,
+                &dirs,
+                job,
+                &script_lines,
+                !separate_prepare,
+                deadline,
+                &cancel,
+                trace,
+            )
             .await
         {
             StepEnd::Exited(o) => o,
@@ -136,7 +150,16 @@ impl InstanceExecutor {
             trace.message("Running after_script");
             let after_deadline = Instant::now() + AFTER_SCRIPT_TIMEOUT;
             match self
-                .step(client, &dirs, job, &after, after_deadline, &cancel, trace)
+                .step(
+                    client,
+                    &dirs,
+                    job,
+                    &after,
+                    false,
+                    after_deadline,
+                    &cancel,
+                    trace,
+                )
                 .await
             {
                 StepEnd::Exited(JobOutcome::Failed { message, .. }) => {
@@ -178,11 +201,12 @@ impl InstanceExecutor {
         dirs: &JobDirs,
         job: &JobResponse,
         lines: &[String],
+        create_dir: bool,
         deadline: Instant,
         cancel: &CancellationToken,
         trace: &mut Trace,
     ) -> StepEnd {
-        let body = script::step_script(job, dirs, lines, true);
+        let body = script::step_script(job, dirs, lines, create_dir);
         let (tx, mut rx) = mpsc::channel(256);
         let run = client.run(RunOptions::new(SHELL).stdin(body), tx);
         tokio::pin!(run);

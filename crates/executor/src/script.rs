@@ -42,16 +42,28 @@ impl JobDirs {
     }
 }
 
-/// A script that runs `lines` in the job directory with the job's variables.
+/// A script that runs `lines` in the job directory with the job's variables, stopping at the
+/// first failing line (`set -eo pipefail`, as GitLab's bash scripts do).
 ///
-/// The body is one compound command read whole before it runs, so a command that reads stdin
-/// cannot swallow the rest of the script; stdin is `/dev/null` instead.
-pub fn step_script(job: &JobResponse, dirs: &JobDirs, lines: &[String], errexit: bool) -> String {
+/// With `create_dir`, it first makes a fresh job directory. The body is one compound command
+/// read whole before it runs, so a command that reads stdin cannot swallow the rest of the
+/// script; stdin is `/dev/null` instead.
+pub fn step_script(
+    job: &JobResponse,
+    dirs: &JobDirs,
+    lines: &[String],
+    create_dir: bool,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "__slipway_step() {{");
-    if errexit {
-        let _ = writeln!(s, "set -eo pipefail");
+    if create_dir {
+        let dir = dirs.project_dir();
+        let _ = writeln!(
+            s,
+            "{{ rm -rf {dir} && mkdir -p {dir}; }} || {{ echo 'ERROR: cannot create the build directory' >&2; exit 1; }}"
+        );
     }
+    let _ = writeln!(s, "set -eo pipefail");
     let _ = writeln!(s, "echo $$ > {}", dirs.pid_file());
     let _ = writeln!(s, "export CI_BUILDS_DIR={}", dirs.slot_dir());
     let _ = writeln!(s, "export CI_PROJECT_DIR={}", dirs.project_dir());

@@ -260,3 +260,35 @@ fn bad_config_value_names_file_line_and_key() {
         run.explain()
     );
 }
+
+#[test]
+fn job_timeout_kills_the_step_and_fails_the_job() {
+    let w = World::new();
+    let file = w.write(
+        "p.yml",
+        r#"
+slow:
+  timeout: 2s
+  script:
+    - cp "$(command -v sleep)" "$HOME/slw-timeout-sleeper"
+    - echo started
+    - '"$HOME/slw-timeout-sleeper" 300'
+  after_script:
+    - if pgrep -f slw-timeout-sleeper >/dev/null; then echo "sleeper alive"; else echo "sleeper gone"; fi
+"#,
+    );
+    let run = w.run(&["exec", file.to_str().expect("path")]);
+    assert_eq!(run.code, Some(1), "{}", run.explain());
+    let lines = run.job_lines("slow");
+    assert!(
+        lines.iter().any(|l| l.contains("job execution timeout")),
+        "{}",
+        run.explain()
+    );
+    assert!(
+        lines.contains(&"sleeper gone".to_string()),
+        "{}",
+        run.explain()
+    );
+    assert_eq!(run.summary()[0].status, "failed", "{}", run.explain());
+}

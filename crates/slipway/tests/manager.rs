@@ -1,0 +1,76 @@
+//! `slipway run`: the manager keeps idle capacity with a real plugin and cleans up on SIGTERM.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{World, wait_with_timeout};
+
+#[test]
+fn run_keeps_idle_capacity_and_removes_it_on_sigterm() {
+    let w = World::new();
+    let state = w.path().join("plugin-state");
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 2
+[[runners]]
+  name = "idle"
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 1
+    max_instances = 3
+    update_interval = "200ms"
+    update_interval_when_expecting = "100ms"
+    delete_instances_on_shutdown = true
+    [runners.autoscaler.plugin_config]
+      dir = "{}"
+      name = "idle{}"
+    [[runners.autoscaler.policy]]
+      idle_count = 2
+      idle_time = "10m"
+"#,
+            state.display(),
+            std::process::id()
+        ),
+    );
+    let child = w
+        .slipway(&["run", "-c", cfg.to_str().expect("cfg")])
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+
+    // idle_count = 2 slots of capacity 1: two sshd instances come up with no job at all.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sshd = || w.processes().iter().filter(|p| p.contains("sshd")).count();
+    while sshd() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        sshd(),
+        2,
+        "expected exactly two idle instances: {:?}",
+        w.processes()
+    );
+
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}
