@@ -60,7 +60,8 @@ pub fn step_script(
         let dir = dirs.project_dir();
         let _ = writeln!(
             s,
-            "{{ rm -rf {dir} && mkdir -p {dir}; }} || {{ echo 'ERROR: cannot create the build directory' >&2; exit 1; }}"
+            // A leftover directory exists only after a crash: skip the `rm` spawn otherwise.
+            "{{ {{ [ ! -e {dir} ] || rm -rf {dir}; }} && mkdir -p {dir}; }} || {{ echo 'ERROR: cannot create the build directory' >&2; exit 1; }}"
         );
     }
     let _ = writeln!(s, "set -eo pipefail");

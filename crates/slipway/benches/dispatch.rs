@@ -53,20 +53,11 @@ async fn bench() -> anyhow::Result<()> {
     let text = config::EMBEDDED.replace("idle_count = 0", "idle_count = 2");
     let loaded = config::parse(&text, "embedded")?;
     let runner_cfg = loaded.config.runners[0].clone();
-    let mut defaults = toml::Table::new();
-    defaults.insert(
-        "dir".into(),
-        toml::Value::String(run_dir.path().join("plugin").display().to_string()),
-    );
-    defaults.insert(
-        "name".into(),
-        toml::Value::String(format!("b{}", std::process::id())),
-    );
     let runner = Runner::start(
         &runner_cfg,
         &StartOptions {
             plugin_dir: Some(plugin_dir),
-            plugin_config_defaults: defaults,
+            plugin_config_defaults: slipway::runner::run_scoped_plugin_config(run_dir.path(), "b"),
             handshake_timeout: None,
         },
     )

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use slipway_executor::{InstanceExecutor, JobOutcome, RunContext, Trace};
+use slipway_executor::{FailureReason, InstanceExecutor, JobOutcome, RunContext, Trace};
 use slipway_jobs::{JobStatus, Pipeline, PipelineOptions, PipelineRun, PipelineStatus};
+use slipway_taskscaler::Acquisition;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -84,19 +85,17 @@ pub async fn run(
     let artifacts_dir = run_dir.path().join("artifacts");
     tokio::fs::create_dir_all(&artifacts_dir).await?;
 
-    let mut defaults = toml::Table::new();
-    defaults.insert(
-        "dir".into(),
-        toml::Value::String(run_dir.path().join("plugin").display().to_string()),
-    );
-    // Group names become instance names: unique per run so parallel runs never collide.
-    defaults.insert(
-        "name".into(),
-        toml::Value::String(format!("x{}", std::process::id())),
-    );
     let start = StartOptions {
         plugin_dir: opts.plugin_dir.clone(),
-        plugin_config_defaults: defaults,
+        plugin_config_defaults: if runner_cfg
+            .autoscaler
+            .as_ref()
+            .is_some_and(|a| crate::runner::plugin_name(&a.plugin) == "local")
+        {
+            crate::runner::run_scoped_plugin_config(run_dir.path(), "x")
+        } else {
+            toml::Table::new()
+        },
         handshake_timeout: opts.plugin_start_timeout,
     };
     let runner = tokio::select! {
@@ -225,14 +224,13 @@ struct JobTask {
 impl JobTask {
     async fn run(self) -> Finished {
         let key = format!("{}-{}", self.name, self.payload.id);
-        let mut trace = Trace::new(
-            self.payload
-                .masked_values()
-                .into_iter()
-                .map(String::from)
-                .collect::<Vec<_>>(),
-            self.trace.clone(),
-        );
+        let secrets: Vec<String> = self
+            .payload
+            .masked_values()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let mut trace = Trace::new(secrets, self.trace.clone());
         let mut row = JobRow {
             name: self.name.clone(),
             stage: self.stage.clone(),
@@ -244,142 +242,139 @@ impl JobTask {
         };
         let mut artifacts = None;
         let scaler = &self.runner.scaler;
-        if let Err(e) = scaler.reserve(&key) {
-            trace.message(&format!("ERROR: {e}"));
-            row.message = e.to_string();
-            trace.finish();
-            return Finished {
-                index: self.index,
-                row,
-                artifacts,
-            };
-        }
-        trace.message(&format!(
-            "Waiting for a slot on runner {:?}",
-            self.runner.name
-        ));
-        let acq = tokio::select! {
-            a = scaler.acquire(&key) => a,
-            _ = self.cancel.cancelled() => {
-                scaler.unreserve(&key);
-                row.status = JobStatus::Canceled;
-                trace.finish();
-                return Finished { index: self.index, row, artifacts };
+        match self.acquire(&key, &mut trace).await {
+            Err((status, message)) => {
+                row.status = status;
+                row.message = message;
             }
-        };
-        let acq = match acq {
-            Ok(a) => a,
-            Err(e) => {
-                scaler.unreserve(&key);
-                trace.message(&format!("ERROR: {e}"));
-                row.message = e.to_string();
-                trace.finish();
-                return Finished {
-                    index: self.index,
-                    row,
-                    artifacts,
-                };
-            }
-        };
-        let started = Instant::now();
-        row.instance = acq.instance_id.clone();
-        row.slot = Some(acq.slot);
-        trace.message(&format!(
-            "Running on instance {} slot {}",
-            acq.instance_id, acq.slot
-        ));
-        let outcome = match self.runner.client(&acq).await {
-            Err(e) => {
-                let msg = format!("{e:#}");
-                trace.message(&format!("ERROR: {msg}"));
-                JobOutcome::failed(
-                    slipway_executor::FailureReason::RunnerSystemFailure,
-                    None,
-                    msg,
-                )
-            }
-            Ok(client) => {
-                let mut inputs = Vec::new();
-                for p in &self.inputs {
-                    match tokio::fs::read(p).await {
-                        Ok(b) => inputs.push(b),
-                        Err(e) => {
-                            trace.message(&format!("WARNING: artifacts {}: {e}", p.display()))
-                        }
-                    }
-                }
-                // A job stops when it is canceled or its instance disappears.
-                let cancel = self.cancel.child_token();
-                let lost = acq.instance_lost();
-                let exec = InstanceExecutor {
-                    builds_dir: self.runner.builds_dir.clone(),
-                    ..InstanceExecutor::default()
-                };
-                let ctx = RunContext {
-                    client: &client,
-                    slot: acq.slot,
-                    trace: &mut trace,
-                    cancel: cancel.clone(),
-                    artifacts_in: inputs,
-                };
-                let (mut result, instance_lost) = {
-                    let run = exec.run(&self.payload, ctx);
-                    tokio::pin!(run);
-                    let mut instance_lost = false;
-                    let result = loop {
-                        tokio::select! {
-                            r = &mut run => break r,
-                            _ = lost.cancelled(), if !instance_lost => {
-                                instance_lost = true;
-                                cancel.cancel();
-                            }
-                        }
-                    };
-                    (result, instance_lost)
-                };
-                if instance_lost {
-                    let msg = format!("instance {} was removed under the job", acq.instance_id);
-                    trace.message(&format!("ERROR: {msg}"));
-                    result.outcome = JobOutcome::failed(
-                        slipway_executor::FailureReason::RunnerSystemFailure,
-                        None,
-                        msg,
-                    );
-                }
-                if let Some(tar) = result.artifacts {
+            Ok(acq) => {
+                let started = Instant::now();
+                row.instance = acq.instance_id.clone();
+                row.slot = Some(acq.slot);
+                trace.message(&format!(
+                    "Running on instance {} slot {}",
+                    acq.instance_id, acq.slot
+                ));
+                let (outcome, tar) = self.execute(&acq, &mut trace).await;
+                scaler.release(&key);
+                if let Some(tar) = tar {
                     match tokio::fs::write(&self.artifacts_out, tar).await {
                         Ok(()) => artifacts = Some(self.artifacts_out.clone()),
                         Err(e) => trace.message(&format!("WARNING: storing artifacts: {e}")),
                     }
                 }
-                result.outcome
+                row.duration = Some(started.elapsed());
+                row.status = match &outcome {
+                    JobOutcome::Success => JobStatus::Success,
+                    JobOutcome::Failed {
+                        reason, message, ..
+                    } => {
+                        row.message = message.clone();
+                        if *reason == FailureReason::JobCanceled {
+                            JobStatus::Canceled
+                        } else {
+                            JobStatus::Failed
+                        }
+                    }
+                };
+                trace.message(&match &outcome {
+                    JobOutcome::Success => "Job succeeded".to_string(),
+                    JobOutcome::Failed { reason, .. } => format!("Job failed ({reason})"),
+                });
             }
-        };
-        scaler.release(&key);
-        row.duration = Some(started.elapsed());
-        row.status = match &outcome {
-            JobOutcome::Success => JobStatus::Success,
-            JobOutcome::Failed {
-                reason, message, ..
-            } => {
-                row.message = message.clone();
-                if *reason == slipway_executor::FailureReason::JobCanceled {
-                    JobStatus::Canceled
-                } else {
-                    JobStatus::Failed
-                }
-            }
-        };
-        trace.message(&match &outcome {
-            JobOutcome::Success => "Job succeeded".to_string(),
-            JobOutcome::Failed { reason, .. } => format!("Job failed ({reason})"),
-        });
+        }
         trace.finish();
         Finished {
             index: self.index,
             row,
             artifacts,
         }
+    }
+
+    /// Reserve and acquire a slot; on failure, the job's status and why.
+    async fn acquire(
+        &self,
+        key: &str,
+        trace: &mut Trace,
+    ) -> Result<Acquisition, (JobStatus, String)> {
+        let scaler = &self.runner.scaler;
+        let failed = |trace: &mut Trace, e: &dyn std::fmt::Display| {
+            trace.message(&format!("ERROR: {e}"));
+            (JobStatus::Failed, e.to_string())
+        };
+        if let Err(e) = scaler.reserve(key) {
+            return Err(failed(trace, &e));
+        }
+        trace.message(&format!(
+            "Waiting for a slot on runner {:?}",
+            self.runner.name
+        ));
+        let acquired = tokio::select! {
+            a = scaler.acquire(key) => a,
+            _ = self.cancel.cancelled() => {
+                scaler.unreserve(key);
+                return Err((JobStatus::Canceled, "canceled while waiting for a slot".into()));
+            }
+        };
+        acquired.map_err(|e| {
+            scaler.unreserve(key);
+            failed(trace, &e)
+        })
+    }
+
+    /// Connect and run the job on its slot; stops it when canceled or its instance disappears.
+    async fn execute(&self, acq: &Acquisition, trace: &mut Trace) -> (JobOutcome, Option<Vec<u8>>) {
+        let client = match self.runner.client(acq).await {
+            Ok(c) => c,
+            Err(e) => {
+                let msg = format!("{e:#}");
+                trace.message(&format!("ERROR: {msg}"));
+                return (
+                    JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
+                    None,
+                );
+            }
+        };
+        let mut inputs = Vec::new();
+        for p in &self.inputs {
+            match tokio::fs::read(p).await {
+                Ok(b) => inputs.push(b),
+                Err(e) => trace.message(&format!("WARNING: artifacts {}: {e}", p.display())),
+            }
+        }
+        let cancel = self.cancel.child_token();
+        let lost = acq.instance_lost();
+        let exec = InstanceExecutor {
+            builds_dir: self.runner.builds_dir.clone(),
+            ..InstanceExecutor::default()
+        };
+        let ctx = RunContext {
+            client: &client,
+            slot: acq.slot,
+            trace: &mut *trace,
+            cancel: cancel.clone(),
+            artifacts_in: inputs,
+        };
+        let mut instance_lost = false;
+        let mut result = {
+            let run = exec.run(&self.payload, ctx);
+            tokio::pin!(run);
+            loop {
+                tokio::select! {
+                    r = &mut run => break r,
+                    _ = lost.cancelled(), if !instance_lost => {
+                        instance_lost = true;
+                        cancel.cancel();
+                    }
+                }
+            }
+        };
+        if instance_lost {
+            let msg = format!("instance {} was removed under the job", acq.instance_id);
+            trace.message(&format!("ERROR: {msg}"));
+            result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+        }
+        (result.outcome, result.artifacts)
     }
 }
 

@@ -129,7 +129,24 @@ impl Runner {
     }
 }
 
-fn plugin_name(reference: &str) -> String {
+/// `plugin_config` defaults for `fleeting-plugin-local` that keep a run's instances to itself:
+/// state under `dir`, and a group name unique to this process (instance and namespace names
+/// derive from it, so parallel runs never collide).
+pub fn run_scoped_plugin_config(dir: &Path, prefix: &str) -> toml::Table {
+    let mut t = toml::Table::new();
+    t.insert(
+        "dir".into(),
+        toml::Value::String(dir.join("plugin").display().to_string()),
+    );
+    t.insert(
+        "name".into(),
+        toml::Value::String(format!("{prefix}{}", std::process::id())),
+    );
+    t
+}
+
+/// A plugin reference's short name: `fleeting-plugin-local` and `/x/fleeting-plugin-local` → `local`.
+pub fn plugin_name(reference: &str) -> String {
     let base = Path::new(reference)
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
