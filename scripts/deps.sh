@@ -31,10 +31,10 @@ if [ "$(id -u)" = 0 ]; then mkdir -p /run/sshd; fi
 
 if [ "$what" = test ]; then
   # The go-plugin peer (python-plugin) and grpc codegen for the Python test plugin.
-  if ! python3 -c 'import plugin, grpclib, grpc_tools' >/dev/null 2>&1; then
+  if ! python3 -c 'import pyplugin, grpclib, grpc_tools' >/dev/null 2>&1; then
     echo "deps: installing Python packages python-plugin grpcio-tools"
     python3 -m pip install -q python-plugin grpcio-tools 2>&1 | grep -v 'Running pip as the' || true
-    python3 -c 'import plugin, grpclib, grpc_tools' >/dev/null
+    python3 -c 'import pyplugin, grpclib, grpc_tools' >/dev/null
   fi
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
