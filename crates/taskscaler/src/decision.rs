@@ -1,8 +1,9 @@
 //! The scale decision: a pure function from what exists and what is wanted to what to change.
 //!
-//! Kept free of I/O and clocks so tests (and later the simulator) drive exactly this code.
+//! Kept free of I/O and of reading the clock (time comes in as `now`, on tokio's clock, which
+//! tests and the simulator can pause and advance), so they drive exactly this code.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use slipway_fleeting::State;
 

@@ -2,11 +2,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use slipway_fleeting::{ConnectInfo, GroupError, InstanceGroup, ProviderInfo, State};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -191,7 +192,7 @@ impl Taskscaler {
     /// Bind a reservation to a slot on a running instance, waiting up to `instance_acquire_timeout`.
     pub async fn acquire(&self, key: &str) -> Result<Acquisition, Error> {
         let timeout = self.inner.cfg.instance_acquire_timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let deadline = Instant::now() + timeout;
         let (instance_id, slot, lost, cached) = loop {
             let mut rx = self.inner.changed.subscribe();
             if let Some(found) = self.inner.try_assign(key)? {

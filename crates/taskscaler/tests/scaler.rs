@@ -181,3 +181,29 @@ async fn preexisting_instances_are_removed_not_used() {
     );
     ts.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn idle_instances_go_after_idle_time_but_idle_count_stays() {
+    let group = Arc::new(Memory::default());
+    let mut c = cfg(1, 0, 0);
+    c.idle_count = 1;
+    c.idle_time = Duration::from_secs(600);
+    c.update_interval = Duration::from_secs(1);
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c);
+    for key in ["a", "b"] {
+        ts.reserve(key).expect("reserve");
+    }
+    let a = ts.acquire("a").await.expect("a");
+    let b = ts.acquire("b").await.expect("b");
+    assert_ne!(a.instance_id, b.instance_id);
+    ts.release("a");
+    ts.release("b");
+    let count = || group.instances.lock().expect("lock").len();
+    // On tokio's paused clock: nine minutes idle keeps both (plus the idle target).
+    tokio::time::sleep(Duration::from_secs(540)).await;
+    assert!(count() >= 2, "removed before idle_time: {}", count());
+    // Past idle_time, only what idle_count needs (one slot) remains.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(count(), 1, "idle_count = 1 keeps exactly one instance");
+    ts.shutdown().await;
+}
