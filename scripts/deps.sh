@@ -33,7 +33,10 @@ if [ "$what" = test ]; then
   # The go-plugin peer (python-plugin) and grpc codegen for the Python test plugin.
   if ! python3 -c 'import pyplugin, grpclib, grpc_tools' >/dev/null 2>&1; then
     echo "deps: installing Python packages python-plugin grpcio-tools"
-    python3 -m pip install -q python-plugin grpcio-tools 2>&1 | grep -v 'Running pip as the' || true
+    # Debian's own python3 refuses system-wide installs (PEP 668) unless told otherwise.
+    pkgs="python-plugin grpcio-tools"
+    python3 -m pip install -q $pkgs 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages $pkgs 2>&1 | grep -v 'Running pip as the' || true
     python3 -c 'import pyplugin, grpclib, grpc_tools' >/dev/null
   fi
 fi

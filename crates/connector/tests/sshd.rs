@@ -1,5 +1,8 @@
 //! End-to-end tests of the connector against a real OpenSSH sshd on 127.0.0.1.
 
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

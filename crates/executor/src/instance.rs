@@ -17,8 +17,10 @@ use crate::trace::Trace;
 pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
 /// `after_script` has its own timeout, as in GitLab.
 pub const AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
-/// Bounded time for preparation, artifact transfer and cleanup commands.
-const HOUSEKEEPING_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bounded time for unpacking and collecting artifacts.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bounded time for removing a job's files; short, since it also runs on cancel.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The command sshd runs; the script arrives on stdin. `exec` keeps the session leader's pid,
 /// which is then the step's process group.
 const SHELL: &str = "exec bash --noprofile --norc -s";
@@ -36,7 +38,7 @@ impl Default for InstanceExecutor {
     fn default() -> Self {
         InstanceExecutor {
             builds_dir: "builds".into(),
-            kill_grace_secs: 5,
+            kill_grace_secs: 3,
         }
     }
 }
@@ -92,13 +94,24 @@ impl InstanceExecutor {
         };
         let deadline = Instant::now() + timeout;
 
+        for key in script::unexportable_variables(job) {
+            trace.message(&format!(
+                "WARNING: variable {key:?} is not a valid shell name; it is not passed to the job"
+            ));
+        }
+
         // Without artifacts to unpack, the script step creates its own directory: one SSH
         // round trip less between a job being queued and its first output line.
         let input: Vec<u8> = artifacts_in.concat();
         let separate_prepare = !input.is_empty();
         if separate_prepare
-            && let Err(msg) =
-                housekeeping(client, &script::prepare_script(&dirs, true), input).await
+            && let Err(msg) = housekeeping(
+                client,
+                &script::prepare_script(&dirs, true),
+                input,
+                TRANSFER_TIMEOUT,
+            )
+            .await
         {
             trace.message(&format!(
                 "ERROR: preparing the build directory failed: {msg}"
@@ -124,6 +137,7 @@ impl InstanceExecutor {
                 client,
                 &dirs,
                 job,
+                StepName::Script,
                 &script_lines,
                 !separate_prepare,
                 deadline,
@@ -146,7 +160,10 @@ impl InstanceExecutor {
 
         // after_script runs whatever happened, with its own timeout (GitLab does the same).
         let after = lines(StepName::AfterScript);
-        if !after.is_empty() && !cancel.is_cancelled() {
+        if !after.is_empty() && cancel.is_cancelled() {
+            // A canceled job must stop promptly (the manager may be shutting down).
+            trace.message("Skipping after_script: the job was canceled");
+        } else if !after.is_empty() {
             trace.message("Running after_script");
             let after_deadline = Instant::now() + AFTER_SCRIPT_TIMEOUT;
             match self
@@ -154,6 +171,7 @@ impl InstanceExecutor {
                     client,
                     &dirs,
                     job,
+                    StepName::AfterScript,
                     &after,
                     false,
                     after_deadline,
@@ -176,10 +194,27 @@ impl InstanceExecutor {
             When::OnFailure => !outcome.is_success(),
             When::Always => true,
         });
-        let paths: Vec<String> = wanted.flat_map(|a| a.paths.iter().cloned()).collect();
+        let paths: Vec<String> = wanted
+            .flat_map(|a| a.paths.iter())
+            .filter(|p| match script::artifact_path_problem(p) {
+                None => true,
+                Some(why) => {
+                    trace.message(&format!("WARNING: artifact path {p:?} {why}; skipped"));
+                    false
+                }
+            })
+            .cloned()
+            .collect();
         if !paths.is_empty() && !cancel.is_cancelled() {
             trace.message("Collecting artifacts");
-            match housekeeping(client, &script::collect_script(&dirs, &paths), Vec::new()).await {
+            match housekeeping(
+                client,
+                &script::collect_script(&dirs, &paths),
+                Vec::new(),
+                TRANSFER_TIMEOUT,
+            )
+            .await
+            {
                 Ok(tar) => artifacts = Some(tar),
                 Err(msg) => {
                     trace.message(&format!("ERROR: collecting artifacts failed: {msg}"));
@@ -200,13 +235,14 @@ impl InstanceExecutor {
         client: &Client,
         dirs: &JobDirs,
         job: &JobResponse,
+        step: StepName,
         lines: &[String],
         create_dir: bool,
         deadline: Instant,
         cancel: &CancellationToken,
         trace: &mut Trace,
     ) -> StepEnd {
-        let body = script::step_script(job, dirs, lines, create_dir);
+        let body = script::step_script(job, dirs, step.as_str(), lines, create_dir);
         let (tx, mut rx) = mpsc::channel(256);
         let run = client.run(RunOptions::new(SHELL).stdin(body), tx);
         tokio::pin!(run);
@@ -222,13 +258,12 @@ impl InstanceExecutor {
             Some(res) => res,
             None => {
                 // Stop the whole process group, then let the run finish and drain its output.
-                let _ = housekeeping(
-                    client,
-                    &script::kill_script(dirs, self.kill_grace_secs),
-                    Vec::new(),
-                )
-                .await;
-                let drained = tokio::time::timeout(Duration::from_secs(10), async {
+                let kill = script::kill_script(dirs, step.as_str(), self.kill_grace_secs);
+                let bound = Duration::from_secs(u64::from(self.kill_grace_secs) + 5);
+                if let Err(msg) = housekeeping(client, &kill, Vec::new(), bound).await {
+                    trace.message(&format!("WARNING: stopping the step failed: {msg}"));
+                }
+                let drained = tokio::time::timeout(Duration::from_secs(5), async {
                     loop {
                         tokio::select! {
                             Some(chunk) = rx.recv() => write_output(trace, chunk),
@@ -269,8 +304,9 @@ impl InstanceExecutor {
     async fn cleanup(&self, client: &Client, dirs: &JobDirs, trace: &mut Trace) {
         if let Err(msg) = housekeeping(
             client,
-            &script::cleanup_script(dirs, dirs.job_id),
+            &script::cleanup_script(dirs),
             Vec::new(),
+            CLEANUP_TIMEOUT,
         )
         .await
         {
@@ -286,14 +322,16 @@ fn write_output(trace: &mut Trace, chunk: Output) {
 }
 
 /// Run a bash script with bounded time; `Err` carries a message for the trace.
-async fn housekeeping(client: &Client, body: &str, stdin: Vec<u8>) -> Result<Vec<u8>, String> {
+async fn housekeeping(
+    client: &Client,
+    body: &str,
+    stdin: Vec<u8>,
+    limit: Duration,
+) -> Result<Vec<u8>, String> {
     let command = format!("exec bash --noprofile --norc -c {}", script::quote(body));
     let run = client.run_capture(command, stdin);
-    match tokio::time::timeout(HOUSEKEEPING_TIMEOUT, run).await {
-        Err(_) => Err(format!(
-            "timed out after {}",
-            fmt_secs(HOUSEKEEPING_TIMEOUT)
-        )),
+    match tokio::time::timeout(limit, run).await {
+        Err(_) => Err(format!("timed out after {}", fmt_secs(limit))),
         Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok((status, out, _))) if status.success() => Ok(out),
         Ok(Ok((status, _, err))) => Err(format!(

@@ -36,9 +36,9 @@ impl JobDirs {
         format!("{}/job-{}", self.slot_dir(), self.job_id)
     }
 
-    /// File holding the process-group id of the running step, as a bash expression.
-    pub fn pid_file(&self) -> String {
-        format!("{}/.job-{}.pid", self.slot_dir(), self.job_id)
+    /// File holding the process-group id of a running step, as a bash expression.
+    pub fn pid_file(&self, step: &str) -> String {
+        format!("{}/.job-{}-{step}.pid", self.slot_dir(), self.job_id)
     }
 }
 
@@ -51,6 +51,7 @@ impl JobDirs {
 pub fn step_script(
     job: &JobResponse,
     dirs: &JobDirs,
+    step: &str,
     lines: &[String],
     create_dir: bool,
 ) -> String {
@@ -64,8 +65,12 @@ pub fn step_script(
             "{{ {{ [ ! -e {dir} ] || rm -rf {dir}; }} && mkdir -p {dir}; }} || {{ echo 'ERROR: cannot create the build directory' >&2; exit 1; }}"
         );
     }
+    // The step's process group, for a kill on timeout or cancel; gone when the step ends so a
+    // later kill cannot hit a reused pid.
+    let pid = dirs.pid_file(step);
+    let _ = writeln!(s, "echo $$ > {pid}");
+    let _ = writeln!(s, "trap 'rm -f {}' EXIT", pid.replace('\'', r"'\''"));
     let _ = writeln!(s, "set -eo pipefail");
-    let _ = writeln!(s, "echo $$ > {}", dirs.pid_file());
     let _ = writeln!(s, "export CI_BUILDS_DIR={}", dirs.slot_dir());
     let _ = writeln!(s, "export CI_PROJECT_DIR={}", dirs.project_dir());
     let files_dir = format!("{}/.job-{}.vars", dirs.slot_dir(), job.id);
@@ -128,11 +133,14 @@ pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
     s
 }
 
-/// Kill the step's process group: TERM, wait up to `grace_secs`, then KILL.
-pub fn kill_script(dirs: &JobDirs, grace_secs: u32) -> String {
-    let pid = dirs.pid_file();
+/// Kill a step's process group: TERM, wait up to `grace_secs`, then KILL.
+///
+/// A step canceled right as it starts may not have written its pid yet: wait briefly for it.
+pub fn kill_script(dirs: &JobDirs, step: &str, grace_secs: u32) -> String {
+    let pid = dirs.pid_file(step);
     format!(
-        "p=$(cat {pid} 2>/dev/null) || exit 0\n[ -n \"$p\" ] || exit 0\n\
+        "for _ in $(seq 1 20); do [ -s {pid} ] && break; sleep 0.1; done\n\
+         p=$(cat {pid} 2>/dev/null) || exit 0\n[ -n \"$p\" ] || exit 0\n\
          kill -TERM -- -\"$p\" 2>/dev/null || exit 0\n\
          for _ in $(seq 1 {}); do kill -0 -- -\"$p\" 2>/dev/null || exit 0; sleep 0.1; done\n\
          kill -KILL -- -\"$p\" 2>/dev/null\nexit 0\n",
@@ -141,12 +149,33 @@ pub fn kill_script(dirs: &JobDirs, grace_secs: u32) -> String {
 }
 
 /// Remove everything the job left in its slot.
-pub fn cleanup_script(dirs: &JobDirs, job_id: u64) -> String {
+pub fn cleanup_script(dirs: &JobDirs) -> String {
     let slot = dirs.slot_dir();
+    let id = dirs.job_id;
     format!(
-        "rm -rf {} {slot}/.job-{job_id}.pid {slot}/.job-{job_id}.vars\n",
+        "rm -rf {} {slot}/.job-{id}-*.pid {slot}/.job-{id}.vars\n",
         dirs.project_dir()
     )
+}
+
+/// Why an artifact path cannot be collected: it must stay inside the project directory.
+pub fn artifact_path_problem(path: &str) -> Option<&'static str> {
+    if path.starts_with('/') {
+        Some("is absolute")
+    } else if path.split('/').any(|c| c == "..") {
+        Some("leaves the project directory")
+    } else {
+        None
+    }
+}
+
+/// Variables whose names bash cannot export (they are not passed to the job).
+pub fn unexportable_variables(job: &JobResponse) -> Vec<&str> {
+    job.variables
+        .iter()
+        .filter(|v| !valid_name(&v.key))
+        .map(|v| v.key.as_str())
+        .collect()
 }
 
 fn valid_name(key: &str) -> bool {
@@ -172,6 +201,15 @@ mod tests {
             job_id: 7,
         };
         assert_eq!(d.project_dir(), "\"$HOME\"/'builds'/slot-1/job-7");
+    }
+
+    #[test]
+    fn artifact_paths_stay_in_the_project() {
+        assert_eq!(artifact_path_problem("out/"), None);
+        assert_eq!(artifact_path_problem("a/**/*.log"), None);
+        assert!(artifact_path_problem("/etc/passwd").is_some());
+        assert!(artifact_path_problem("../ssh_host_ed25519_key").is_some());
+        assert!(artifact_path_problem("a/../../b").is_some());
     }
 
     #[test]

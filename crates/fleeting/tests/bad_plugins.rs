@@ -1,5 +1,8 @@
 //! The host against misbehaving plugins (shell scripts) and plugin lookup.
 
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

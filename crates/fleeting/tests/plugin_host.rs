@@ -4,6 +4,9 @@
 //! *is* the in-memory test plugin, served through `sdk::run_plugin`; otherwise it runs the tests,
 //! starting itself (`std::env::current_exe()`) as the plugin.
 
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;

@@ -3,6 +3,9 @@
 //!
 //! Not skipped when Python packages are missing: setup installs them, or the test fails saying why.
 
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;

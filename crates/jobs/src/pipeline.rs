@@ -1057,9 +1057,26 @@ impl Reader<'_> {
         for e in entries {
             match e.key.as_str() {
                 "paths" => {
-                    job.artifact_paths = self
+                    let paths = self
                         .string_list(&format!("{ctx}: artifacts:paths"), &e.value)
-                        .unwrap_or_default()
+                        .unwrap_or_default();
+                    // As in GitLab, artifacts come from inside the project directory only.
+                    for p in &paths {
+                        let why = if p.starts_with('/') {
+                            Some("is absolute")
+                        } else if p.split('/').any(|c| c == "..") {
+                            Some("leaves the project directory")
+                        } else {
+                            None
+                        };
+                        if let Some(why) = why {
+                            self.error(
+                                e.value.line,
+                                format!("{ctx}: artifacts:paths: {p:?} {why}; paths must be inside the project directory"),
+                            );
+                        }
+                    }
+                    job.artifact_paths = paths;
                 }
                 "when" => {
                     if let Some(w) = self.when(&format!("{ctx}: artifacts:when"), &e.value, false) {

@@ -59,6 +59,7 @@ async fn bench() -> anyhow::Result<()> {
             plugin_dir: Some(plugin_dir),
             plugin_config_defaults: slipway::runner::run_scoped_plugin_config(run_dir.path(), "b"),
             handshake_timeout: None,
+            delete_instances_on_shutdown: true,
         },
     )
     .await?;

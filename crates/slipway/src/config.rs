@@ -78,7 +78,7 @@ impl fmt::Debug for RunnerConfig {
 }
 
 /// `[runners.autoscaler]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(default)]
 pub struct AutoscalerConfig {
     /// Plugin name or path.
@@ -100,12 +100,36 @@ pub struct AutoscalerConfig {
     /// Plugin `Update` period while changes are expected.
     #[serde(with = "duration")]
     pub update_interval_when_expecting: Duration,
+    /// Ask again for a deletion that had no effect after this long.
+    #[serde(with = "duration")]
+    pub deletion_retry_interval: Duration,
+    /// Wait between deletion checks at shutdown.
+    #[serde(with = "duration")]
+    pub shutdown_deletion_interval: Duration,
+    /// Deletion rounds at shutdown before giving up.
+    pub shutdown_deletion_retries: u32,
     /// Free-form table passed to the plugin as JSON.
     pub plugin_config: toml::Table,
     /// `[runners.autoscaler.connector_config]`.
     pub connector_config: ConnectorConfigToml,
     /// `[[runners.autoscaler.policy]]`.
     pub policy: Vec<PolicyConfig>,
+}
+
+impl fmt::Debug for AutoscalerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // plugin_config often holds cloud credentials: show its keys, never its values.
+        let keys: Vec<&String> = self.plugin_config.keys().collect();
+        f.debug_struct("AutoscalerConfig")
+            .field("plugin", &self.plugin)
+            .field("capacity_per_instance", &self.capacity_per_instance)
+            .field("max_use_count", &self.max_use_count)
+            .field("max_instances", &self.max_instances)
+            .field("plugin_config_keys", &keys)
+            .field("connector_config", &self.connector_config)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for AutoscalerConfig {
@@ -120,6 +144,9 @@ impl Default for AutoscalerConfig {
             instance_acquire_timeout: d.instance_acquire_timeout,
             update_interval: d.update_interval,
             update_interval_when_expecting: d.update_interval_when_expecting,
+            deletion_retry_interval: d.deletion_retry_interval,
+            shutdown_deletion_interval: d.shutdown_deletion_interval,
+            shutdown_deletion_retries: d.shutdown_deletion_retries,
             plugin_config: toml::Table::new(),
             connector_config: ConnectorConfigToml::default(),
             policy: Vec::new(),

@@ -66,8 +66,12 @@ pub async fn run(
     opts: &ExecOptions,
     stop: CancellationToken,
 ) -> anyhow::Result<bool> {
-    let pipeline = Pipeline::from_file(
-        &opts.file,
+    let text = tokio::fs::read_to_string(&opts.file)
+        .await
+        .with_context(|| format!("cannot read {}", opts.file.display()))?;
+    let pipeline = Pipeline::parse(
+        &text,
+        &opts.file.display().to_string(),
         PipelineOptions {
             allow_unsupported: opts.allow_unsupported,
         },
@@ -97,6 +101,7 @@ pub async fn run(
             toml::Table::new()
         },
         handshake_timeout: opts.plugin_start_timeout,
+        delete_instances_on_shutdown: true,
     };
     let runner = tokio::select! {
         r = Runner::start(runner_cfg, &start) => Arc::new(r?),
@@ -105,7 +110,12 @@ pub async fn run(
 
     let result = drive(&runner, &pipeline, &mut plan, opts, &artifacts_dir, &stop).await;
     runner.shutdown().await;
-    drop(run_dir);
+    // Removing a directory tree is blocking I/O: keep it off the runtime's threads.
+    match tokio::task::spawn_blocking(move || run_dir.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("removing the run directory: {e}"),
+        Err(e) => tracing::warn!("removing the run directory: {e}"),
+    }
     let rows = result?;
     print_summary(&rows);
     let ok = matches!(
@@ -131,14 +141,21 @@ async fn drive(
     let mut running = 0usize;
     let limit = opts.concurrent.max(1) as usize;
     let pipeline_id = u64::from(std::process::id());
+    // Jobs stop on a signal, or when the run itself fails: never abandoned mid-step.
+    let jobs_stop = stop.child_token();
+    let mut fatal: Option<anyhow::Error> = None;
 
     loop {
-        if !stop.is_cancelled() {
+        if !jobs_stop.is_cancelled() {
             for index in plan.ready() {
                 if running >= limit {
                     break;
                 }
-                plan.start(index)?;
+                if let Err(e) = plan.start(index) {
+                    fatal = Some(e.into());
+                    jobs_stop.cancel();
+                    break;
+                }
                 running += 1;
                 let job = &pipeline.jobs[index];
                 let id = index as u64 + 1;
@@ -157,7 +174,7 @@ async fn drive(
                     inputs,
                     artifacts_out: artifacts_dir.join(format!("{id}.tar")),
                     trace: printer.sender(&job.name),
-                    cancel: stop.child_token(),
+                    cancel: jobs_stop.child_token(),
                 };
                 tasks.spawn(ctx.run());
             }
@@ -169,8 +186,18 @@ async fn drive(
             done = tasks.join_next() => {
                 let Some(done) = done else { break };
                 running -= 1;
-                let finished = done.context("job task failed")?;
-                plan.finish(finished.index, finished.row.status)?;
+                let finished = match done {
+                    Ok(f) => f,
+                    Err(e) => {
+                        fatal.get_or_insert_with(|| anyhow::anyhow!("job task failed: {e}"));
+                        jobs_stop.cancel();
+                        continue;
+                    }
+                };
+                if let Err(e) = plan.finish(finished.index, finished.row.status) {
+                    fatal.get_or_insert(e.into());
+                    jobs_stop.cancel();
+                }
                 if let Some(path) = finished.artifacts {
                     artifacts.insert(finished.index, path);
                 }
@@ -184,10 +211,13 @@ async fn drive(
             }
         }
     }
-    if stop.is_cancelled() {
+    if jobs_stop.is_cancelled() {
         plan.cancel();
     }
     printer.stop().await;
+    if let Some(e) = fatal {
+        return Err(e);
+    }
     Ok(pipeline
         .jobs
         .iter()

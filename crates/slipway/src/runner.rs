@@ -9,7 +9,6 @@ use anyhow::{Context as _, bail};
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_fleeting::{ConnectorConfig, InstanceGroup as _, PluginHost, PluginOptions};
 use slipway_taskscaler::{Acquisition, Taskscaler};
-use tokio::sync::Mutex;
 
 use crate::config::{AutoscalerConfig, RunnerConfig};
 
@@ -27,7 +26,7 @@ pub struct Runner {
     host_keys: HostKeyStore,
     dial: DialOptions,
     /// One SSH connection per instance, shared by the jobs on its slots.
-    connections: Mutex<HashMap<String, Arc<Client>>>,
+    connections: std::sync::Mutex<HashMap<String, Arc<Client>>>,
 }
 
 /// Extra settings a command passes when starting a runner.
@@ -39,6 +38,9 @@ pub struct StartOptions {
     pub plugin_config_defaults: toml::Table,
     /// Handshake timeout.
     pub handshake_timeout: Option<Duration>,
+    /// Delete every instance at shutdown whatever the config says (a run that owns its
+    /// plugin's state must not leave instances nobody can find again).
+    pub delete_instances_on_shutdown: bool,
 }
 
 impl Runner {
@@ -73,7 +75,11 @@ impl Runner {
             }
         };
         tracing::info!(runner = %cfg.name, group = %info.id, version = %info.version, "plugin ready");
-        let scaler = Taskscaler::start(plugin.clone(), info, scaler_config(auto));
+        let scaler = Taskscaler::start(
+            plugin.clone(),
+            info,
+            scaler_config(auto, opts.delete_instances_on_shutdown),
+        );
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
@@ -83,42 +89,38 @@ impl Runner {
             dial: DialOptions {
                 use_external_addr: auto.connector_config.use_external_addr,
             },
-            connections: Mutex::new(HashMap::new()),
+            connections: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
     /// An SSH connection to the acquisition's instance, reused across jobs.
     pub async fn client(&self, acq: &Acquisition) -> anyhow::Result<Arc<Client>> {
-        let mut conns = self.connections.lock().await;
-        if let Some(c) = conns.get(&acq.instance_id)
+        if let Some(c) = self.connections().get(&acq.instance_id)
             && !c.is_closed()
         {
             return Ok(c.clone());
         }
+        // Dial without holding the lock: one slow instance must not stall jobs on others.
         let client = Client::connect(&acq.connect_info, &self.dial, &self.host_keys)
             .await
             .with_context(|| format!("connecting to instance {}", acq.instance_id))?;
-        let client = Arc::new(client);
-        conns.insert(acq.instance_id.clone(), client.clone());
-        // Drop connections to instances that are gone.
-        let live: Vec<String> = conns.keys().cloned().collect();
-        for id in live {
-            if conns.get(&id).is_some_and(|c| c.is_closed()) {
-                conns.remove(&id);
-            }
-        }
-        Ok(client)
+        let mut conns = self.connections();
+        conns.retain(|_, c| !c.is_closed());
+        // If another job connected meanwhile, share its connection; ours closes on drop.
+        Ok(conns
+            .entry(acq.instance_id.clone())
+            .or_insert_with(|| Arc::new(client))
+            .clone())
+    }
+
+    fn connections(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Client>>> {
+        // Poisoning only means a panic elsewhere; the map is still consistent.
+        self.connections.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Close connections, stop the taskscaler (deleting instances when configured), stop the plugin.
     pub async fn shutdown(&self) {
-        let conns: Vec<Arc<Client>> = self
-            .connections
-            .lock()
-            .await
-            .drain()
-            .map(|(_, c)| c)
-            .collect();
+        let conns: Vec<Arc<Client>> = self.connections().drain().map(|(_, c)| c).collect();
         for c in conns {
             if let Ok(c) = Arc::try_unwrap(c) {
                 c.close().await;
@@ -179,7 +181,7 @@ async fn connector_config(auto: &AutoscalerConfig) -> anyhow::Result<ConnectorCo
     })
 }
 
-fn scaler_config(auto: &AutoscalerConfig) -> slipway_taskscaler::Config {
+fn scaler_config(auto: &AutoscalerConfig, force_delete: bool) -> slipway_taskscaler::Config {
     // This version honours one policy: the last, as GitLab's "last match wins" does when every
     // policy's periods match.
     let policy = auto.policy.last().cloned().unwrap_or_default();
@@ -192,7 +194,9 @@ fn scaler_config(auto: &AutoscalerConfig) -> slipway_taskscaler::Config {
         instance_acquire_timeout: auto.instance_acquire_timeout,
         update_interval: auto.update_interval,
         update_interval_when_expecting: auto.update_interval_when_expecting,
-        delete_instances_on_shutdown: auto.delete_instances_on_shutdown,
-        ..slipway_taskscaler::Config::default()
+        deletion_retry_interval: auto.deletion_retry_interval,
+        delete_instances_on_shutdown: auto.delete_instances_on_shutdown || force_delete,
+        shutdown_deletion_interval: auto.shutdown_deletion_interval,
+        shutdown_deletion_retries: auto.shutdown_deletion_retries,
     }
 }

@@ -1,5 +1,8 @@
 //! Faults: a plugin that dies, a plugin that lies or hangs, and SIGTERM in the middle of a job.
 
+// Helpers here are test fixtures: a failure should stop the test at once.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::io::{BufRead, BufReader};

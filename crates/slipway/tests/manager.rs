@@ -1,5 +1,8 @@
 //! `slipway run`: the manager keeps idle capacity with a real plugin and cleans up on SIGTERM.
 
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -1,5 +1,8 @@
 //! End-to-end: `slipway exec` with real plugin processes and real sshd instances.
 
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::HashSet;

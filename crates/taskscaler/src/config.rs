@@ -21,6 +21,8 @@ pub struct Config {
     pub update_interval: Duration,
     /// Poll period while a state change is expected (instances creating or deleting).
     pub update_interval_when_expecting: Duration,
+    /// Ask again for a deletion that had no effect after this long.
+    pub deletion_retry_interval: Duration,
     /// Delete every instance when the taskscaler shuts down.
     pub delete_instances_on_shutdown: bool,
     /// Wait between deletion checks at shutdown.
@@ -40,6 +42,7 @@ impl Default for Config {
             instance_acquire_timeout: Duration::from_secs(15 * 60),
             update_interval: Duration::from_secs(60),
             update_interval_when_expecting: Duration::from_secs(2),
+            deletion_retry_interval: Duration::from_secs(60),
             delete_instances_on_shutdown: false,
             shutdown_deletion_interval: Duration::from_secs(10),
             shutdown_deletion_retries: 3,

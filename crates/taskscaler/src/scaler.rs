@@ -88,6 +88,8 @@ struct Instance {
     lost: CancellationToken,
     /// Found at startup with no record of its use: removed, never used.
     preexisting: bool,
+    /// When Decrease was asked for; retried after `deletion_retry_interval`.
+    removing_since: Option<Instant>,
 }
 
 impl Instance {
@@ -298,7 +300,12 @@ async fn call<T>(
 
 async fn run_loop(inner: Arc<Inner>) {
     loop {
-        inner.pass().await;
+        // Shutdown must not wait for a slow plugin call; instances a cut-short pass asked for
+        // are still found and deleted by the shutdown's own Update.
+        tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = inner.pass() => {}
+        }
         let interval = if inner.expecting() {
             inner.cfg.update_interval_when_expecting
         } else {
@@ -394,7 +401,14 @@ impl Inner {
     async fn pass(&self) {
         match call(self.group.update()).await {
             Ok(list) => self.reconcile(list),
-            Err(e) => tracing::warn!(error = %e, "plugin update failed; keeping last known state"),
+            Err(e) => {
+                tracing::warn!(error = %e, "plugin update failed; keeping last known state");
+                // Until one Update succeeded we cannot tell our instances from pre-existing
+                // ones: deciding now would scale up blind, then remove our own instances.
+                if !self.lock().seen_first_update {
+                    return;
+                }
+            }
         }
         self.prefetch_connect_info().await;
 
@@ -423,14 +437,16 @@ impl Inner {
             );
             let mut d = d;
             for (id, inst) in &book.instances {
-                if inst.preexisting && !inst.removing {
+                if inst.preexisting && !inst.removing && !d.remove.iter().any(|(r, _)| r == id) {
                     d.remove.push((id.clone(), RemovalCause::Preexisting));
                 }
             }
             // Mark before asking, so no acquisition lands on an instance being removed.
+            let now = Instant::now();
             for (id, _) in &d.remove {
                 if let Some(inst) = book.instances.get_mut(id) {
                     inst.removing = true;
+                    inst.removing_since = Some(now);
                 }
             }
             (d.clone(), d.remove)
@@ -489,6 +505,17 @@ impl Inner {
                     }
                 }
                 inst.state = state;
+                // A deletion the plugin accepted but that never happened is asked for again.
+                if inst.removing
+                    && state != State::Deleting
+                    && inst
+                        .removing_since
+                        .is_some_and(|t| t.elapsed() >= self.cfg.deletion_retry_interval)
+                {
+                    tracing::warn!(instance = %id, "deletion had no effect; retrying");
+                    inst.removing = false;
+                    inst.removing_since = None;
+                }
                 continue;
             }
             // Without saved state we cannot know a pre-existing instance's use count, so it is
@@ -512,6 +539,7 @@ impl Inner {
                     info: None,
                     lost: CancellationToken::new(),
                     preexisting: false,
+                    removing_since: None,
                 },
             );
             if removing && let Some(inst) = book.instances.get_mut(&id) {

@@ -1,6 +1,9 @@
 //! The taskscaler loop against an in-memory instance group (a unit layer beside the real
 //! plugin-process tests in `crates/slipway/tests`).
 
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +18,10 @@ struct Memory {
     instances: Mutex<Vec<(String, State)>>,
     next: Mutex<u32>,
     decreased: Mutex<Vec<String>>,
+    /// Accept this many Decrease calls without deleting anything (a cloud that drops requests).
+    ignore_decreases: Mutex<u32>,
+    /// Fail this many Update calls.
+    failing_updates: Mutex<u32>,
 }
 
 #[async_trait]
@@ -23,6 +30,16 @@ impl InstanceGroup for Memory {
         Ok(ProviderInfo::default())
     }
     async fn update(&self) -> Result<Vec<(String, State)>, GroupError> {
+        {
+            let mut failing = self
+                .failing_updates
+                .lock()
+                .map_err(|e| GroupError::Provider(e.to_string()))?;
+            if *failing > 0 {
+                *failing -= 1;
+                return Err(GroupError::Provider("cloud API unavailable".into()));
+            }
+        }
         Ok(self
             .instances
             .lock()
@@ -45,6 +62,16 @@ impl InstanceGroup for Memory {
         Ok(delta)
     }
     async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, GroupError> {
+        {
+            let mut ignore = self
+                .ignore_decreases
+                .lock()
+                .map_err(|e| GroupError::Provider(e.to_string()))?;
+            if *ignore > 0 {
+                *ignore -= 1;
+                return Ok(ids.to_vec());
+            }
+        }
         self.instances
             .lock()
             .map_err(|e| GroupError::Provider(e.to_string()))?
@@ -205,5 +232,56 @@ async fn idle_instances_go_after_idle_time_but_idle_count_stays() {
     // Past idle_time, only what idle_count needs (one slot) remains.
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(count(), 1, "idle_count = 1 keeps exactly one instance");
+    ts.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deletion_that_had_no_effect_is_retried() {
+    let group = Arc::new(Memory::default());
+    *group.ignore_decreases.lock().expect("lock") = 1;
+    let mut c = cfg(1, 0, 1);
+    c.update_interval = Duration::from_secs(1);
+    c.deletion_retry_interval = Duration::from_secs(30);
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c);
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    ts.release("a");
+    // The first Decrease is swallowed: the used-up instance is still there a bit later...
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let listed = |id: &str| {
+        group
+            .instances
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|(i, _)| i == id)
+    };
+    assert!(listed(&a.instance_id));
+    // ...and asked for again after deletion_retry_interval.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert!(!listed(&a.instance_id), "deletion was not retried");
+    ts.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_first_update_does_not_turn_new_instances_into_orphans() {
+    let group = Arc::new(Memory::default());
+    *group.failing_updates.lock().expect("lock") = 2;
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 0));
+    ts.reserve("a").expect("a");
+    let a = ts
+        .acquire("a")
+        .await
+        .expect("acquire after the plugin recovers");
+    assert!(
+        group.decreased.lock().expect("lock").is_empty(),
+        "own instance removed as pre-existing"
+    );
+    assert_eq!(
+        group.instances.lock().expect("lock").len(),
+        1,
+        "scaled up exactly once"
+    );
+    drop(a);
     ts.shutdown().await;
 }

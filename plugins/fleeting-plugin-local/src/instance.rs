@@ -10,13 +10,18 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::network::{self, Netns};
+use crate::network::{self, Ensured, Netns};
 use crate::process::{self, CommandError, run};
 
 /// How long a started sshd may take to accept connections.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long processes get between SIGTERM and SIGKILL on delete.
 const TERM_GRACE: Duration = Duration::from_secs(3);
+/// How many subnet indexes to try when others keep taking the one recorded.
+const INDEX_ATTEMPTS: u32 = 64;
+/// Prefix of a deleted instance's directory while it is being removed (`.trash-<id>`); the dot
+/// keeps it out of instance listings.
+pub const TRASH_PREFIX: &str = ".trash-";
 
 /// Why an instance operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +176,17 @@ impl Instance {
             .map_err(self.io("creating home"))
     }
 
-    /// Where the instance listens, once its network is set up.
+    /// Whether the instance directory exists. Nothing ever recreates a vanished one: once it
+    /// is gone the instance is deleted for good.
+    pub async fn exists(&self) -> bool {
+        tokio::fs::metadata(&self.dir)
+            .await
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+    }
+
+    /// Where the instance listens (recorded before the network is created, so a namespace
+    /// named here may be only half made).
     pub async fn net(&self) -> Option<Net> {
         let text = tokio::fs::read_to_string(self.path("net")).await.ok()?;
         Net::decode(&text)
@@ -199,11 +214,17 @@ impl Instance {
         tokio::fs::read_to_string(self.path("failed")).await.ok()
     }
 
-    /// Record (and log) why the instance failed; it then reports `timeout`.
+    /// Record (and log) why the instance failed; it then reports `timeout`. Nothing is
+    /// recorded for an instance whose directory is gone (deleted meanwhile).
     pub async fn mark_failed(&self, reason: &str) {
-        tracing::warn!(instance = %self.id, "instance failed: {reason}");
-        if let Err(e) = tokio::fs::write(self.path("failed"), reason).await {
-            tracing::warn!(instance = %self.id, "cannot record failure: {e}");
+        match tokio::fs::write(self.path("failed"), reason).await {
+            Ok(()) => tracing::warn!(instance = %self.id, "instance failed: {reason}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!(instance = %self.id, "instance gone; not marked failed: {reason}");
+            }
+            Err(e) => {
+                tracing::warn!(instance = %self.id, "instance failed: {reason} (cannot record: {e})");
+            }
         }
     }
 
@@ -245,9 +266,13 @@ impl Instance {
     }
 
     async fn prepare(&self, env: &StartEnv) -> Result<(), InstanceError> {
-        tokio::fs::create_dir_all(self.home())
-            .await
-            .map_err(self.io("creating home"))?;
+        // `create_dir`, not `create_dir_all`: if the instance directory vanished (deleted
+        // meanwhile) this must fail rather than bring the instance back to life.
+        match tokio::fs::create_dir(self.home()).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(self.io("creating home")(e)),
+        }
         if let Some((uid, gid)) = env.owner {
             let home = self.home();
             let res = tokio::task::spawn_blocking(move || {
@@ -291,22 +316,62 @@ impl Instance {
             .await
             .map_err(self.io("writing authorized_keys"))?;
         if env.netns {
-            let ns = match self.net().await {
-                Some(Net::Netns(ns)) => {
-                    network::ensure(&ns).await.map_err(self.cmd())?;
-                    ns
-                }
-                _ => network::create(&format!("slw-{}", self.short()))
-                    .await
-                    .map_err(self.cmd())?,
-            };
-            self.write_net(&Net::Netns(ns)).await?;
+            self.prepare_netns().await?;
         }
         Ok(())
     }
 
+    /// Name of this instance's namespace (derived from its id, so a half-made one is found
+    /// again even without a record).
+    fn netns_name(&self) -> String {
+        format!("slw-{}", self.short())
+    }
+
+    /// Set up the namespace. The name and subnet index are recorded in `net` *before* anything
+    /// is created, so a plugin killed half-way leaves a record that a restarted plugin uses to
+    /// finish ([`network::ensure`] reuses what exists) or to clean up (`destroy`).
+    async fn prepare_netns(&self) -> Result<(), InstanceError> {
+        let mut ns = match self.net().await {
+            Some(Net::Netns(ns)) => ns,
+            _ => {
+                let ns = Netns {
+                    name: self.netns_name(),
+                    index: network::free_index().await.map_err(self.cmd())?,
+                };
+                self.write_net(&Net::Netns(ns.clone())).await?;
+                ns
+            }
+        };
+        for _ in 0..INDEX_ATTEMPTS {
+            match network::ensure(&ns).await.map_err(self.cmd())? {
+                Ensured::Ready => return Ok(()),
+                // Another instance holds the recorded index (lost a race, or it took the index
+                // after a reboot): record a fresh one, then claim it.
+                Ensured::IndexTaken => {
+                    let taken = ns.index;
+                    ns.index = network::free_index().await.map_err(self.cmd())?;
+                    if ns.index == taken {
+                        // Its link vanished meanwhile: just try it again after a moment.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    self.write_net(&Net::Netns(ns.clone())).await?;
+                }
+            }
+        }
+        Err(InstanceError::Sshd {
+            id: self.id.clone(),
+            reason: format!("no free subnet after {INDEX_ATTEMPTS} attempts"),
+        })
+    }
+
+    /// Record where the instance listens: written to a temporary file and renamed, so a crash
+    /// never leaves a torn record. Fails if the instance directory is gone.
     async fn write_net(&self, net: &Net) -> Result<(), InstanceError> {
-        tokio::fs::write(self.path("net"), net.encode())
+        let tmp = self.path("net.tmp");
+        tokio::fs::write(&tmp, net.encode())
+            .await
+            .map_err(self.io("writing net"))?;
+        tokio::fs::rename(&tmp, self.path("net"))
             .await
             .map_err(self.io("writing net"))
     }
@@ -315,6 +380,7 @@ impl Instance {
         let cfg = self.config_path();
         let log = self.path("sshd.log");
         let _ = tokio::fs::remove_file(self.path("sshd.pid")).await;
+        let sftp = sftp_server().await;
         let mut last_err = None;
         // Loopback ports are picked by binding port 0 and releasing it, so another process can
         // grab one in between: retry with a fresh port.
@@ -334,7 +400,7 @@ impl Instance {
                 },
             };
             self.write_net(&net).await?;
-            tokio::fs::write(&cfg, self.sshd_config(&net))
+            tokio::fs::write(&cfg, self.sshd_config(&net, sftp.as_deref()))
                 .await
                 .map_err(self.io("writing sshd_config"))?;
             let sshd = env.sshd.as_os_str();
@@ -430,7 +496,7 @@ impl Instance {
         }
     }
 
-    fn sshd_config(&self, net: &Net) -> String {
+    fn sshd_config(&self, net: &Net, sftp: Option<&Path>) -> String {
         let d = self.dir.display();
         let home = self.home();
         let home = home.display();
@@ -441,10 +507,8 @@ impl Instance {
         let force = "cd \"$HOME\" || exit 1; if [ -n \"$SSH_ORIGINAL_COMMAND\" ]; then exec \
                      \"${SHELL:-/bin/sh}\" -c \"$SSH_ORIGINAL_COMMAND\"; else exec \
                      \"${SHELL:-/bin/sh}\" -l; fi";
-        let sftp = ["/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server"]
-            .iter()
-            .find(|p| Path::new(p).exists())
-            .map(|p| format!("Subsystem sftp {p}\n"))
+        let sftp = sftp
+            .map(|p| format!("Subsystem sftp {}\n", p.display()))
             .unwrap_or_default();
         format!(
             "# Generated by fleeting-plugin-local for instance {id}\n\
@@ -478,8 +542,21 @@ impl Instance {
     }
 
     /// Stop sshd and every process of its sessions, remove the namespace and the directory.
+    ///
+    /// Safe to repeat after an interruption at any point: the directory (with its `deleting`
+    /// marker and `net` record) goes last, atomically, and only once the namespace is gone.
     pub async fn destroy(&self) -> Result<(), InstanceError> {
-        let net = self.net().await;
+        let recorded = match self.net().await {
+            Some(Net::Netns(ns)) => Some(ns),
+            _ => None,
+        };
+        // Without a netns record, a namespace by this instance's name may still exist (made by
+        // a plugin version that recorded it only afterwards): it is ours too.
+        let ns_name = match &recorded {
+            Some(ns) => Some(ns.name.clone()),
+            None if network::exists(&self.netns_name()).await => Some(self.netns_name()),
+            None => None,
+        };
         if let Some(pid) = self.sshd_pid().await {
             process::signal_all(&[pid], Signal::SIGTERM);
         }
@@ -488,9 +565,9 @@ impl Instance {
         let deadline = Instant::now() + TERM_GRACE;
         let mut signal = Signal::SIGTERM;
         loop {
-            let extra = match &net {
-                Some(Net::Netns(ns)) => network::pids(&ns.name).await,
-                _ => Vec::new(),
+            let extra = match &ns_name {
+                Some(name) => network::pids(name).await,
+                None => Vec::new(),
             };
             let (cfg2, marker2) = (cfg.clone(), marker.clone());
             let pids = tokio::task::spawn_blocking(move || {
@@ -512,14 +589,34 @@ impl Instance {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if let Some(Net::Netns(ns)) = &net {
-            network::remove(ns).await;
+        // The directory holds the only record of the namespace: keep it (and the `deleting`
+        // marker, so deletion is retried) until the namespace is really gone.
+        if let Some(ns) = &recorded {
+            network::remove(ns).await.map_err(self.cmd())?;
+        } else if let Some(name) = &ns_name {
+            network::remove_namespace(name).await.map_err(self.cmd())?;
         }
-        match tokio::fs::remove_dir_all(&self.dir).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.io("removing directory")(e)),
+        // Rename first: the instance disappears atomically, and nothing can write into (or
+        // recreate files in) its directory while the rest is removed.
+        let trash = self.trash();
+        remove_dir_if_exists(&trash)
+            .await
+            .map_err(self.io("removing old trash"))?;
+        match tokio::fs::rename(&self.dir, &trash).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(self.io("removing directory")(e)),
         }
+        // Leftovers of an interrupted removal are swept by the next `init`.
+        remove_dir_if_exists(&trash)
+            .await
+            .map_err(self.io("removing directory"))
+    }
+
+    /// Where the directory is moved while it is removed.
+    fn trash(&self) -> PathBuf {
+        let parent = self.dir.parent().unwrap_or(Path::new("/"));
+        parent.join(format!("{TRASH_PREFIX}{}", self.id))
     }
 }
 
@@ -543,6 +640,24 @@ pub async fn probe(addr: SocketAddr) -> bool {
 async fn free_port() -> std::io::Result<u16> {
     let l = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
     Ok(l.local_addr()?.port())
+}
+
+/// `remove_dir_all`, where a missing directory counts as removed.
+pub async fn remove_dir_if_exists(dir: &Path) -> std::io::Result<()> {
+    match tokio::fs::remove_dir_all(dir).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The sftp server binary, if installed.
+async fn sftp_server() -> Option<PathBuf> {
+    for p in ["/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server"] {
+        if exists(Path::new(p)).await {
+            return Some(PathBuf::from(p));
+        }
+    }
+    None
 }
 
 async fn exists(path: &Path) -> bool {

@@ -9,9 +9,14 @@
 //! <dir>/id_ed25519{,.pub}            client key pair handed out in ConnectInfo
 //! <dir>/instances/<id>/              one instance
 //!     sshd_config sshd.pid sshd.log ssh_host_ed25519_key{,.pub} authorized_keys home/
-//!     net                            "loopback <port>" | "netns <name> <index>"
+//!     net                            "loopback <port>" | "netns <name> <index>" (a namespace is
+//!                                    recorded before it is created: it may be half made)
 //!     ready | deleting | failed      state markers (failed holds the reason)
+//! <dir>/instances/.trash-<id>/       a deleted instance's directory while it is removed
 //! ```
+//!
+//! An instance directory is never recreated once gone: that is what "deleted" means, so a
+//! provisioning step racing a finished deletion fails instead of resurrecting the instance.
 
 pub mod config;
 pub mod instance;
@@ -157,9 +162,14 @@ impl LocalGroup {
             let _guard = slot.lock.lock().await;
             let sleep = tokio::time::sleep(delay);
             let proceed = tokio::select! {
+                biased;
                 _ = slot.cancel.cancelled() => false,
                 _ = sleep => true,
             };
+            // Holding the lock, no deletion of ours runs: but one may have finished while this
+            // task waited (directory gone), or the instance may be marked for deletion. Starting
+            // it then would resurrect a deleted instance that nobody ever deletes again.
+            let proceed = proceed && provisionable(&shared, &inst, &slot).await;
             if proceed {
                 match inst.start(&env, &slot.cancel).await {
                     Ok(()) => tracing::info!(instance = %inst.id, "instance running"),
@@ -176,6 +186,8 @@ impl LocalGroup {
     }
 
     /// Delete an instance in the background (stopping any provisioning first).
+    ///
+    /// Callers mark the instance `deleting` first, so a restarted plugin resumes the deletion.
     fn spawn_delete(&self, inst: Instance) {
         let slot = {
             let mut slots = self.shared.slots();
@@ -211,14 +223,42 @@ impl LocalGroup {
             return Err(GroupError::NotFound(id.to_owned()));
         }
         let inst = Instance::new(&ready.instances_dir, id);
-        if tokio::fs::metadata(&inst.dir)
-            .await
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
+        if inst.exists().await {
             Ok(inst)
         } else {
             Err(GroupError::NotFound(id.to_owned()))
+        }
+    }
+}
+
+/// Whether a provisioning task (holding the instance's lock) may still start `inst`.
+async fn provisionable(shared: &Shared, inst: &Instance, slot: &Slot) -> bool {
+    let reason = if slot.cancel.is_cancelled() || shared.slot(&inst.id).is_some_and(|s| s.deleting)
+    {
+        "deletion requested"
+    } else if !inst.exists().await {
+        "directory gone"
+    } else if inst.is_deleting().await {
+        "marked for deletion"
+    } else {
+        return true;
+    };
+    tracing::debug!(instance = %inst.id, "not provisioning: {reason}");
+    false
+}
+
+/// Remove directories of deletions interrupted after their rename (see `Instance::destroy`).
+async fn sweep_trash(dir: &Path) {
+    let Ok(mut rd) = tokio::fs::read_dir(dir).await else {
+        return;
+    };
+    while let Ok(Some(entry)) = rd.next_entry().await {
+        let is_trash = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(instance::TRASH_PREFIX));
+        if is_trash && let Err(e) = instance::remove_dir_if_exists(&entry.path()).await {
+            tracing::warn!("removing {}: {e}", entry.path().display());
         }
     }
 }
@@ -471,6 +511,7 @@ impl InstanceGroup for LocalGroup {
         }
         // Re-discover instances left by a previous plugin process.
         let ready = self.shared.ready()?;
+        sweep_trash(&ready.instances_dir).await;
         for inst in list_instances(&ready.instances_dir).await? {
             if inst.is_deleting().await {
                 self.spawn_delete(inst);
@@ -499,6 +540,10 @@ impl InstanceGroup for LocalGroup {
                 State::Timeout
             } else if slot.as_ref().is_some_and(|s| s.provisioning) {
                 State::Creating
+            } else if !inst.exists().await {
+                // Deleted since the listing (a deletion finished during this pass): it is gone,
+                // and must not be "resumed".
+                continue;
             } else if inst.is_ready().await {
                 if inst.sshd_pid().await.is_some() {
                     State::Running
@@ -513,6 +558,9 @@ impl InstanceGroup for LocalGroup {
                 self.spawn_provision(inst.clone(), Duration::ZERO)?;
                 State::Creating
             };
+            if !inst.exists().await {
+                continue; // deleted meanwhile: not listed means gone
+            }
             out.push((inst.id, state));
         }
         Ok(out)

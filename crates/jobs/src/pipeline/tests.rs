@@ -620,3 +620,17 @@ fn from_file_names_the_file() {
     assert!(matches!(missing, PipelineError::Read { .. }));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn artifact_paths_outside_the_project_are_errors() {
+    let e = errors(
+        "job:\n  script: [x]\n  artifacts:\n    paths:\n      - ../secret\n      - /etc/passwd\n",
+    );
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(e[0].starts_with(".gitlab-ci.yml:"), "{e:?}");
+    assert!(
+        e[0].contains("\"../secret\" leaves the project directory"),
+        "{e:?}"
+    );
+    assert!(e[1].contains("\"/etc/passwd\" is absolute"), "{e:?}");
+}

@@ -1,6 +1,7 @@
 //! Shared helpers for the `slipway` binary's integration tests: real plugin processes, real sshd.
 
-#![allow(dead_code)]
+// Test helpers fail loudly: a broken fixture should stop the test, not limp on.
+#![allow(dead_code, clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
