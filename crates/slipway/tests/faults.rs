@@ -272,6 +272,26 @@ fn sigterm_leaves_no_instance_plugin_or_temporary_file() {
         w.processes()
     );
     assert!(plugin_pids(&w).is_empty(), "plugin left running");
+    // Namespaced instances (as root) must take their network namespace with them.
+    let instances: Vec<String> = seen
+        .iter()
+        .filter_map(|l| l.strip_prefix("[stuck] Running on instance "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    assert!(!instances.is_empty(), "{}", seen.join("\n"));
+    let netns = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for id in &instances {
+        let short = id.rsplit('-').next().unwrap_or(id);
+        assert!(
+            !netns.contains(&format!("slw-{short}")),
+            "namespace of {id} left: {netns}"
+        );
+    }
     assert!(
         w.leftovers().is_empty(),
         "left in TMPDIR: {:?}",

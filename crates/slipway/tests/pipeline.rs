@@ -295,3 +295,32 @@ slow:
     );
     assert_eq!(run.summary()[0].status, "failed", "{}", run.explain());
 }
+
+#[test]
+fn exec_deletes_its_instances_even_when_the_config_keeps_them() {
+    let w = World::new();
+    // GitLab's default: delete_instances_on_shutdown = false. An exec run owns its instances'
+    // state, so it deletes them anyway rather than leaving sshd hosts nobody can find.
+    let cfg = w.write(
+        "config.toml",
+        &config(1, 1, 0).replace("delete_instances_on_shutdown = true", ""),
+    );
+    let file = w.write("p.yml", "job:\n  script: [echo hi]\n");
+    let run = w.run(&[
+        "exec",
+        "-c",
+        cfg.to_str().expect("cfg"),
+        file.to_str().expect("p"),
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+    assert!(
+        w.leftovers().is_empty(),
+        "left in TMPDIR: {:?}",
+        w.leftovers()
+    );
+}
