@@ -114,6 +114,12 @@ pub struct AutoscalerConfig {
     pub connector_config: ConnectorConfigToml,
     /// `[[runners.autoscaler.policy]]`.
     pub policy: Vec<PolicyConfig>,
+    /// `[runners.autoscaler.scale_throttle]`.
+    pub scale_throttle: ScaleThrottleConfig,
+    /// Keep reservations from blocking scale-down (GitLab default: on).
+    pub reservation_throttling: bool,
+    /// Consecutive failed health checks before an instance is replaced.
+    pub failure_threshold: u32,
 }
 
 impl fmt::Debug for AutoscalerConfig {
@@ -150,6 +156,9 @@ impl Default for AutoscalerConfig {
             plugin_config: toml::Table::new(),
             connector_config: ConnectorConfigToml::default(),
             policy: Vec::new(),
+            scale_throttle: ScaleThrottleConfig::default(),
+            reservation_throttling: d.reservation_throttling,
+            failure_threshold: d.failure_threshold,
         }
     }
 }
@@ -203,15 +212,64 @@ impl fmt::Debug for ConnectorConfigToml {
     }
 }
 
-/// `[[runners.autoscaler.policy]]` (this version: `idle_count` and `idle_time`).
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `[[runners.autoscaler.policy]]`.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
 pub struct PolicyConfig {
+    /// 5-field cron expressions marking when the policy applies.
+    pub periods: Vec<String>,
+    /// IANA time zone of `periods` (GitLab: the system's; here empty = UTC).
+    pub timezone: String,
     /// Target idle slots.
     pub idle_count: u32,
     /// How long an instance may stay idle.
     #[serde(with = "duration")]
     pub idle_time: Duration,
+    /// Extra idle capacity as a multiple of in-use capacity.
+    pub scale_factor: f64,
+    /// Cap on what `scale_factor` yields.
+    pub scale_factor_limit: u32,
+    /// Request jobs only with confirmed idle capacity (default: `idle_count > 0`).
+    pub preemptive_mode: Option<bool>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            periods: vec!["* * * * *".into()],
+            timezone: String::new(),
+            idle_count: 0,
+            idle_time: Duration::ZERO,
+            scale_factor: 0.0,
+            scale_factor_limit: 0,
+            preemptive_mode: None,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// As the taskscaler's policy.
+    pub fn to_policy(&self) -> slipway_taskscaler::Policy {
+        slipway_taskscaler::Policy {
+            periods: self.periods.clone(),
+            timezone: self.timezone.clone(),
+            idle_count: self.idle_count,
+            idle_time: self.idle_time,
+            scale_factor: self.scale_factor,
+            scale_factor_limit: self.scale_factor_limit,
+            preemptive_mode: self.preemptive_mode,
+        }
+    }
+}
+
+/// `[runners.autoscaler.scale_throttle]`.
+#[derive(Debug, Clone, Copy, Deserialize, Default)]
+#[serde(default)]
+pub struct ScaleThrottleConfig {
+    /// Creations per second: 0 = 100/s (GitLab's default), -1 = unlimited.
+    pub limit: i64,
+    /// Bucket size; 0 = `max_instances`, or `limit` when that is unset.
+    pub burst: u32,
 }
 
 mod duration {
@@ -448,11 +506,40 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                 false,
             );
         }
-        if a.policy.len() > 1 {
+        let policies: Vec<slipway_taskscaler::Policy> =
+            a.policy.iter().map(PolicyConfig::to_policy).collect();
+        if let Err(e) = slipway_taskscaler::policy::compile(&policies) {
+            let index = match &e {
+                slipway_taskscaler::policy::PolicyError::Period { index, .. }
+                | slipway_taskscaler::policy::PolicyError::Timezone { index, .. } => *index,
+            };
+            let field = match e {
+                slipway_taskscaler::policy::PolicyError::Period { .. } => "periods",
+                slipway_taskscaler::policy::PolicyError::Timezone { .. } => "timezone",
+            };
+            let mut path = at(&["autoscaler", "policy"]);
+            path.push(Seg::Index(index));
+            path.push(key(field));
+            let message = e.to_string();
+            let message = message
+                .split_once(": ")
+                .map_or(message.as_str(), |(_, m)| m)
+                .to_string();
+            report(path, message, true);
+        }
+        for (j, p) in a.policy.iter().enumerate() {
+            if p.scale_factor < 0.0 || !p.scale_factor.is_finite() {
+                let mut path = at(&["autoscaler", "policy"]);
+                path.push(Seg::Index(j));
+                path.push(key("scale_factor"));
+                report(path, "must be a number of 0 or more".into(), true);
+            }
+        }
+        if a.scale_throttle.limit < -1 {
             report(
-                at(&["autoscaler", "policy"]),
-                "several policies: this version applies only the last (periods come later)".into(),
-                false,
+                at(&["autoscaler", "scale_throttle", "limit"]),
+                "must be -1 (unlimited), 0 (default 100/s) or a positive rate".into(),
+                true,
             );
         }
         let limit = u64::from(a.max_instances) * u64::from(a.capacity_per_instance);
@@ -651,6 +738,21 @@ concurrent = 4
             )),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn bad_policy_period_names_policy_line_and_value() {
+        let text = GOOD.replace(
+            "idle_count = 1\n",
+            "idle_count = 1\n      periods = [\"* 25 * * *\"]\n",
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("config.toml:18: runners[0].autoscaler.policy[0].periods: "),
+            "{e:?}"
+        );
+        assert!(e[0].contains("\"* 25 * * *\""), "{e:?}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use slipway_executor::{FailureReason, InstanceExecutor, JobOutcome, RunContext, Trace};
 use slipway_jobs::{JobStatus, Pipeline, PipelineOptions, PipelineRun, PipelineStatus};
-use slipway_taskscaler::Acquisition;
+use slipway_taskscaler::{Acquisition, Error as TsError};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -332,8 +332,25 @@ impl JobTask {
             trace.message(&format!("ERROR: {e}"));
             (JobStatus::Failed, e.to_string())
         };
-        if let Err(e) = scaler.reserve(key) {
-            return Err(failed(trace, &e));
+        // A local pipeline has no queue to leave jobs in: wait until a slot can be reserved.
+        let mut told = false;
+        loop {
+            match scaler.reserve(key) {
+                Ok(()) => break,
+                Err(e @ (TsError::NoCapacity(_) | TsError::NoIdleCapacity(_))) => {
+                    if !told {
+                        trace.message(&format!("Waiting for capacity: {e}"));
+                        told = true;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = self.cancel.cancelled() => {
+                            return Err((JobStatus::Canceled, "canceled while waiting for capacity".into()));
+                        }
+                    }
+                }
+                Err(e) => return Err(failed(trace, &e)),
+            }
         }
         trace.message(&format!(
             "Waiting for a slot on runner {:?}",

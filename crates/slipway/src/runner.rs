@@ -75,11 +75,17 @@ impl Runner {
             }
         };
         tracing::info!(runner = %cfg.name, group = %info.id, version = %info.version, "plugin ready");
-        let scaler = Taskscaler::start(
+        let scaler = match Taskscaler::start(
             plugin.clone(),
             info,
             scaler_config(auto, opts.delete_instances_on_shutdown),
-        );
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                plugin.stop().await;
+                return Err(e).context("starting the taskscaler");
+            }
+        };
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
@@ -182,15 +188,27 @@ async fn connector_config(auto: &AutoscalerConfig) -> anyhow::Result<ConnectorCo
 }
 
 fn scaler_config(auto: &AutoscalerConfig, force_delete: bool) -> slipway_taskscaler::Config {
-    // This version honours one policy: the last, as GitLab's "last match wins" does when every
-    // policy's periods match.
-    let policy = auto.policy.last().cloned().unwrap_or_default();
+    let t = auto.scale_throttle;
+    // GitLab: limit 0 = 100/s, -1 = unlimited; burst 0 = max_instances, or limit if unset.
+    let limit = match t.limit {
+        l if l < 0 => None,
+        0 => Some(100.0),
+        l => Some(l as f64),
+    };
+    let burst = match (t.burst, auto.max_instances) {
+        (0, 0) => limit.map_or(1, |l| l.ceil() as u32).max(1),
+        (0, max) => max,
+        (b, _) => b,
+    };
     slipway_taskscaler::Config {
         capacity_per_instance: auto.capacity_per_instance,
         max_instances: auto.max_instances,
         max_use_count: auto.max_use_count,
-        idle_count: policy.idle_count,
-        idle_time: policy.idle_time,
+        policies: auto.policy.iter().map(|p| p.to_policy()).collect(),
+        scale_throttle: slipway_taskscaler::ScaleThrottle { limit, burst },
+        reservation_throttling: auto.reservation_throttling,
+        failure_threshold: auto.failure_threshold,
+        forecast: None,
         instance_acquire_timeout: auto.instance_acquire_timeout,
         update_interval: auto.update_interval,
         update_interval_when_expecting: auto.update_interval_when_expecting,

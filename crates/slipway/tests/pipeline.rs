@@ -324,3 +324,25 @@ fn exec_deletes_its_instances_even_when_the_config_keeps_them() {
         w.leftovers()
     );
 }
+
+#[test]
+fn more_parallel_jobs_than_slots_wait_for_capacity() {
+    let w = World::new();
+    // One instance with one slot, three jobs in one stage and `concurrent = 4`: they queue.
+    let cfg = w.write("config.toml", &config(1, 1, 0));
+    let file = w.write(
+        "p.yml",
+        "a:\n  script: [echo a]\nb:\n  script: [echo b]\nc:\n  script: [echo c]\n",
+    );
+    let run = w.run(&[
+        "exec",
+        "-c",
+        cfg.to_str().expect("cfg"),
+        file.to_str().expect("p"),
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    let rows = run.summary();
+    assert!(rows.iter().all(|r| r.status == "success"), "{rows:?}");
+    let instances: HashSet<&str> = rows.iter().map(|r| r.instance.as_str()).collect();
+    assert_eq!(instances.len(), 1, "{rows:?}");
+}

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::policy::Policy;
+
 /// What the taskscaler is allowed to do (GitLab's meaning and defaults).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -11,10 +13,17 @@ pub struct Config {
     pub max_instances: u32,
     /// Jobs per instance before it is removed; 0 = unlimited.
     pub max_use_count: u32,
-    /// Target idle capacity in job slots.
-    pub idle_count: u32,
-    /// How long an instance may stay idle before removal.
-    pub idle_time: Duration,
+    /// `[[runners.autoscaler.policy]]`; the last whose periods match is in force.
+    pub policies: Vec<Policy>,
+    /// Token bucket on instance creation.
+    pub scale_throttle: ScaleThrottle,
+    /// Outstanding reservations may not exceed idle capacity minus one instance's worth
+    /// (GitLab's taskscaler!60): keeps long-polls from blocking scale-down.
+    pub reservation_throttling: bool,
+    /// Consecutive failed health checks before an instance is replaced.
+    pub failure_threshold: u32,
+    /// Slipway's demand forecast (off = GitLab's algorithm).
+    pub forecast: Option<Forecast>,
     /// How long `acquire` waits for capacity.
     pub instance_acquire_timeout: Duration,
     /// Poll period for plugin `Update`.
@@ -37,8 +46,11 @@ impl Default for Config {
             capacity_per_instance: 1,
             max_instances: 0,
             max_use_count: 0,
-            idle_count: 0,
-            idle_time: Duration::from_secs(0),
+            policies: Vec::new(),
+            scale_throttle: ScaleThrottle::default(),
+            reservation_throttling: true,
+            failure_threshold: 3,
+            forecast: None,
             instance_acquire_timeout: Duration::from_secs(15 * 60),
             update_interval: Duration::from_secs(60),
             update_interval_when_expecting: Duration::from_secs(2),
@@ -66,4 +78,37 @@ impl Config {
         (self.max_instances > 0)
             .then(|| u64::from(self.max_instances) * u64::from(self.usable_slots_per_instance()))
     }
+}
+
+/// `[runners.autoscaler.scale_throttle]`: a token bucket on instance creation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaleThrottle {
+    /// Creations per second; `None` = unlimited (GitLab's `-1`).
+    pub limit: Option<f64>,
+    /// Bucket size (GitLab default: `max_instances`, or `limit` when that is unset).
+    pub burst: u32,
+}
+
+impl Default for ScaleThrottle {
+    fn default() -> Self {
+        // GitLab: limit 0 means 100/s.
+        ScaleThrottle {
+            limit: Some(100.0),
+            burst: 100,
+        }
+    }
+}
+
+/// Keep idle capacity for the demand expected before a new instance could be ready.
+///
+/// Slipway's addition to GitLab's algorithm: the arrival rate over `window` times `horizon`
+/// (about one instance's provisioning time) is added to the idle target.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Forecast {
+    /// How far back arrivals are counted.
+    pub window: Duration,
+    /// How far ahead demand is provisioned for.
+    pub horizon: Duration,
+    /// Multiplier on the expected arrivals (1.0 = the mean).
+    pub factor: f64,
 }

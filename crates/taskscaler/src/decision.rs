@@ -3,6 +3,8 @@
 //! Kept free of I/O and of reading the clock (time comes in as `now`, on tokio's clock, which
 //! tests and the simulator can pause and advance), so they drive exactly this code.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use slipway_fleeting::State;
@@ -74,18 +76,33 @@ pub fn free_slots(cfg: &Config, inst: &InstanceView) -> u32 {
     }
 }
 
+/// What is wanted this pass, beyond the instances themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Demand {
+    /// Reservations not yet acquired (jobs waiting or about to arrive).
+    pub pending: u32,
+    /// Idle slots to keep (from the active policy, scale factor and forecast).
+    pub idle_target: u32,
+    /// How long an instance may stay idle.
+    pub idle_time: Duration,
+    /// Instances asked for that the plugin has not listed yet.
+    pub requested: u32,
+}
+
 /// Decide increases and removals.
-///
-/// `pending` counts reservations not yet acquired (jobs waiting or about to arrive);
-/// `requested` counts instances asked for that the plugin has not listed yet.
 pub fn decide(
     cfg: &Config,
     instances: &[InstanceView],
-    pending: u32,
-    requested: u32,
+    demand: &Demand,
     plugin_max: u64,
     now: Instant,
 ) -> Decision {
+    let Demand {
+        pending,
+        idle_target,
+        idle_time,
+        requested,
+    } = *demand;
     let per_instance = cfg.usable_slots_per_instance();
     let mut decision = Decision::default();
 
@@ -107,7 +124,7 @@ pub fn decide(
     }
     let removed = |id: &str, d: &Decision| d.remove.iter().any(|(r, _)| r == id);
 
-    let wanted = u64::from(pending) + u64::from(cfg.idle_count);
+    let wanted = u64::from(pending) + u64::from(idle_target);
     let mut available: u64 = instances
         .iter()
         .filter(|i| !removed(&i.id, &decision))
@@ -123,7 +140,7 @@ pub fn decide(
                 && !i.removing
                 && i.acquired == 0
                 && !removed(&i.id, &decision)
-                && now.saturating_duration_since(i.idle_since) >= cfg.idle_time
+                && now.saturating_duration_since(i.idle_since) >= idle_time
         })
         .collect();
     idle.sort_by_key(|i| i.idle_since);
@@ -157,8 +174,6 @@ pub fn decide(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn view(id: &str, state: State, acquired: u32, uses: u32, idle_for: Duration) -> InstanceView {
@@ -178,15 +193,31 @@ mod tests {
         *START.get_or_init(|| Instant::now() + Duration::from_secs(3600))
     }
 
-    fn cfg(cap: u32, max_instances: u32, max_use: u32, idle_count: u32) -> Config {
-        Config {
+    fn cfg(cap: u32, max_instances: u32, max_use: u32, idle_count: u32) -> (Config, u32) {
+        let c = Config {
             capacity_per_instance: cap,
             max_instances,
             max_use_count: max_use,
-            idle_count,
-            idle_time: Duration::from_secs(60),
             ..Config::default()
-        }
+        };
+        (c, idle_count)
+    }
+
+    fn decide(
+        (cfg, idle): &(Config, u32),
+        instances: &[InstanceView],
+        pending: u32,
+        requested: u32,
+        plugin_max: u64,
+        now: Instant,
+    ) -> Decision {
+        let demand = Demand {
+            pending,
+            idle_target: *idle,
+            idle_time: Duration::from_secs(60),
+            requested,
+        };
+        super::decide(cfg, instances, &demand, plugin_max, now)
     }
 
     #[test]

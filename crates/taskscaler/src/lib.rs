@@ -6,7 +6,9 @@
 
 pub mod config;
 pub mod decision;
+pub mod policy;
 pub mod scaler;
 
-pub use config::Config;
+pub use config::{Config, Forecast, ScaleThrottle};
+pub use policy::Policy;
 pub use scaler::{Acquisition, Error, Stats, Taskscaler};

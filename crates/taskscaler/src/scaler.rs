@@ -1,8 +1,8 @@
 //! The running taskscaler: reservations, acquisitions and the scaling loop over one instance group.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use slipway_fleeting::{ConnectInfo, GroupError, InstanceGroup, ProviderInfo, State};
 use tokio::sync::{Notify, watch};
@@ -11,7 +11,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::decision::{self, InstanceView, RemovalCause};
+use crate::decision::{self, Demand, InstanceView, RemovalCause};
+use crate::policy::{CompiledPolicy, Policy};
 
 /// Longest a single plugin call may take before the loop moves on.
 const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -24,6 +25,12 @@ pub enum Error {
     /// Every slot the runner may ever have is reserved.
     #[error("no capacity: all {0} slots are reserved")]
     NoCapacity(u64),
+    /// Preemptive mode or reservation throttling: no confirmed idle slot to reserve now.
+    #[error("no idle capacity: {0}")]
+    NoIdleCapacity(&'static str),
+    /// A policy's periods or time zone cannot be used.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
     /// `acquire`/`release` for a key that was never reserved.
     #[error("no reservation {0}")]
     NotReserved(String),
@@ -106,6 +113,11 @@ struct Book {
     requested: u32,
     requested_at: Option<Instant>,
     seen_first_update: bool,
+    /// Recent reservation times, for the demand forecast.
+    arrivals: VecDeque<Instant>,
+    /// Token bucket on creations: tokens and when they were last topped up.
+    tokens: f64,
+    tokens_at: Option<Instant>,
     created: u64,
     removed: u64,
 }
@@ -120,6 +132,10 @@ impl Book {
 struct Inner {
     group: Arc<dyn InstanceGroup>,
     cfg: Config,
+    policies: Vec<CompiledPolicy>,
+    /// Wall-clock time at `started` (tokio's clock may be paused and advanced in simulation).
+    wall_start: SystemTime,
+    started: Instant,
     provider: ProviderInfo,
     book: Mutex<Book>,
     changed: watch::Sender<u64>,
@@ -144,12 +160,31 @@ pub struct Taskscaler {
 }
 
 impl Taskscaler {
-    /// Start the scaling loop over an initialized group.
-    pub fn start(group: Arc<dyn InstanceGroup>, provider: ProviderInfo, cfg: Config) -> Self {
+    /// Start the scaling loop over an initialized group, on the wall clock.
+    pub fn start(
+        group: Arc<dyn InstanceGroup>,
+        provider: ProviderInfo,
+        cfg: Config,
+    ) -> Result<Self, Error> {
+        Self::start_at(group, provider, cfg, SystemTime::now())
+    }
+
+    /// Start with the wall clock reading `wall_start` now; time then advances with tokio's clock
+    /// (so a simulation on paused time sees policy periods change as simulated days pass).
+    pub fn start_at(
+        group: Arc<dyn InstanceGroup>,
+        provider: ProviderInfo,
+        cfg: Config,
+        wall_start: SystemTime,
+    ) -> Result<Self, Error> {
+        let policies = crate::policy::compile(&cfg.policies)?;
         let (changed, _) = watch::channel(0);
         let inner = Arc::new(Inner {
             group,
             cfg,
+            policies,
+            wall_start,
+            started: Instant::now(),
             provider,
             book: Mutex::new(Book::default()),
             changed,
@@ -157,10 +192,15 @@ impl Taskscaler {
             stop: CancellationToken::new(),
         });
         let task = tokio::spawn(run_loop(inner.clone()));
-        Taskscaler {
+        Ok(Taskscaler {
             inner,
             task: Mutex::new(Some(task)),
-        }
+        })
+    }
+
+    /// The policy in force now.
+    pub fn active_policy(&self) -> Policy {
+        self.inner.policy()
     }
 
     /// The settings in force.
@@ -169,16 +209,47 @@ impl Taskscaler {
     }
 
     /// Hold capacity for a job that is about to be requested.
+    ///
+    /// Refused when every possible slot is reserved; in preemptive mode also when no idle slot
+    /// is confirmed (a runner then does not ask for a job, and says why).
     pub fn reserve(&self, key: &str) -> Result<(), Error> {
         if self.inner.stop.is_cancelled() {
             return Err(Error::ShuttingDown);
         }
+        let policy = self.inner.policy();
         {
             let mut book = self.inner.lock();
             if let Some(max) = self.inner.cfg.max_capacity()
                 && book.reservations.len() as u64 >= max
             {
                 return Err(Error::NoCapacity(max));
+            }
+            let idle = u64::from(self.inner.idle_running_slots(&book));
+            let pending = u64::from(book.pending());
+            if policy.preemptive() && pending >= idle {
+                return Err(Error::NoIdleCapacity(
+                    "preemptive mode: jobs are requested only when an idle slot is ready",
+                ));
+            }
+            // taskscaler!60: with idle capacity around, do not let reservations pile up beyond
+            // it (they would block scale-down); without any, they drive scale-up.
+            if self.inner.cfg.reservation_throttling && idle > 0 && pending >= idle {
+                return Err(Error::NoIdleCapacity(
+                    "reservation throttling: outstanding reservations already cover idle capacity",
+                ));
+            }
+            let now = Instant::now();
+            book.arrivals.push_back(now);
+            if let Some(f) = self.inner.cfg.forecast {
+                while book
+                    .arrivals
+                    .front()
+                    .is_some_and(|t| now.saturating_duration_since(*t) > f.window)
+                {
+                    book.arrivals.pop_front();
+                }
+            } else {
+                book.arrivals.clear();
             }
             book.reservations.insert(key.to_string(), None);
         }
@@ -327,6 +398,71 @@ impl Inner {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn wall_now(&self) -> SystemTime {
+        self.wall_start + self.started.elapsed()
+    }
+
+    fn policy(&self) -> Policy {
+        crate::policy::active(&self.policies, self.wall_now())
+    }
+
+    /// Free slots on running instances that can take a job now.
+    fn idle_running_slots(&self, book: &Book) -> u32 {
+        book.instances
+            .iter()
+            .filter(|(_, i)| i.state == State::Running && !i.preexisting)
+            .map(|(id, i)| decision::free_slots(&self.cfg, &view(id, i)))
+            .sum()
+    }
+
+    /// What this pass wants: pending jobs, the policy's idle target (with scale factor), and
+    /// Slipway's forecast of arrivals before a new instance could be ready.
+    fn demand(&self, book: &Book) -> Demand {
+        let policy = self.policy();
+        let in_use: u32 = book.instances.values().map(Instance::acquired).sum();
+        let mut idle_target = policy.idle_target(in_use);
+        if let Some(f) = self.cfg.forecast
+            && !f.window.is_zero()
+        {
+            let now = Instant::now();
+            let recent = book
+                .arrivals
+                .iter()
+                .filter(|t| now.saturating_duration_since(**t) <= f.window)
+                .count() as f64;
+            let expected = recent / f.window.as_secs_f64() * f.horizon.as_secs_f64() * f.factor;
+            idle_target = idle_target.max(expected.ceil().clamp(0.0, f64::from(u32::MAX)) as u32);
+        }
+        Demand {
+            pending: book.pending(),
+            idle_target,
+            idle_time: policy.idle_time,
+            requested: book.requested,
+        }
+    }
+
+    /// Limit `wanted` creations by the scale throttle's token bucket.
+    fn throttle(&self, book: &mut Book, wanted: u32) -> u32 {
+        let Some(rate) = self.cfg.scale_throttle.limit else {
+            return wanted;
+        };
+        let burst = f64::from(self.cfg.scale_throttle.burst.max(1));
+        let now = Instant::now();
+        let last = book.tokens_at.unwrap_or_else(|| {
+            book.tokens = burst;
+            now
+        });
+        book.tokens =
+            (book.tokens + now.saturating_duration_since(last).as_secs_f64() * rate).min(burst);
+        book.tokens_at = Some(now);
+        let allowed = (book.tokens.floor().clamp(0.0, f64::from(u32::MAX)) as u32).min(wanted);
+        book.tokens -= f64::from(allowed);
+        if allowed < wanted {
+            tracing::debug!(wanted, allowed, "scale_throttle limits instance creation");
+        }
+        allowed
+    }
+
     fn bump(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
@@ -427,15 +563,15 @@ impl Inner {
             }
             let views: Vec<InstanceView> =
                 book.instances.iter().map(|(id, i)| view(id, i)).collect();
-            let d = decision::decide(
+            let demand = self.demand(&book);
+            let mut d = decision::decide(
                 &self.cfg,
                 &views,
-                book.pending(),
-                book.requested,
+                &demand,
                 self.provider.max_size,
                 Instant::now(),
             );
-            let mut d = d;
+            d.increase = self.throttle(&mut book, d.increase);
             for (id, inst) in &book.instances {
                 if inst.preexisting && !inst.removing && !d.remove.iter().any(|(r, _)| r == id) {
                     d.remove.push((id.clone(), RemovalCause::Preexisting));

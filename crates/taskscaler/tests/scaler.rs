@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use slipway_fleeting::{
     ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State,
 };
-use slipway_taskscaler::{Config, Error, Taskscaler};
+use slipway_taskscaler::{Config, Error, Policy, Taskscaler};
 
 #[derive(Default)]
 struct Memory {
@@ -101,7 +101,10 @@ fn cfg(cap: u32, max_instances: u32, max_use: u32) -> Config {
         capacity_per_instance: cap,
         max_instances,
         max_use_count: max_use,
-        idle_time: Duration::from_secs(600),
+        policies: vec![Policy {
+            idle_time: Duration::from_secs(600),
+            ..Policy::default()
+        }],
         instance_acquire_timeout: Duration::from_secs(10),
         update_interval: Duration::from_millis(50),
         update_interval_when_expecting: Duration::from_millis(10),
@@ -114,7 +117,8 @@ fn cfg(cap: u32, max_instances: u32, max_use: u32) -> Config {
 #[tokio::test]
 async fn packs_two_jobs_on_one_instance_and_refuses_beyond_capacity() {
     let group = Arc::new(Memory::default());
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(2, 1, 0));
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(2, 1, 0)).expect("start");
     ts.reserve("a").expect("a");
     ts.reserve("b").expect("b");
     assert!(matches!(ts.reserve("c"), Err(Error::NoCapacity(2))));
@@ -134,7 +138,8 @@ async fn packs_two_jobs_on_one_instance_and_refuses_beyond_capacity() {
 #[tokio::test]
 async fn max_use_count_one_gives_every_job_a_fresh_instance() {
     let group = Arc::new(Memory::default());
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 1));
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 1)).expect("start");
     let mut seen = Vec::new();
     for key in ["j1", "j2", "j3", "j4"] {
         ts.reserve(key).expect("reserve");
@@ -161,7 +166,8 @@ async fn max_use_count_one_gives_every_job_a_fresh_instance() {
 #[tokio::test]
 async fn reservations_beyond_capacity_and_unknown_keys_are_refused() {
     let group = Arc::new(Memory::default());
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0));
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0)).expect("start");
     ts.reserve("a").expect("a");
     let _a = ts.acquire("a").await.expect("a");
     // max_capacity is 1: a second reservation is refused outright.
@@ -176,7 +182,8 @@ async fn reservations_beyond_capacity_and_unknown_keys_are_refused() {
 #[tokio::test]
 async fn instance_that_vanishes_cancels_its_acquisition() {
     let group = Arc::new(Memory::default());
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0));
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0)).expect("start");
     ts.reserve("a").expect("a");
     let a = ts.acquire("a").await.expect("a");
     let lost = a.instance_lost();
@@ -195,7 +202,8 @@ async fn preexisting_instances_are_removed_not_used() {
         .lock()
         .expect("lock")
         .push(("old".into(), State::Running));
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 0));
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 0)).expect("start");
     ts.reserve("a").expect("a");
     let a = ts.acquire("a").await.expect("a");
     assert_ne!(a.instance_id, "old");
@@ -213,10 +221,15 @@ async fn preexisting_instances_are_removed_not_used() {
 async fn idle_instances_go_after_idle_time_but_idle_count_stays() {
     let group = Arc::new(Memory::default());
     let mut c = cfg(1, 0, 0);
-    c.idle_count = 1;
-    c.idle_time = Duration::from_secs(600);
+    c.policies = vec![Policy {
+        idle_count: 1,
+        idle_time: Duration::from_secs(600),
+        // Jobs here arrive with no idle slot to wait for: request them anyway.
+        preemptive_mode: Some(false),
+        ..Policy::default()
+    }];
     c.update_interval = Duration::from_secs(1);
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c);
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c).expect("start");
     for key in ["a", "b"] {
         ts.reserve(key).expect("reserve");
     }
@@ -242,7 +255,7 @@ async fn a_deletion_that_had_no_effect_is_retried() {
     let mut c = cfg(1, 0, 1);
     c.update_interval = Duration::from_secs(1);
     c.deletion_retry_interval = Duration::from_secs(30);
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c);
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c).expect("start");
     ts.reserve("a").expect("a");
     let a = ts.acquire("a").await.expect("a");
     ts.release("a");
@@ -267,7 +280,8 @@ async fn a_deletion_that_had_no_effect_is_retried() {
 async fn a_failed_first_update_does_not_turn_new_instances_into_orphans() {
     let group = Arc::new(Memory::default());
     *group.failing_updates.lock().expect("lock") = 2;
-    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 0));
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 2, 0)).expect("start");
     ts.reserve("a").expect("a");
     let a = ts
         .acquire("a")
