@@ -120,6 +120,8 @@ pub struct AutoscalerConfig {
     pub reservation_throttling: bool,
     /// Consecutive failed health checks before an instance is replaced.
     pub failure_threshold: u32,
+    /// Run on each new instance through the connector; a failure removes the instance.
+    pub instance_ready_command: String,
 }
 
 impl fmt::Debug for AutoscalerConfig {
@@ -159,6 +161,7 @@ impl Default for AutoscalerConfig {
             scale_throttle: ScaleThrottleConfig::default(),
             reservation_throttling: d.reservation_throttling,
             failure_threshold: d.failure_threshold,
+            instance_ready_command: String::new(),
         }
     }
 }

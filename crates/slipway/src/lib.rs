@@ -6,4 +6,5 @@
 
 pub mod config;
 pub mod exec;
+pub mod pool;
 pub mod runner;

@@ -1,16 +1,16 @@
 //! One `[[runners]]` entry brought to life: its plugin process, taskscaler and SSH connections.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use slipway_connector::{Client, DialOptions, HostKeyStore};
+use slipway_connector::{Client, DialOptions};
 use slipway_fleeting::{ConnectorConfig, InstanceGroup as _, PluginHost, PluginOptions};
 use slipway_taskscaler::{Acquisition, Taskscaler};
 
 use crate::config::{AutoscalerConfig, RunnerConfig};
+use crate::pool::{Checks, Pool};
 
 /// A started runner.
 #[derive(Debug)]
@@ -23,10 +23,8 @@ pub struct Runner {
     pub plugin: Arc<PluginHost>,
     /// The autoscaler.
     pub scaler: Taskscaler,
-    host_keys: HostKeyStore,
-    dial: DialOptions,
-    /// One SSH connection per instance, shared by the jobs on its slots.
-    connections: std::sync::Mutex<HashMap<String, Arc<Client>>>,
+    /// One SSH connection per instance, shared by the jobs on its slots and health checks.
+    pool: Arc<Pool>,
 }
 
 /// Extra settings a command passes when starting a runner.
@@ -75,10 +73,21 @@ impl Runner {
             }
         };
         tracing::info!(runner = %cfg.name, group = %info.id, version = %info.version, "plugin ready");
-        let scaler = match Taskscaler::start(
+        let pool = Arc::new(Pool::new(DialOptions {
+            use_external_addr: auto.connector_config.use_external_addr,
+        }));
+        let checks = Arc::new(Checks {
+            pool: pool.clone(),
+            group: plugin.clone(),
+            ready_command: (!auto.instance_ready_command.trim().is_empty())
+                .then(|| auto.instance_ready_command.clone()),
+        });
+        let scaler = match Taskscaler::start_with(
             plugin.clone(),
             info,
             scaler_config(auto, opts.delete_instances_on_shutdown),
+            std::time::SystemTime::now(),
+            Some(checks),
         ) {
             Ok(s) => s,
             Err(e) => {
@@ -91,47 +100,18 @@ impl Runner {
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
             plugin,
             scaler,
-            host_keys: HostKeyStore::new(),
-            dial: DialOptions {
-                use_external_addr: auto.connector_config.use_external_addr,
-            },
-            connections: std::sync::Mutex::new(HashMap::new()),
+            pool,
         })
     }
 
     /// An SSH connection to the acquisition's instance, reused across jobs.
     pub async fn client(&self, acq: &Acquisition) -> anyhow::Result<Arc<Client>> {
-        if let Some(c) = self.connections().get(&acq.instance_id)
-            && !c.is_closed()
-        {
-            return Ok(c.clone());
-        }
-        // Dial without holding the lock: one slow instance must not stall jobs on others.
-        let client = Client::connect(&acq.connect_info, &self.dial, &self.host_keys)
-            .await
-            .with_context(|| format!("connecting to instance {}", acq.instance_id))?;
-        let mut conns = self.connections();
-        conns.retain(|_, c| !c.is_closed());
-        // If another job connected meanwhile, share its connection; ours closes on drop.
-        Ok(conns
-            .entry(acq.instance_id.clone())
-            .or_insert_with(|| Arc::new(client))
-            .clone())
-    }
-
-    fn connections(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Client>>> {
-        // Poisoning only means a panic elsewhere; the map is still consistent.
-        self.connections.lock().unwrap_or_else(|p| p.into_inner())
+        self.pool.client(&acq.connect_info).await
     }
 
     /// Close connections, stop the taskscaler (deleting instances when configured), stop the plugin.
     pub async fn shutdown(&self) {
-        let conns: Vec<Arc<Client>> = self.connections().drain().map(|(_, c)| c).collect();
-        for c in conns {
-            if let Ok(c) = Arc::try_unwrap(c) {
-                c.close().await;
-            }
-        }
+        self.pool.close_all().await;
         self.scaler.shutdown().await;
         self.plugin.stop().await;
     }

@@ -346,3 +346,28 @@ fn more_parallel_jobs_than_slots_wait_for_capacity() {
     let instances: HashSet<&str> = rows.iter().map(|r| r.instance.as_str()).collect();
     assert_eq!(instances.len(), 1, "{rows:?}");
 }
+
+#[test]
+fn instance_ready_command_runs_before_any_job() {
+    let w = World::new();
+    let cfg = w.write(
+        "config.toml",
+        &config(1, 1, 0).replace(
+            "capacity_per_instance = 1",
+            "capacity_per_instance = 1\n    instance_ready_command = \"echo ready > $HOME/ready-marker\"",
+        ),
+    );
+    let file = w.write("p.yml", "job:\n  script: ['cat \"$HOME/ready-marker\"']\n");
+    let run = w.run(&[
+        "exec",
+        "-c",
+        cfg.to_str().expect("cfg"),
+        file.to_str().expect("p"),
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    assert!(
+        run.job_lines("job").contains(&"ready".to_string()),
+        "{}",
+        run.explain()
+    );
+}

@@ -39,6 +39,10 @@ pub enum RemovalCause {
     Failed,
     /// Found at startup with no saved record of its use.
     Preexisting,
+    /// `instance_ready_command` failed.
+    NotReady,
+    /// Failed `failure_threshold` health checks in a row.
+    Unhealthy,
 }
 
 impl RemovalCause {
@@ -49,6 +53,8 @@ impl RemovalCause {
             RemovalCause::Idle => "idle_time",
             RemovalCause::Failed => "plugin_timeout",
             RemovalCause::Preexisting => "preexisting",
+            RemovalCause::NotReady => "instance_ready_command",
+            RemovalCause::Unhealthy => "failure_threshold",
         }
     }
 }

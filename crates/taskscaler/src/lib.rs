@@ -6,9 +6,16 @@
 
 pub mod config;
 pub mod decision;
+pub mod hooks;
 pub mod policy;
 pub mod scaler;
+pub mod store;
 
 pub use config::{Config, Forecast, ScaleThrottle};
+pub use hooks::InstanceHooks;
 pub use policy::Policy;
 pub use scaler::{Acquisition, Error, Stats, Taskscaler};
+pub use store::{
+    AcquisitionRecord, AsyncStateStore, InstanceRecord, RestorePlan, Snapshot, StateStore,
+    StoreError, StoreIdentity, plan_restore,
+};

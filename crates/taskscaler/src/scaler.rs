@@ -12,10 +12,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::decision::{self, Demand, InstanceView, RemovalCause};
+use crate::hooks::InstanceHooks;
 use crate::policy::{CompiledPolicy, Policy};
 
 /// Longest a single plugin call may take before the loop moves on.
 const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest a heartbeat may take before it counts as failed.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest pause in scale-up after instances kept failing their ready command.
+const READY_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Instances asked for but never listed by the plugin stop counting after this long.
 const REQUEST_GRACE: Duration = Duration::from_secs(300);
 
@@ -97,6 +102,12 @@ struct Instance {
     preexisting: bool,
     /// When Decrease was asked for; retried after `deletion_retry_interval`.
     removing_since: Option<Instant>,
+    /// Passed `instance_ready_command` (or there is none): may take jobs.
+    ready: bool,
+    /// Removal decided outside the scale decision (not ready, unhealthy), with why.
+    condemned: Option<RemovalCause>,
+    /// Consecutive failed heartbeats.
+    failures: u32,
 }
 
 impl Instance {
@@ -118,6 +129,10 @@ struct Book {
     /// Token bucket on creations: tokens and when they were last topped up.
     tokens: f64,
     tokens_at: Option<Instant>,
+    /// Consecutive instances whose ready command failed, and no scale-up before this time
+    /// (exponential backoff against thrashing, as GitLab 17.0).
+    ready_failures: u32,
+    scale_up_after: Option<Instant>,
     created: u64,
     removed: u64,
 }
@@ -133,6 +148,7 @@ struct Inner {
     group: Arc<dyn InstanceGroup>,
     cfg: Config,
     policies: Vec<CompiledPolicy>,
+    hooks: Option<Arc<dyn InstanceHooks>>,
     /// Wall-clock time at `started` (tokio's clock may be paused and advanced in simulation).
     wall_start: SystemTime,
     started: Instant,
@@ -177,12 +193,24 @@ impl Taskscaler {
         cfg: Config,
         wall_start: SystemTime,
     ) -> Result<Self, Error> {
+        Self::start_with(group, provider, cfg, wall_start, None)
+    }
+
+    /// Start with runner-side hooks (ready command, heartbeats) and a wall-clock start.
+    pub fn start_with(
+        group: Arc<dyn InstanceGroup>,
+        provider: ProviderInfo,
+        cfg: Config,
+        wall_start: SystemTime,
+        hooks: Option<Arc<dyn InstanceHooks>>,
+    ) -> Result<Self, Error> {
         let policies = crate::policy::compile(&cfg.policies)?;
         let (changed, _) = watch::channel(0);
         let inner = Arc::new(Inner {
             group,
             cfg,
             policies,
+            hooks,
             wall_start,
             started: Instant::now(),
             provider,
@@ -266,38 +294,55 @@ impl Taskscaler {
     pub async fn acquire(&self, key: &str) -> Result<Acquisition, Error> {
         let timeout = self.inner.cfg.instance_acquire_timeout;
         let deadline = Instant::now() + timeout;
-        let (instance_id, slot, lost, cached) = loop {
-            let mut rx = self.inner.changed.subscribe();
-            if let Some(found) = self.inner.try_assign(key)? {
-                break found;
-            }
-            self.inner.wake.notify_one();
-            tokio::select! {
-                _ = self.inner.stop.cancelled() => return Err(Error::ShuttingDown),
-                r = tokio::time::timeout_at(deadline, rx.changed()) => {
-                    if r.is_err() {
-                        return Err(Error::AcquireTimeout(timeout));
+        // One nudge so the loop sees this demand now; waking it on every change would make the
+        // loop and a waiting acquire ping-pong (each pass signals a change).
+        self.inner.wake.notify_one();
+        loop {
+            let (instance_id, slot, lost, cached) = loop {
+                let mut rx = self.inner.changed.subscribe();
+                if let Some(found) = self.inner.try_assign(key)? {
+                    break found;
+                }
+                tokio::select! {
+                    _ = self.inner.stop.cancelled() => return Err(Error::ShuttingDown),
+                    r = tokio::time::timeout_at(deadline, rx.changed()) => {
+                        if r.is_err() {
+                            return Err(Error::AcquireTimeout(timeout));
+                        }
                     }
                 }
-            }
-        };
-        let connect_info = match cached {
-            Some(info) => info,
-            None => match self.inner.fetch_connect_info(&instance_id).await {
-                Ok(info) => info,
-                Err(e) => {
-                    self.release(key);
-                    return Err(e.into());
+            };
+            let connect_info = match cached {
+                Some(info) => info,
+                None => match self.inner.fetch_connect_info(&instance_id).await {
+                    Ok(info) => info,
+                    Err(e) => {
+                        self.release(key);
+                        return Err(e.into());
+                    }
+                },
+            };
+            if let Some(hooks) = &self.inner.hooks {
+                let check = hooks.heartbeat(&connect_info);
+                let healthy = match tokio::time::timeout(HEARTBEAT_TIMEOUT, check).await {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("no answer within {HEARTBEAT_TIMEOUT:?}")),
+                };
+                if let Err(why) = healthy {
+                    // The reservation stays: try another slot, or wait for a new instance.
+                    self.inner.failed_heartbeat(key, &instance_id, slot, &why);
+                    continue;
                 }
-            },
-        };
-        Ok(Acquisition {
-            key: key.to_string(),
-            instance_id,
-            slot,
-            connect_info,
-            lost,
-        })
+                self.inner.healthy(&instance_id);
+            }
+            return Ok(Acquisition {
+                key: key.to_string(),
+                instance_id,
+                slot,
+                connect_info,
+                lost,
+            });
+        }
     }
 
     /// Free a reservation or acquisition; counts towards the instance's idle time.
@@ -396,6 +441,75 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, Book> {
         // A poisoned lock only means another task panicked mid-update; the book stays usable.
         self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Undo an assignment whose heartbeat failed; condemn the instance past the threshold.
+    fn failed_heartbeat(&self, key: &str, id: &str, slot: u32, why: &str) {
+        let mut book = self.lock();
+        book.reservations.insert(key.to_string(), None);
+        if let Some(inst) = book.instances.get_mut(id) {
+            if let Some(s) = inst.slots.get_mut(slot as usize) {
+                *s = None;
+            }
+            inst.uses = inst.uses.saturating_sub(1);
+            inst.failures += 1;
+            tracing::warn!(instance = %id, failures = inst.failures, error = %why, "heartbeat failed");
+            if inst.failures >= self.cfg.failure_threshold.max(1) {
+                inst.condemned = Some(RemovalCause::Unhealthy);
+            }
+        }
+        drop(book);
+        self.wake.notify_one();
+    }
+
+    fn healthy(&self, id: &str) {
+        if let Some(inst) = self.lock().instances.get_mut(id) {
+            inst.failures = 0;
+        }
+    }
+
+    /// Run the ready hook on running instances that have not passed it yet.
+    async fn ready_up(&self) {
+        let Some(hooks) = &self.hooks else { return };
+        let due: Vec<(String, Option<ConnectInfo>)> = self
+            .lock()
+            .instances
+            .iter()
+            .filter(|(_, i)| i.state == State::Running && !i.ready && !i.removing && !i.preexisting)
+            .filter(|(_, i)| i.condemned.is_none())
+            .map(|(id, i)| (id.clone(), i.info.clone()))
+            .collect();
+        let checks = due.into_iter().map(|(id, info)| async move {
+            let info = match info {
+                Some(info) => info,
+                None => match self.fetch_connect_info(&id).await {
+                    Ok(info) => info,
+                    Err(e) => return (id, Err(e.to_string())),
+                },
+            };
+            (id, hooks.ready(&info).await)
+        });
+        for (id, result) in futures::future::join_all(checks).await {
+            let mut book = self.lock();
+            match result {
+                Ok(()) => {
+                    book.ready_failures = 0;
+                    if let Some(inst) = book.instances.get_mut(&id) {
+                        inst.ready = true;
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!(instance = %id, error = %why, "instance_ready_command failed");
+                    book.ready_failures += 1;
+                    let backoff = Duration::from_secs(1u64 << book.ready_failures.min(9))
+                        .min(READY_BACKOFF_MAX);
+                    book.scale_up_after = Some(Instant::now() + backoff);
+                    if let Some(inst) = book.instances.get_mut(&id) {
+                        inst.condemned = Some(RemovalCause::NotReady);
+                    }
+                }
+            }
+        }
     }
 
     fn wall_now(&self) -> SystemTime {
@@ -497,7 +611,8 @@ impl Inner {
         let best = book
             .instances
             .iter()
-            .filter(|(_, i)| i.state == State::Running && !i.preexisting)
+            .filter(|(_, i)| i.state == State::Running && i.ready && !i.preexisting)
+            .filter(|(_, i)| i.condemned.is_none())
             .filter(|(id, i)| decision::free_slots(cfg, &view(id, i)) > 0)
             .max_by(|(_, a), (_, b)| {
                 a.acquired()
@@ -547,6 +662,7 @@ impl Inner {
             }
         }
         self.prefetch_connect_info().await;
+        self.ready_up().await;
 
         let (decision, removing) = {
             let mut book = self.lock();
@@ -573,9 +689,21 @@ impl Inner {
             );
             d.increase = self.throttle(&mut book, d.increase);
             for (id, inst) in &book.instances {
-                if inst.preexisting && !inst.removing && !d.remove.iter().any(|(r, _)| r == id) {
-                    d.remove.push((id.clone(), RemovalCause::Preexisting));
+                let cause = if inst.preexisting {
+                    Some(RemovalCause::Preexisting)
+                } else {
+                    inst.condemned
+                };
+                if let Some(cause) = cause
+                    && !inst.removing
+                    && inst.acquired() == 0
+                    && !d.remove.iter().any(|(r, _)| r == id)
+                {
+                    d.remove.push((id.clone(), cause));
                 }
+            }
+            if book.scale_up_after.is_some_and(|t| Instant::now() < t) {
+                d.increase = 0;
             }
             // Mark before asking, so no acquisition lands on an instance being removed.
             let now = Instant::now();
@@ -676,6 +804,9 @@ impl Inner {
                     lost: CancellationToken::new(),
                     preexisting: false,
                     removing_since: None,
+                    ready: self.hooks.is_none(),
+                    condemned: None,
+                    failures: 0,
                 },
             );
             if removing && let Some(inst) = book.instances.get_mut(&id) {
@@ -778,7 +909,8 @@ fn view(id: &str, i: &Instance) -> InstanceView {
         state: i.state,
         acquired: i.acquired(),
         uses: i.uses,
-        removing: i.removing,
+        // Instances on their way out offer no capacity to the decision.
+        removing: i.removing || i.preexisting || i.condemned.is_some(),
         idle_since: i.idle_since,
     }
 }

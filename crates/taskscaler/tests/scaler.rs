@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use slipway_fleeting::{
     ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State,
 };
-use slipway_taskscaler::{Config, Error, Policy, Taskscaler};
+use slipway_taskscaler::{Config, Error, InstanceHooks, Policy, Taskscaler};
 
 #[derive(Default)]
 struct Memory {
@@ -297,5 +297,164 @@ async fn a_failed_first_update_does_not_turn_new_instances_into_orphans() {
         "scaled up exactly once"
     );
     drop(a);
+    ts.shutdown().await;
+}
+
+/// Hooks that fail for chosen instances.
+#[derive(Default)]
+struct Checks {
+    not_ready: Mutex<Vec<String>>,
+    dead: Mutex<Vec<String>>,
+    heartbeats: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl InstanceHooks for Checks {
+    async fn ready(&self, info: &ConnectInfo) -> Result<(), String> {
+        if self
+            .not_ready
+            .lock()
+            .map_err(|e| e.to_string())?
+            .contains(&info.id)
+        {
+            return Err("ready command exited 1".into());
+        }
+        Ok(())
+    }
+    async fn heartbeat(&self, info: &ConnectInfo) -> Result<(), String> {
+        self.heartbeats
+            .lock()
+            .map_err(|e| e.to_string())?
+            .push(info.id.clone());
+        if self
+            .dead
+            .lock()
+            .map_err(|e| e.to_string())?
+            .contains(&info.id)
+        {
+            return Err("ssh: connection refused".into());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_heartbeats_replace_the_instance_and_the_job_moves_on() {
+    let group = Arc::new(Memory::default());
+    let checks = Arc::new(Checks::default());
+    checks.dead.lock().expect("lock").push("i1".into());
+    let mut c = cfg(1, 0, 0);
+    c.failure_threshold = 2;
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        c,
+        std::time::SystemTime::now(),
+        Some(checks.clone()),
+    )
+    .expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts
+        .acquire("a")
+        .await
+        .expect("acquired on a healthy instance");
+    assert_ne!(
+        a.instance_id, "i1",
+        "the dead instance must not be handed out"
+    );
+    // i1 failed its heartbeat (once per try until condemned at the threshold)...
+    let beats = checks.heartbeats.lock().expect("lock").clone();
+    assert!(
+        beats.iter().filter(|b| *b == "i1").count() >= 1,
+        "{beats:?}"
+    );
+    // ...and is removed once its failures reach failure_threshold.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    ts.reserve("b").expect("b");
+    let _b = ts.acquire("b").await.expect("b");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&"i1".to_string()),
+        "unhealthy instance not removed; heartbeats {:?}",
+        checks.heartbeats.lock().expect("lock")
+    );
+    ts.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_failing_its_ready_command_is_removed_and_never_used() {
+    let group = Arc::new(Memory::default());
+    let checks = Arc::new(Checks::default());
+    checks.not_ready.lock().expect("lock").push("i1".into());
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        cfg(1, 0, 0),
+        std::time::SystemTime::now(),
+        Some(checks.clone()),
+    )
+    .expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("acquire");
+    assert_ne!(a.instance_id, "i1");
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&"i1".to_string())
+    );
+    ts.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn preemptive_mode_reserves_only_with_a_ready_idle_slot() {
+    let group = Arc::new(Memory::default());
+    let mut c = cfg(1, 0, 0);
+    c.policies = vec![Policy {
+        idle_count: 1,
+        idle_time: Duration::from_secs(600),
+        ..Policy::default()
+    }];
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c).expect("start");
+    // Nothing is running yet: a preemptive runner does not ask for a job.
+    assert!(matches!(ts.reserve("a"), Err(Error::NoIdleCapacity(_))));
+    // idle_count = 1 brings one instance up; then exactly one reservation fits.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ts.reserve("a").expect("idle slot ready");
+    assert!(matches!(ts.reserve("b"), Err(Error::NoIdleCapacity(_))));
+    let _a = ts.acquire("a").await.expect("a");
+    // The taken slot is replaced to keep idle_count, and then b fits.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ts.reserve("b").expect("replacement idle slot");
+    ts.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn scale_throttle_limits_creations_per_second() {
+    let group = Arc::new(Memory::default());
+    let mut c = cfg(1, 0, 0);
+    c.scale_throttle = slipway_taskscaler::ScaleThrottle {
+        limit: Some(1.0),
+        burst: 2,
+    };
+    c.reservation_throttling = false;
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c).expect("start");
+    for i in 0..10 {
+        ts.reserve(&format!("j{i}")).expect("reserve");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = group.instances.lock().expect("lock").len();
+    assert_eq!(early, 2, "burst of 2 at once");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let later = group.instances.lock().expect("lock").len();
+    assert!(
+        (5..=7).contains(&later),
+        "about one more per second: {later}"
+    );
     ts.shutdown().await;
 }

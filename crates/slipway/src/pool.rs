@@ -1,0 +1,122 @@
+//! SSH connections to a runner's instances, one per instance, shared by its jobs and health checks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use slipway_connector::{Client, DialOptions, HostKeyStore};
+use slipway_fleeting::{ConnectInfo, InstanceGroup};
+use slipway_taskscaler::InstanceHooks;
+
+/// How long `instance_ready_command` may run.
+const READY_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Pooled connections with per-instance pinned host keys.
+#[derive(Debug)]
+pub struct Pool {
+    host_keys: HostKeyStore,
+    dial: DialOptions,
+    clients: Mutex<HashMap<String, Arc<Client>>>,
+}
+
+impl Pool {
+    /// An empty pool.
+    pub fn new(dial: DialOptions) -> Pool {
+        Pool {
+            host_keys: HostKeyStore::new(),
+            dial,
+            clients: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A live connection to the instance, dialled on first use.
+    pub async fn client(&self, info: &ConnectInfo) -> anyhow::Result<Arc<Client>> {
+        if let Some(c) = self.clients().get(&info.id)
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        // Dial without holding the lock: one slow instance must not stall jobs on others.
+        let client = Client::connect(info, &self.dial, &self.host_keys)
+            .await
+            .with_context(|| format!("connecting to instance {}", info.id))?;
+        let mut clients = self.clients();
+        clients.retain(|_, c| !c.is_closed());
+        // If another job connected meanwhile, share its connection; ours closes on drop.
+        Ok(clients
+            .entry(info.id.clone())
+            .or_insert_with(|| Arc::new(client))
+            .clone())
+    }
+
+    /// Close every connection.
+    pub async fn close_all(&self) {
+        let clients: Vec<Arc<Client>> = self.clients().drain().map(|(_, c)| c).collect();
+        for c in clients {
+            if let Ok(c) = Arc::try_unwrap(c) {
+                c.close().await;
+            }
+        }
+    }
+
+    fn clients(&self) -> MutexGuard<'_, HashMap<String, Arc<Client>>> {
+        // Poisoning only means a panic elsewhere; the map is still consistent.
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The taskscaler's health checks, done through the pool and the plugin.
+pub struct Checks {
+    /// Connections.
+    pub pool: Arc<Pool>,
+    /// The instance group (for its own `Heartbeat`).
+    pub group: Arc<dyn InstanceGroup>,
+    /// `instance_ready_command`, if any.
+    pub ready_command: Option<String>,
+}
+
+impl std::fmt::Debug for Checks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checks")
+            .field("ready_command", &self.ready_command)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl InstanceHooks for Checks {
+    async fn ready(&self, info: &ConnectInfo) -> Result<(), String> {
+        let Some(cmd) = &self.ready_command else {
+            return Ok(());
+        };
+        let client = self.pool.client(info).await.map_err(|e| format!("{e:#}"))?;
+        let run = client.run_capture(cmd.clone(), Vec::new());
+        match tokio::time::timeout(READY_COMMAND_TIMEOUT, run).await {
+            Err(_) => Err(format!(
+                "instance_ready_command did not finish within {READY_COMMAND_TIMEOUT:?}"
+            )),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok((st, _, _))) if st.success() => Ok(()),
+            Ok(Ok((st, _, err))) => Err(format!(
+                "instance_ready_command failed ({st}): {}",
+                String::from_utf8_lossy(&err).trim()
+            )),
+        }
+    }
+
+    async fn heartbeat(&self, info: &ConnectInfo) -> Result<(), String> {
+        self.group
+            .heartbeat(&info.id)
+            .await
+            .map_err(|e| e.to_string())?;
+        // GitLab's acquire heartbeat: `exit 0` through the connector.
+        let client = self.pool.client(info).await.map_err(|e| format!("{e:#}"))?;
+        match client.run_capture("exit 0", Vec::new()).await {
+            Ok((st, _, _)) if st.success() => Ok(()),
+            Ok((st, _, _)) => Err(format!("`exit 0` returned {st}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! Runner-side instance checks the taskscaler calls, injected so it does no I/O of its own.
+
+use async_trait::async_trait;
+use slipway_fleeting::ConnectInfo;
+
+/// Checks run against instances through the connector (the runner implements them).
+#[async_trait]
+pub trait InstanceHooks: Send + Sync + 'static {
+    /// Once, when an instance first runs (`instance_ready_command`); an error removes it.
+    async fn ready(&self, info: &ConnectInfo) -> Result<(), String>;
+    /// Before an acquisition is handed out; errors count towards `failure_threshold`.
+    async fn heartbeat(&self, info: &ConnectInfo) -> Result<(), String>;
+}
