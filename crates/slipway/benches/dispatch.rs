@@ -60,6 +60,7 @@ async fn bench() -> anyhow::Result<()> {
             plugin_config_defaults: slipway::runner::run_scoped_plugin_config(run_dir.path(), "b"),
             handshake_timeout: None,
             delete_instances_on_shutdown: true,
+            state_dir: Some(run_dir.path().join("state")),
         },
     )
     .await?;

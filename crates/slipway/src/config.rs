@@ -122,6 +122,30 @@ pub struct AutoscalerConfig {
     pub failure_threshold: u32,
     /// Run on each new instance through the connector; a failure removes the instance.
     pub instance_ready_command: String,
+    /// `[runners.autoscaler.state_storage]`.
+    pub state_storage: StateStorageConfig,
+}
+
+/// `[runners.autoscaler.state_storage]`: on by default in Slipway (GitLab: off).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct StateStorageConfig {
+    /// Keep instances, use counts and acquisitions across restarts.
+    pub enabled: bool,
+    /// Directory of the store (default: `.slipway-state` beside config.toml).
+    pub dir: Option<String>,
+    /// Keep a restored instance that still had acquisitions.
+    pub keep_instance_with_acquisitions: bool,
+}
+
+impl Default for StateStorageConfig {
+    fn default() -> Self {
+        StateStorageConfig {
+            enabled: true,
+            dir: None,
+            keep_instance_with_acquisitions: false,
+        }
+    }
 }
 
 impl fmt::Debug for AutoscalerConfig {
@@ -162,6 +186,7 @@ impl Default for AutoscalerConfig {
             reservation_throttling: d.reservation_throttling,
             failure_threshold: d.failure_threshold,
             instance_ready_command: String::new(),
+            state_storage: StateStorageConfig::default(),
         }
     }
 }

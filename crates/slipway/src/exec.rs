@@ -102,6 +102,7 @@ pub async fn run(
         },
         handshake_timeout: opts.plugin_start_timeout,
         delete_instances_on_shutdown: true,
+        state_dir: Some(run_dir.path().join("state")),
     };
     let runner = tokio::select! {
         r = Runner::start(runner_cfg, &start) => Arc::new(r?),

@@ -140,7 +140,11 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let loaded = config::load(&config).await?;
             print_warnings(&loaded);
             let stop = shutdown_signal()?;
-            run_manager(&loaded, plugin_dir, stop).await?;
+            let config_dir = config
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            run_manager(&loaded, config_dir, plugin_dir, stop).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::VerifyConfig { config } => {
@@ -216,11 +220,13 @@ fn shutdown_signal() -> anyhow::Result<CancellationToken> {
 
 async fn run_manager(
     loaded: &Loaded,
+    config_dir: &std::path::Path,
     plugin_dir: Option<PathBuf>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let opts = runner::StartOptions {
         plugin_dir,
+        state_dir: Some(config_dir.join(".slipway-state")),
         ..runner::StartOptions::default()
     };
     let mut runners = Vec::new();

@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use slipway_connector::{Client, DialOptions};
 use slipway_fleeting::{ConnectorConfig, InstanceGroup as _, PluginHost, PluginOptions};
-use slipway_taskscaler::{Acquisition, Taskscaler};
+use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreIdentity};
+use slipway_taskscaler::{Acquisition, Options, Taskscaler};
 
 use crate::config::{AutoscalerConfig, RunnerConfig};
 use crate::pool::{Checks, Pool};
@@ -39,6 +40,8 @@ pub struct StartOptions {
     /// Delete every instance at shutdown whatever the config says (a run that owns its
     /// plugin's state must not leave instances nobody can find again).
     pub delete_instances_on_shutdown: bool,
+    /// `state_storage.dir` when the config names none (`run`: beside config.toml).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Runner {
@@ -82,12 +85,23 @@ impl Runner {
             ready_command: (!auto.instance_ready_command.trim().is_empty())
                 .then(|| auto.instance_ready_command.clone()),
         });
+        let store = match open_store(cfg, auto, &info, opts).await {
+            Ok(store) => store,
+            Err(e) => {
+                plugin.stop().await;
+                return Err(e);
+            }
+        };
         let scaler = match Taskscaler::start_with(
             plugin.clone(),
             info,
             scaler_config(auto, opts.delete_instances_on_shutdown),
-            std::time::SystemTime::now(),
-            Some(checks),
+            Options {
+                hooks: Some(checks),
+                store,
+                keep_instance_with_acquisitions: auto.state_storage.keep_instance_with_acquisitions,
+                ..Options::default()
+            },
         ) {
             Ok(s) => s,
             Err(e) => {
@@ -197,4 +211,39 @@ fn scaler_config(auto: &AutoscalerConfig, force_delete: bool) -> slipway_tasksca
         shutdown_deletion_interval: auto.shutdown_deletion_interval,
         shutdown_deletion_retries: auto.shutdown_deletion_retries,
     }
+}
+
+/// Open the runner's state store (on by default), refusing a foreign or corrupt file.
+async fn open_store(
+    cfg: &RunnerConfig,
+    auto: &AutoscalerConfig,
+    info: &slipway_fleeting::ProviderInfo,
+    opts: &StartOptions,
+) -> anyhow::Result<Option<AsyncStateStore>> {
+    let st = &auto.state_storage;
+    if !st.enabled {
+        return Ok(None);
+    }
+    let dir = match (&st.dir, &opts.state_dir) {
+        (Some(d), _) => PathBuf::from(d),
+        (None, Some(d)) => d.clone(),
+        (None, None) => PathBuf::from(".slipway-state"),
+    };
+    // The store belongs to one runner and one instance group: keyed like GitLab's scalers.
+    let runner = if cfg.url.is_empty() {
+        cfg.name.clone()
+    } else {
+        format!("{}|{}", cfg.url, cfg.name)
+    };
+    let identity = StoreIdentity {
+        runner: runner.clone(),
+        plugin: plugin_name(&auto.plugin),
+        group_id: info.id.clone(),
+    };
+    let path = StateStore::default_path(&dir, &runner);
+    let store = AsyncStateStore::open(&path, &identity)
+        .await
+        .with_context(|| format!("runner {:?}: state_storage", cfg.name))?;
+    tracing::info!(runner = %cfg.name, path = %path.display(), "state store open");
+    Ok(Some(store))
 }

@@ -14,7 +14,7 @@ pub mod store;
 pub use config::{Config, Forecast, ScaleThrottle};
 pub use hooks::InstanceHooks;
 pub use policy::Policy;
-pub use scaler::{Acquisition, Error, Stats, Taskscaler};
+pub use scaler::{Acquisition, Error, Options, Stats, Taskscaler};
 pub use store::{
     AcquisitionRecord, AsyncStateStore, InstanceRecord, RestorePlan, Snapshot, StateStore,
     StoreError, StoreIdentity, plan_restore,

@@ -14,6 +14,9 @@ use crate::config::Config;
 use crate::decision::{self, Demand, InstanceView, RemovalCause};
 use crate::hooks::InstanceHooks;
 use crate::policy::{CompiledPolicy, Policy};
+use crate::store::{
+    AcquisitionRecord, AsyncStateStore, InstanceRecord, RestorePlan, Snapshot, plan_restore,
+};
 
 /// Longest a single plugin call may take before the loop moves on.
 const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -36,6 +39,9 @@ pub enum Error {
     /// A policy's periods or time zone cannot be used.
     #[error(transparent)]
     Policy(#[from] crate::policy::PolicyError),
+    /// The state store could not record an acquisition, so it is not handed out.
+    #[error("state store: {0}")]
+    Store(String),
     /// `acquire`/`release` for a key that was never reserved.
     #[error("no reservation {0}")]
     NotReserved(String),
@@ -108,6 +114,8 @@ struct Instance {
     condemned: Option<RemovalCause>,
     /// Consecutive failed heartbeats.
     failures: u32,
+    /// Recorded in the state store (always true without one): only then may it take jobs.
+    persisted: bool,
 }
 
 impl Instance {
@@ -149,6 +157,12 @@ struct Inner {
     cfg: Config,
     policies: Vec<CompiledPolicy>,
     hooks: Option<Arc<dyn InstanceHooks>>,
+    store: Option<AsyncStateStore>,
+    keep_instance_with_acquisitions: bool,
+    /// What the store held at start, consumed by the first successful Update.
+    snapshot: Mutex<Option<Snapshot>>,
+    /// Jobs whose acquisitions were found at restart: they cannot resume.
+    restored_failures: Mutex<Vec<AcquisitionRecord>>,
     /// Wall-clock time at `started` (tokio's clock may be paused and advanced in simulation).
     wall_start: SystemTime,
     started: Instant,
@@ -164,6 +178,40 @@ impl std::fmt::Debug for Inner {
         f.debug_struct("Taskscaler")
             .field("provider", &self.provider.id)
             .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How to start a [`Taskscaler`] beyond its config.
+#[derive(Clone)]
+pub struct Options {
+    /// Wall-clock time now (policy periods advance from it on tokio's clock).
+    pub wall_start: SystemTime,
+    /// Runner-side checks: `instance_ready_command` and acquire heartbeats.
+    pub hooks: Option<Arc<dyn InstanceHooks>>,
+    /// Persistent state: instances, use counts and acquisitions survive a restart.
+    pub store: Option<AsyncStateStore>,
+    /// Keep a restored instance that still had acquisitions (their jobs fail either way).
+    pub keep_instance_with_acquisitions: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            wall_start: SystemTime::now(),
+            hooks: None,
+            store: None,
+            keep_instance_with_acquisitions: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("wall_start", &self.wall_start)
+            .field("hooks", &self.hooks.is_some())
+            .field("store", &self.store)
             .finish_non_exhaustive()
     }
 }
@@ -193,17 +241,30 @@ impl Taskscaler {
         cfg: Config,
         wall_start: SystemTime,
     ) -> Result<Self, Error> {
-        Self::start_with(group, provider, cfg, wall_start, None)
+        Self::start_with(
+            group,
+            provider,
+            cfg,
+            Options {
+                wall_start,
+                ..Options::default()
+            },
+        )
     }
 
-    /// Start with runner-side hooks (ready command, heartbeats) and a wall-clock start.
+    /// Start with runner-side hooks, a state store and a wall-clock start.
     pub fn start_with(
         group: Arc<dyn InstanceGroup>,
         provider: ProviderInfo,
         cfg: Config,
-        wall_start: SystemTime,
-        hooks: Option<Arc<dyn InstanceHooks>>,
+        opts: Options,
     ) -> Result<Self, Error> {
+        let Options {
+            wall_start,
+            hooks,
+            store,
+            keep_instance_with_acquisitions,
+        } = opts;
         let policies = crate::policy::compile(&cfg.policies)?;
         let (changed, _) = watch::channel(0);
         let inner = Arc::new(Inner {
@@ -211,6 +272,10 @@ impl Taskscaler {
             cfg,
             policies,
             hooks,
+            store,
+            keep_instance_with_acquisitions,
+            snapshot: Mutex::new(None),
+            restored_failures: Mutex::new(Vec::new()),
             wall_start,
             started: Instant::now(),
             provider,
@@ -224,6 +289,18 @@ impl Taskscaler {
             inner,
             task: Mutex::new(Some(task)),
         })
+    }
+
+    /// Acquisitions found in the state store at start: their jobs cannot resume and must be
+    /// reported failed by the job source. Each is returned once.
+    pub fn take_restored_failures(&self) -> Vec<AcquisitionRecord> {
+        std::mem::take(
+            &mut *self
+                .inner
+                .restored_failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 
     /// The policy in force now.
@@ -335,6 +412,16 @@ impl Taskscaler {
                 }
                 self.inner.healthy(&instance_id);
             }
+            if let Some(store) = &self.inner.store {
+                // Write-ahead: the use is on disk before the job can start.
+                if let Err(e) = store
+                    .increment_use(instance_id.clone(), key, slot, key)
+                    .await
+                {
+                    self.release(key);
+                    return Err(Error::Store(e.to_string()));
+                }
+            }
             return Ok(Acquisition {
                 key: key.to_string(),
                 instance_id,
@@ -347,6 +434,10 @@ impl Taskscaler {
 
     /// Free a reservation or acquisition; counts towards the instance's idle time.
     pub fn release(&self, key: &str) {
+        if let Some(store) = &self.inner.store {
+            let k = key.to_string();
+            store.enqueue("release", move |s| s.release(&k).map(|_| ()));
+        }
         {
             let mut book = self.inner.lock();
             if let Some(Some((id, slot))) = book.reservations.remove(key)
@@ -415,6 +506,16 @@ async fn call<T>(
 }
 
 async fn run_loop(inner: Arc<Inner>) {
+    if let Some(store) = &inner.store {
+        match store.load().await {
+            Ok(snap) => {
+                *inner.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Some(snap);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "state store unreadable; treating every instance as unknown")
+            }
+        }
+    }
     loop {
         // Shutdown must not wait for a slow plugin call; instances a cut-short pass asked for
         // are still found and deleted by the shutdown's own Update.
@@ -611,7 +712,7 @@ impl Inner {
         let best = book
             .instances
             .iter()
-            .filter(|(_, i)| i.state == State::Running && i.ready && !i.preexisting)
+            .filter(|(_, i)| i.state == State::Running && i.ready && i.persisted && !i.preexisting)
             .filter(|(_, i)| i.condemned.is_none())
             .filter(|(id, i)| decision::free_slots(cfg, &view(id, i)) > 0)
             .max_by(|(_, a), (_, b)| {
@@ -651,7 +752,10 @@ impl Inner {
     /// One scaling pass: read the plugin's view, reconcile, decide, act.
     async fn pass(&self) {
         match call(self.group.update()).await {
-            Ok(list) => self.reconcile(list),
+            Ok(list) => {
+                let work = self.reconcile(list);
+                self.persist(work).await;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "plugin update failed; keeping last known state");
                 // Until one Update succeeded we cannot tell our instances from pre-existing
@@ -734,10 +838,14 @@ impl Inner {
         self.bump();
     }
 
-    fn reconcile(&self, list: Vec<(String, State)>) {
+    fn reconcile(&self, list: Vec<(String, State)>) -> StoreWork {
+        let mut work = StoreWork::default();
         let mut book = self.lock();
         let first = !book.seen_first_update;
         book.seen_first_update = true;
+        if first && self.store.is_some() {
+            self.restore(&mut book, &list, &mut work);
+        }
         let reported: HashMap<String, State> = list.into_iter().collect();
         let gone: Vec<String> = book
             .instances
@@ -754,6 +862,7 @@ impl Inner {
                 inst.lost.cancel();
                 book.reservations
                     .retain(|_, r| !matches!(r, Some((i, _)) if *i == id));
+                work.forget.push(id);
             }
         }
         let cap = self.cfg.capacity_per_instance.max(1) as usize;
@@ -807,14 +916,125 @@ impl Inner {
                     ready: self.hooks.is_none(),
                     condemned: None,
                     failures: 0,
+                    persisted: self.store.is_none(),
                 },
             );
             if removing && let Some(inst) = book.instances.get_mut(&id) {
                 inst.preexisting = true;
+            } else if self.store.is_some() {
+                work.record.push(InstanceRecord {
+                    id: id.clone(),
+                    state,
+                    use_count: 0,
+                    created_at_ms: crate::store::unix_ms(self.wall_now()),
+                    connect_info: None,
+                    removing: false,
+                });
             }
         }
         if book.requested == 0 {
             book.requested_at = None;
+        }
+        work
+    }
+
+    /// First Update with a state store: adopt what the store knows, remove the rest.
+    fn restore(&self, book: &mut Book, live: &[(String, State)], work: &mut StoreWork) {
+        let snapshot = self
+            .snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or_default();
+        let plan = plan_restore(
+            &snapshot,
+            live,
+            u64::from(self.cfg.max_use_count),
+            self.keep_instance_with_acquisitions,
+        );
+        let cap = self.cfg.capacity_per_instance.max(1) as usize;
+        let now = Instant::now();
+        let state_of = |id: &str| live.iter().find(|(i, _)| i == id).map(|(_, s)| *s);
+        let mut insert = |id: &str, uses: u32, info: Option<ConnectInfo>, doomed: bool| {
+            let Some(state) = state_of(id) else { return };
+            book.instances.insert(
+                id.to_string(),
+                Instance {
+                    state,
+                    slots: vec![None; cap],
+                    uses,
+                    removing: false,
+                    idle_since: now,
+                    created: now,
+                    info,
+                    lost: CancellationToken::new(),
+                    preexisting: doomed,
+                    removing_since: None,
+                    // It passed its ready command before the restart.
+                    ready: true,
+                    condemned: None,
+                    failures: 0,
+                    persisted: true,
+                },
+            );
+        };
+        for rec in &plan.adopt {
+            tracing::info!(instance = %rec.id, uses = rec.use_count, "adopting instance from state store");
+            let uses = u32::try_from(rec.use_count).unwrap_or(u32::MAX);
+            insert(&rec.id, uses, rec.connect_info.clone(), false);
+        }
+        for (id, reason) in &plan.delete {
+            tracing::warn!(instance = %id, %reason, "removing instance found at restart");
+            insert(id, 0, None, true);
+        }
+        for job in &plan.failed_jobs {
+            tracing::warn!(job = %job.job_ref, instance = %job.instance_id,
+                "job was running when the manager stopped; it cannot resume and is reported failed");
+        }
+        self.restored_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(plan.failed_jobs.iter().cloned());
+        work.restore = Some(plan);
+    }
+
+    /// Write what a reconcile found; new instances become usable once recorded.
+    async fn persist(&self, work: StoreWork) {
+        let Some(store) = &self.store else { return };
+        if let Some(plan) = work.restore {
+            let reports: Vec<(String, String)> = plan
+                .failed_jobs
+                .iter()
+                .map(|a| {
+                    let report = serde_json::json!({
+                        "state": "failed",
+                        "failure_reason": "runner_system_failure",
+                        "message": format!("the manager restarted while the job ran on instance {}", a.instance_id),
+                    });
+                    (a.job_ref.clone(), report.to_string())
+                })
+                .collect();
+            if let Err(e) = store.apply_restore(plan, reports).await {
+                tracing::error!(error = %e, "state store: recording the restore failed");
+            }
+        }
+        for id in work.forget {
+            store.enqueue("forget_instance", move |s| {
+                s.forget_instance(&id).map(|_| ())
+            });
+        }
+        for rec in work.record {
+            let id = rec.id.clone();
+            match store.record_instance(rec).await {
+                Ok(()) => {
+                    if let Some(inst) = self.lock().instances.get_mut(&id) {
+                        inst.persisted = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(instance = %id, error = %e, "state store: instance not recorded; it stays unused")
+                }
+            }
         }
     }
 
@@ -840,6 +1060,12 @@ impl Inner {
         }
         match call(self.group.decrease(&ids)).await {
             Ok(accepted) => {
+                if let Some(store) = &self.store {
+                    for id in &accepted {
+                        let id = id.clone();
+                        store.enqueue("mark_removing", move |s| s.mark_removing(&id).map(|_| ()));
+                    }
+                }
                 let mut book = self.lock();
                 book.removed += accepted.len() as u64;
                 for id in ids.iter().filter(|id| !accepted.contains(id)) {
@@ -901,6 +1127,14 @@ impl Inner {
             }
         }
     }
+}
+
+/// State-store writes decided during a reconcile, done after the lock is released.
+#[derive(Default)]
+struct StoreWork {
+    restore: Option<RestorePlan>,
+    record: Vec<InstanceRecord>,
+    forget: Vec<String>,
 }
 
 fn view(id: &str, i: &Instance) -> InstanceView {

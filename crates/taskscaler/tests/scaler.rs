@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use slipway_fleeting::{
     ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State,
 };
-use slipway_taskscaler::{Config, Error, InstanceHooks, Policy, Taskscaler};
+use slipway_taskscaler::{Config, Error, InstanceHooks, Options, Policy, Taskscaler};
 
 #[derive(Default)]
 struct Memory {
@@ -349,8 +349,10 @@ async fn failing_heartbeats_replace_the_instance_and_the_job_moves_on() {
         group.clone(),
         ProviderInfo::default(),
         c,
-        std::time::SystemTime::now(),
-        Some(checks.clone()),
+        Options {
+            hooks: Some(checks.clone()),
+            ..Options::default()
+        },
     )
     .expect("start");
     ts.reserve("a").expect("a");
@@ -394,8 +396,10 @@ async fn an_instance_failing_its_ready_command_is_removed_and_never_used() {
         group.clone(),
         ProviderInfo::default(),
         cfg(1, 0, 0),
-        std::time::SystemTime::now(),
-        Some(checks.clone()),
+        Options {
+            hooks: Some(checks.clone()),
+            ..Options::default()
+        },
     )
     .expect("start");
     ts.reserve("a").expect("a");
@@ -457,4 +461,120 @@ async fn scale_throttle_limits_creations_per_second() {
         "about one more per second: {later}"
     );
     ts.shutdown().await;
+}
+
+fn identity() -> slipway_taskscaler::StoreIdentity {
+    slipway_taskscaler::StoreIdentity {
+        runner: "test-runner".into(),
+        plugin: "memory".into(),
+        group_id: "memory/test".into(),
+    }
+}
+
+#[tokio::test]
+async fn restart_adopts_known_instances_fails_interrupted_jobs_and_respects_max_use_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.sqlite");
+    let group = Arc::new(Memory::default());
+    let c = cfg(1, 2, 2);
+
+    // First manager: job a runs and ends on one instance; job b is running on another when the
+    // manager dies.
+    let store = slipway_taskscaler::AsyncStateStore::open(&path, &identity())
+        .await
+        .expect("open");
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        c.clone(),
+        Options {
+            store: Some(store.clone()),
+            ..Options::default()
+        },
+    )
+    .expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    ts.reserve("b").expect("b");
+    let b = ts.acquire("b").await.expect("b");
+    assert_ne!(a.instance_id, b.instance_id);
+    ts.release("a");
+    // Killed: no shutdown, no deletion. The store file is what survives.
+    drop(ts);
+    store.close().await;
+
+    let store = slipway_taskscaler::AsyncStateStore::open(&path, &identity())
+        .await
+        .expect("reopen");
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        c,
+        Options {
+            store: Some(store.clone()),
+            ..Options::default()
+        },
+    )
+    .expect("restart");
+    // The interrupted job is reported, and b's instance (it held an acquisition) is removed.
+    ts.reserve("c").expect("c");
+    let cjob = ts.acquire("c").await.expect("c");
+    let failed = ts.take_restored_failures();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].key, "b");
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&b.instance_id)
+    );
+    // a's instance was adopted with its use count (1 of 2): c lands on it, and after c it is
+    // used up and removed rather than used a third time.
+    assert_eq!(cjob.instance_id, a.instance_id, "known instance adopted");
+    ts.release("c");
+    ts.reserve("d").expect("d");
+    let d = ts.acquire("d").await.expect("d");
+    assert_ne!(
+        d.instance_id, a.instance_id,
+        "max_use_count = 2 exceeded after restart"
+    );
+    ts.shutdown().await;
+    store.close().await;
+}
+
+#[tokio::test]
+async fn without_state_every_instance_found_at_start_is_removed() {
+    let group = Arc::new(Memory::default());
+    group
+        .instances
+        .lock()
+        .expect("lock")
+        .push(("stray".into(), State::Running));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = slipway_taskscaler::AsyncStateStore::open(dir.path().join("s.sqlite"), &identity())
+        .await
+        .expect("open");
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        cfg(1, 2, 0),
+        Options {
+            store: Some(store.clone()),
+            ..Options::default()
+        },
+    )
+    .expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    assert_ne!(a.instance_id, "stray");
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&"stray".to_string())
+    );
+    ts.shutdown().await;
+    store.close().await;
 }

@@ -86,6 +86,23 @@ impl AsyncStateStore {
         reply_rx.await.map_err(|_| StoreError::Closed)?
     }
 
+    /// Queue `f` without waiting for it: it still runs after every call sent before it and
+    /// before every call sent after it. Failures are logged (`what` names the write).
+    pub fn enqueue<F>(&self, what: &'static str, f: F)
+    where
+        F: FnOnce(&mut StateStore) -> Result<(), StoreError> + Send + 'static,
+    {
+        let path = self.path.clone();
+        let job: Job = Box::new(move |store| {
+            if let Err(e) = f(store) {
+                tracing::error!(store = %path.display(), error = %e, "state store: {what} failed");
+            }
+        });
+        if self.tx.send(Msg::Call(job)).is_err() {
+            tracing::error!(store = %self.path.display(), "state store closed: {what} not written");
+        }
+    }
+
     /// Close the store once the calls already sent have run, and wait for the file to be closed
     /// (so it can be reopened). Later calls, from any clone, fail with [`StoreError::Closed`].
     pub async fn close(self) {
