@@ -19,6 +19,8 @@ pub struct Config {
     pub concurrent: u32,
     /// Log level (`debug`, `info`, `warn`, `error`).
     pub log_level: Option<String>,
+    /// `host:port` serving `/metrics` and `/healthz` (`slipway run`).
+    pub listen_address: Option<String>,
     /// Seconds to wait for jobs at shutdown.
     pub shutdown_timeout: u64,
     /// The `[[runners]]` entries.
@@ -30,6 +32,7 @@ impl Default for Config {
         Config {
             concurrent: 1,
             log_level: None,
+            listen_address: None,
             shutdown_timeout: 30,
             runners: Vec::new(),
         }

@@ -8,3 +8,4 @@ pub mod config;
 pub mod exec;
 pub mod pool;
 pub mod runner;
+pub mod server;

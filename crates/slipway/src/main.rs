@@ -249,6 +249,28 @@ async fn run_manager(
         runners = runners.len(),
         "manager running; job sources arrive with GitLab support"
     );
+    let server = match &loaded.config.listen_address {
+        None => None,
+        Some(addr) => {
+            let mut registry = prometheus_client::registry::Registry::default();
+            for r in &runners {
+                let sub = registry.sub_registry_with_label((
+                    std::borrow::Cow::Borrowed("runner"),
+                    std::borrow::Cow::Owned(r.name.clone()),
+                ));
+                r.scaler.metrics().register(sub);
+            }
+            match slipway::server::Server::start(addr, registry).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    for r in &runners {
+                        r.shutdown().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    };
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
     loop {
         tokio::select! {
@@ -261,6 +283,9 @@ async fn run_manager(
                 }
             }
         }
+    }
+    if let Some(server) = server {
+        server.stop().await;
     }
     for r in &runners {
         r.shutdown().await;

@@ -13,11 +13,16 @@ use common::{World, wait_with_timeout};
 fn run_keeps_idle_capacity_and_removes_it_on_sigterm() {
     let w = World::new();
     let state = w.path().join("plugin-state");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
     let cfg = w.write(
         "config.toml",
         &format!(
             r#"
 concurrent = 2
+listen_address = "127.0.0.1:{port}"
 [[runners]]
   name = "idle"
   executor = "instance"
@@ -36,7 +41,8 @@ concurrent = 2
       idle_time = "10m"
 "#,
             state.display(),
-            std::process::id()
+            std::process::id(),
+            port = port,
         ),
     );
     let child = w
@@ -59,6 +65,23 @@ concurrent = 2
         w.processes()
     );
 
+    // /metrics tells the same story.
+    let body = http_get(port, "/metrics");
+    let line = |name: &str, needle: &str| -> String {
+        body.lines()
+            .find(|l| l.starts_with(name) && l.contains(needle))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {name} {needle} in:\n{body}"))
+    };
+    let running = line("slipway_taskscaler_instances{", "state=\"running\"");
+    assert!(running.ends_with(" 2"), "{running}");
+    assert!(running.contains("runner=\"idle\""), "{running}");
+    let ups = line("slipway_taskscaler_scale_ups_total{", "cause=\"demand\"");
+    assert!(ups.ends_with(" 2"), "{ups}");
+    let idle = line("slipway_taskscaler_slots{", "kind=\"idle\"");
+    assert!(idle.ends_with(" 2"), "{idle}");
+    assert!(http_get(port, "/healthz").contains("ok"));
+
     let st = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
@@ -76,4 +99,17 @@ concurrent = 2
         "left running: {:?}",
         w.processes()
     );
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut out = String::new();
+    conn.read_to_string(&mut out).expect("read");
+    out
 }

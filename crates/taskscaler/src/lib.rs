@@ -7,12 +7,14 @@
 pub mod config;
 pub mod decision;
 pub mod hooks;
+pub mod metrics;
 pub mod policy;
 pub mod scaler;
 pub mod store;
 
 pub use config::{Config, Forecast, ScaleThrottle};
 pub use hooks::InstanceHooks;
+pub use metrics::Metrics;
 pub use policy::Policy;
 pub use scaler::{Acquisition, Error, Options, Stats, Taskscaler};
 pub use store::{

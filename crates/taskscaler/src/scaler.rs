@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::decision::{self, Demand, InstanceView, RemovalCause};
 use crate::hooks::InstanceHooks;
+use crate::metrics::Metrics;
 use crate::policy::{CompiledPolicy, Policy};
 use crate::store::{
     AcquisitionRecord, AsyncStateStore, InstanceRecord, RestorePlan, Snapshot, plan_restore,
@@ -116,6 +117,8 @@ struct Instance {
     failures: u32,
     /// Recorded in the state store (always true without one): only then may it take jobs.
     persisted: bool,
+    /// When it was first seen running.
+    running_at: Option<Instant>,
 }
 
 impl Instance {
@@ -163,6 +166,7 @@ struct Inner {
     snapshot: Mutex<Option<Snapshot>>,
     /// Jobs whose acquisitions were found at restart: they cannot resume.
     restored_failures: Mutex<Vec<AcquisitionRecord>>,
+    metrics: Arc<Metrics>,
     /// Wall-clock time at `started` (tokio's clock may be paused and advanced in simulation).
     wall_start: SystemTime,
     started: Instant,
@@ -276,6 +280,7 @@ impl Taskscaler {
             keep_instance_with_acquisitions,
             snapshot: Mutex::new(None),
             restored_failures: Mutex::new(Vec::new()),
+            metrics: Arc::new(Metrics::new(&provider.id)),
             wall_start,
             started: Instant::now(),
             provider,
@@ -301,6 +306,11 @@ impl Taskscaler {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         )
+    }
+
+    /// This taskscaler's metrics, to register with a Prometheus registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.inner.metrics.clone()
     }
 
     /// The policy in force now.
@@ -370,7 +380,8 @@ impl Taskscaler {
     /// Bind a reservation to a slot on a running instance, waiting up to `instance_acquire_timeout`.
     pub async fn acquire(&self, key: &str) -> Result<Acquisition, Error> {
         let timeout = self.inner.cfg.instance_acquire_timeout;
-        let deadline = Instant::now() + timeout;
+        let asked = Instant::now();
+        let deadline = asked + timeout;
         // One nudge so the loop sees this demand now; waking it on every change would make the
         // loop and a waiting acquire ping-pong (each pass signals a change).
         self.inner.wake.notify_one();
@@ -422,6 +433,10 @@ impl Taskscaler {
                     return Err(Error::Store(e.to_string()));
                 }
             }
+            self.inner
+                .metrics
+                .acquisition_wait_seconds
+                .observe(asked.elapsed().as_secs_f64());
             return Ok(Acquisition {
                 key: key.to_string(),
                 instance_id,
@@ -597,6 +612,11 @@ impl Inner {
                     book.ready_failures = 0;
                     if let Some(inst) = book.instances.get_mut(&id) {
                         inst.ready = true;
+                        if let Some(t) = inst.running_at {
+                            self.metrics
+                                .readiness_seconds
+                                .observe(t.elapsed().as_secs_f64());
+                        }
                     }
                 }
                 Err(why) => {
@@ -827,6 +847,10 @@ impl Inner {
             match call(self.group.increase(decision.increase)).await {
                 Ok(n) => {
                     tracing::info!(requested = decision.increase, accepted = n, "scaling up");
+                    self.metrics
+                        .scale_ups
+                        .get_or_create(&self.metrics.labels("cause", "demand"))
+                        .inc_by(u64::from(n));
                     let mut book = self.lock();
                     book.requested += n;
                     book.requested_at = Some(Instant::now());
@@ -835,7 +859,35 @@ impl Inner {
                 Err(e) => tracing::warn!(error = %e, "plugin increase failed"),
             }
         }
+        self.update_gauges();
         self.bump();
+    }
+
+    fn update_gauges(&self) {
+        let book = self.lock();
+        let m = &self.metrics;
+        for state in [
+            State::Creating,
+            State::Running,
+            State::Deleting,
+            State::Deleted,
+            State::Timeout,
+        ] {
+            let n = book.instances.values().filter(|i| i.state == state).count();
+            m.instances
+                .get_or_create(&m.labels("state", state.as_str()))
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        let acquired: u32 = book.instances.values().map(Instance::acquired).sum();
+        for (kind, n) in [
+            ("idle", self.idle_running_slots(&book)),
+            ("reserved", book.pending()),
+            ("acquired", acquired),
+        ] {
+            m.slots
+                .get_or_create(&m.labels("kind", kind))
+                .set(i64::from(n));
+        }
     }
 
     fn reconcile(&self, list: Vec<(String, State)>) -> StoreWork {
@@ -860,6 +912,9 @@ impl Inner {
                     tracing::warn!(instance = %id, jobs, "instance vanished under running jobs");
                 }
                 inst.lost.cancel();
+                self.metrics
+                    .lifetime_seconds
+                    .observe(inst.created.elapsed().as_secs_f64());
                 book.reservations
                     .retain(|_, r| !matches!(r, Some((i, _)) if *i == id));
                 work.forget.push(id);
@@ -874,7 +929,14 @@ impl Inner {
                 if inst.state != state {
                     tracing::debug!(instance = %id, from = %inst.state, to = %state, "instance state");
                     if state == State::Running {
-                        inst.idle_since = Instant::now();
+                        let now = Instant::now();
+                        inst.idle_since = now;
+                        if inst.running_at.is_none() {
+                            inst.running_at = Some(now);
+                            self.metrics
+                                .creation_seconds
+                                .observe(now.saturating_duration_since(inst.created).as_secs_f64());
+                        }
                     }
                 }
                 inst.state = state;
@@ -917,6 +979,7 @@ impl Inner {
                     condemned: None,
                     failures: 0,
                     persisted: self.store.is_none(),
+                    running_at: (state == State::Running).then_some(now),
                 },
             );
             if removing && let Some(inst) = book.instances.get_mut(&id) {
@@ -975,6 +1038,7 @@ impl Inner {
                     condemned: None,
                     failures: 0,
                     persisted: true,
+                    running_at: Some(now),
                 },
             );
         };
@@ -1060,6 +1124,14 @@ impl Inner {
         }
         match call(self.group.decrease(&ids)).await {
             Ok(accepted) => {
+                for (id, cause) in removing {
+                    if accepted.contains(id) {
+                        self.metrics
+                            .scale_downs
+                            .get_or_create(&self.metrics.labels("cause", cause.as_str()))
+                            .inc();
+                    }
+                }
                 if let Some(store) = &self.store {
                     for id in &accepted {
                         let id = id.clone();
