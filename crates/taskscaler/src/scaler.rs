@@ -391,7 +391,9 @@ impl Taskscaler {
                 if let Some(found) = self.inner.try_assign(key)? {
                     break found;
                 }
+                // Fixed branch order keeps simulations on paused time deterministic.
                 tokio::select! {
+                    biased;
                     _ = self.inner.stop.cancelled() => return Err(Error::ShuttingDown),
                     r = tokio::time::timeout_at(deadline, rx.changed()) => {
                         if r.is_err() {
@@ -535,6 +537,7 @@ async fn run_loop(inner: Arc<Inner>) {
         // Shutdown must not wait for a slow plugin call; instances a cut-short pass asked for
         // are still found and deleted by the shutdown's own Update.
         tokio::select! {
+            biased;
             _ = inner.stop.cancelled() => return,
             _ = inner.pass() => {}
         }
@@ -544,9 +547,10 @@ async fn run_loop(inner: Arc<Inner>) {
             inner.cfg.update_interval
         };
         tokio::select! {
+            biased;
             _ = inner.stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
             _ = inner.wake.notified() => {}
+            _ = tokio::time::sleep(interval) => {}
         }
     }
 }
