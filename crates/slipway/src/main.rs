@@ -144,7 +144,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(std::path::Path::new("."));
-            run_manager(&loaded, config_dir, plugin_dir, stop).await?;
+            run_manager(&loaded, &config, config_dir, plugin_dir, stop).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::VerifyConfig { config } => {
@@ -220,6 +220,7 @@ fn shutdown_signal() -> anyhow::Result<CancellationToken> {
 
 async fn run_manager(
     loaded: &Loaded,
+    config_path: &std::path::Path,
     config_dir: &std::path::Path,
     plugin_dir: Option<PathBuf>,
     stop: CancellationToken,
@@ -272,9 +273,19 @@ async fn run_manager(
         }
     };
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+    // Policies follow config.toml edits (GitLab reloads only [[runners.autoscaler.policy]]).
+    let mut reload = tokio::time::interval(std::time::Duration::from_secs(2));
+    let mut seen = modified(config_path).await;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
+            _ = reload.tick() => {
+                let now = modified(config_path).await;
+                if now != seen {
+                    seen = now;
+                    reload_policies(config_path, &runners).await;
+                }
+            }
             _ = tick.tick() => {
                 for r in &runners {
                     let s = r.scaler.stats();
@@ -291,4 +302,40 @@ async fn run_manager(
         r.shutdown().await;
     }
     Ok(())
+}
+
+async fn modified(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    tokio::fs::metadata(path)
+        .await
+        .and_then(|m| m.modified())
+        .ok()
+}
+
+/// Apply the policies of an edited config; a broken file keeps the old ones.
+async fn reload_policies(path: &std::path::Path, runners: &[runner::Runner]) {
+    let loaded = match config::load(path).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("config changed but cannot be used; keeping the old policies:\n{e}");
+            return;
+        }
+    };
+    for r in runners {
+        let Some(auto) = loaded
+            .config
+            .runners
+            .iter()
+            .find(|c| c.name == r.name)
+            .and_then(|c| c.autoscaler.as_ref())
+        else {
+            continue;
+        };
+        let policies: Vec<_> = auto.policy.iter().map(|p| p.to_policy()).collect();
+        match r.scaler.set_policies(&policies) {
+            Ok(()) => {
+                tracing::info!(runner = %r.name, policies = policies.len(), "policies reloaded")
+            }
+            Err(e) => tracing::warn!(runner = %r.name, error = %e, "reloaded policies refused"),
+        }
+    }
 }

@@ -113,3 +113,68 @@ fn http_get(port: u16, path: &str) -> String {
     conn.read_to_string(&mut out).expect("read");
     out
 }
+
+#[test]
+fn edited_policies_apply_without_a_restart() {
+    let w = World::new();
+    let state = w.path().join("plugin-state");
+    let text = |idle: u32| {
+        format!(
+            r#"
+[[runners]]
+  name = "reload"
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 1
+    max_instances = 4
+    update_interval = "200ms"
+    update_interval_when_expecting = "100ms"
+    delete_instances_on_shutdown = true
+    [runners.autoscaler.plugin_config]
+      dir = "{}"
+      name = "reload{}"
+    [[runners.autoscaler.policy]]
+      idle_count = {idle}
+      idle_time = "10m"
+"#,
+            state.display(),
+            std::process::id()
+        )
+    };
+    let cfg = w.write("config.toml", &text(1));
+    let child = w
+        .slipway(&["run", "-c", cfg.to_str().expect("cfg")])
+        .spawn()
+        .expect("spawn");
+    let sshd = || w.processes().iter().filter(|p| p.contains("sshd")).count();
+    let wait_for = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sshd() != n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        sshd()
+    };
+    assert_eq!(wait_for(1), 1, "{:?}", w.processes());
+    // The operator raises idle_count in config.toml: the running manager follows.
+    std::fs::write(&cfg, text(3)).expect("edit config");
+    assert_eq!(wait_for(3), 3, "{:?}", w.processes());
+
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}

@@ -158,7 +158,8 @@ impl Book {
 struct Inner {
     group: Arc<dyn InstanceGroup>,
     cfg: Config,
-    policies: Vec<CompiledPolicy>,
+    /// Replaced on config reload (`set_policies`).
+    policies: std::sync::RwLock<Vec<CompiledPolicy>>,
     hooks: Option<Arc<dyn InstanceHooks>>,
     store: Option<AsyncStateStore>,
     keep_instance_with_acquisitions: bool,
@@ -274,7 +275,7 @@ impl Taskscaler {
         let inner = Arc::new(Inner {
             group,
             cfg,
-            policies,
+            policies: std::sync::RwLock::new(policies),
             hooks,
             store,
             keep_instance_with_acquisitions,
@@ -311,6 +312,19 @@ impl Taskscaler {
     /// This taskscaler's metrics, to register with a Prometheus registry.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.inner.metrics.clone()
+    }
+
+    /// Replace the policies (config.toml reloaded); the other keys are not reloaded, as in
+    /// GitLab. Invalid policies are refused and the old ones stay.
+    pub fn set_policies(&self, policies: &[Policy]) -> Result<(), Error> {
+        let compiled = crate::policy::compile(policies)?;
+        *self
+            .inner
+            .policies
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = compiled;
+        self.inner.wake.notify_one();
+        Ok(())
     }
 
     /// The policy in force now.
@@ -642,7 +656,8 @@ impl Inner {
     }
 
     fn policy(&self) -> Policy {
-        crate::policy::active(&self.policies, self.wall_now())
+        let policies = self.policies.read().unwrap_or_else(|p| p.into_inner());
+        crate::policy::active(&policies, self.wall_now())
     }
 
     /// Free slots on running instances that can take a job now.
