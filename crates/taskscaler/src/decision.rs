@@ -70,13 +70,18 @@ pub struct Decision {
 
 /// Slots this instance can still hand out now.
 pub fn free_slots(cfg: &Config, inst: &InstanceView) -> u32 {
-    if inst.removing || !matches!(inst.state, State::Creating | State::Running) {
+    free_slots_of(cfg, inst.state, inst.removing, inst.acquired, inst.uses)
+}
+
+/// [`free_slots`] from the fields themselves (the hot path builds no view).
+pub fn free_slots_of(cfg: &Config, state: State, removing: bool, acquired: u32, uses: u32) -> u32 {
+    if removing || !matches!(state, State::Creating | State::Running) {
         return 0;
     }
     let cap = cfg.capacity_per_instance.max(1);
-    let free = cap.saturating_sub(inst.acquired);
+    let free = cap.saturating_sub(acquired);
     if cfg.max_use_count > 0 {
-        free.min(cfg.max_use_count.saturating_sub(inst.uses))
+        free.min(cfg.max_use_count.saturating_sub(uses))
     } else {
         free
     }

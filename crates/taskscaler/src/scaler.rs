@@ -99,6 +99,8 @@ pub struct Stats {
 struct Instance {
     state: State,
     slots: Vec<Option<String>>,
+    /// How many of `slots` are held.
+    held: u32,
     uses: u32,
     removing: bool,
     idle_since: Instant,
@@ -122,8 +124,33 @@ struct Instance {
 }
 
 impl Instance {
+    /// Slots it can hand out now (as the decision sees it, without building a view).
+    fn free_slots(&self, cfg: &Config) -> u32 {
+        let leaving = self.removing || self.preexisting || self.condemned.is_some();
+        decision::free_slots_of(cfg, self.state, leaving, self.acquired(), self.uses)
+    }
+
+    /// Slots held now (kept as a count: the hot path asks for it on every instance).
     fn acquired(&self) -> u32 {
-        u32::try_from(self.slots.iter().filter(|s| s.is_some()).count()).unwrap_or(u32::MAX)
+        self.held
+    }
+
+    /// Give `slot` to `key`.
+    fn take_slot(&mut self, slot: usize, key: &str) {
+        if let Some(s) = self.slots.get_mut(slot)
+            && s.replace(key.to_string()).is_none()
+        {
+            self.held += 1;
+        }
+    }
+
+    /// Free `slot`.
+    fn free_slot(&mut self, slot: usize) {
+        if let Some(s) = self.slots.get_mut(slot)
+            && s.take().is_some()
+        {
+            self.held = self.held.saturating_sub(1);
+        }
     }
 }
 
@@ -160,6 +187,8 @@ struct Inner {
     cfg: Config,
     /// Replaced on config reload (`set_policies`).
     policies: std::sync::RwLock<Vec<CompiledPolicy>>,
+    /// The active policy for one wall-clock minute.
+    policy_cache: Mutex<Option<(u64, Policy)>>,
     hooks: Option<Arc<dyn InstanceHooks>>,
     store: Option<AsyncStateStore>,
     keep_instance_with_acquisitions: bool,
@@ -276,6 +305,7 @@ impl Taskscaler {
             group,
             cfg,
             policies: std::sync::RwLock::new(policies),
+            policy_cache: Mutex::new(None),
             hooks,
             store,
             keep_instance_with_acquisitions,
@@ -323,6 +353,11 @@ impl Taskscaler {
             .policies
             .write()
             .unwrap_or_else(|p| p.into_inner()) = compiled;
+        *self
+            .inner
+            .policy_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         self.inner.wake.notify_one();
         Ok(())
     }
@@ -381,6 +416,11 @@ impl Taskscaler {
                 book.arrivals.clear();
             }
             book.reservations.insert(key.to_string(), None);
+            // Only demand beyond the idle slots needs a scaling pass now; the rest waits for
+            // the next interval (a pass per job would cost a plugin Update per job).
+            if pending < idle {
+                return Ok(());
+            }
         }
         self.inner.wake.notify_one();
         Ok(())
@@ -396,14 +436,18 @@ impl Taskscaler {
         let timeout = self.inner.cfg.instance_acquire_timeout;
         let asked = Instant::now();
         let deadline = asked + timeout;
-        // One nudge so the loop sees this demand now; waking it on every change would make the
-        // loop and a waiting acquire ping-pong (each pass signals a change).
-        self.inner.wake.notify_one();
+        let mut nudged = false;
         loop {
             let (instance_id, slot, lost, cached) = loop {
                 let mut rx = self.inner.changed.subscribe();
                 if let Some(found) = self.inner.try_assign(key)? {
                     break found;
+                }
+                // One nudge so the loop sees this demand now; waking it on every change would
+                // make the loop and a waiting acquire ping-pong (each pass signals a change).
+                if !nudged {
+                    nudged = true;
+                    self.inner.wake.notify_one();
                 }
                 // Fixed branch order keeps simulations on paused time deterministic.
                 tokio::select! {
@@ -453,6 +497,11 @@ impl Taskscaler {
                 .metrics
                 .acquisition_wait_seconds
                 .observe(asked.elapsed().as_secs_f64());
+            // A taken slot may leave less idle capacity than the policy wants: refill now.
+            let p = self.inner.policy();
+            if p.idle_count > 0 || p.scale_factor > 0.0 || self.inner.cfg.forecast.is_some() {
+                self.inner.wake.notify_one();
+            }
             return Ok(Acquisition {
                 key: key.to_string(),
                 instance_id,
@@ -469,21 +518,28 @@ impl Taskscaler {
             let k = key.to_string();
             store.enqueue("release", move |s| s.release(&k).map(|_| ()));
         }
-        {
+        let idle_time = self.inner.policy().idle_time;
+        let used_up = {
             let mut book = self.inner.lock();
+            let max_use = self.inner.cfg.max_use_count;
             if let Some(Some((id, slot))) = book.reservations.remove(key)
                 && let Some(inst) = book.instances.get_mut(&id)
             {
-                if let Some(s) = inst.slots.get_mut(slot as usize) {
-                    *s = None;
-                }
-                if inst.acquired() == 0 {
+                inst.free_slot(slot as usize);
+                let free = inst.acquired() == 0;
+                if free {
                     inst.idle_since = Instant::now();
                 }
+                // Used up, or idle_time 0: it goes now rather than at the next interval.
+                free && ((max_use > 0 && inst.uses >= max_use) || idle_time.is_zero())
+            } else {
+                false
             }
-        }
+        };
         self.inner.bump();
-        self.inner.wake.notify_one();
+        if used_up {
+            self.inner.wake.notify_one();
+        }
     }
 
     /// Counts for status output.
@@ -582,9 +638,7 @@ impl Inner {
         let mut book = self.lock();
         book.reservations.insert(key.to_string(), None);
         if let Some(inst) = book.instances.get_mut(id) {
-            if let Some(s) = inst.slots.get_mut(slot as usize) {
-                *s = None;
-            }
+            inst.free_slot(slot as usize);
             inst.uses = inst.uses.saturating_sub(1);
             inst.failures += 1;
             tracing::warn!(instance = %id, failures = inst.failures, error = %why, "heartbeat failed");
@@ -655,9 +709,22 @@ impl Inner {
         self.wall_start + self.started.elapsed()
     }
 
+    /// The active policy; periods match whole minutes, so it is evaluated once a minute.
     fn policy(&self) -> Policy {
+        let now = self.wall_now();
+        let minute = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() / 60);
+        let mut cache = self.policy_cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((m, p)) = cache.as_ref()
+            && *m == minute
+        {
+            return p.clone();
+        }
         let policies = self.policies.read().unwrap_or_else(|p| p.into_inner());
-        crate::policy::active(&policies, self.wall_now())
+        let p = crate::policy::active(&policies, now);
+        *cache = Some((minute, p.clone()));
+        p
     }
 
     /// Free slots on running instances that can take a job now.
@@ -665,7 +732,7 @@ impl Inner {
         book.instances
             .iter()
             .filter(|(_, i)| i.state == State::Running && !i.preexisting)
-            .map(|(id, i)| decision::free_slots(&self.cfg, &view(id, i)))
+            .map(|(_, i)| i.free_slots(&self.cfg))
             .sum()
     }
 
@@ -753,7 +820,7 @@ impl Inner {
             .iter()
             .filter(|(_, i)| i.state == State::Running && i.ready && i.persisted && !i.preexisting)
             .filter(|(_, i)| i.condemned.is_none())
-            .filter(|(id, i)| decision::free_slots(cfg, &view(id, i)) > 0)
+            .filter(|(_, i)| i.free_slots(cfg) > 0)
             .max_by(|(_, a), (_, b)| {
                 a.acquired()
                     .cmp(&b.acquired())
@@ -767,7 +834,7 @@ impl Inner {
         let Some(slot) = inst.slots.iter().position(Option::is_none) else {
             return Ok(None);
         };
-        inst.slots[slot] = Some(key.to_string());
+        inst.take_slot(slot, key);
         inst.uses += 1;
         let assigned = (
             id.clone(),
@@ -986,6 +1053,7 @@ impl Inner {
                 Instance {
                     state,
                     slots: vec![None; cap],
+                    held: 0,
                     uses: 0,
                     removing: false,
                     idle_since: now,
@@ -1044,6 +1112,7 @@ impl Inner {
                 Instance {
                     state,
                     slots: vec![None; cap],
+                    held: 0,
                     uses,
                     removing: false,
                     idle_since: now,
