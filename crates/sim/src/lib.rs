@@ -242,7 +242,8 @@ pub fn compare(trace: &Trace, seed: u64, opts: &SimOptions) -> Result<Report, Si
 /// `.csv`, a trace read from that file.
 pub fn run_named(trace: &str, seed: u64, opts: &SimOptions) -> Result<Report, SimError> {
     let t = if trace.ends_with(".csv") {
-        let text = std::fs::read_to_string(trace)?;
+        let text = std::fs::read_to_string(trace)
+            .map_err(|e| SimError::Trace(format!("cannot read {trace}: {e}")))?;
         trace::from_csv(trace, &text).map_err(|e| SimError::Trace(format!("{trace}: {e}")))?
     } else {
         trace::named(trace, seed).ok_or_else(|| SimError::UnknownTrace(trace.into()))?

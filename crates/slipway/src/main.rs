@@ -59,6 +59,22 @@ enum Command {
         #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
         plugin_dir: Option<PathBuf>,
     },
+    /// Simulate a day of jobs on a simulated cloud: GitLab's algorithm, Slipway's, and a
+    /// clairvoyant bound, all through the real taskscaler on simulated time.
+    Sim {
+        /// Trace: `diurnal`, `burst`, `weekend`, or a CSV file (arrival_s,duration_s,cpu,memory).
+        #[arg(long, default_value = "diurnal")]
+        trace: String,
+        /// Random seed of the trace and the simulated cloud.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Sweep each policy's settings for the cheapest that meets the wait target (minutes).
+        #[arg(long)]
+        sweep: bool,
+        /// p95 wait target in seconds.
+        #[arg(long, default_value_t = 30.0)]
+        target_p95: f64,
+    },
     /// Check a config.toml and report every problem.
     VerifyConfig {
         /// config.toml.
@@ -71,9 +87,35 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Exec { .. } => "warn",
+        // The simulator's own scaling logs would drown its table.
+        Command::Sim { .. } => "error",
         _ => "info",
     };
     init_logging(cli.log_level.as_deref().unwrap_or(default_level));
+    // The simulator runs its own paused-clock runtimes: keep it off the manager's runtime.
+    if let Command::Sim {
+        trace,
+        seed,
+        sweep,
+        target_p95,
+    } = &cli.command
+    {
+        let opts = slipway_sim::SimOptions {
+            target_p95_s: *target_p95,
+            sweep: *sweep,
+            ..slipway_sim::SimOptions::default()
+        };
+        return match slipway_sim::run_named(trace, *seed, &opts) {
+            Ok(report) => {
+                print!("{}", report.table());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -147,6 +189,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             run_manager(&loaded, &config, config_dir, plugin_dir, stop).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Sim { .. } => Ok(ExitCode::SUCCESS),
         Command::VerifyConfig { config } => {
             let loaded = config::load(&config).await?;
             print_warnings(&loaded);

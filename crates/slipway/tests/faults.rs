@@ -304,3 +304,58 @@ fn sigterm_leaves_no_instance_plugin_or_temporary_file() {
         seen.join("\n")
     );
 }
+
+#[test]
+fn an_instance_that_vanishes_fails_its_job_as_a_system_failure_quickly() {
+    let w = World::new();
+    let cfg = w.write("config.toml", &config(0));
+    let file = w.write(
+        "p.yml",
+        "doomed:\n  script:\n    - echo started\n    - sleep 120\n",
+    );
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[doomed] started");
+    let instance = seen
+        .iter()
+        .find_map(|l| l.strip_prefix("[doomed] Running on instance "))
+        .and_then(|r| r.split_whitespace().next())
+        .expect("instance named")
+        .to_string();
+    // The cloud deletes the instance behind the runner's back: every process of it dies.
+    let killed = Instant::now();
+    let st = std::process::Command::new("pkill")
+        .args(["-KILL", "-f", &format!("instances/{instance}/")])
+        .status()
+        .expect("pkill");
+    assert!(st.success(), "no process of {instance} found");
+    let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    let failed_at = seen
+        .iter()
+        .position(|l| l.starts_with("[doomed] Job failed"))
+        .expect("job failure reported");
+    assert!(
+        seen[failed_at].contains("runner_system_failure"),
+        "{}\n{stderr}",
+        seen.join("\n")
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        killed.elapsed()
+    );
+    assert_eq!(code, Some(1), "{}\n{stderr}", seen.join("\n"));
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}
