@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -10,6 +10,8 @@ use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_fleeting::{ConnectInfo, InstanceGroup};
 use slipway_taskscaler::InstanceHooks;
 
+/// A heartbeat this recent vouches for the instance.
+const HEARTBEAT_FRESH: Duration = Duration::from_secs(2);
 /// How long `instance_ready_command` may run.
 const READY_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -75,6 +77,18 @@ pub struct Checks {
     pub group: Arc<dyn InstanceGroup>,
     /// `instance_ready_command`, if any.
     pub ready_command: Option<String>,
+    /// When each instance last passed a heartbeat.
+    pub alive: Mutex<HashMap<String, Instant>>,
+}
+
+impl Checks {
+    fn recently_alive(&self, id: &str) -> bool {
+        self.alive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .is_some_and(|t| t.elapsed() < HEARTBEAT_FRESH)
+    }
 }
 
 impl std::fmt::Debug for Checks {
@@ -107,6 +121,11 @@ impl InstanceHooks for Checks {
     }
 
     async fn heartbeat(&self, info: &ConnectInfo) -> Result<(), String> {
+        // An instance proven alive a moment ago is not asked again: back-to-back jobs on one
+        // instance would otherwise pay a round trip each for no new information.
+        if self.recently_alive(&info.id) {
+            return Ok(());
+        }
         self.group
             .heartbeat(&info.id)
             .await
@@ -114,7 +133,13 @@ impl InstanceHooks for Checks {
         // GitLab's acquire heartbeat: `exit 0` through the connector.
         let client = self.pool.client(info).await.map_err(|e| format!("{e:#}"))?;
         match client.run_capture("exit 0", Vec::new()).await {
-            Ok((st, _, _)) if st.success() => Ok(()),
+            Ok((st, _, _)) if st.success() => {
+                self.alive
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(info.id.clone(), Instant::now());
+                Ok(())
+            }
             Ok((st, _, _)) => Err(format!("`exit 0` returned {st}")),
             Err(e) => Err(e.to_string()),
         }

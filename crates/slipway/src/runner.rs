@@ -84,6 +84,7 @@ impl Runner {
             group: plugin.clone(),
             ready_command: (!auto.instance_ready_command.trim().is_empty())
                 .then(|| auto.instance_ready_command.clone()),
+            alive: std::sync::Mutex::new(std::collections::HashMap::new()),
         });
         let store = match open_store(cfg, auto, &info, opts).await {
             Ok(store) => store,

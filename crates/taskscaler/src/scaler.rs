@@ -470,28 +470,43 @@ impl Taskscaler {
                     }
                 },
             };
-            if let Some(hooks) = &self.inner.hooks {
-                let check = hooks.heartbeat(&connect_info);
-                let healthy = match tokio::time::timeout(HEARTBEAT_TIMEOUT, check).await {
+            // The health check and the write-ahead record run side by side; the slot is handed
+            // out only when both succeed.
+            let check = async {
+                let Some(hooks) = &self.inner.hooks else {
+                    return Ok(());
+                };
+                match tokio::time::timeout(HEARTBEAT_TIMEOUT, hooks.heartbeat(&connect_info)).await
+                {
                     Ok(r) => r,
                     Err(_) => Err(format!("no answer within {HEARTBEAT_TIMEOUT:?}")),
-                };
-                if let Err(why) = healthy {
-                    // The reservation stays: try another slot, or wait for a new instance.
-                    self.inner.failed_heartbeat(key, &instance_id, slot, &why);
-                    continue;
                 }
+            };
+            let record = async {
+                match &self.inner.store {
+                    Some(store) => store
+                        .increment_use(instance_id.clone(), key, slot, key)
+                        .await
+                        .map(|_| true),
+                    None => Ok(false),
+                }
+            };
+            let (healthy, recorded) = tokio::join!(check, record);
+            if let Err(why) = healthy {
+                if let (Ok(true), Some(store)) = (&recorded, &self.inner.store) {
+                    let k = key.to_string();
+                    store.enqueue("release", move |s| s.release(&k).map(|_| ()));
+                }
+                // The reservation stays: try another slot, or wait for a new instance.
+                self.inner.failed_heartbeat(key, &instance_id, slot, &why);
+                continue;
+            }
+            if self.inner.hooks.is_some() {
                 self.inner.healthy(&instance_id);
             }
-            if let Some(store) = &self.inner.store {
-                // Write-ahead: the use is on disk before the job can start.
-                if let Err(e) = store
-                    .increment_use(instance_id.clone(), key, slot, key)
-                    .await
-                {
-                    self.release(key);
-                    return Err(Error::Store(e.to_string()));
-                }
+            if let Err(e) = recorded {
+                self.release(key);
+                return Err(Error::Store(e.to_string()));
             }
             self.inner
                 .metrics
