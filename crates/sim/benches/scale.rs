@@ -262,26 +262,13 @@ fn main() {
         "wall_s": round(started.elapsed().as_secs_f64(), 1),
         "goals": {"reserve_acquire_release_us_p99": 100, "bytes_per_slot": 1024, "scale_pass_ms": 50},
     });
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let doc = json!({
-        "bench": "scale",
-        "command": "cargo bench -p slipway-sim --bench scale",
-        "machine": format!("{cores} cores, {model}"),
-        "date": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
-        "results": results,
-    });
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
-    std::fs::create_dir_all(&dir).unwrap();
-    let text = serde_json::to_string_pretty(&doc).unwrap() + "\n";
-    std::fs::write(dir.join("scale.json"), &text).unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (_, text) = slipway_sim::bench::write(
+        &repo,
+        "scale",
+        "cargo bench -p slipway-sim --bench scale",
+        results,
+    )
+    .unwrap();
     println!("{text}");
 }

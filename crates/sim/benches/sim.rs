@@ -35,20 +35,6 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * p).round() / p
 }
 
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    format!("{cores} cores, {model}")
-}
-
 fn policy_json(prefix: &str, s: &SweepResult, out: &mut Map<String, Value>) {
     let r = &s.best.result;
     out.insert(
@@ -219,21 +205,14 @@ fn main() {
         "total_wall_s".into(),
         json!(round(started.elapsed().as_secs_f64(), 1)),
     );
-    let doc = json!({
-        "bench": "sim",
-        "command": "cargo bench -p slipway-sim --bench sim",
-        "machine": machine(),
-        "date": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
-        "results": Value::Object(results),
-    });
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/results");
-    std::fs::create_dir_all(&dir).expect("results dir");
-    let path = dir.join("sim.json");
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&doc).expect("json") + "\n",
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (path, text) = slipway_sim::bench::write(
+        &repo,
+        "sim",
+        "cargo bench -p slipway-sim --bench sim",
+        Value::Object(results),
     )
     .expect("write sim.json");
-    println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
+    println!("{text}");
     eprintln!("wrote {}", path.display());
 }

@@ -9,6 +9,7 @@
 //!
 //! [`compare`] / [`run_named`] put it together for `slipway sim`.
 
+pub mod bench;
 pub mod fleet;
 pub mod oracle;
 pub mod rng;

@@ -84,25 +84,18 @@ async fn bench() -> anyhow::Result<()> {
     let d95 = percentile(&dispatch, 95.0);
     let s50 = percentile(&ssh_exec, 50.0);
     let p50 = percentile(&spawn, 50.0);
-    let json = serde_json::json!({
-        "bench": "dispatch",
-        "command": COMMAND,
-        "machine": machine(),
-        "date": date(),
-        "results": {
-            "jobs": dispatch.len(),
-            "dispatch_ms_p50": round(d50),
-            "dispatch_ms_p95": round(d95),
-            "ssh_exec_ms_p50": round(s50),
-            "spawn_ms_p50": round(p50),
-            "dispatch_over_ssh_exec_p50": round(d50 / s50),
-            "dispatch_over_spawn_p50": round(d50 / p50),
-        }
+    let results = serde_json::json!({
+        "jobs": dispatch.len(),
+        "dispatch_ms_p50": round(d50),
+        "dispatch_ms_p95": round(d95),
+        "ssh_exec_ms_p50": round(s50),
+        "spawn_ms_p50": round(p50),
+        "dispatch_over_ssh_exec_p50": round(d50 / s50),
+        "dispatch_over_spawn_p50": round(d50 / p50),
     });
-    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/results/dispatch.json");
-    std::fs::create_dir_all(out.parent().context("results dir")?)?;
-    std::fs::write(&out, serde_json::to_string_pretty(&json)? + "\n")?;
-    println!("{}", serde_json::to_string_pretty(&json)?);
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (_, text) = slipway_sim::bench::write(&repo, "dispatch", COMMAND, results)?;
+    println!("{text}");
     Ok(())
 }
 
@@ -196,29 +189,4 @@ async fn runner_job(
         result.outcome
     );
     Ok(first.await?.map(ms))
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown cpu".into());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    format!("{cores} cores, {cpu}")
-}
-
-fn date() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }

@@ -1,0 +1,45 @@
+//! The benchmark result file every Slipway bench writes: `bench/results/NAME.json` as
+//! `{"bench", "command", "machine", "date", "results"}`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+/// `N cores, CPU model` of this machine.
+pub fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cores} cores, {model}")
+}
+
+/// Write `results` as `<repo>/bench/results/<name>.json` and return the file's path and text.
+///
+/// `repo` is the workspace root; `command` must regenerate the file.
+pub fn write(
+    repo: &Path,
+    name: &str,
+    command: &str,
+    results: Value,
+) -> std::io::Result<(PathBuf, String)> {
+    let doc = json!({
+        "bench": name,
+        "command": command,
+        "machine": machine(),
+        "date": chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        "results": results,
+    });
+    let dir = repo.join("bench/results");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)? + "\n";
+    std::fs::write(&path, &text)?;
+    Ok((path, text))
+}
