@@ -43,6 +43,8 @@ pub enum RemovalCause {
     NotReady,
     /// Failed `failure_threshold` health checks in a row.
     Unhealthy,
+    /// An accepted deletion that had no effect, asked for again.
+    Retry,
 }
 
 impl RemovalCause {
@@ -55,6 +57,7 @@ impl RemovalCause {
             RemovalCause::Preexisting => "preexisting",
             RemovalCause::NotReady => "instance_ready_command",
             RemovalCause::Unhealthy => "failure_threshold",
+            RemovalCause::Retry => "deletion_retry",
         }
     }
 }

@@ -171,6 +171,8 @@ struct Book {
     /// (exponential backoff against thrashing, as GitLab 17.0).
     ready_failures: u32,
     scale_up_after: Option<Instant>,
+    /// Instances whose accepted deletion had no effect: Decrease is sent again.
+    redelete: Vec<String>,
     created: u64,
     removed: u64,
 }
@@ -505,8 +507,11 @@ impl Taskscaler {
                 self.inner.healthy(&instance_id);
             }
             if let Err(e) = recorded {
-                self.release(key);
-                return Err(Error::Store(e.to_string()));
+                // The store refused this slot (held in its records, instance being removed):
+                // count it against the instance like a failed check and try another slot.
+                self.inner
+                    .failed_heartbeat(key, &instance_id, slot, &format!("state store: {e}"));
+                continue;
             }
             self.inner
                 .metrics
@@ -651,8 +656,15 @@ impl Inner {
     /// Undo an assignment whose heartbeat failed; condemn the instance past the threshold.
     fn failed_heartbeat(&self, key: &str, id: &str, slot: u32, why: &str) {
         let mut book = self.lock();
+        // Undo only what this acquire still holds (a concurrent release may have freed it).
+        if book.reservations.get(key) != Some(&Some((id.to_string(), slot))) {
+            return;
+        }
         book.reservations.insert(key.to_string(), None);
         if let Some(inst) = book.instances.get_mut(id) {
+            if inst.slots.get(slot as usize).and_then(Option::as_deref) != Some(key) {
+                return;
+            }
             inst.free_slot(slot as usize);
             inst.uses = inst.uses.saturating_sub(1);
             inst.failures += 1;
@@ -930,6 +942,11 @@ impl Inner {
             if book.scale_up_after.is_some_and(|t| Instant::now() < t) {
                 d.increase = 0;
             }
+            for id in std::mem::take(&mut book.redelete) {
+                if !d.remove.iter().any(|(r, _)| *r == id) {
+                    d.remove.push((id, RemovalCause::Retry));
+                }
+            }
             // Mark before asking, so no acquisition lands on an instance being removed.
             let now = Instant::now();
             for (id, _) in &d.remove {
@@ -1022,6 +1039,7 @@ impl Inner {
             }
         }
         let cap = self.cfg.capacity_per_instance.max(1) as usize;
+        let mut book_retry = Vec::new();
         for (id, state) in reported {
             if state == State::Deleted {
                 continue;
@@ -1048,9 +1066,10 @@ impl Inner {
                         .removing_since
                         .is_some_and(|t| t.elapsed() >= self.cfg.deletion_retry_interval)
                 {
+                    // It stays out of service: only the Decrease is sent again.
                     tracing::warn!(instance = %id, "deletion had no effect; retrying");
-                    inst.removing = false;
                     inst.removing_since = None;
+                    book_retry.push(id.clone());
                 }
                 continue;
             }
@@ -1097,6 +1116,7 @@ impl Inner {
                 });
             }
         }
+        book.redelete.extend(book_retry);
         if book.requested == 0 {
             book.requested_at = None;
         }
@@ -1136,11 +1156,12 @@ impl Inner {
                     lost: CancellationToken::new(),
                     preexisting: doomed,
                     removing_since: None,
-                    // It passed its ready command before the restart.
-                    ready: true,
+                    // Its ready command runs again: its earlier run may not have finished.
+                    ready: self.hooks.is_none(),
                     condemned: None,
                     failures: 0,
-                    persisted: true,
+                    // Usable once the restore is on disk.
+                    persisted: false,
                     running_at: Some(now),
                 },
             );
@@ -1181,8 +1202,18 @@ impl Inner {
                     (a.job_ref.clone(), report.to_string())
                 })
                 .collect();
-            if let Err(e) = store.apply_restore(plan, reports).await {
-                tracing::error!(error = %e, "state store: recording the restore failed");
+            let adopted: Vec<String> = plan.adopt.iter().map(|r| r.id.clone()).collect();
+            match store.apply_restore(plan, reports).await {
+                Ok(()) => {
+                    let mut book = self.lock();
+                    for id in adopted {
+                        if let Some(inst) = book.instances.get_mut(&id) {
+                            inst.persisted = true;
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(error = %e,
+                    "state store: recording the restore failed; restored instances stay unused"),
             }
         }
         for id in work.forget {
@@ -1268,6 +1299,7 @@ impl Inner {
             .min(Duration::from_millis(250));
         for _ in 0..=self.cfg.shutdown_deletion_retries {
             let Some(alive) = self.alive_instances().await else {
+                tokio::time::sleep(poll).await;
                 continue;
             };
             if alive.is_empty() {

@@ -578,3 +578,33 @@ async fn without_state_every_instance_found_at_start_is_removed() {
     ts.shutdown().await;
     store.close().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_whose_deletion_is_retried_takes_no_new_job() {
+    let group = Arc::new(Memory::default());
+    *group.ignore_decreases.lock().expect("lock") = 1;
+    // max_instances = 1: while the old instance is listed, no new one can come.
+    let mut c = cfg(1, 1, 0);
+    c.policies = vec![Policy {
+        idle_time: Duration::from_secs(1),
+        ..Policy::default()
+    }];
+    c.update_interval = Duration::from_secs(1);
+    c.deletion_retry_interval = Duration::from_secs(30);
+    c.instance_acquire_timeout = Duration::from_secs(120);
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c).expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    ts.release("a");
+    // Idle past idle_time: removed, but the cloud swallows the first Decrease.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // A job arrives and waits; when the deletion is retried it must not be handed the instance
+    // that is on its way out, but the fresh one that replaces it.
+    ts.reserve("b").expect("b");
+    let b = ts.acquire("b").await.expect("b");
+    assert_ne!(
+        b.instance_id, a.instance_id,
+        "job placed on an instance being deleted"
+    );
+    ts.shutdown().await;
+}
