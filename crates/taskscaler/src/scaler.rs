@@ -21,6 +21,8 @@ use crate::store::{
 
 /// Longest a single plugin call may take before the loop moves on.
 const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a vanished instance id is remembered.
+const VANISHED_MEMORY: Duration = Duration::from_secs(3600);
 /// Longest a heartbeat may take before it counts as failed.
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest pause in scale-up after instances kept failing their ready command.
@@ -173,6 +175,8 @@ struct Book {
     scale_up_after: Option<Instant>,
     /// Instances whose accepted deletion had no effect: Decrease is sent again.
     redelete: Vec<String>,
+    /// Ids that left the plugin's list, and when.
+    vanished: HashMap<String, Instant>,
     created: u64,
     removed: u64,
 }
@@ -1017,6 +1021,8 @@ impl Inner {
             self.restore(&mut book, &list, &mut work);
         }
         let reported: HashMap<String, State> = list.into_iter().collect();
+        // Remember vanished ids for an hour: long enough for a flapping listing to settle.
+        book.vanished.retain(|_, t| t.elapsed() < VANISHED_MEMORY);
         let gone: Vec<String> = book
             .instances
             .keys()
@@ -1035,6 +1041,7 @@ impl Inner {
                     .observe(inst.created.elapsed().as_secs_f64());
                 book.reservations
                     .retain(|_, r| !matches!(r, Some((i, _)) if *i == id));
+                book.vanished.insert(id.clone(), Instant::now());
                 work.forget.push(id);
             }
         }
@@ -1075,10 +1082,16 @@ impl Inner {
             }
             // Without saved state we cannot know a pre-existing instance's use count, so it is
             // not trusted (GitLab's rule with state storage off).
-            let removing = first && !matches!(state, State::Deleting);
-            if removing {
+            // An instance that left the plugin's list and came back lost its use count with
+            // it: like a pre-existing one, it is removed, never used again.
+            let returned = book.vanished.remove(&id).is_some();
+            let removing = (first || returned) && !matches!(state, State::Deleting);
+            if returned {
+                tracing::warn!(instance = %id, "instance reappeared after vanishing; removing it for safety");
+            } else if removing {
                 tracing::warn!(instance = %id, "no data on pre-existing instance; removing it for safety");
-            } else {
+            }
+            if !removing {
                 book.requested = book.requested.saturating_sub(1);
             }
             let now = Instant::now();

@@ -608,3 +608,36 @@ async fn an_instance_whose_deletion_is_retried_takes_no_new_job() {
     );
     ts.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_that_vanishes_and_returns_is_not_used_again() {
+    let group = Arc::new(Memory::default());
+    let mut c = cfg(1, 0, 1);
+    c.policies = vec![Policy {
+        idle_time: Duration::from_secs(600),
+        ..Policy::default()
+    }];
+    c.update_interval = Duration::from_secs(1);
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c).expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    // The listing flaps: the instance is missing from one Update, then back.
+    let saved = std::mem::take(&mut *group.instances.lock().expect("lock"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    group.instances.lock().expect("lock").extend(saved);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Its use count (1 of max_use_count 1) was lost with it: it is removed, not reused.
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&a.instance_id),
+        "returned instance not removed"
+    );
+    ts.release("a");
+    ts.reserve("b").expect("b");
+    let b = ts.acquire("b").await.expect("b");
+    assert_ne!(b.instance_id, a.instance_id);
+    ts.shutdown().await;
+}
