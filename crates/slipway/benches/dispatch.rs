@@ -126,9 +126,7 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     }
     dispatch.sort_by(f64::total_cmp);
 
-    while runner.scaler.reserve("ssh-baseline").is_err() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    runner.scaler.reserve_wait("ssh-baseline").await?;
     let acq = runner.scaler.acquire("ssh-baseline").await?;
     let client = runner.client(&acq).await?;
     let mut ssh = Vec::with_capacity(BASELINE_RUNS);
@@ -153,17 +151,8 @@ async fn runner_job(
     let payload = job.to_job_response(id + 1, 1, &[]);
     let key = format!("bench-{id}");
     let queued = Instant::now();
-    // Preemptive mode (idle_count > 0) refuses a reservation until an idle slot is ready, as a
-    // GitLab runner would not ask for a job yet: retry like one.
-    loop {
-        match runner.scaler.reserve(&key) {
-            Ok(()) => break,
-            Err(slipway_taskscaler::Error::NoIdleCapacity(_)) => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    // Preemptive mode (idle_count > 0) refuses a reservation until an idle slot is ready.
+    runner.scaler.reserve_wait(&key).await?;
     let acq = runner.scaler.acquire(&key).await?;
     let client = runner.client(&acq).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();

@@ -334,24 +334,18 @@ impl JobTask {
             (JobStatus::Failed, e.to_string())
         };
         // A local pipeline has no queue to leave jobs in: wait until a slot can be reserved.
-        let mut told = false;
-        loop {
-            match scaler.reserve(key) {
-                Ok(()) => break,
-                Err(e @ (TsError::NoCapacity(_) | TsError::NoIdleCapacity(_))) => {
-                    if !told {
-                        trace.message(&format!("Waiting for capacity: {e}"));
-                        told = true;
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                        _ = self.cancel.cancelled() => {
-                            return Err((JobStatus::Canceled, "canceled while waiting for capacity".into()));
-                        }
+        match scaler.reserve(key) {
+            Ok(()) => {}
+            Err(e @ (TsError::NoCapacity(_) | TsError::NoIdleCapacity(_))) => {
+                trace.message(&format!("Waiting for capacity: {e}"));
+                tokio::select! {
+                    r = scaler.reserve_wait(key) => r.map_err(|e| failed(trace, &e))?,
+                    _ = self.cancel.cancelled() => {
+                        return Err((JobStatus::Canceled, "canceled while waiting for capacity".into()));
                     }
                 }
-                Err(e) => return Err(failed(trace, &e)),
             }
+            Err(e) => return Err(failed(trace, &e)),
         }
         trace.message(&format!(
             "Waiting for a slot on runner {:?}",

@@ -432,6 +432,24 @@ impl Taskscaler {
         Ok(())
     }
 
+    /// Reserve, waiting while capacity is refused (`NoCapacity`, `NoIdleCapacity`) until a
+    /// release or a scaling pass changes the picture. For callers with no queue to leave a job
+    /// in (local pipelines, benchmarks); a GitLab runner simply does not ask for a job instead.
+    pub async fn reserve_wait(&self, key: &str) -> Result<(), Error> {
+        loop {
+            let mut rx = self.inner.changed.subscribe();
+            match self.reserve(key) {
+                Err(Error::NoCapacity(_) | Error::NoIdleCapacity(_)) => {}
+                other => return other,
+            }
+            tokio::select! {
+                biased;
+                _ = self.inner.stop.cancelled() => return Err(Error::ShuttingDown),
+                _ = rx.changed() => {}
+            }
+        }
+    }
+
     /// Give back a reservation no job arrived for.
     pub fn unreserve(&self, key: &str) {
         self.release(key);

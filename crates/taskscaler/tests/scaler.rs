@@ -641,3 +641,28 @@ async fn an_instance_that_vanishes_and_returns_is_not_used_again() {
     assert_ne!(b.instance_id, a.instance_id);
     ts.shutdown().await;
 }
+
+#[tokio::test]
+async fn reserve_wait_gets_the_slot_a_release_frees() {
+    let group = Arc::new(Memory::default());
+    let ts = Arc::new(
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0)).expect("start"),
+    );
+    ts.reserve("a").expect("a");
+    let waiting = {
+        let ts = ts.clone();
+        tokio::spawn(async move { ts.reserve_wait("b").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting.is_finished(),
+        "b must wait while a holds the only slot"
+    );
+    ts.unreserve("a");
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("b reserved after the release")
+        .expect("task")
+        .expect("reserve");
+    ts.shutdown().await;
+}
