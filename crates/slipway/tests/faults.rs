@@ -11,7 +11,7 @@ use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{World, environ_of, processes_matching, wait_with_timeout};
+use common::{World, environ_of, instances_of, processes_matching, signal, wait_with_timeout};
 
 /// Spawn `slipway` and forward its stdout lines to a channel, keeping a copy.
 fn spawn_streaming(w: &World, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
@@ -92,11 +92,7 @@ fn killed_plugin_is_restarted_and_the_pipeline_finishes() {
     wait_for_line(&rx, &mut seen, "[first] started");
     let before = plugin_pids(&w);
     assert_eq!(before.len(), 1, "one plugin process: {before:?}");
-    let st = std::process::Command::new("kill")
-        .args(["-KILL", &before[0].to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success());
+    signal(before[0], "KILL");
 
     // `second` needs a new instance (max_use_count = 1): only a restarted plugin can make it.
     let out = wait_with_timeout_reading(&mut child, rx, &mut seen);
@@ -256,11 +252,7 @@ fn sigterm_leaves_no_instance_plugin_or_temporary_file() {
     assert!(!w.processes().is_empty(), "instances should be running now");
     assert!(!plugin_pids(&w).is_empty(), "plugin should be running now");
 
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success());
+    signal(child.id(), "TERM");
     let sent = Instant::now();
     let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
     let took = sent.elapsed();
@@ -273,12 +265,7 @@ fn sigterm_leaves_no_instance_plugin_or_temporary_file() {
     );
     assert!(plugin_pids(&w).is_empty(), "plugin left running");
     // Namespaced instances (as root) must take their network namespace with them.
-    let instances: Vec<String> = seen
-        .iter()
-        .filter_map(|l| l.strip_prefix("[stuck] Running on instance "))
-        .filter_map(|rest| rest.split_whitespace().next())
-        .map(str::to_string)
-        .collect();
+    let instances = instances_of(&seen, "stuck");
     assert!(!instances.is_empty(), "{}", seen.join("\n"));
     let netns = std::process::Command::new("ip")
         .args(["netns", "list"])
@@ -324,12 +311,10 @@ fn an_instance_that_vanishes_fails_its_job_as_a_system_failure_quickly() {
     );
     let mut seen = Vec::new();
     wait_for_line(&rx, &mut seen, "[doomed] started");
-    let instance = seen
-        .iter()
-        .find_map(|l| l.strip_prefix("[doomed] Running on instance "))
-        .and_then(|r| r.split_whitespace().next())
-        .expect("instance named")
-        .to_string();
+    let instance = instances_of(&seen, "doomed")
+        .into_iter()
+        .next()
+        .expect("instance named");
     // The cloud deletes the instance behind the runner's back: every process of it dies.
     let killed = Instant::now();
     let st = std::process::Command::new("pkill")

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{World, wait_with_timeout};
+use common::{World, stop_manager};
 
 #[test]
 fn run_keeps_idle_capacity_and_removes_it_on_sigterm() {
@@ -49,7 +49,6 @@ listen_address = "127.0.0.1:{port}"
         .slipway(&["run", "-c", cfg.to_str().expect("cfg")])
         .spawn()
         .expect("spawn");
-    let pid = child.id();
 
     // idle_count = 2 slots of capacity 1: two sshd instances come up with no job at all.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -82,23 +81,7 @@ listen_address = "127.0.0.1:{port}"
     assert!(idle.ends_with(" 2"), "{idle}");
     assert!(http_get(port, "/healthz").contains("ok"));
 
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success());
-    let out = wait_with_timeout(child, Duration::from_secs(30));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        w.processes().is_empty(),
-        "left running: {:?}",
-        w.processes()
-    );
+    stop_manager(&w, child);
 }
 
 fn http_get(port: u16, path: &str) -> String {
@@ -160,21 +143,5 @@ fn edited_policies_apply_without_a_restart() {
     std::fs::write(&cfg, text(3)).expect("edit config");
     assert_eq!(wait_for(3), 3, "{:?}", w.processes());
 
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success());
-    let out = wait_with_timeout(child, Duration::from_secs(30));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        w.processes().is_empty(),
-        "left running: {:?}",
-        w.processes()
-    );
+    stop_manager(&w, child);
 }

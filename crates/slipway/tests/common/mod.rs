@@ -242,3 +242,40 @@ impl Run {
             .collect()
     }
 }
+
+/// Send `sig` (`TERM`, `KILL`, …) to a process, failing the test if it cannot be sent.
+pub fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill -{sig} {pid} failed");
+}
+
+/// SIGTERM a `slipway run` manager: it must exit 0 and leave nothing of this world running.
+pub fn stop_manager(w: &World, child: std::process::Child) {
+    signal(child.id(), "TERM");
+    let out = wait_with_timeout(child, Duration::from_secs(30));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}
+
+/// Instances a job ran on, from its `[job] Running on instance ID slot N` lines.
+pub fn instances_of(lines: &[String], job: &str) -> Vec<String> {
+    let prefix = format!("[{job}] Running on instance ");
+    lines
+        .iter()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
