@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+pub use crate::forecast::Forecast;
 use crate::policy::Policy;
 
 /// What the taskscaler is allowed to do (GitLab's meaning and defaults).
@@ -97,18 +98,4 @@ impl Default for ScaleThrottle {
             burst: 100,
         }
     }
-}
-
-/// Keep idle capacity for the demand expected before a new instance could be ready.
-///
-/// Slipway's addition to GitLab's algorithm: the arrival rate over `window` times `horizon`
-/// (about one instance's provisioning time) is added to the idle target.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Forecast {
-    /// How far back arrivals are counted.
-    pub window: Duration,
-    /// How far ahead demand is provisioned for.
-    pub horizon: Duration,
-    /// Multiplier on the expected arrivals (1.0 = the mean).
-    pub factor: f64,
 }

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod decision;
+pub mod forecast;
 pub mod hooks;
 pub mod metrics;
 pub mod policy;

@@ -1,6 +1,6 @@
 //! The running taskscaler: reservations, acquisitions and the scaling loop over one instance group.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::decision::{self, Demand, InstanceView, RemovalCause};
+use crate::forecast::Arrivals;
 use crate::hooks::InstanceHooks;
 use crate::metrics::Metrics;
 use crate::policy::{CompiledPolicy, Policy};
@@ -165,7 +166,7 @@ struct Book {
     requested_at: Option<Instant>,
     seen_first_update: bool,
     /// Recent reservation times, for the demand forecast.
-    arrivals: VecDeque<Instant>,
+    arrivals: Arrivals,
     /// Token bucket on creations: tokens and when they were last topped up.
     tokens: f64,
     tokens_at: Option<Instant>,
@@ -408,19 +409,8 @@ impl Taskscaler {
                     "reservation throttling: outstanding reservations already cover idle capacity",
                 ));
             }
-            let now = Instant::now();
-            book.arrivals.push_back(now);
-            if let Some(f) = self.inner.cfg.forecast {
-                while book
-                    .arrivals
-                    .front()
-                    .is_some_and(|t| now.saturating_duration_since(*t) > f.window)
-                {
-                    book.arrivals.pop_front();
-                }
-            } else {
-                book.arrivals.clear();
-            }
+            book.arrivals
+                .record(self.inner.cfg.forecast.as_ref(), Instant::now());
             book.reservations.insert(key.to_string(), None);
             // Only demand beyond the idle slots needs a scaling pass now; the rest waits for
             // the next interval (a pass per job would cost a plugin Update per job).
@@ -791,17 +781,8 @@ impl Inner {
         let policy = self.policy();
         let in_use: u32 = book.instances.values().map(Instance::acquired).sum();
         let mut idle_target = policy.idle_target(in_use);
-        if let Some(f) = self.cfg.forecast
-            && !f.window.is_zero()
-        {
-            let now = Instant::now();
-            let recent = book
-                .arrivals
-                .iter()
-                .filter(|t| now.saturating_duration_since(**t) <= f.window)
-                .count() as f64;
-            let expected = recent / f.window.as_secs_f64() * f.horizon.as_secs_f64() * f.factor;
-            idle_target = idle_target.max(expected.ceil().clamp(0.0, f64::from(u32::MAX)) as u32);
+        if let Some(f) = &self.cfg.forecast {
+            idle_target = idle_target.max(book.arrivals.idle_target(f, Instant::now()));
         }
         Demand {
             pending: book.pending(),
