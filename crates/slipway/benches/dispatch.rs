@@ -11,6 +11,7 @@ use slipway::config;
 use slipway::runner::{Runner, StartOptions};
 use slipway_executor::{InstanceExecutor, RunContext, Trace};
 use slipway_jobs::{Pipeline, PipelineOptions};
+use slipway_taskscaler::Resources;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -61,6 +62,7 @@ async fn bench() -> anyhow::Result<()> {
             handshake_timeout: None,
             delete_instances_on_shutdown: true,
             state_dir: Some(run_dir.path().join("state")),
+            metrics: None,
         },
     )
     .await?;
@@ -126,8 +128,10 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     }
     dispatch.sort_by(f64::total_cmp);
 
-    runner.scaler.reserve_wait("ssh-baseline").await?;
-    let acq = runner.scaler.acquire("ssh-baseline").await?;
+    runner
+        .reserve_wait("ssh-baseline", &Resources::default())
+        .await?;
+    let acq = runner.acquire("ssh-baseline").await?;
     let client = runner.client(&acq).await?;
     let mut ssh = Vec::with_capacity(BASELINE_RUNS);
     for _ in 0..BASELINE_RUNS {
@@ -136,7 +140,7 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
         anyhow::ensure!(st.success(), "ssh true failed: {st}");
         ssh.push(ms(t.elapsed()));
     }
-    runner.scaler.release("ssh-baseline");
+    runner.release("ssh-baseline");
     ssh.sort_by(f64::total_cmp);
     Ok((dispatch, ssh))
 }
@@ -152,8 +156,8 @@ async fn runner_job(
     let key = format!("bench-{id}");
     let queued = Instant::now();
     // Preemptive mode (idle_count > 0) refuses a reservation until an idle slot is ready.
-    runner.scaler.reserve_wait(&key).await?;
-    let acq = runner.scaler.acquire(&key).await?;
+    runner.reserve_wait(&key, &Resources::default()).await?;
+    let acq = runner.acquire(&key).await?;
     let client = runner.client(&acq).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut trace = Trace::new(Vec::<String>::new(), tx);
@@ -171,7 +175,7 @@ async fn runner_job(
         )
         .await;
     drop(trace);
-    runner.scaler.release(&key);
+    runner.release(&key);
     anyhow::ensure!(
         result.outcome.is_success(),
         "bench job failed: {:?}",

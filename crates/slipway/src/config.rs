@@ -127,6 +127,85 @@ pub struct AutoscalerConfig {
     pub instance_ready_command: String,
     /// `[runners.autoscaler.state_storage]`.
     pub state_storage: StateStorageConfig,
+    /// `[[runners.autoscaler.shape]]`: instance groups of different sizes (Slipway). Without
+    /// any, the section itself is the one group and jobs are placed by slot count.
+    pub shape: Vec<ShapeConfig>,
+}
+
+/// `[[runners.autoscaler.shape]]`: one instance group, what each instance offers and costs.
+/// Keys not set here come from `[runners.autoscaler]`; `plugin_config` is merged over it.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct ShapeConfig {
+    /// Name, unique within the runner.
+    pub name: String,
+    /// CPUs of one instance (`4`, `1.5`, `500m`).
+    pub cpu: Option<Amount>,
+    /// Memory of one instance (`16GiB`, `512Mi`, bytes).
+    pub memory: Option<Amount>,
+    /// GPUs of one instance.
+    pub gpu: u32,
+    /// Relative cost of one instance per hour (default 1).
+    pub cost: Option<f64>,
+    /// Overrides `capacity_per_instance`.
+    pub capacity_per_instance: Option<u32>,
+    /// Overrides `max_instances`.
+    pub max_instances: Option<u32>,
+    /// Overrides `max_use_count`.
+    pub max_use_count: Option<u32>,
+    /// Merged over the runner's `plugin_config` (e.g. another instance type).
+    pub plugin_config: toml::Table,
+}
+
+/// A resource amount written as a number or a string with a unit.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Amount {
+    /// `4`.
+    Int(i64),
+    /// `1.5`.
+    Float(f64),
+    /// `500m`, `16GiB`.
+    Text(String),
+}
+
+impl fmt::Display for Amount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Amount::Int(v) => write!(f, "{v}"),
+            Amount::Float(v) => write!(f, "{v}"),
+            Amount::Text(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl ShapeConfig {
+    /// What one instance offers, or the key and the problem.
+    pub fn resources(&self) -> Result<slipway_taskscaler::Resources, (&'static str, String)> {
+        use slipway_taskscaler::Resources;
+        let cpu = match &self.cpu {
+            Some(a) => Resources::parse_cpu(&a.to_string()).map_err(|e| ("cpu", e.to_string()))?,
+            None => 0,
+        };
+        let memory = match &self.memory {
+            Some(Amount::Text(t)) => {
+                Resources::parse_memory(t).map_err(|e| ("memory", e.to_string()))?
+            }
+            // A bare number of memory is ambiguous (bytes? GiB?): ask for a unit.
+            Some(a) => {
+                return Err((
+                    "memory",
+                    format!("{a}: expected an amount with a unit, such as \"16GiB\" or \"512Mi\""),
+                ));
+            }
+            None => 0,
+        };
+        Ok(Resources {
+            cpu_millis: cpu,
+            memory_bytes: memory,
+            gpus: self.gpu,
+        })
+    }
 }
 
 /// `[runners.autoscaler.state_storage]`: on by default in Slipway (GitLab: off).
@@ -190,6 +269,7 @@ impl Default for AutoscalerConfig {
             failure_threshold: d.failure_threshold,
             instance_ready_command: String::new(),
             state_storage: StateStorageConfig::default(),
+            shape: Vec::new(),
         }
     }
 }
@@ -573,6 +653,47 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                 true,
             );
         }
+        let mut names = std::collections::HashSet::new();
+        for (j, shape) in a.shape.iter().enumerate() {
+            let at_shape = |k: &str| {
+                let mut path = at(&["autoscaler", "shape"]);
+                path.push(Seg::Index(j));
+                path.push(key(k));
+                path
+            };
+            if shape.name.trim().is_empty() {
+                report(
+                    at_shape("name"),
+                    "missing; every shape needs a name".into(),
+                    true,
+                );
+            } else if !names.insert(shape.name.as_str()) {
+                report(
+                    at_shape("name"),
+                    format!("shape {:?} is named twice", shape.name),
+                    true,
+                );
+            }
+            match shape.resources() {
+                Err((field, message)) => report(at_shape(field), message, true),
+                Ok(r) if r.is_empty() => report(
+                    at_shape("cpu"),
+                    "a shape must declare what one instance offers: cpu, memory or gpu".into(),
+                    true,
+                ),
+                Ok(_) => {}
+            }
+            if shape.cost.is_some_and(|c| !c.is_finite() || c <= 0.0) {
+                report(at_shape("cost"), "must be a positive number".into(), true);
+            }
+            if shape.capacity_per_instance == Some(0) {
+                report(
+                    at_shape("capacity_per_instance"),
+                    "must be at least 1".into(),
+                    true,
+                );
+            }
+        }
         let limit = u64::from(a.max_instances) * u64::from(a.capacity_per_instance);
         if a.max_instances > 0 && u64::from(cfg.concurrent) > limit {
             report(
@@ -810,5 +931,76 @@ concurrent = 4
     fn embedded_config_is_valid() {
         let loaded = parse(EMBEDDED, "embedded").expect("embedded config");
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    }
+
+    #[test]
+    fn shapes_declare_resources_and_override_keys() {
+        let text = format!(
+            "{GOOD}{}",
+            r#"
+    [[runners.autoscaler.shape]]
+      name = "small"
+      cpu = 2
+      memory = "4GiB"
+      cost = 1.0
+    [[runners.autoscaler.shape]]
+      name = "gpu"
+      cpu = "8"
+      memory = "32GiB"
+      gpu = 1
+      cost = 6.5
+      capacity_per_instance = 1
+      [runners.autoscaler.shape.plugin_config]
+        instance_type = "g5.2xlarge"
+"#
+        );
+        let loaded = parse(&text, "config.toml").expect("valid");
+        let a = loaded.config.runners[0]
+            .autoscaler
+            .as_ref()
+            .expect("autoscaler");
+        assert_eq!(a.shape.len(), 2);
+        let gpu = a.shape[1].resources().expect("resources");
+        assert_eq!(gpu.cpu_millis, 8000);
+        assert_eq!(gpu.memory_bytes, 32 << 30);
+        assert_eq!(gpu.gpus, 1);
+        assert_eq!(a.shape[1].capacity_per_instance, Some(1));
+        assert_eq!(
+            a.shape[1].plugin_config["instance_type"].as_str(),
+            Some("g5.2xlarge")
+        );
+    }
+
+    #[test]
+    fn bad_shapes_name_the_shape_key_and_line() {
+        let text = format!(
+            "{GOOD}{}",
+            r#"
+    [[runners.autoscaler.shape]]
+      name = "a"
+      cpu = "lots"
+    [[runners.autoscaler.shape]]
+      name = "a"
+      memory = 16
+"#
+        );
+        let e = errors(&text);
+        assert!(
+            e.iter().any(|l| l.starts_with(
+                "config.toml:22: runners[0].autoscaler.shape[0].cpu: cpu \"lots\": expected"
+            )),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|l| l.starts_with(
+                "config.toml:24: runners[0].autoscaler.shape[1].name: shape \"a\" is named twice"
+            )),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|l| l.contains("shape[1].memory: 16: expected an amount with a unit")),
+            "{e:?}"
+        );
     }
 }

@@ -103,6 +103,7 @@ pub async fn run(
         handshake_timeout: opts.plugin_start_timeout,
         delete_instances_on_shutdown: true,
         state_dir: Some(run_dir.path().join("state")),
+        metrics: None,
     };
     let runner = tokio::select! {
         r = Runner::start(runner_cfg, &start) => Arc::new(r?),
@@ -272,7 +273,6 @@ impl JobTask {
             message: String::new(),
         };
         let mut artifacts = None;
-        let scaler = &self.runner.scaler;
         match self.acquire(&key, &mut trace).await {
             Err((status, message)) => {
                 row.status = status;
@@ -287,7 +287,7 @@ impl JobTask {
                     acq.instance_id, acq.slot
                 ));
                 let (outcome, tar) = self.execute(&acq, &mut trace).await;
-                scaler.release(&key);
+                self.runner.release(&key);
                 if let Some(tar) = tar {
                     match tokio::fs::write(&self.artifacts_out, tar).await {
                         Ok(()) => artifacts = Some(self.artifacts_out.clone()),
@@ -328,18 +328,19 @@ impl JobTask {
         key: &str,
         trace: &mut Trace,
     ) -> Result<Acquisition, (JobStatus, String)> {
-        let scaler = &self.runner.scaler;
+        let runner = &self.runner;
         let failed = |trace: &mut Trace, e: &dyn std::fmt::Display| {
             trace.message(&format!("ERROR: {e}"));
             (JobStatus::Failed, e.to_string())
         };
+        let request = crate::request::of_job(&self.payload).map_err(|e| failed(trace, &e))?;
         // A local pipeline has no queue to leave jobs in: wait until a slot can be reserved.
-        match scaler.reserve(key) {
+        match runner.reserve(key, &request) {
             Ok(()) => {}
             Err(e @ (TsError::NoCapacity(_) | TsError::NoIdleCapacity(_))) => {
                 trace.message(&format!("Waiting for capacity: {e}"));
                 tokio::select! {
-                    r = scaler.reserve_wait(key) => r.map_err(|e| failed(trace, &e))?,
+                    r = runner.reserve_wait(key, &request) => r.map_err(|e| failed(trace, &e))?,
                     _ = self.cancel.cancelled() => {
                         return Err((JobStatus::Canceled, "canceled while waiting for capacity".into()));
                     }
@@ -352,14 +353,14 @@ impl JobTask {
             self.runner.name
         ));
         let acquired = tokio::select! {
-            a = scaler.acquire(key) => a,
+            a = runner.acquire(key) => a,
             _ = self.cancel.cancelled() => {
-                scaler.unreserve(key);
+                runner.unreserve(key);
                 return Err((JobStatus::Canceled, "canceled while waiting for a slot".into()));
             }
         };
         acquired.map_err(|e| {
-            scaler.unreserve(key);
+            runner.unreserve(key);
             failed(trace, &e)
         })
     }

@@ -3,9 +3,11 @@
 //! - [`config`]: GitLab Runner's `config.toml`, with located errors and warnings.
 //! - [`runner`]: one `[[runners]]` entry started — plugin process, taskscaler, SSH connections.
 //! - [`exec`]: `slipway exec`, a local pipeline through the whole stack.
+//! - [`request`]: a job's CPU, memory and GPU request from its variables.
 
 pub mod config;
 pub mod exec;
 pub mod pool;
+pub mod request;
 pub mod runner;
 pub mod server;

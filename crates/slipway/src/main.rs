@@ -268,9 +268,11 @@ async fn run_manager(
     plugin_dir: Option<PathBuf>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
     let opts = runner::StartOptions {
         plugin_dir,
         state_dir: Some(config_dir.join(".slipway-state")),
+        metrics: Some(families.clone()),
         ..runner::StartOptions::default()
     };
     let mut runners = Vec::new();
@@ -297,13 +299,7 @@ async fn run_manager(
         None => None,
         Some(addr) => {
             let mut registry = prometheus_client::registry::Registry::default();
-            for r in &runners {
-                let sub = registry.sub_registry_with_label((
-                    std::borrow::Cow::Borrowed("runner"),
-                    std::borrow::Cow::Owned(r.name.clone()),
-                ));
-                r.scaler.metrics().register(sub);
-            }
+            families.register(&mut registry);
             match slipway::server::Server::start(addr, registry).await {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -331,7 +327,7 @@ async fn run_manager(
             }
             _ = tick.tick() => {
                 for r in &runners {
-                    let s = r.scaler.stats();
+                    let s = r.stats();
                     tracing::info!(runner = %r.name, instances = s.instances, running = s.running,
                         acquired = s.acquired, pending = s.pending, "status");
                 }
@@ -374,7 +370,7 @@ async fn reload_policies(path: &std::path::Path, runners: &[runner::Runner]) {
             continue;
         };
         let policies: Vec<_> = auto.policy.iter().map(|p| p.to_policy()).collect();
-        match r.scaler.set_policies(&policies) {
+        match r.set_policies(&policies) {
             Ok(()) => {
                 tracing::info!(runner = %r.name, policies = policies.len(), "policies reloaded")
             }

@@ -7,8 +7,11 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use slipway_connector::{Client, DialOptions};
 use slipway_fleeting::{ConnectorConfig, InstanceGroup as _, PluginHost, PluginOptions};
+use slipway_taskscaler::metrics::{MetricFamilies, Metrics};
 use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreIdentity};
-use slipway_taskscaler::{Acquisition, Options, Taskscaler};
+use slipway_taskscaler::{
+    Acquisition, Error as TsError, Options, Placement, Policy, Resources, Shape, Stats, Taskscaler,
+};
 
 use crate::config::{AutoscalerConfig, RunnerConfig};
 use crate::pool::{Checks, Pool};
@@ -20,10 +23,10 @@ pub struct Runner {
     pub name: String,
     /// Builds root on instances.
     pub builds_dir: String,
-    /// The plugin process.
-    pub plugin: Arc<PluginHost>,
-    /// The autoscaler.
-    pub scaler: Taskscaler,
+    /// Its instance groups (one per shape) and where each job goes.
+    pub placement: Placement,
+    /// One plugin process per shape, in the placement's order.
+    plugins: Vec<Arc<PluginHost>>,
     /// One SSH connection per instance, shared by the jobs on its slots and health checks.
     pool: Arc<Pool>,
 }
@@ -34,6 +37,8 @@ pub struct StartOptions {
     /// Where to look for plugins first.
     pub plugin_dir: Option<PathBuf>,
     /// Keys merged into `plugin_config` (a per-run state dir, say) unless the config sets them.
+    /// With several shapes, string values of `name` and `dir` get the shape's name appended,
+    /// so the groups stay apart.
     pub plugin_config_defaults: toml::Table,
     /// Handshake timeout.
     pub handshake_timeout: Option<Duration>,
@@ -42,81 +47,107 @@ pub struct StartOptions {
     pub delete_instances_on_shutdown: bool,
     /// `state_storage.dir` when the config names none (`run`: beside config.toml).
     pub state_dir: Option<PathBuf>,
+    /// Metric families shared by every runner of the process (default: the runner's own).
+    pub metrics: Option<Arc<MetricFamilies>>,
+}
+
+/// One instance group of a runner as configured: the section itself, or one of its shapes.
+struct GroupPlan {
+    shape: String,
+    auto: AutoscalerConfig,
+    resources: Option<Resources>,
+    cost: f64,
 }
 
 impl Runner {
-    /// Start the plugin, `Init` it and start the taskscaler.
+    /// Start every shape's plugin, `Init` it and start its taskscaler. Nothing is left
+    /// running when one of them fails.
     pub async fn start(cfg: &RunnerConfig, opts: &StartOptions) -> anyhow::Result<Runner> {
         let Some(auto) = &cfg.autoscaler else {
             bail!("runner {:?} has no [runners.autoscaler] section", cfg.name);
         };
-        let path = slipway_fleeting::host::find_plugin(&auto.plugin, opts.plugin_dir.as_deref())
-            .with_context(|| format!("runner {:?}", cfg.name))?;
-        let mut plugin_config = auto.plugin_config.clone();
-        for (k, v) in &opts.plugin_config_defaults {
-            plugin_config.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        let plugin_json = serde_json::to_vec(&plugin_config).context("plugin_config as JSON")?;
-        let connector = connector_config(auto).await?;
-        let mut popts = PluginOptions::new(plugin_name(&auto.plugin), path);
-        if let Some(t) = opts.handshake_timeout {
-            popts.handshake_timeout = t;
-        }
-        let plugin = Arc::new(
-            PluginHost::start(popts)
-                .await
-                .with_context(|| format!("starting plugin for runner {:?}", cfg.name))?,
-        );
-        let info = match plugin.init(&plugin_json, &connector).await {
-            Ok(info) => info,
-            Err(e) => {
-                plugin.stop().await;
-                return Err(e)
-                    .with_context(|| format!("plugin {:?} refused its config", auto.plugin));
-            }
-        };
-        tracing::info!(runner = %cfg.name, group = %info.id, version = %info.version, "plugin ready");
+        let plans = group_plans(auto, opts)?;
         let pool = Arc::new(Pool::new(DialOptions {
             use_external_addr: auto.connector_config.use_external_addr,
         }));
-        let checks = Arc::new(Checks {
-            pool: pool.clone(),
-            group: plugin.clone(),
-            ready_command: (!auto.instance_ready_command.trim().is_empty())
-                .then(|| auto.instance_ready_command.clone()),
-            alive: std::sync::Mutex::new(std::collections::HashMap::new()),
-        });
-        let store = match open_store(cfg, auto, &info, opts).await {
-            Ok(store) => store,
-            Err(e) => {
-                plugin.stop().await;
-                return Err(e);
+        let families = opts.metrics.clone().unwrap_or_default();
+        let mut plugins = Vec::new();
+        let mut shapes = Vec::new();
+        for plan in &plans {
+            match start_group(cfg, plan, plans.len() > 1, opts, &pool, &families).await {
+                Ok((plugin, scaler)) => {
+                    plugins.push(plugin);
+                    shapes.push(Shape {
+                        name: plan.shape.clone(),
+                        scaler,
+                    });
+                }
+                Err(e) => {
+                    for s in &shapes {
+                        s.scaler.shutdown().await;
+                    }
+                    for p in &plugins {
+                        p.stop().await;
+                    }
+                    return Err(e);
+                }
             }
-        };
-        let scaler = match Taskscaler::start_with(
-            plugin.clone(),
-            info,
-            scaler_config(auto, opts.delete_instances_on_shutdown),
-            Options {
-                hooks: Some(checks),
-                store,
-                keep_instance_with_acquisitions: auto.state_storage.keep_instance_with_acquisitions,
-                ..Options::default()
-            },
-        ) {
-            Ok(s) => s,
-            Err(e) => {
-                plugin.stop().await;
-                return Err(e).context("starting the taskscaler");
-            }
-        };
+        }
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
-            plugin,
-            scaler,
+            placement: Placement::new(shapes),
+            plugins,
             pool,
         })
+    }
+
+    /// Reserve capacity for a job asking for `request` on the shape that fits it.
+    pub fn reserve(&self, key: &str, request: &Resources) -> Result<(), TsError> {
+        self.placement.reserve(key, request)
+    }
+
+    /// Reserve, waiting while the chosen shape has no capacity to reserve.
+    pub async fn reserve_wait(&self, key: &str, request: &Resources) -> Result<(), TsError> {
+        self.placement.reserve_wait(key, request).await
+    }
+
+    /// Bind a reservation to a slot.
+    pub async fn acquire(&self, key: &str) -> Result<Acquisition, TsError> {
+        self.placement.acquire(key).await
+    }
+
+    /// Free a reservation or acquisition.
+    pub fn release(&self, key: &str) {
+        self.placement.release(key);
+    }
+
+    /// Give back a reservation no job arrived for.
+    pub fn unreserve(&self, key: &str) {
+        self.placement.unreserve(key);
+    }
+
+    /// Counts over every shape.
+    pub fn stats(&self) -> Stats {
+        let mut total = Stats::default();
+        for s in self.placement.shapes() {
+            let st = s.scaler.stats();
+            total.instances += st.instances;
+            total.running += st.running;
+            total.pending += st.pending;
+            total.acquired += st.acquired;
+            total.created += st.created;
+            total.removed += st.removed;
+        }
+        total
+    }
+
+    /// Replace every shape's policies (config.toml reloaded).
+    pub fn set_policies(&self, policies: &[Policy]) -> Result<(), TsError> {
+        for s in self.placement.shapes() {
+            s.scaler.set_policies(policies)?;
+        }
+        Ok(())
     }
 
     /// An SSH connection to the acquisition's instance, reused across jobs.
@@ -124,11 +155,157 @@ impl Runner {
         self.pool.client(&acq.connect_info).await
     }
 
-    /// Close connections, stop the taskscaler (deleting instances when configured), stop the plugin.
+    /// Close connections, stop the taskscalers (deleting instances when configured), stop the
+    /// plugins.
     pub async fn shutdown(&self) {
         self.pool.close_all().await;
-        self.scaler.shutdown().await;
-        self.plugin.stop().await;
+        self.placement.shutdown().await;
+        for p in &self.plugins {
+            p.stop().await;
+        }
+    }
+}
+
+/// The section itself when it declares no shapes, else one plan per shape.
+fn group_plans(auto: &AutoscalerConfig, opts: &StartOptions) -> anyhow::Result<Vec<GroupPlan>> {
+    let with_defaults = |table: &toml::Table, suffix: Option<&str>| {
+        let mut t = table.clone();
+        for (k, v) in &opts.plugin_config_defaults {
+            let v = match (suffix, k.as_str(), v) {
+                (Some(sfx), "name", toml::Value::String(s)) => {
+                    toml::Value::String(format!("{s}-{sfx}"))
+                }
+                (Some(sfx), "dir", toml::Value::String(s)) => {
+                    toml::Value::String(Path::new(s).join(sfx).display().to_string())
+                }
+                _ => v.clone(),
+            };
+            t.entry(k.clone()).or_insert(v);
+        }
+        t
+    };
+    if auto.shape.is_empty() {
+        let mut a = auto.clone();
+        a.plugin_config = with_defaults(&auto.plugin_config, None);
+        return Ok(vec![GroupPlan {
+            shape: "default".into(),
+            auto: a,
+            resources: None,
+            cost: 1.0,
+        }]);
+    }
+    auto.shape
+        .iter()
+        .map(|shape| {
+            let resources = shape
+                .resources()
+                .map_err(|(k, e)| anyhow::anyhow!("shape {:?}: {k}: {e}", shape.name))?;
+            let mut a = auto.clone();
+            a.shape.clear();
+            let mut table = auto.plugin_config.clone();
+            for (k, v) in &shape.plugin_config {
+                table.insert(k.clone(), v.clone());
+            }
+            a.plugin_config = with_defaults(&table, Some(&shape.name));
+            if let Some(v) = shape.capacity_per_instance {
+                a.capacity_per_instance = v;
+            }
+            if let Some(v) = shape.max_instances {
+                a.max_instances = v;
+            }
+            if let Some(v) = shape.max_use_count {
+                a.max_use_count = v;
+            }
+            Ok(GroupPlan {
+                shape: shape.name.clone(),
+                auto: a,
+                resources: Some(resources),
+                cost: shape.cost.unwrap_or(1.0),
+            })
+        })
+        .collect()
+}
+
+/// Start one group's plugin and taskscaler; stops the plugin again when the rest fails.
+async fn start_group(
+    cfg: &RunnerConfig,
+    plan: &GroupPlan,
+    several: bool,
+    opts: &StartOptions,
+    pool: &Arc<Pool>,
+    families: &Arc<MetricFamilies>,
+) -> anyhow::Result<(Arc<PluginHost>, Taskscaler)> {
+    let auto = &plan.auto;
+    let what = if several {
+        format!("runner {:?} shape {:?}", cfg.name, plan.shape)
+    } else {
+        format!("runner {:?}", cfg.name)
+    };
+    let path = slipway_fleeting::host::find_plugin(&auto.plugin, opts.plugin_dir.as_deref())
+        .with_context(|| what.clone())?;
+    let plugin_json = serde_json::to_vec(&auto.plugin_config).context("plugin_config as JSON")?;
+    let connector = connector_config(auto).await?;
+    let mut popts = PluginOptions::new(plugin_name(&auto.plugin), path);
+    if let Some(t) = opts.handshake_timeout {
+        popts.handshake_timeout = t;
+    }
+    let plugin = Arc::new(
+        PluginHost::start(popts)
+            .await
+            .with_context(|| format!("starting plugin for {what}"))?,
+    );
+    let info = match plugin.init(&plugin_json, &connector).await {
+        Ok(info) => info,
+        Err(e) => {
+            plugin.stop().await;
+            return Err(e)
+                .with_context(|| format!("{what}: plugin {:?} refused its config", auto.plugin));
+        }
+    };
+    tracing::info!(runner = %cfg.name, shape = %plan.shape, group = %info.id, version = %info.version, "plugin ready");
+    let checks = Arc::new(Checks {
+        pool: pool.clone(),
+        group: plugin.clone(),
+        ready_command: (!auto.instance_ready_command.trim().is_empty())
+            .then(|| auto.instance_ready_command.clone()),
+        alive: std::sync::Mutex::new(std::collections::HashMap::new()),
+    });
+    let store_key = several.then_some(plan.shape.as_str());
+    let store = match open_store(cfg, auto, &info, opts, store_key).await {
+        Ok(store) => store,
+        Err(e) => {
+            plugin.stop().await;
+            return Err(e);
+        }
+    };
+    let mut scfg = scaler_config(auto, opts.delete_instances_on_shutdown);
+    scfg.instance_resources = plan.resources;
+    scfg.instance_cost = plan.cost;
+    let metrics = Metrics::new(
+        families.clone(),
+        vec![
+            ("runner".into(), cfg.name.clone()),
+            ("shape".into(), plan.shape.clone()),
+            ("group".into(), info.id.clone()),
+        ],
+    );
+    match Taskscaler::start_with(
+        plugin.clone(),
+        info,
+        scfg,
+        Options {
+            hooks: Some(checks),
+            store,
+            keep_instance_with_acquisitions: auto.state_storage.keep_instance_with_acquisitions,
+            metrics: Some(metrics),
+            ..Options::default()
+        },
+    ) {
+        Ok(s) => Ok((plugin, s)),
+        Err(e) => {
+            plugin.stop().await;
+            Err(e).with_context(|| format!("{what}: starting the taskscaler"))
+        }
     }
 }
 
@@ -211,6 +388,7 @@ fn scaler_config(auto: &AutoscalerConfig, force_delete: bool) -> slipway_tasksca
         delete_instances_on_shutdown: auto.delete_instances_on_shutdown || force_delete,
         shutdown_deletion_interval: auto.shutdown_deletion_interval,
         shutdown_deletion_retries: auto.shutdown_deletion_retries,
+        ..slipway_taskscaler::Config::default()
     }
 }
 
@@ -220,6 +398,7 @@ async fn open_store(
     auto: &AutoscalerConfig,
     info: &slipway_fleeting::ProviderInfo,
     opts: &StartOptions,
+    shape: Option<&str>,
 ) -> anyhow::Result<Option<AsyncStateStore>> {
     let st = &auto.state_storage;
     if !st.enabled {
@@ -231,11 +410,14 @@ async fn open_store(
         (None, None) => PathBuf::from(".slipway-state"),
     };
     // The store belongs to one runner and one instance group: keyed like GitLab's scalers.
-    let runner = if cfg.url.is_empty() {
+    let mut runner = if cfg.url.is_empty() {
         cfg.name.clone()
     } else {
         format!("{}|{}", cfg.url, cfg.name)
     };
+    if let Some(shape) = shape {
+        runner = format!("{runner}|{shape}");
+    }
     let identity = StoreIdentity {
         runner: runner.clone(),
         plugin: plugin_name(&auto.plugin),

@@ -52,7 +52,8 @@ listen_address = "127.0.0.1:{port}"
 
     // idle_count = 2 slots of capacity 1: two sshd instances come up with no job at all.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let sshd = || w.processes().iter().filter(|p| p.contains("sshd")).count();
+    // Instances, not processes: sshd forks a child per connection (health checks).
+    let sshd = || common::sshd_instances(&w.processes()).len();
     while sshd() < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -130,7 +131,8 @@ fn edited_policies_apply_without_a_restart() {
         .slipway(&["run", "-c", cfg.to_str().expect("cfg")])
         .spawn()
         .expect("spawn");
-    let sshd = || w.processes().iter().filter(|p| p.contains("sshd")).count();
+    // Instances, not processes: sshd forks a child per connection (health checks).
+    let sshd = || common::sshd_instances(&w.processes()).len();
     let wait_for = |n: usize| {
         let deadline = Instant::now() + Duration::from_secs(60);
         while sshd() != n && Instant::now() < deadline {

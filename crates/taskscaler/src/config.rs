@@ -4,6 +4,7 @@ use std::time::Duration;
 
 pub use crate::forecast::Forecast;
 use crate::policy::Policy;
+use crate::resources::Resources;
 
 /// What the taskscaler is allowed to do (GitLab's meaning and defaults).
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +40,10 @@ pub struct Config {
     pub shutdown_deletion_interval: Duration,
     /// Deletion checks at shutdown before giving up.
     pub shutdown_deletion_retries: u32,
+    /// What one instance offers (`None`: jobs are placed by slot count alone).
+    pub instance_resources: Option<Resources>,
+    /// Relative cost of one instance per hour, to pick the cheapest shape that fits a job.
+    pub instance_cost: f64,
 }
 
 impl Default for Config {
@@ -59,6 +64,8 @@ impl Default for Config {
             delete_instances_on_shutdown: false,
             shutdown_deletion_interval: Duration::from_secs(10),
             shutdown_deletion_retries: 3,
+            instance_resources: None,
+            instance_cost: 1.0,
         }
     }
 }

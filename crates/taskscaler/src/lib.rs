@@ -9,14 +9,19 @@ pub mod decision;
 pub mod forecast;
 pub mod hooks;
 pub mod metrics;
+pub mod packing;
+pub mod placement;
 pub mod policy;
+pub mod resources;
 pub mod scaler;
 pub mod store;
 
 pub use config::{Config, Forecast, ScaleThrottle};
 pub use hooks::InstanceHooks;
 pub use metrics::Metrics;
+pub use placement::{Placement, Shape};
 pub use policy::Policy;
+pub use resources::Resources;
 pub use scaler::{Acquisition, Error, Options, Stats, Taskscaler};
 pub use store::{
     AcquisitionRecord, AsyncStateStore, InstanceRecord, RestorePlan, Snapshot, StateStore,

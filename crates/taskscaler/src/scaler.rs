@@ -1,6 +1,7 @@
 //! The running taskscaler: reservations, acquisitions and the scaling loop over one instance group.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -16,6 +17,7 @@ use crate::forecast::Arrivals;
 use crate::hooks::InstanceHooks;
 use crate::metrics::Metrics;
 use crate::policy::{CompiledPolicy, Policy};
+use crate::resources::Resources;
 use crate::store::{
     AcquisitionRecord, AsyncStateStore, InstanceRecord, RestorePlan, Snapshot, plan_restore,
 };
@@ -52,6 +54,9 @@ pub enum Error {
     /// No slot became free within `instance_acquire_timeout`.
     #[error("no instance became available within {0:?}")]
     AcquireTimeout(Duration),
+    /// No instance of this group can ever hold what the job asks for.
+    #[error("{0}")]
+    Unsatisfiable(String),
     /// The taskscaler is shutting down.
     #[error("taskscaler is shutting down")]
     ShuttingDown,
@@ -67,8 +72,12 @@ pub struct Acquisition {
     pub key: String,
     /// Instance the slot is on.
     pub instance_id: String,
-    /// Slot number, `0..capacity_per_instance`.
+    /// Slot number, `0..capacity_per_instance` (the lowest, when the job holds several).
     pub slot: u32,
+    /// Slots held: more than one when the job asked for more than one slot's share.
+    pub slots: u32,
+    /// The job's share of the instance (`None` when the group declares no resources).
+    pub resources: Option<Resources>,
     /// How to reach the instance.
     pub connect_info: ConnectInfo,
     lost: CancellationToken,
@@ -124,6 +133,65 @@ struct Instance {
     persisted: bool,
     /// When it was first seen running.
     running_at: Option<Instant>,
+    /// What it adds to the book's index and totals, as of its last `touch`.
+    counted: Counted,
+}
+
+/// One instance's share of the book's running totals and index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counted {
+    /// Held slots when entered in `Book::assignable`, if it is there.
+    indexed: Option<u32>,
+    idle: u32,
+    held: u32,
+    /// Index into `Totals::by_state`; `None` before the first touch.
+    state: Option<usize>,
+    /// Creating, deleting or being removed: the loop polls faster.
+    flux: bool,
+    /// Running without connect info yet.
+    no_info: bool,
+    /// Running, waiting for its ready command.
+    unready: bool,
+}
+
+/// Totals over every instance, kept up to date by `Book::touch` so nothing on the hot path
+/// (or in gauges and status) scans the fleet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Totals {
+    idle: u64,
+    held: u64,
+    by_state: [u64; 5],
+    flux: u64,
+    no_info: u64,
+    unready: u64,
+}
+
+impl Totals {
+    fn apply(&mut self, c: &Counted, add: bool) {
+        let f = |v: &mut u64, n: u64| {
+            *v = if add { *v + n } else { v.saturating_sub(n) };
+        };
+        f(&mut self.idle, u64::from(c.idle));
+        f(&mut self.held, u64::from(c.held));
+        if let Some(i) = c.state {
+            f(&mut self.by_state[i], 1);
+        }
+        f(&mut self.flux, u64::from(c.flux));
+        f(&mut self.no_info, u64::from(c.no_info));
+        f(&mut self.unready, u64::from(c.unready));
+    }
+}
+
+const STATES: [State; 5] = [
+    State::Creating,
+    State::Running,
+    State::Deleting,
+    State::Deleted,
+    State::Timeout,
+];
+
+fn state_index(s: State) -> usize {
+    STATES.iter().position(|x| *x == s).unwrap_or(0)
 }
 
 impl Instance {
@@ -155,13 +223,105 @@ impl Instance {
             self.held = self.held.saturating_sub(1);
         }
     }
+
+    /// Give `n` free slots to `key`; the lowest one taken, or `None` (and nothing taken) when
+    /// fewer are free.
+    fn take_slots(&mut self, n: u32, key: &str) -> Option<u32> {
+        let free: Vec<usize> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_none())
+            .map(|(i, _)| i)
+            .take(n as usize)
+            .collect();
+        if free.len() < n as usize {
+            return None;
+        }
+        for &i in &free {
+            self.take_slot(i, key);
+        }
+        free.first().and_then(|&i| u32::try_from(i).ok())
+    }
+
+    /// Free every slot `key` holds; how many were freed.
+    fn free_slots_of(&mut self, key: &str) -> u32 {
+        let mut n = 0;
+        for i in 0..self.slots.len() {
+            if self.slots[i].as_deref() == Some(key) {
+                self.free_slot(i);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// May take a job now: running, ready, recorded, healthy, staying, with room.
+    fn assignable(&self, cfg: &Config) -> bool {
+        self.state == State::Running
+            && self.ready
+            && self.persisted
+            && !self.preexisting
+            && !self.removing
+            && self.condemned.is_none()
+            && self.free_slots(cfg) > 0
+    }
+
+    /// What it adds to the book's index and totals now.
+    fn counted(&self, cfg: &Config) -> Counted {
+        let running = self.state == State::Running;
+        Counted {
+            indexed: self.assignable(cfg).then_some(self.held),
+            idle: self.idle_offer(cfg),
+            held: self.held,
+            state: Some(state_index(self.state)),
+            flux: self.removing || matches!(self.state, State::Creating | State::Deleting),
+            no_info: running && self.info.is_none() && !self.removing,
+            unready: running
+                && !self.ready
+                && !self.removing
+                && !self.preexisting
+                && self.condemned.is_none(),
+        }
+    }
+
+    /// Idle slots it offers as `reserve` counts them (running, not found at startup).
+    fn idle_offer(&self, cfg: &Config) -> u32 {
+        if self.state == State::Running && !self.preexisting {
+            self.free_slots(cfg)
+        } else {
+            0
+        }
+    }
+
+    /// Whether a job of `n` slots fits now (slots free and a use left).
+    fn fits(&self, n: u32, cfg: &Config) -> bool {
+        let cap = self.slots.len() as u32;
+        cap.saturating_sub(self.held) >= n && self.free_slots(cfg) > 0
+    }
+}
+
+/// A job's hold on capacity: how many slots it needs, and where once acquired.
+#[derive(Debug, Clone, PartialEq)]
+struct Reservation {
+    slots: u32,
+    /// (instance, first slot) once acquired.
+    at: Option<(String, u32)>,
 }
 
 #[derive(Debug, Default)]
 struct Book {
     instances: BTreeMap<String, Instance>,
-    /// Reservation key → (instance, slot) once acquired.
-    reservations: HashMap<String, Option<(String, u32)>>,
+    reservations: HashMap<String, Reservation>,
+    /// Slots of reservations not yet acquired (kept as a count: `reserve` reads it per job).
+    pending_slots: u32,
+    /// Slots of every reservation, pending or acquired.
+    reserved_slots: u64,
+    /// Instances that may take a job now, busiest first when iterated in reverse (oldest on
+    /// ties): the hot path picks from here instead of scanning every instance.
+    assignable: BTreeSet<(u32, Reverse<Instant>, String)>,
+    /// Idle slots, held slots, instances by state and the like, over every instance.
+    totals: Totals,
     requested: u32,
     requested_at: Option<Instant>,
     seen_first_update: bool,
@@ -183,9 +343,110 @@ struct Book {
 }
 
 impl Book {
+    /// Bring `id`'s entries in `assignable` and `totals` up to date after a change; every
+    /// change to an instance's state, flags, slots, uses or connect info is followed by this.
+    fn touch(&mut self, id: &str, cfg: &Config) {
+        let Some(inst) = self.instances.get_mut(id) else {
+            return;
+        };
+        let now = inst.counted(cfg);
+        let before = std::mem::replace(&mut inst.counted, now);
+        if before == now {
+            return;
+        }
+        let created = Reverse(inst.created);
+        if before.indexed != now.indexed {
+            if let Some(h) = before.indexed {
+                self.assignable.remove(&(h, created, id.to_string()));
+            }
+            if let Some(h) = now.indexed {
+                self.assignable.insert((h, created, id.to_string()));
+            }
+        }
+        self.totals.apply(&before, false);
+        self.totals.apply(&now, true);
+    }
+
+    /// Add an instance and count it.
+    fn add_instance(&mut self, id: &str, inst: Instance, cfg: &Config) {
+        if let Some(old) = self.instances.insert(id.to_string(), inst) {
+            self.uncount(id, &old);
+        }
+        self.touch(id, cfg);
+    }
+
+    /// Remove an instance and its entries.
+    fn remove_instance(&mut self, id: &str) -> Option<Instance> {
+        let inst = self.instances.remove(id)?;
+        self.uncount(id, &inst);
+        Some(inst)
+    }
+
+    fn uncount(&mut self, id: &str, inst: &Instance) {
+        if let Some(h) = inst.counted.indexed {
+            self.assignable
+                .remove(&(h, Reverse(inst.created), id.to_string()));
+        }
+        self.totals.apply(&inst.counted, false);
+    }
+
+    /// Recount from scratch and compare (tests: every change must have been touched).
+    #[cfg(debug_assertions)]
+    fn check_counts(&self, cfg: &Config) {
+        let mut totals = Totals::default();
+        for i in self.instances.values() {
+            totals.apply(&i.counted(cfg), true);
+        }
+        debug_assert_eq!(totals, self.totals, "instance totals out of date");
+        let expected: BTreeSet<(u32, Reverse<Instant>, String)> = self
+            .instances
+            .iter()
+            .filter(|(_, i)| i.assignable(cfg))
+            .map(|(id, i)| (i.held, Reverse(i.created), id.clone()))
+            .collect();
+        debug_assert!(expected == self.assignable, "assignable index out of date");
+    }
+
+    /// Slots wanted by reservations not yet acquired.
     fn pending(&self) -> u32 {
-        u32::try_from(self.reservations.values().filter(|r| r.is_none()).count())
-            .unwrap_or(u32::MAX)
+        self.pending_slots
+    }
+
+    fn add_reservation(&mut self, key: &str, slots: u32) {
+        if let Some(old) = self
+            .reservations
+            .insert(key.to_string(), Reservation { slots, at: None })
+        {
+            self.forget_counts(&old);
+        }
+        self.pending_slots = self.pending_slots.saturating_add(slots);
+        self.reserved_slots = self.reserved_slots.saturating_add(u64::from(slots));
+    }
+
+    fn remove_reservation(&mut self, key: &str) -> Option<Reservation> {
+        let r = self.reservations.remove(key)?;
+        self.forget_counts(&r);
+        Some(r)
+    }
+
+    fn forget_counts(&mut self, r: &Reservation) {
+        if r.at.is_none() {
+            self.pending_slots = self.pending_slots.saturating_sub(r.slots);
+        }
+        self.reserved_slots = self.reserved_slots.saturating_sub(u64::from(r.slots));
+    }
+
+    /// Mark `key` acquired at `at`, or pending again with `None`.
+    fn set_at(&mut self, key: &str, at: Option<(String, u32)>) {
+        let Some(r) = self.reservations.get_mut(key) else {
+            return;
+        };
+        match (r.at.is_some(), at.is_some()) {
+            (false, true) => self.pending_slots = self.pending_slots.saturating_sub(r.slots),
+            (true, false) => self.pending_slots = self.pending_slots.saturating_add(r.slots),
+            _ => {}
+        }
+        r.at = at;
     }
 }
 
@@ -234,6 +495,8 @@ pub struct Options {
     pub store: Option<AsyncStateStore>,
     /// Keep a restored instance that still had acquisitions (their jobs fail either way).
     pub keep_instance_with_acquisitions: bool,
+    /// Where to report metrics (default: families of its own, labelled with the group).
+    pub metrics: Option<Metrics>,
 }
 
 impl Default for Options {
@@ -243,6 +506,7 @@ impl Default for Options {
             hooks: None,
             store: None,
             keep_instance_with_acquisitions: false,
+            metrics: None,
         }
     }
 }
@@ -305,6 +569,7 @@ impl Taskscaler {
             hooks,
             store,
             keep_instance_with_acquisitions,
+            metrics,
         } = opts;
         let policies = crate::policy::compile(&cfg.policies)?;
         let (changed, _) = watch::channel(0);
@@ -318,7 +583,7 @@ impl Taskscaler {
             keep_instance_with_acquisitions,
             snapshot: Mutex::new(None),
             restored_failures: Mutex::new(Vec::new()),
-            metrics: Arc::new(Metrics::new(&provider.id)),
+            metrics: Arc::new(metrics.unwrap_or_else(|| Metrics::standalone(&provider.id))),
             wall_start,
             started: Instant::now(),
             provider,
@@ -379,25 +644,66 @@ impl Taskscaler {
         &self.inner.cfg
     }
 
-    /// Hold capacity for a job that is about to be requested.
+    /// Hold one slot for a job that is about to be requested.
     ///
     /// Refused when every possible slot is reserved; in preemptive mode also when no idle slot
     /// is confirmed (a runner then does not ask for a job, and says why).
     pub fn reserve(&self, key: &str) -> Result<(), Error> {
+        self.reserve_for(key, &Resources::default())
+    }
+
+    /// Slots a job asking for `request` takes on one instance of this group (1 when the
+    /// group declares no resources); an error naming both when no instance can hold it.
+    pub fn slots_for(&self, request: &Resources) -> Result<u32, Error> {
+        let cfg = &self.inner.cfg;
+        let Some(offer) = &cfg.instance_resources else {
+            return Ok(1);
+        };
+        request
+            .slots_needed(offer, cfg.capacity_per_instance)
+            .ok_or_else(|| {
+                Error::Unsatisfiable(format!(
+                    "the job asks for {request}, more than one instance of {} offers ({offer})",
+                    self.inner.provider.id
+                ))
+            })
+    }
+
+    /// Whether a running instance could take a job of `slots` slots right now.
+    pub fn fits_now(&self, slots: u32) -> bool {
+        let book = self.inner.lock();
+        let cfg = &self.inner.cfg;
+        book.assignable
+            .iter()
+            .rev()
+            .filter_map(|(_, _, id)| book.instances.get(id))
+            .any(|i| i.assignable(cfg) && i.fits(slots, cfg))
+    }
+
+    /// The instance group's id (from the plugin).
+    pub fn group_id(&self) -> &str {
+        &self.inner.provider.id
+    }
+
+    /// Hold capacity for a job asking for `request`: as many slots of one instance as the
+    /// request needs. A request no instance can ever hold is refused with
+    /// [`Error::Unsatisfiable`].
+    pub fn reserve_for(&self, key: &str, request: &Resources) -> Result<(), Error> {
         if self.inner.stop.is_cancelled() {
             return Err(Error::ShuttingDown);
         }
+        let slots = self.slots_for(request)?;
         let policy = self.inner.policy();
         {
             let mut book = self.inner.lock();
             if let Some(max) = self.inner.cfg.max_capacity()
-                && book.reservations.len() as u64 >= max
+                && book.reserved_slots + u64::from(slots) > max
             {
                 return Err(Error::NoCapacity(max));
             }
-            let idle = u64::from(self.inner.idle_running_slots(&book));
+            let idle = book.totals.idle;
             let pending = u64::from(book.pending());
-            if policy.preemptive() && pending >= idle {
+            if policy.preemptive() && pending + u64::from(slots) > idle {
                 return Err(Error::NoIdleCapacity(
                     "preemptive mode: jobs are requested only when an idle slot is ready",
                 ));
@@ -411,10 +717,10 @@ impl Taskscaler {
             }
             book.arrivals
                 .record(self.inner.cfg.forecast.as_ref(), Instant::now());
-            book.reservations.insert(key.to_string(), None);
+            book.add_reservation(key, slots);
             // Only demand beyond the idle slots needs a scaling pass now; the rest waits for
             // the next interval (a pass per job would cost a plugin Update per job).
-            if pending < idle {
+            if pending + u64::from(slots) <= idle {
                 return Ok(());
             }
         }
@@ -426,9 +732,14 @@ impl Taskscaler {
     /// release or a scaling pass changes the picture. For callers with no queue to leave a job
     /// in (local pipelines, benchmarks); a GitLab runner simply does not ask for a job instead.
     pub async fn reserve_wait(&self, key: &str) -> Result<(), Error> {
+        self.reserve_wait_for(key, &Resources::default()).await
+    }
+
+    /// [`Taskscaler::reserve_wait`] for a job asking for `request`.
+    pub async fn reserve_wait_for(&self, key: &str, request: &Resources) -> Result<(), Error> {
         loop {
             let mut rx = self.inner.changed.subscribe();
-            match self.reserve(key) {
+            match self.reserve_for(key, request) {
                 Err(Error::NoCapacity(_) | Error::NoIdleCapacity(_)) => {}
                 other => return other,
             }
@@ -452,7 +763,13 @@ impl Taskscaler {
         let deadline = asked + timeout;
         let mut nudged = false;
         loop {
-            let (instance_id, slot, lost, cached) = loop {
+            let Assigned {
+                id: instance_id,
+                slot,
+                slots,
+                lost,
+                info: cached,
+            } = loop {
                 let mut rx = self.inner.changed.subscribe();
                 if let Some(found) = self.inner.try_assign(key)? {
                     break found;
@@ -527,17 +844,21 @@ impl Taskscaler {
             }
             self.inner
                 .metrics
-                .acquisition_wait_seconds
-                .observe(asked.elapsed().as_secs_f64());
+                .acquisition_wait(asked.elapsed().as_secs_f64());
             // A taken slot may leave less idle capacity than the policy wants: refill now.
             let p = self.inner.policy();
             if p.idle_count > 0 || p.scale_factor > 0.0 || self.inner.cfg.forecast.is_some() {
                 self.inner.wake.notify_one();
             }
+            let cfg = &self.inner.cfg;
             return Ok(Acquisition {
                 key: key.to_string(),
                 instance_id,
                 slot,
+                slots,
+                resources: cfg
+                    .instance_resources
+                    .map(|r| r.share(slots, cfg.capacity_per_instance)),
                 connect_info,
                 lost,
             });
@@ -554,16 +875,20 @@ impl Taskscaler {
         let used_up = {
             let mut book = self.inner.lock();
             let max_use = self.inner.cfg.max_use_count;
-            if let Some(Some((id, slot))) = book.reservations.remove(key)
+            if let Some(Reservation {
+                at: Some((id, _)), ..
+            }) = book.remove_reservation(key)
                 && let Some(inst) = book.instances.get_mut(&id)
             {
-                inst.free_slot(slot as usize);
+                inst.free_slots_of(key);
                 let free = inst.acquired() == 0;
                 if free {
                     inst.idle_since = Instant::now();
                 }
                 // Used up, or idle_time 0: it goes now rather than at the next interval.
-                free && ((max_use > 0 && inst.uses >= max_use) || idle_time.is_zero())
+                let due = free && ((max_use > 0 && inst.uses >= max_use) || idle_time.is_zero());
+                book.touch(&id, &self.inner.cfg);
+                due
             } else {
                 false
             }
@@ -577,15 +902,12 @@ impl Taskscaler {
     /// Counts for status output.
     pub fn stats(&self) -> Stats {
         let book = self.inner.lock();
+        let t = &book.totals;
         Stats {
             instances: book.instances.len(),
-            running: book
-                .instances
-                .values()
-                .filter(|i| i.state == State::Running)
-                .count(),
+            running: usize::try_from(t.by_state[state_index(State::Running)]).unwrap_or(usize::MAX),
             pending: book.pending() as usize,
-            acquired: book.instances.values().map(|i| i.acquired() as usize).sum(),
+            acquired: usize::try_from(t.held).unwrap_or(usize::MAX),
             created: book.created,
             removed: book.removed,
         }
@@ -657,7 +979,14 @@ async fn run_loop(inner: Arc<Inner>) {
     }
 }
 
-type Assigned = (String, u32, CancellationToken, Option<ConnectInfo>);
+/// Where `try_assign` put a reservation.
+struct Assigned {
+    id: String,
+    slot: u32,
+    slots: u32,
+    lost: CancellationToken,
+    info: Option<ConnectInfo>,
+}
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Book> {
@@ -669,21 +998,21 @@ impl Inner {
     fn failed_heartbeat(&self, key: &str, id: &str, slot: u32, why: &str) {
         let mut book = self.lock();
         // Undo only what this acquire still holds (a concurrent release may have freed it).
-        if book.reservations.get(key) != Some(&Some((id.to_string(), slot))) {
+        if book.reservations.get(key).and_then(|r| r.at.as_ref()) != Some(&(id.to_string(), slot)) {
             return;
         }
-        book.reservations.insert(key.to_string(), None);
+        book.set_at(key, None);
         if let Some(inst) = book.instances.get_mut(id) {
-            if inst.slots.get(slot as usize).and_then(Option::as_deref) != Some(key) {
+            if inst.free_slots_of(key) == 0 {
                 return;
             }
-            inst.free_slot(slot as usize);
             inst.uses = inst.uses.saturating_sub(1);
             inst.failures += 1;
             tracing::warn!(instance = %id, failures = inst.failures, error = %why, "heartbeat failed");
             if inst.failures >= self.cfg.failure_threshold.max(1) {
                 inst.condemned = Some(RemovalCause::Unhealthy);
             }
+            book.touch(id, &self.cfg);
         }
         drop(book);
         self.wake.notify_one();
@@ -698,14 +1027,17 @@ impl Inner {
     /// Run the ready hook on running instances that have not passed it yet.
     async fn ready_up(&self) {
         let Some(hooks) = &self.hooks else { return };
-        let due: Vec<(String, Option<ConnectInfo>)> = self
-            .lock()
-            .instances
-            .iter()
-            .filter(|(_, i)| i.state == State::Running && !i.ready && !i.removing && !i.preexisting)
-            .filter(|(_, i)| i.condemned.is_none())
-            .map(|(id, i)| (id.clone(), i.info.clone()))
-            .collect();
+        let due: Vec<(String, Option<ConnectInfo>)> = {
+            let book = self.lock();
+            if book.totals.unready == 0 {
+                return;
+            }
+            book.instances
+                .iter()
+                .filter(|(_, i)| i.counted.unready)
+                .map(|(id, i)| (id.clone(), i.info.clone()))
+                .collect()
+        };
         let checks = due.into_iter().map(|(id, info)| async move {
             let info = match info {
                 Some(info) => info,
@@ -724,11 +1056,10 @@ impl Inner {
                     if let Some(inst) = book.instances.get_mut(&id) {
                         inst.ready = true;
                         if let Some(t) = inst.running_at {
-                            self.metrics
-                                .readiness_seconds
-                                .observe(t.elapsed().as_secs_f64());
+                            self.metrics.readiness(t.elapsed().as_secs_f64());
                         }
                     }
+                    book.touch(&id, &self.cfg);
                 }
                 Err(why) => {
                     tracing::warn!(instance = %id, error = %why, "instance_ready_command failed");
@@ -739,6 +1070,7 @@ impl Inner {
                     if let Some(inst) = book.instances.get_mut(&id) {
                         inst.condemned = Some(RemovalCause::NotReady);
                     }
+                    book.touch(&id, &self.cfg);
                 }
             }
         }
@@ -766,20 +1098,11 @@ impl Inner {
         p
     }
 
-    /// Free slots on running instances that can take a job now.
-    fn idle_running_slots(&self, book: &Book) -> u32 {
-        book.instances
-            .iter()
-            .filter(|(_, i)| i.state == State::Running && !i.preexisting)
-            .map(|(_, i)| i.free_slots(&self.cfg))
-            .sum()
-    }
-
     /// What this pass wants: pending jobs, the policy's idle target (with scale factor), and
     /// Slipway's forecast of arrivals before a new instance could be ready.
     fn demand(&self, book: &Book) -> Demand {
         let policy = self.policy();
-        let in_use: u32 = book.instances.values().map(Instance::acquired).sum();
+        let in_use = u32::try_from(book.totals.held).unwrap_or(u32::MAX);
         let mut idle_target = policy.idle_target(in_use);
         if let Some(f) = &self.cfg.forecast {
             idle_target = idle_target.max(book.arrivals.idle_target(f, Instant::now()));
@@ -790,6 +1113,41 @@ impl Inner {
             idle_time: policy.idle_time,
             requested: book.requested,
         }
+    }
+
+    /// Make room for pending jobs of several slots, which need them on one instance: add
+    /// instances when the free room is too scattered, and keep idle ones meanwhile.
+    fn fit_large_jobs(&self, book: &Book, d: &mut decision::Decision, views: &[InstanceView]) {
+        let large: Vec<u32> = book
+            .reservations
+            .values()
+            .filter(|r| r.at.is_none() && r.slots > 1)
+            .map(|r| r.slots)
+            .collect();
+        if large.is_empty() {
+            return;
+        }
+        d.remove.retain(|(_, cause)| *cause != RemovalCause::Idle);
+        let cap = self.cfg.capacity_per_instance.max(1);
+        let mut free: Vec<u32> = book
+            .instances
+            .values()
+            .filter(|i| matches!(i.state, State::Creating | State::Running))
+            .filter(|i| !i.removing && !i.preexisting && i.condemned.is_none())
+            .filter(|i| i.free_slots(&self.cfg) > 0)
+            .map(|i| cap.saturating_sub(i.held))
+            .collect();
+        free.extend(std::iter::repeat_n(cap, book.requested as usize));
+        let mut n = u64::from(crate::packing::instances_needed(&large, &free, cap));
+        let existing = views.iter().filter(|v| v.state != State::Deleted).count() as u64
+            + u64::from(book.requested);
+        if self.cfg.max_instances > 0 {
+            n = n.min(u64::from(self.cfg.max_instances).saturating_sub(existing));
+        }
+        if self.provider.max_size > 0 {
+            n = n.min(self.provider.max_size.saturating_sub(existing));
+        }
+        d.increase = d.increase.max(u32::try_from(n).unwrap_or(u32::MAX));
     }
 
     /// Limit `wanted` creations by the scale throttle's token bucket.
@@ -820,68 +1178,70 @@ impl Inner {
 
     fn expecting(&self) -> bool {
         let book = self.lock();
-        book.requested > 0
-            || book.pending() > 0
-            || book
-                .instances
-                .values()
-                .any(|i| i.removing || matches!(i.state, State::Creating | State::Deleting))
+        book.requested > 0 || book.pending() > 0 || book.totals.flux > 0
     }
 
-    /// Pick a slot for `key`: pack onto the busiest running instance first, oldest on ties.
+    /// Pick slots for `key`: pack onto the busiest running instance first, oldest on ties.
     fn try_assign(&self, key: &str) -> Result<Option<Assigned>, Error> {
         let mut book = self.lock();
-        match book.reservations.get(key) {
+        let want = match book.reservations.get(key) {
             None => return Err(Error::NotReserved(key.to_string())),
-            Some(Some((id, slot))) => {
+            Some(Reservation {
+                at: Some((id, slot)),
+                slots,
+            }) => {
                 let inst = book.instances.get(id);
-                return Ok(Some((
-                    id.clone(),
-                    *slot,
-                    inst.map(|i| i.lost.clone()).unwrap_or_default(),
-                    inst.and_then(|i| i.info.clone()),
-                )));
+                return Ok(Some(Assigned {
+                    id: id.clone(),
+                    slot: *slot,
+                    slots: *slots,
+                    lost: inst.map(|i| i.lost.clone()).unwrap_or_default(),
+                    info: inst.and_then(|i| i.info.clone()),
+                }));
             }
-            Some(None) => {}
-        }
+            Some(Reservation { at: None, slots }) => *slots,
+        };
         let cfg = &self.cfg;
+        // Busiest first, oldest on ties; only instances with room are indexed, so a one-slot
+        // job takes the first entry.
         let best = book
-            .instances
+            .assignable
             .iter()
-            .filter(|(_, i)| i.state == State::Running && i.ready && i.persisted && !i.preexisting)
-            .filter(|(_, i)| i.condemned.is_none())
-            .filter(|(_, i)| i.free_slots(cfg) > 0)
-            .max_by(|(_, a), (_, b)| {
-                a.acquired()
-                    .cmp(&b.acquired())
-                    .then_with(|| b.created.cmp(&a.created))
+            .rev()
+            .map(|(_, _, id)| id)
+            .find(|id| {
+                book.instances
+                    .get(*id)
+                    .is_some_and(|i| i.assignable(cfg) && i.fits(want, cfg))
             })
-            .map(|(id, _)| id.clone());
+            .cloned();
         let Some(id) = best else { return Ok(None) };
         let Some(inst) = book.instances.get_mut(&id) else {
             return Ok(None);
         };
-        let Some(slot) = inst.slots.iter().position(Option::is_none) else {
+        let Some(slot) = inst.take_slots(want, key) else {
             return Ok(None);
         };
-        inst.take_slot(slot, key);
         inst.uses += 1;
-        let assigned = (
-            id.clone(),
-            u32::try_from(slot).unwrap_or(u32::MAX),
-            inst.lost.clone(),
-            inst.info.clone(),
-        );
-        book.reservations
-            .insert(key.to_string(), Some((id, assigned.1)));
+        let assigned = Assigned {
+            id: id.clone(),
+            slot,
+            slots: want,
+            lost: inst.lost.clone(),
+            info: inst.info.clone(),
+        };
+        book.touch(&id, cfg);
+        book.set_at(key, Some((id, slot)));
         Ok(Some(assigned))
     }
 
     async fn fetch_connect_info(&self, id: &str) -> Result<ConnectInfo, GroupError> {
         let info = call(self.group.connect_info(id)).await?;
-        if let Some(inst) = self.lock().instances.get_mut(id) {
+        let mut book = self.lock();
+        if let Some(inst) = book.instances.get_mut(id) {
             inst.info = Some(info.clone());
         }
+        book.touch(id, &self.cfg);
         Ok(info)
     }
 
@@ -927,6 +1287,7 @@ impl Inner {
                 self.provider.max_size,
                 Instant::now(),
             );
+            self.fit_large_jobs(&book, &mut d, &views);
             d.increase = self.throttle(&mut book, d.increase);
             for (id, inst) in &book.instances {
                 let cause = if inst.preexisting {
@@ -957,7 +1318,10 @@ impl Inner {
                     inst.removing = true;
                     inst.removing_since = Some(now);
                 }
+                book.touch(id, &self.cfg);
             }
+            #[cfg(debug_assertions)]
+            book.check_counts(&self.cfg);
             (d.clone(), d.remove)
         };
 
@@ -968,10 +1332,7 @@ impl Inner {
             match call(self.group.increase(decision.increase)).await {
                 Ok(n) => {
                     tracing::info!(requested = decision.increase, accepted = n, "scaling up");
-                    self.metrics
-                        .scale_ups
-                        .get_or_create(&self.metrics.labels("cause", "demand"))
-                        .inc_by(u64::from(n));
+                    self.metrics.scaled_up("demand", u64::from(n));
                     let mut book = self.lock();
                     book.requested += n;
                     book.requested_at = Some(Instant::now());
@@ -985,29 +1346,21 @@ impl Inner {
     }
 
     fn update_gauges(&self) {
-        let book = self.lock();
+        let totals = self.lock().totals;
+        let pending = self.lock().pending();
         let m = &self.metrics;
-        for state in [
-            State::Creating,
-            State::Running,
-            State::Deleting,
-            State::Deleted,
-            State::Timeout,
-        ] {
-            let n = book.instances.values().filter(|i| i.state == state).count();
-            m.instances
-                .get_or_create(&m.labels("state", state.as_str()))
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        for (i, state) in STATES.iter().enumerate() {
+            m.set_instances(
+                state.as_str(),
+                i64::try_from(totals.by_state[i]).unwrap_or(i64::MAX),
+            );
         }
-        let acquired: u32 = book.instances.values().map(Instance::acquired).sum();
         for (kind, n) in [
-            ("idle", self.idle_running_slots(&book)),
-            ("reserved", book.pending()),
-            ("acquired", acquired),
+            ("idle", totals.idle),
+            ("reserved", u64::from(pending)),
+            ("acquired", totals.held),
         ] {
-            m.slots
-                .get_or_create(&m.labels("kind", kind))
-                .set(i64::from(n));
+            m.set_slots(kind, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 
@@ -1029,17 +1382,22 @@ impl Inner {
             .cloned()
             .collect();
         for id in gone {
-            if let Some(inst) = book.instances.remove(&id) {
+            if let Some(inst) = book.remove_instance(&id) {
                 let jobs = inst.acquired();
                 if jobs > 0 {
                     tracing::warn!(instance = %id, jobs, "instance vanished under running jobs");
                 }
                 inst.lost.cancel();
-                self.metrics
-                    .lifetime_seconds
-                    .observe(inst.created.elapsed().as_secs_f64());
-                book.reservations
-                    .retain(|_, r| !matches!(r, Some((i, _)) if *i == id));
+                self.metrics.lifetime(inst.created.elapsed().as_secs_f64());
+                let keys: Vec<String> = book
+                    .reservations
+                    .iter()
+                    .filter(|(_, r)| matches!(&r.at, Some((i, _)) if *i == id))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in keys {
+                    book.remove_reservation(&k);
+                }
                 book.vanished.insert(id.clone(), Instant::now());
                 work.forget.push(id);
             }
@@ -1058,9 +1416,9 @@ impl Inner {
                         inst.idle_since = now;
                         if inst.running_at.is_none() {
                             inst.running_at = Some(now);
-                            self.metrics
-                                .creation_seconds
-                                .observe(now.saturating_duration_since(inst.created).as_secs_f64());
+                            self.metrics.creation(
+                                now.saturating_duration_since(inst.created).as_secs_f64(),
+                            );
                         }
                     }
                 }
@@ -1077,6 +1435,24 @@ impl Inner {
                     inst.removing_since = None;
                     book_retry.push(id.clone());
                 }
+                if !inst.persisted
+                    && !inst.preexisting
+                    && !inst.removing
+                    && !first
+                    && self.store.is_some()
+                {
+                    // An earlier record failed (or a restore was not written): try again, so
+                    // the instance can take jobs once its record is on disk.
+                    work.record.push(InstanceRecord {
+                        id: id.clone(),
+                        state,
+                        use_count: u64::from(inst.uses),
+                        created_at_ms: crate::store::unix_ms(self.wall_now()),
+                        connect_info: inst.info.clone(),
+                        removing: false,
+                    });
+                }
+                book.touch(&id, &self.cfg);
                 continue;
             }
             // Without saved state we cannot know a pre-existing instance's use count, so it is
@@ -1094,8 +1470,8 @@ impl Inner {
                 book.requested = book.requested.saturating_sub(1);
             }
             let now = Instant::now();
-            book.instances.insert(
-                id.clone(),
+            book.add_instance(
+                &id,
                 Instance {
                     state,
                     slots: vec![None; cap],
@@ -1113,10 +1489,13 @@ impl Inner {
                     failures: 0,
                     persisted: self.store.is_none(),
                     running_at: (state == State::Running).then_some(now),
+                    counted: Counted::default(),
                 },
+                &self.cfg,
             );
             if removing && let Some(inst) = book.instances.get_mut(&id) {
                 inst.preexisting = true;
+                book.touch(&id, &self.cfg);
             } else if self.store.is_some() {
                 work.record.push(InstanceRecord {
                     id: id.clone(),
@@ -1154,8 +1533,8 @@ impl Inner {
         let state_of = |id: &str| live.iter().find(|(i, _)| i == id).map(|(_, s)| *s);
         let mut insert = |id: &str, uses: u32, info: Option<ConnectInfo>, doomed: bool| {
             let Some(state) = state_of(id) else { return };
-            book.instances.insert(
-                id.to_string(),
+            book.add_instance(
+                id,
                 Instance {
                     state,
                     slots: vec![None; cap],
@@ -1175,7 +1554,9 @@ impl Inner {
                     // Usable once the restore is on disk.
                     persisted: false,
                     running_at: Some(now),
+                    counted: Counted::default(),
                 },
+                &self.cfg,
             );
         };
         for rec in &plan.adopt {
@@ -1222,6 +1603,7 @@ impl Inner {
                         if let Some(inst) = book.instances.get_mut(&id) {
                             inst.persisted = true;
                         }
+                        book.touch(&id, &self.cfg);
                     }
                 }
                 Err(e) => tracing::error!(error = %e,
@@ -1237,9 +1619,11 @@ impl Inner {
             let id = rec.id.clone();
             match store.record_instance(rec).await {
                 Ok(()) => {
-                    if let Some(inst) = self.lock().instances.get_mut(&id) {
+                    let mut book = self.lock();
+                    if let Some(inst) = book.instances.get_mut(&id) {
                         inst.persisted = true;
                     }
+                    book.touch(&id, &self.cfg);
                 }
                 Err(e) => {
                     tracing::error!(instance = %id, error = %e, "state store: instance not recorded; it stays unused")
@@ -1249,13 +1633,17 @@ impl Inner {
     }
 
     async fn prefetch_connect_info(&self) {
-        let missing: Vec<String> = self
-            .lock()
-            .instances
-            .iter()
-            .filter(|(_, i)| i.state == State::Running && i.info.is_none() && !i.removing)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let missing: Vec<String> = {
+            let book = self.lock();
+            if book.totals.no_info == 0 {
+                return;
+            }
+            book.instances
+                .iter()
+                .filter(|(_, i)| i.counted.no_info)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
         for id in missing {
             if let Err(e) = self.fetch_connect_info(&id).await {
                 tracing::warn!(instance = %id, error = %e, "connect info unavailable");
@@ -1272,10 +1660,7 @@ impl Inner {
             Ok(accepted) => {
                 for (id, cause) in removing {
                     if accepted.contains(id) {
-                        self.metrics
-                            .scale_downs
-                            .get_or_create(&self.metrics.labels("cause", cause.as_str()))
-                            .inc();
+                        self.metrics.scaled_down(cause.as_str());
                     }
                 }
                 if let Some(store) = &self.store {
@@ -1290,6 +1675,7 @@ impl Inner {
                     if let Some(inst) = book.instances.get_mut(id) {
                         inst.removing = false;
                     }
+                    book.touch(id, &self.cfg);
                 }
             }
             Err(e) => {
@@ -1299,6 +1685,7 @@ impl Inner {
                     if let Some(inst) = book.instances.get_mut(id) {
                         inst.removing = false;
                     }
+                    book.touch(id, &self.cfg);
                 }
             }
         }

@@ -4,97 +4,16 @@
 // Integration tests: a failed fixture step should stop the test at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use async_trait::async_trait;
+use common::Memory;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use slipway_fleeting::{
-    ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State,
-};
+use slipway_fleeting::{ConnectInfo, ProviderInfo, State};
 use slipway_taskscaler::{Config, Error, InstanceHooks, Options, Policy, Taskscaler};
-
-#[derive(Default)]
-struct Memory {
-    instances: Mutex<Vec<(String, State)>>,
-    next: Mutex<u32>,
-    decreased: Mutex<Vec<String>>,
-    /// Accept this many Decrease calls without deleting anything (a cloud that drops requests).
-    ignore_decreases: Mutex<u32>,
-    /// Fail this many Update calls.
-    failing_updates: Mutex<u32>,
-}
-
-#[async_trait]
-impl InstanceGroup for Memory {
-    async fn init(&self, _: &[u8], _: &ConnectorConfig) -> Result<ProviderInfo, GroupError> {
-        Ok(ProviderInfo::default())
-    }
-    async fn update(&self) -> Result<Vec<(String, State)>, GroupError> {
-        {
-            let mut failing = self
-                .failing_updates
-                .lock()
-                .map_err(|e| GroupError::Provider(e.to_string()))?;
-            if *failing > 0 {
-                *failing -= 1;
-                return Err(GroupError::Provider("cloud API unavailable".into()));
-            }
-        }
-        Ok(self
-            .instances
-            .lock()
-            .map_err(|e| GroupError::Provider(e.to_string()))?
-            .clone())
-    }
-    async fn increase(&self, delta: u32) -> Result<u32, GroupError> {
-        let mut next = self
-            .next
-            .lock()
-            .map_err(|e| GroupError::Provider(e.to_string()))?;
-        let mut list = self
-            .instances
-            .lock()
-            .map_err(|e| GroupError::Provider(e.to_string()))?;
-        for _ in 0..delta {
-            *next += 1;
-            list.push((format!("i{next}"), State::Running));
-        }
-        Ok(delta)
-    }
-    async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, GroupError> {
-        {
-            let mut ignore = self
-                .ignore_decreases
-                .lock()
-                .map_err(|e| GroupError::Provider(e.to_string()))?;
-            if *ignore > 0 {
-                *ignore -= 1;
-                return Ok(ids.to_vec());
-            }
-        }
-        self.instances
-            .lock()
-            .map_err(|e| GroupError::Provider(e.to_string()))?
-            .retain(|(id, _)| !ids.contains(id));
-        self.decreased
-            .lock()
-            .map_err(|e| GroupError::Provider(e.to_string()))?
-            .extend(ids.iter().cloned());
-        Ok(ids.to_vec())
-    }
-    async fn connect_info(&self, id: &str) -> Result<ConnectInfo, GroupError> {
-        Ok(ConnectInfo {
-            id: id.into(),
-            ..ConnectInfo::default()
-        })
-    }
-    async fn heartbeat(&self, _: &str) -> Result<(), GroupError> {
-        Ok(())
-    }
-    async fn shutdown(&self) -> Result<(), GroupError> {
-        Ok(())
-    }
-}
 
 fn cfg(cap: u32, max_instances: u32, max_use: u32) -> Config {
     Config {

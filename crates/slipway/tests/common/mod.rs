@@ -279,3 +279,17 @@ pub fn instances_of(lines: &[String], job: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// Distinct `fleeting-plugin-local` instances among `processes`, by their sshd config path
+/// (sshd forks a child per connection that shows the same command line).
+pub fn sshd_instances(processes: &[String]) -> std::collections::BTreeSet<String> {
+    processes
+        .iter()
+        .filter(|p| p.contains("sshd"))
+        .filter_map(|p| {
+            let i = p.find("/instances/")? + "/instances/".len();
+            let rest = &p[i..];
+            Some(rest[..rest.find('/')?].to_string())
+        })
+        .collect()
+}
