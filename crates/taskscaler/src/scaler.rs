@@ -26,6 +26,10 @@ use crate::store::{
 const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a vanished instance id is remembered.
 const VANISHED_MEMORY: Duration = Duration::from_secs(3600);
+/// Connect info whose credentials expire sooner than this is fetched again before use.
+const CREDENTIALS_MARGIN: Duration = Duration::from_secs(60);
+/// Longest an instance's ready check may take before it counts as failed.
+const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest a heartbeat may take before it counts as failed.
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest pause in scale-up after instances kept failing their ready command.
@@ -135,6 +139,8 @@ struct Instance {
     running_at: Option<Instant>,
     /// What it adds to the book's index and totals, as of its last `touch`.
     counted: Counted,
+    /// A ready check is under way.
+    checking: bool,
 }
 
 /// One instance's share of the book's running totals and index.
@@ -611,6 +617,23 @@ impl Taskscaler {
         )
     }
 
+    /// Resolves once the first successful Update has been reconciled, so that
+    /// [`Taskscaler::take_restored_failures`] holds everything the state store knew;
+    /// [`Error::ShuttingDown`] if the taskscaler stops first.
+    pub async fn restored(&self) -> Result<(), Error> {
+        loop {
+            let mut rx = self.inner.changed.subscribe();
+            if self.inner.lock().seen_first_update {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                _ = self.inner.stop.cancelled() => return Err(Error::ShuttingDown),
+                _ = rx.changed() => {}
+            }
+        }
+    }
+
     /// This taskscaler's metrics, to register with a Prometheus registry.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.inner.metrics.clone()
@@ -957,6 +980,8 @@ async fn run_loop(inner: Arc<Inner>) {
             }
         }
     }
+    // Ready checks in flight; dropping the set (the loop ends) aborts them.
+    let mut checks = ReadyChecks::new();
     loop {
         // Shutdown must not wait for a slow plugin call; instances a cut-short pass asked for
         // are still found and deleted by the shutdown's own Update.
@@ -965,19 +990,32 @@ async fn run_loop(inner: Arc<Inner>) {
             _ = inner.stop.cancelled() => return,
             _ = inner.pass() => {}
         }
+        inner.start_ready_checks(&mut checks);
         let interval = if inner.expecting() {
             inner.cfg.update_interval_when_expecting
         } else {
             inner.cfg.update_interval
         };
-        tokio::select! {
-            biased;
-            _ = inner.stop.cancelled() => return,
-            _ = inner.wake.notified() => {}
-            _ = tokio::time::sleep(interval) => {}
+        let until = Instant::now() + interval;
+        loop {
+            tokio::select! {
+                biased;
+                _ = inner.stop.cancelled() => return,
+                Some(done) = checks.join_next(), if !checks.is_empty() => {
+                    match done {
+                        Ok((id, result)) => inner.finish_ready_check(&id, result),
+                        Err(e) => tracing::warn!(error = %e, "ready check task failed"),
+                    }
+                }
+                _ = inner.wake.notified() => break,
+                _ = tokio::time::sleep_until(until) => break,
+            }
         }
     }
 }
+
+/// Ready checks under way: instance id and outcome.
+type ReadyChecks = tokio::task::JoinSet<(String, Result<(), String>)>;
 
 /// Where `try_assign` put a reservation.
 struct Assigned {
@@ -1024,56 +1062,83 @@ impl Inner {
         }
     }
 
-    /// Run the ready hook on running instances that have not passed it yet.
-    async fn ready_up(&self) {
+    /// Start the ready hook on running instances that have not passed it yet and have no
+    /// check under way. Checks run beside the loop (a slow `instance_ready_command` must not
+    /// hold up scaling); their results come back through [`Inner::finish_ready_check`].
+    fn start_ready_checks(self: &Arc<Self>, checks: &mut ReadyChecks) {
         let Some(hooks) = &self.hooks else { return };
         let due: Vec<(String, Option<ConnectInfo>)> = {
-            let book = self.lock();
+            let mut book = self.lock();
             if book.totals.unready == 0 {
                 return;
             }
-            book.instances
+            let due: Vec<(String, Option<ConnectInfo>)> = book
+                .instances
                 .iter()
-                .filter(|(_, i)| i.counted.unready)
+                .filter(|(_, i)| i.counted.unready && !i.checking)
                 .map(|(id, i)| (id.clone(), i.info.clone()))
-                .collect()
-        };
-        let checks = due.into_iter().map(|(id, info)| async move {
-            let info = match info {
-                Some(info) => info,
-                None => match self.fetch_connect_info(&id).await {
-                    Ok(info) => info,
-                    Err(e) => return (id, Err(e.to_string())),
-                },
-            };
-            (id, hooks.ready(&info).await)
-        });
-        for (id, result) in futures::future::join_all(checks).await {
-            let mut book = self.lock();
-            match result {
-                Ok(()) => {
-                    book.ready_failures = 0;
-                    if let Some(inst) = book.instances.get_mut(&id) {
-                        inst.ready = true;
-                        if let Some(t) = inst.running_at {
-                            self.metrics.readiness(t.elapsed().as_secs_f64());
-                        }
-                    }
-                    book.touch(&id, &self.cfg);
-                }
-                Err(why) => {
-                    tracing::warn!(instance = %id, error = %why, "instance_ready_command failed");
-                    book.ready_failures += 1;
-                    let backoff = Duration::from_secs(1u64 << book.ready_failures.min(9))
-                        .min(READY_BACKOFF_MAX);
-                    book.scale_up_after = Some(Instant::now() + backoff);
-                    if let Some(inst) = book.instances.get_mut(&id) {
-                        inst.condemned = Some(RemovalCause::NotReady);
-                    }
-                    book.touch(&id, &self.cfg);
+                .collect();
+            for (id, _) in &due {
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.checking = true;
                 }
             }
+            due
+        };
+        for (id, info) in due {
+            let inner = self.clone();
+            let hooks = hooks.clone();
+            checks.spawn(async move {
+                let info = match info {
+                    Some(info) => info,
+                    None => match inner.fetch_connect_info(&id).await {
+                        Ok(info) => info,
+                        Err(e) => return (id, Err(e.to_string())),
+                    },
+                };
+                let result =
+                    match tokio::time::timeout(READY_CHECK_TIMEOUT, hooks.ready(&info)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(format!("no answer within {READY_CHECK_TIMEOUT:?}")),
+                    };
+                (id, result)
+            });
         }
+    }
+
+    /// Apply a finished ready check: the instance takes jobs, or is replaced (with backoff on
+    /// scale-up, as GitLab 17.0, against thrashing).
+    fn finish_ready_check(&self, id: &str, result: Result<(), String>) {
+        let mut book = self.lock();
+        if let Some(inst) = book.instances.get_mut(id) {
+            inst.checking = false;
+        }
+        match result {
+            Ok(()) => {
+                book.ready_failures = 0;
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.ready = true;
+                    if let Some(t) = inst.running_at {
+                        self.metrics.readiness(t.elapsed().as_secs_f64());
+                    }
+                }
+                book.touch(id, &self.cfg);
+            }
+            Err(why) => {
+                tracing::warn!(instance = %id, error = %why, "instance_ready_command failed");
+                book.ready_failures += 1;
+                let backoff =
+                    Duration::from_secs(1u64 << book.ready_failures.min(9)).min(READY_BACKOFF_MAX);
+                book.scale_up_after = Some(Instant::now() + backoff);
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.condemned = Some(RemovalCause::NotReady);
+                }
+                book.touch(id, &self.cfg);
+            }
+        }
+        drop(book);
+        self.bump();
+        self.wake.notify_one();
     }
 
     fn wall_now(&self) -> SystemTime {
@@ -1196,7 +1261,7 @@ impl Inner {
                     slot: *slot,
                     slots: *slots,
                     lost: inst.map(|i| i.lost.clone()).unwrap_or_default(),
-                    info: inst.and_then(|i| i.info.clone()),
+                    info: inst.and_then(|i| self.fresh_info(i)),
                 }));
             }
             Some(Reservation { at: None, slots }) => *slots,
@@ -1222,17 +1287,27 @@ impl Inner {
         let Some(slot) = inst.take_slots(want, key) else {
             return Ok(None);
         };
+        let info = self.fresh_info(inst);
         inst.uses += 1;
         let assigned = Assigned {
             id: id.clone(),
             slot,
             slots: want,
             lost: inst.lost.clone(),
-            info: inst.info.clone(),
+            info,
         };
         book.touch(&id, cfg);
         book.set_at(key, Some((id, slot)));
         Ok(Some(assigned))
+    }
+
+    /// The instance's cached connect info unless its credentials expire within a minute
+    /// (then `acquire` asks the plugin again).
+    fn fresh_info(&self, inst: &Instance) -> Option<ConnectInfo> {
+        let soon = self.wall_now() + CREDENTIALS_MARGIN;
+        inst.info
+            .clone()
+            .filter(|i| i.expires.is_none_or(|t| t > soon))
     }
 
     async fn fetch_connect_info(&self, id: &str) -> Result<ConnectInfo, GroupError> {
@@ -1262,7 +1337,6 @@ impl Inner {
             }
         }
         self.prefetch_connect_info().await;
-        self.ready_up().await;
 
         let (decision, removing) = {
             let mut book = self.lock();
@@ -1490,6 +1564,7 @@ impl Inner {
                     persisted: self.store.is_none(),
                     running_at: (state == State::Running).then_some(now),
                     counted: Counted::default(),
+                    checking: false,
                 },
                 &self.cfg,
             );
@@ -1555,6 +1630,7 @@ impl Inner {
                     persisted: false,
                     running_at: Some(now),
                     counted: Counted::default(),
+                    checking: false,
                 },
                 &self.cfg,
             );

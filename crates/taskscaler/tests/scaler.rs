@@ -585,3 +585,73 @@ async fn reserve_wait_gets_the_slot_a_release_frees() {
         .expect("reserve");
     ts.shutdown().await;
 }
+
+#[tokio::test]
+async fn expiring_credentials_are_fetched_again_before_use() {
+    for (expires_in, fetched_again) in [(3600, false), (30, true)] {
+        let group = Arc::new(Memory::default());
+        *group.expires_in.lock().unwrap() = Some(Duration::from_secs(expires_in));
+        let ts =
+            Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(1, 1, 0)).expect("start");
+        ts.reserve("a").expect("a");
+        ts.acquire("a").await.expect("a");
+        ts.release("a");
+        let before = *group.connect_calls.lock().unwrap();
+        ts.reserve("b").expect("b");
+        let b = ts.acquire("b").await.expect("b");
+        assert!(b.connect_info.expires.is_some());
+        let after = *group.connect_calls.lock().unwrap();
+        assert_eq!(
+            after > before,
+            fetched_again,
+            "credentials valid for {expires_in}s: calls {before} -> {after}"
+        );
+        ts.shutdown().await;
+    }
+}
+
+/// Ready hook that never finishes for one instance.
+struct StuckReady {
+    stuck: String,
+}
+
+#[async_trait]
+impl InstanceHooks for StuckReady {
+    async fn ready(&self, info: &ConnectInfo) -> Result<(), String> {
+        if info.id == self.stuck {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+    async fn heartbeat(&self, _: &ConnectInfo) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_hanging_ready_command_holds_up_only_its_own_instance() {
+    let group = Arc::new(Memory::default());
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        cfg(1, 2, 0),
+        Options {
+            hooks: Some(Arc::new(StuckReady { stuck: "i1".into() })),
+            ..Options::default()
+        },
+    )
+    .expect("start");
+    ts.reserve("a").expect("a");
+    ts.reserve("b").expect("b");
+    // i1's ready command never returns; i2 is created and used all the same.
+    let b = ts
+        .acquire("b")
+        .await
+        .expect("b gets the instance that became ready");
+    assert_eq!(b.instance_id, "i2");
+    assert_eq!(group.instances.lock().unwrap().len(), 2);
+    // Shutdown is not held up by the hanging check either.
+    tokio::time::timeout(Duration::from_secs(10), ts.shutdown())
+        .await
+        .expect("shutdown with a check in flight");
+}

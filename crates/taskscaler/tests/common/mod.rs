@@ -19,6 +19,10 @@ pub struct Memory {
     pub ignore_decreases: Mutex<u32>,
     /// Fail this many Update calls.
     pub failing_updates: Mutex<u32>,
+    /// ConnectInfo calls answered.
+    pub connect_calls: Mutex<u32>,
+    /// Credentials handed out expire this long after the call.
+    pub expires_in: Mutex<Option<std::time::Duration>>,
 }
 
 #[async_trait]
@@ -80,8 +84,15 @@ impl InstanceGroup for Memory {
         Ok(ids.to_vec())
     }
     async fn connect_info(&self, id: &str) -> Result<ConnectInfo, GroupError> {
+        *self.connect_calls.lock().unwrap() += 1;
+        let expires = self
+            .expires_in
+            .lock()
+            .unwrap()
+            .map(|d| std::time::SystemTime::now() + d);
         Ok(ConnectInfo {
             id: id.into(),
+            expires,
             ..ConnectInfo::default()
         })
     }
