@@ -1,29 +1,13 @@
 //! The `instance` executor: each step is a bash script fed over SSH stdin, in a per-job directory
 //! under the slot.
 
-use std::time::Duration;
-
-use slipway_connector::{Client, Output, RunOptions};
-use slipway_jobs::model::{JobResponse, StepName, When};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use slipway_connector::Client;
+use slipway_jobs::model::JobResponse;
 use tokio_util::sync::CancellationToken;
 
-use crate::outcome::{FailureReason, JobOutcome};
-use crate::script::{self, JobDirs};
+use crate::host::SshHost;
+use crate::job::{JobContext, JobRunner, RunResult};
 use crate::trace::Trace;
-
-/// Job timeout when the job names none (GitLab's project default).
-pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
-/// `after_script` has its own timeout, as in GitLab.
-pub const AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
-/// Bounded time for unpacking and collecting artifacts.
-const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
-/// Bounded time for removing a job's files; short, since it also runs on cancel.
-const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The command sshd runs; the script arrives on stdin. `exec` keeps the session leader's pid,
-/// which is then the step's process group.
-const SHELL: &str = "exec bash --noprofile --norc -s";
 
 /// Settings of the instance executor.
 #[derive(Debug, Clone)]
@@ -36,9 +20,10 @@ pub struct InstanceExecutor {
 
 impl Default for InstanceExecutor {
     fn default() -> Self {
+        let r = JobRunner::default();
         InstanceExecutor {
-            builds_dir: "builds".into(),
-            kill_grace_secs: 3,
+            builds_dir: r.builds_dir,
+            kill_grace_secs: r.kill_grace_secs,
         }
     }
 }
@@ -58,297 +43,27 @@ pub struct RunContext<'a> {
     pub artifacts_in: Vec<Vec<u8>>,
 }
 
-/// A finished job.
-#[derive(Debug)]
-pub struct RunResult {
-    /// Success or why not.
-    pub outcome: JobOutcome,
-    /// Tarball of the job's artifacts, when it declared any and they were collected.
-    pub artifacts: Option<Vec<u8>>,
-}
-
-enum StepEnd {
-    Exited(JobOutcome),
-    TimedOut,
-    Canceled,
-}
-
 impl InstanceExecutor {
-    /// Run a job: prepare the directory, the script step, `after_script`, artifacts, cleanup.
+    /// Run a job on the instance: prepare the directory, the script step, `after_script`,
+    /// artifacts, cleanup.
     pub async fn run(&self, job: &JobResponse, ctx: RunContext<'_>) -> RunResult {
-        let RunContext {
-            client,
-            slot,
-            trace,
-            cancel,
-            artifacts_in,
-        } = ctx;
-        let dirs = JobDirs {
+        let runner = JobRunner {
             builds_dir: self.builds_dir.clone(),
-            slot,
-            job_id: job.id,
+            kill_grace_secs: self.kill_grace_secs,
+            prologue: String::new(),
         };
-        let timeout = match job.runner_info.timeout {
-            0 => DEFAULT_JOB_TIMEOUT,
-            s => Duration::from_secs(s),
-        };
-        let deadline = Instant::now() + timeout;
-
-        for key in script::unexportable_variables(job) {
-            trace.message(&format!(
-                "WARNING: variable {key:?} is not a valid shell name; it is not passed to the job"
-            ));
-        }
-
-        // Without artifacts to unpack, the script step creates its own directory: one SSH
-        // round trip less between a job being queued and its first output line.
-        let input: Vec<u8> = artifacts_in.concat();
-        let separate_prepare = !input.is_empty();
-        if separate_prepare
-            && let Err(msg) = housekeeping(
-                client,
-                &script::prepare_script(&dirs, true),
-                input,
-                TRANSFER_TIMEOUT,
-            )
-            .await
-        {
-            trace.message(&format!(
-                "ERROR: preparing the build directory failed: {msg}"
-            ));
-            self.cleanup(client, &dirs, trace).await;
-            return RunResult {
-                outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                artifacts: None,
-            };
-        }
-
-        let lines = |name: StepName| -> Vec<String> {
-            job.steps
-                .iter()
-                .filter(|s| s.name == name)
-                .flat_map(|s| s.script.iter().cloned())
-                .collect()
-        };
-
-        let script_lines = lines(StepName::Script);
-        let mut outcome = match self
-            .step(
-                client,
-                &dirs,
+        let host = SshHost(ctx.client);
+        runner
+            .run(
                 job,
-                StepName::Script,
-                &script_lines,
-                !separate_prepare,
-                deadline,
-                &cancel,
-                trace,
+                JobContext {
+                    host: &host,
+                    slot: ctx.slot,
+                    trace: ctx.trace,
+                    cancel: ctx.cancel,
+                    artifacts_in: ctx.artifacts_in,
+                },
             )
             .await
-        {
-            StepEnd::Exited(o) => o,
-            StepEnd::TimedOut => {
-                let msg = format!("job execution timeout: exceeded {}", fmt_secs(timeout));
-                trace.message(&format!("ERROR: {msg}"));
-                JobOutcome::failed(FailureReason::JobExecutionTimeout, None, msg)
-            }
-            StepEnd::Canceled => {
-                trace.message("ERROR: job canceled");
-                JobOutcome::failed(FailureReason::JobCanceled, None, "job canceled")
-            }
-        };
-
-        // after_script runs whatever happened, with its own timeout (GitLab does the same).
-        let after = lines(StepName::AfterScript);
-        if !after.is_empty() && cancel.is_cancelled() {
-            // A canceled job must stop promptly (the manager may be shutting down).
-            trace.message("Skipping after_script: the job was canceled");
-        } else if !after.is_empty() {
-            trace.message("Running after_script");
-            let after_deadline = Instant::now() + AFTER_SCRIPT_TIMEOUT;
-            match self
-                .step(
-                    client,
-                    &dirs,
-                    job,
-                    StepName::AfterScript,
-                    &after,
-                    false,
-                    after_deadline,
-                    &cancel,
-                    trace,
-                )
-                .await
-            {
-                StepEnd::Exited(JobOutcome::Failed { message, .. }) => {
-                    trace.message(&format!("WARNING: after_script failed: {message}"));
-                }
-                StepEnd::TimedOut => trace.message("WARNING: after_script timed out"),
-                StepEnd::Exited(JobOutcome::Success) | StepEnd::Canceled => {}
-            }
-        }
-
-        let mut artifacts = None;
-        let wanted = job.artifacts.iter().filter(|a| match a.when {
-            When::OnSuccess => outcome.is_success(),
-            When::OnFailure => !outcome.is_success(),
-            When::Always => true,
-        });
-        let paths: Vec<String> = wanted
-            .flat_map(|a| a.paths.iter())
-            .filter(|p| match script::artifact_path_problem(p) {
-                None => true,
-                Some(why) => {
-                    trace.message(&format!("WARNING: artifact path {p:?} {why}; skipped"));
-                    false
-                }
-            })
-            .cloned()
-            .collect();
-        if !paths.is_empty() && !cancel.is_cancelled() {
-            trace.message("Collecting artifacts");
-            match housekeeping(
-                client,
-                &script::collect_script(&dirs, &paths),
-                Vec::new(),
-                TRANSFER_TIMEOUT,
-            )
-            .await
-            {
-                Ok(tar) => artifacts = Some(tar),
-                Err(msg) => {
-                    trace.message(&format!("ERROR: collecting artifacts failed: {msg}"));
-                    if outcome.is_success() {
-                        outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
-                    }
-                }
-            }
-        }
-
-        self.cleanup(client, &dirs, trace).await;
-        RunResult { outcome, artifacts }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn step(
-        &self,
-        client: &Client,
-        dirs: &JobDirs,
-        job: &JobResponse,
-        step: StepName,
-        lines: &[String],
-        create_dir: bool,
-        deadline: Instant,
-        cancel: &CancellationToken,
-        trace: &mut Trace,
-    ) -> StepEnd {
-        let body = script::step_script(job, dirs, step.as_str(), lines, create_dir);
-        let (tx, mut rx) = mpsc::channel(256);
-        let run = client.run(RunOptions::new(SHELL).stdin(body), tx);
-        tokio::pin!(run);
-        let end = loop {
-            tokio::select! {
-                Some(chunk) = rx.recv() => write_output(trace, chunk),
-                res = &mut run => break Some(res),
-                _ = tokio::time::sleep_until(deadline) => break None,
-                _ = cancel.cancelled() => break None,
-            }
-        };
-        let result = match end {
-            Some(res) => res,
-            None => {
-                // Stop the whole process group, then let the run finish and drain its output.
-                let kill = script::kill_script(dirs, step.as_str(), self.kill_grace_secs);
-                let bound = Duration::from_secs(u64::from(self.kill_grace_secs) + 5);
-                if let Err(msg) = housekeeping(client, &kill, Vec::new(), bound).await {
-                    trace.message(&format!("WARNING: stopping the step failed: {msg}"));
-                }
-                let drained = tokio::time::timeout(Duration::from_secs(5), async {
-                    loop {
-                        tokio::select! {
-                            Some(chunk) = rx.recv() => write_output(trace, chunk),
-                            _ = &mut run => break,
-                        }
-                    }
-                })
-                .await;
-                if drained.is_err() {
-                    tracing::warn!(job = job.id, "step did not end after kill");
-                }
-                return if cancel.is_cancelled() {
-                    StepEnd::Canceled
-                } else {
-                    StepEnd::TimedOut
-                };
-            }
-        };
-        while let Ok(chunk) = rx.try_recv() {
-            write_output(trace, chunk);
-        }
-        StepEnd::Exited(match result {
-            Ok(status) if status.success() => JobOutcome::Success,
-            Ok(status) => {
-                let code = status.code.and_then(|c| i32::try_from(c).ok());
-                let msg = format!("script failed: {status}");
-                trace.message(&format!("ERROR: Job failed: {status}"));
-                JobOutcome::failed(FailureReason::ScriptFailure, code, msg)
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                trace.message(&format!("ERROR: Job failed (system failure): {msg}"));
-                JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
-            }
-        })
-    }
-
-    async fn cleanup(&self, client: &Client, dirs: &JobDirs, trace: &mut Trace) {
-        if let Err(msg) = housekeeping(
-            client,
-            &script::cleanup_script(dirs),
-            Vec::new(),
-            CLEANUP_TIMEOUT,
-        )
-        .await
-        {
-            trace.message(&format!("WARNING: cleanup failed: {msg}"));
-        }
-    }
-}
-
-fn write_output(trace: &mut Trace, chunk: Output) {
-    match chunk {
-        Output::Stdout(b) | Output::Stderr(b) => trace.write(&b),
-    }
-}
-
-/// Run a bash script with bounded time; `Err` carries a message for the trace.
-async fn housekeeping(
-    client: &Client,
-    body: &str,
-    stdin: Vec<u8>,
-    limit: Duration,
-) -> Result<Vec<u8>, String> {
-    let command = format!("exec bash --noprofile --norc -c {}", script::quote(body));
-    let run = client.run_capture(command, stdin);
-    match tokio::time::timeout(limit, run).await {
-        Err(_) => Err(format!("timed out after {}", fmt_secs(limit))),
-        Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok((status, out, _))) if status.success() => Ok(out),
-        Ok(Ok((status, _, err))) => Err(format!(
-            "{status}: {}",
-            String::from_utf8_lossy(&err).trim()
-        )),
-    }
-}
-
-fn fmt_secs(d: Duration) -> String {
-    humanize(d.as_secs())
-}
-
-fn humanize(secs: u64) -> String {
-    match secs {
-        s if s % 3600 == 0 && s > 0 => format!("{}h", s / 3600),
-        s if s % 60 == 0 && s > 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
     }
 }

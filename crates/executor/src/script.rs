@@ -55,6 +55,19 @@ pub fn step_script(
     lines: &[String],
     create_dir: bool,
 ) -> String {
+    step_script_with(job, dirs, step, lines, create_dir, "")
+}
+
+/// [`step_script`] with `prologue` (bash lines) run first in the step's shell, before the
+/// job's variables: an isolation level moving the step into the slot's cgroup, say.
+pub fn step_script_with(
+    job: &JobResponse,
+    dirs: &JobDirs,
+    step: &str,
+    lines: &[String],
+    create_dir: bool,
+    prologue: &str,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "__slipway_step() {{");
     if create_dir {
@@ -70,6 +83,9 @@ pub fn step_script(
     let pid = dirs.pid_file(step);
     let _ = writeln!(s, "echo $$ > {pid}");
     let _ = writeln!(s, "trap 'rm -f {}' EXIT", pid.replace('\'', r"'\''"));
+    if !prologue.is_empty() {
+        let _ = writeln!(s, "{}", prologue.trim_end());
+    }
     let _ = writeln!(s, "set -eo pipefail");
     let _ = writeln!(s, "export CI_BUILDS_DIR={}", dirs.slot_dir());
     let _ = writeln!(s, "export CI_PROJECT_DIR={}", dirs.project_dir());
