@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::error::{ConnectError, HostKeyStoreError};
 use crate::hostkeys::{Check, HostKeyStore, fingerprint};
+use crate::stream::ExecStream;
 use crate::{DEFAULT_KEEPALIVE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT, KEEPALIVE_MAX};
 
 /// Runner-side dial settings (GitLab's `connector.DialOptions`).
@@ -287,6 +288,21 @@ impl Client {
                 Err(timed_out())
             }
         }
+    }
+
+    /// Start `command` on its own channel and hand back its stdin and stdout as one byte
+    /// stream (for `docker system dial-stdio` and other stdio tunnels).
+    pub async fn open_stream(&self, command: &str) -> Result<ExecStream, ConnectError> {
+        let channel = self
+            .handle
+            .channel_open_session()
+            .await
+            .map_err(|e| self.channel_error(e))?;
+        channel
+            .exec(true, command.as_bytes())
+            .await
+            .map_err(|e| self.channel_error(e))?;
+        Ok(ExecStream::new(channel.into_stream(), command.to_string()))
     }
 
     /// Run a command and collect its whole output: `(status, stdout, stderr)`.

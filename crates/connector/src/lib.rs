@@ -3,17 +3,21 @@
 //! [`Client::connect`] dials an instance described by a fleeting [`ConnectInfo`], pins its host
 //! key in a [`HostKeyStore`] on first use, and authenticates with the key and/or password the
 //! plugin handed out. [`Client::run`] executes one command per SSH channel and streams its
-//! stdout/stderr live; several runs may share one connection.
+//! stdout/stderr live; several runs may share one connection. [`Client::open_stream`] turns a
+//! command's stdin/stdout into a byte stream ([`ExecStream`]) for tunnels such as
+//! `docker system dial-stdio`.
 //!
 //! [`ConnectInfo`]: slipway_fleeting::ConnectInfo
 
 mod client;
 mod error;
 mod hostkeys;
+mod stream;
 
 pub use client::{Client, DialOptions, ExitStatus, Output, RunOptions};
 pub use error::{ConnectError, HostKeyStoreError};
 pub use hostkeys::HostKeyStore;
+pub use stream::ExecStream;
 
 /// Dial timeout used when the connector config leaves it at zero.
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

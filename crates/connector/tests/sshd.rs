@@ -446,3 +446,50 @@ async fn wrong_key_is_an_auth_failure() {
     assert!(matches!(err, ConnectError::InvalidKey { .. }), "{err}");
     assert!(!format!("{err}").contains("not a key"));
 }
+
+#[tokio::test]
+async fn a_command_as_a_byte_stream_carries_data_both_ways() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let sshd = Sshd::start().await;
+    let store = HostKeyStore::new();
+    let client = connect(&sshd, &store).await;
+    // Line-by-line echo: a request/response exchange, as an HTTP tunnel makes.
+    let mut stream = client
+        .open_stream("while IFS= read -r l; do echo \"got $l\"; done")
+        .await
+        .unwrap();
+    for word in ["one", "two"] {
+        stream
+            .write_all(format!("{word}\n").as_bytes())
+            .await
+            .unwrap();
+        stream.flush().await.unwrap();
+        let mut buf = vec![0u8; 64];
+        let mut got = Vec::new();
+        while !got.ends_with(b"\n") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "stream ended early");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, format!("got {word}\n").as_bytes());
+    }
+    // Closing our side ends the command's input; its output then ends too.
+    stream.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+    // Bulk data through `cat`.
+    let cat = client.open_stream("cat").await.unwrap();
+    let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut r, mut w) = tokio::io::split(cat);
+    let send = async {
+        w.write_all(&big).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let mut back = Vec::new();
+    let recv = r.read_to_end(&mut back);
+    let (_, n) = tokio::join!(send, recv);
+    n.unwrap();
+    assert!(back == big);
+    client.close().await;
+}
