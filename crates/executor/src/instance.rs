@@ -50,7 +50,7 @@ impl InstanceExecutor {
         let runner = JobRunner {
             builds_dir: self.builds_dir.clone(),
             kill_grace_secs: self.kill_grace_secs,
-            prologue: String::new(),
+            ..JobRunner::default()
         };
         let host = SshHost(ctx.client);
         runner

@@ -33,7 +33,17 @@ pub struct JobRunner {
     /// Bash lines run at the start of every step, before the job's variables (an isolation
     /// level entering the slot's cgroup, say).
     pub prologue: String,
+    /// Bash run once before the job (creating the slot's cgroup, say); a failure is a system
+    /// failure and the job's steps do not run.
+    pub prepare: String,
+    /// Bash run once after the job, whatever happened (removing the slot's cgroup, killing
+    /// what the job left). Lines it prints starting with [`NOTE_PREFIX`] go to the trace and,
+    /// when the job failed, into its failure message (an OOM kill, say).
+    pub teardown: String,
 }
+
+/// Prefix of the lines a teardown script prints for the job's trace.
+pub const NOTE_PREFIX: &str = "slipway-note: ";
 
 impl Default for JobRunner {
     fn default() -> Self {
@@ -41,6 +51,8 @@ impl Default for JobRunner {
             builds_dir: "builds".into(),
             kill_grace_secs: 3,
             prologue: String::new(),
+            prepare: String::new(),
+            teardown: String::new(),
         }
     }
 }
@@ -78,6 +90,60 @@ enum StepEnd {
 impl JobRunner {
     /// Run a job: prepare the directory, the script step, `after_script`, artifacts, cleanup.
     pub async fn run(&self, job: &JobResponse, ctx: JobContext<'_>) -> RunResult {
+        let JobContext {
+            host,
+            slot,
+            trace,
+            cancel,
+            artifacts_in,
+        } = ctx;
+        if !self.prepare.is_empty()
+            && let Err(msg) = housekeeping(host, &self.prepare, Vec::new(), TRANSFER_TIMEOUT).await
+        {
+            trace.message(&format!(
+                "ERROR: preparing the job's isolation failed: {msg}"
+            ));
+            let mut outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+            self.tear_down(host, trace, &mut outcome).await;
+            return RunResult {
+                outcome,
+                artifacts: None,
+            };
+        }
+        let inner = JobContext {
+            host,
+            slot,
+            trace: &mut *trace,
+            cancel,
+            artifacts_in,
+        };
+        let mut result = self.run_steps(job, inner).await;
+        self.tear_down(host, trace, &mut result.outcome).await;
+        result
+    }
+
+    /// Run the teardown script; its notes go to the trace and into a failure's message.
+    async fn tear_down(&self, host: &dyn Host, trace: &mut Trace, outcome: &mut JobOutcome) {
+        if self.teardown.is_empty() {
+            return;
+        }
+        match housekeeping(host, &self.teardown, Vec::new(), CLEANUP_TIMEOUT).await {
+            Ok(out) => {
+                let out = String::from_utf8_lossy(&out);
+                for note in out.lines().filter_map(|l| l.strip_prefix(NOTE_PREFIX)) {
+                    trace.message(note);
+                    if let JobOutcome::Failed { message, .. } = outcome {
+                        message.push_str(&format!(" ({note})"));
+                    }
+                }
+            }
+            Err(msg) => trace.message(&format!(
+                "WARNING: cleaning up the job's isolation failed: {msg}"
+            )),
+        }
+    }
+
+    async fn run_steps(&self, job: &JobResponse, ctx: JobContext<'_>) -> RunResult {
         let JobContext {
             host,
             slot,
@@ -342,7 +408,8 @@ async fn housekeeping(
     }
 }
 
-fn fmt_secs(d: Duration) -> String {
+/// A duration for the trace: `1h`, `5m`, `42s`.
+pub(crate) fn fmt_secs(d: Duration) -> String {
     humanize(d.as_secs())
 }
 

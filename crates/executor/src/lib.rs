@@ -1,20 +1,28 @@
 //! Executors: turn a prepared environment into a running job.
 //!
+//! - [`cgroup`]: the `cgroup` isolation level — the slot's cgroup around every job.
 //! - [`host`]: where scripts run — an instance over SSH, this machine, a container.
 //! - [`job`]: a job's steps, artifacts, timeout and cancel on any host.
+//! - [`custom`]: GitLab's `custom` executor — user-supplied driver executables per stage.
 //! - [`instance`]: GitLab's `instance` executor — bash over SSH on an autoscaled instance.
+//! - [`isolation`]: the isolation level a job gets, within what its runner allows.
 //! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
 //! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
 
+pub mod cgroup;
+pub mod custom;
 pub mod host;
 pub mod instance;
+pub mod isolation;
 pub mod job;
 pub mod outcome;
 pub mod script;
 pub mod trace;
 
+pub use custom::{ConfigExecOutput, CustomConfig, CustomContext, CustomError, CustomExecutor};
 pub use host::{Host, LocalHost, SshHost};
 pub use instance::{InstanceExecutor, RunContext};
+pub use isolation::{Isolation, IsolationPolicy};
 pub use job::{JobContext, JobRunner, RunResult};
 pub use outcome::{FailureReason, JobOutcome};
 pub use trace::{Masker, Trace};

@@ -13,6 +13,10 @@ pub enum FailureReason {
     JobExecutionTimeout,
     /// The job was canceled (internal, never sent to GitLab).
     JobCanceled,
+    /// The runner's configuration does not allow what the job asks for.
+    RunnerConfigurationError,
+    /// The job's image could not be pulled.
+    ImagePullFailure,
 }
 
 impl FailureReason {
@@ -23,6 +27,8 @@ impl FailureReason {
             FailureReason::RunnerSystemFailure => "runner_system_failure",
             FailureReason::JobExecutionTimeout => "job_execution_timeout",
             FailureReason::JobCanceled => "job_canceled",
+            FailureReason::RunnerConfigurationError => "runner_configuration_error",
+            FailureReason::ImagePullFailure => "image_pull_failure",
         }
     }
 }

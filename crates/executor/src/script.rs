@@ -130,7 +130,7 @@ pub fn prepare_script(dirs: &JobDirs, has_input: bool) -> String {
 /// Write a tar of the matching paths (globs, `**` included) to stdout.
 pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
     let mut s = format!(
-        "set -e\nshopt -s globstar nullglob dotglob\ncd {}\nset --\n",
+        "set -e\nshopt -s globstar nullglob dotglob 2>/dev/null || :\ncd {}\nset --\n",
         dirs.project_dir()
     );
     for p in paths {
@@ -151,15 +151,18 @@ pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
 
 /// Kill a step's process group: TERM, wait up to `grace_secs`, then KILL.
 ///
+/// Portable: `kill -s SIG -PGID` means the same to bash and to busybox/dash `sh` (which reject
+/// `kill -SIG -- -PGID`), so a step in a busybox container is stopped too.
+///
 /// A step canceled right as it starts may not have written its pid yet: wait briefly for it.
 pub fn kill_script(dirs: &JobDirs, step: &str, grace_secs: u32) -> String {
     let pid = dirs.pid_file(step);
     format!(
         "for _ in $(seq 1 20); do [ -s {pid} ] && break; sleep 0.1; done\n\
          p=$(cat {pid} 2>/dev/null) || exit 0\n[ -n \"$p\" ] || exit 0\n\
-         kill -TERM -- -\"$p\" 2>/dev/null || exit 0\n\
-         for _ in $(seq 1 {}); do kill -0 -- -\"$p\" 2>/dev/null || exit 0; sleep 0.1; done\n\
-         kill -KILL -- -\"$p\" 2>/dev/null\nexit 0\n",
+         kill -s TERM -\"$p\" 2>/dev/null || exit 0\n\
+         for _ in $(seq 1 {}); do kill -s 0 -\"$p\" 2>/dev/null || exit 0; sleep 0.1; done\n\
+         kill -s KILL -\"$p\" 2>/dev/null\nexit 0\n",
         grace_secs * 10
     )
 }
@@ -171,6 +174,41 @@ pub fn cleanup_script(dirs: &JobDirs) -> String {
     format!(
         "rm -rf {} {slot}/.job-{id}-*.pid {slot}/.job-{id}.vars\n",
         dirs.project_dir()
+    )
+}
+
+/// Say which machine the job runs on (GitLab's `prepare_script` stage).
+pub fn announce_host_script() -> String {
+    "echo \"Running on $(hostname 2>/dev/null || uname -n)...\"\n".to_string()
+}
+
+/// Remove the job's file-type variables and pid files, keeping the project directory (GitLab's
+/// `cleanup_file_variables` stage).
+pub fn file_variables_cleanup_script(dirs: &JobDirs) -> String {
+    let slot = dirs.slot_dir();
+    let id = dirs.job_id;
+    format!("rm -rf {slot}/.job-{id}.vars {slot}/.job-{id}-*.pid\n")
+}
+
+/// Run `script` in a subshell, then write its exit status to `status_file` when that file's
+/// directory exists where the script runs, and exit with the same status.
+///
+/// A custom executor driver maps any failure to its own exit code; the file tells the runner
+/// the script's real one when the driver runs the script on the runner's machine.
+pub fn record_exit_status(script: &str, status_file: &str) -> String {
+    let file = quote(status_file);
+    let dir = quote(
+        std::path::Path::new(status_file)
+            .parent()
+            .map(|p| p.to_string_lossy())
+            .unwrap_or_default()
+            .as_ref(),
+    );
+    format!(
+        "(\n{}\n)\n__slipway_rc=$?\n\
+         if [ -d {dir} ]; then printf '%s\\n' \"$__slipway_rc\" > {file} 2>/dev/null || :; fi\n\
+         exit \"$__slipway_rc\"\n",
+        script.trim_end()
     )
 }
 

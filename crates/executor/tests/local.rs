@@ -38,7 +38,7 @@ async fn run(job: &JobResponse, cancel: CancellationToken) -> (Ran, tempfile::Te
     let runner = JobRunner {
         builds_dir: dir.path().display().to_string(),
         kill_grace_secs: 2,
-        prologue: String::new(),
+        ..JobRunner::default()
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut trace = Trace::new(job.masked_values(), tx);

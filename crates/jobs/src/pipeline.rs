@@ -48,6 +48,7 @@ const JOB_KEYS: &[&str] = &[
     "timeout",
     "image",
     "isolation",
+    "services",
     "tags",
 ];
 /// GitLab job keywords this reader does not implement (yet).
@@ -73,7 +74,6 @@ const JOB_KEYS_UNSUPPORTED: &[&str] = &[
     "rules",
     "run",
     "secrets",
-    "services",
     "start_in",
     "trigger",
 ];
@@ -85,6 +85,7 @@ const DEFAULT_KEYS: &[&str] = &[
     "image",
     "tags",
     "isolation",
+    "services",
 ];
 /// GitLab `default:` keywords this reader does not implement (yet).
 const DEFAULT_KEYS_UNSUPPORTED: &[&str] = &[
@@ -94,7 +95,6 @@ const DEFAULT_KEYS_UNSUPPORTED: &[&str] = &[
     "id_tokens",
     "interruptible",
     "retry",
-    "services",
 ];
 /// Top-level GitLab keywords this reader does not implement (yet); never job names.
 const TOP_KEYS_UNSUPPORTED: &[&str] =
@@ -201,6 +201,8 @@ pub struct PipelineJob {
     pub image: Option<String>,
     /// Requested isolation level (Slipway extension), validated later by the runner.
     pub isolation: Option<String>,
+    /// Service containers (`services:`), for the docker executors.
+    pub services: Vec<Image>,
     /// Runner tags.
     pub tags: Vec<String>,
     /// Line of the job's key in the file.
@@ -315,6 +317,13 @@ impl PipelineJob {
         ];
         variables.extend(self.variables.iter().cloned());
         variables.extend(extra_variables.iter().cloned());
+        // `isolation:` travels as the variable a GitLab job would set; a variable of the job's
+        // own wins.
+        if let Some(level) = &self.isolation
+            && !variables.iter().any(|v| v.key == "SLIPWAY_ISOLATION")
+        {
+            variables.push(Variable::new("SLIPWAY_ISOLATION", level.clone()));
+        }
 
         let mut steps = vec![Step {
             name: StepName::Script,
@@ -365,6 +374,7 @@ impl PipelineJob {
             variables,
             steps,
             image: self.image.as_deref().map(Image::named),
+            services: self.services.clone(),
             artifacts,
             ..JobResponse::default()
         }
@@ -478,6 +488,7 @@ struct Defaults {
     image: Option<String>,
     tags: Option<Vec<String>>,
     isolation: Option<String>,
+    services: Option<Vec<Image>>,
 }
 
 /// A need as written, with its line, checked once all jobs are known.
@@ -909,6 +920,7 @@ impl Reader<'_> {
                 "image" => d.image = self.image("default: image", v),
                 "tags" => d.tags = self.string_list("default: tags", v),
                 "isolation" => d.isolation = self.string("default: isolation", v),
+                "services" => d.services = self.services("default: services", v),
                 k if DEFAULT_KEYS_UNSUPPORTED.contains(&k) => {
                     self.unsupported(e.key_line, "default", k)
                 }
@@ -949,6 +961,7 @@ impl Reader<'_> {
             artifacts_when: When::OnSuccess,
             image: None,
             isolation: None,
+            services: Vec::new(),
             tags: Vec::new(),
             line,
         };
@@ -956,6 +969,7 @@ impl Reader<'_> {
         let mut needs = None;
         let (mut before, mut after, mut script) = (None, None, None);
         let (mut timeout, mut image, mut tags, mut isolation) = (None, None, None, None);
+        let mut services = None;
         let mut own_vars = Vec::new();
         let mut failed = false;
         for e in entries {
@@ -1004,6 +1018,7 @@ impl Reader<'_> {
                 "timeout" => timeout = self.timeout(&ctx, v),
                 "image" => image = self.image(&what, v),
                 "isolation" => isolation = self.string(&what, v),
+                "services" => services = self.services(&what, v),
                 "tags" => tags = self.string_list(&what, v),
                 k if JOB_KEYS_UNSUPPORTED.contains(&k) => self.unsupported(e.key_line, &ctx, k),
                 k => self.unknown(e.key_line, &ctx, k, &[JOB_KEYS, JOB_KEYS_UNSUPPORTED]),
@@ -1030,6 +1045,9 @@ impl Reader<'_> {
         job.image = image.or_else(|| defaults.image.clone());
         job.tags = tags.or_else(|| defaults.tags.clone()).unwrap_or_default();
         job.isolation = isolation.or_else(|| defaults.isolation.clone());
+        job.services = services
+            .or_else(|| defaults.services.clone())
+            .unwrap_or_default();
         job.variables = global_vars
             .iter()
             .filter(|g| !own_vars.iter().any(|o: &Variable| o.key == g.key))
@@ -1248,6 +1266,64 @@ impl Reader<'_> {
             self.error(node.line, format!("{what}: missing \"name\""));
         }
         name
+    }
+
+    /// `services:`: image names, or maps with `name`, `alias`, `entrypoint`, `command` and
+    /// `variables`.
+    fn services(&mut self, what: &str, node: &Node) -> Option<Vec<Image>> {
+        if node.is_null() {
+            return Some(Vec::new());
+        }
+        let Some(items) = node.as_list() else {
+            self.error(
+                node.line,
+                format!(
+                    "{what}: expected a list of services, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let mut out = Vec::new();
+        for item in items {
+            if let Some(name) = item.as_scalar() {
+                out.push(Image::named(name));
+                continue;
+            }
+            let Some(entries) = item.as_map() else {
+                self.error(
+                    item.line,
+                    format!(
+                        "{what}: expected an image name or a mapping, found {}",
+                        item.describe()
+                    ),
+                );
+                continue;
+            };
+            let mut svc = Image::default();
+            for e in entries {
+                let sub = format!("{what}:{}", e.key);
+                match e.key.as_str() {
+                    "name" => svc.name = self.string(&sub, &e.value).unwrap_or_default(),
+                    "alias" => svc.alias = self.string(&sub, &e.value).unwrap_or_default(),
+                    "entrypoint" => {
+                        svc.entrypoint = self.string_list(&sub, &e.value).unwrap_or_default()
+                    }
+                    "command" => svc.command = self.string_list(&sub, &e.value).unwrap_or_default(),
+                    "variables" => svc.variables = self.variables(&sub, &e.value),
+                    k => {
+                        let (ctx, key) = split_ctx(what);
+                        self.unsupported(e.key_line, ctx, &format!("{key}:{k}"))
+                    }
+                }
+            }
+            if svc.name.is_empty() {
+                self.error(item.line, format!("{what}: a service needs a \"name\""));
+                continue;
+            }
+            out.push(svc);
+        }
+        Some(out)
     }
 
     fn string(&mut self, what: &str, node: &Node) -> Option<String> {

@@ -76,6 +76,14 @@ impl Node {
         }
     }
 
+    /// The items, if this is a list.
+    pub fn as_list(&self) -> Option<&[Node]> {
+        match &self.kind {
+            Kind::Seq(items) => Some(items),
+            _ => None,
+        }
+    }
+
     /// The entries, if this is a mapping.
     pub fn as_map(&self) -> Option<&[Entry]> {
         match &self.kind {

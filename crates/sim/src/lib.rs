@@ -186,7 +186,10 @@ pub fn default_settings(kind: Kind) -> Settings {
             forecast: Some(ForecastSettings {
                 window_s: 300,
                 horizon_s: 90,
-                factor: 1.5,
+                factor: 1.0,
+                basis: slipway_taskscaler::forecast::Basis::Surge,
+                quantile: 1.0,
+                idle_time_s: None,
             }),
         },
     }

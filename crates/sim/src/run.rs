@@ -99,11 +99,18 @@ async fn simulate(
         cfg.clone(),
         trace.start,
     )?);
+    let line = Arc::new(tokio::sync::Mutex::new(()));
     let mut tasks = Vec::with_capacity(trace.jobs.len());
     for (i, job) in trace.jobs.iter().enumerate() {
         let arrival = origin + Duration::from_secs_f64(job.arrival_s);
         tokio::time::sleep_until(arrival).await;
-        tasks.push(tokio::spawn(job_task(ts.clone(), i, *job, arrival)));
+        tasks.push(tokio::spawn(job_task(
+            ts.clone(),
+            line.clone(),
+            i,
+            *job,
+            arrival,
+        )));
     }
     let mut waits = Vec::with_capacity(tasks.len());
     let mut acquire_timeouts = 0;
@@ -134,8 +141,14 @@ async fn simulate(
 
 /// One job, as a GitLab runner handles it: reserve (asking again every check interval while
 /// refused), acquire, hold the slot for the job's duration, release.
+///
+/// Acquisitions go one at a time through `line`, first come first served (as GitLab hands out
+/// its queue). Left to race, the jobs waiting for a slot would be woken in an order tokio
+/// randomises (its watch channel spreads waiters over several queues by a random pick), and
+/// which job, with which duration, lands on which instance would change from run to run.
 async fn job_task(
     ts: Arc<Taskscaler>,
+    line: Arc<tokio::sync::Mutex<()>>,
     index: usize,
     job: Job,
     arrival: Instant,
@@ -152,7 +165,11 @@ async fn job_task(
                 Err(e) => return Err(e.into()),
             }
         }
-        match ts.acquire(&key).await {
+        // A fair (FIFO) lock: the job at the head of the line acquires first.
+        let turn = line.lock().await;
+        let acquired = ts.acquire(&key).await;
+        drop(turn);
+        match acquired {
             Ok(_acquisition) => break,
             Err(Error::AcquireTimeout(_)) => {
                 timeouts += 1;

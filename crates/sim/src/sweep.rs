@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use slipway_taskscaler::forecast::Basis;
 use slipway_taskscaler::{Config, Forecast, Policy};
 
 use crate::fleet::FleetSpec;
@@ -49,8 +50,14 @@ pub struct ForecastSettings {
     pub window_s: u64,
     /// How far ahead demand is provisioned for.
     pub horizon_s: u64,
-    /// Multiplier on expected arrivals.
+    /// Multiplier on the learnt idle target.
     pub factor: f64,
+    /// Which statistic of recent demand sizes the idle target.
+    pub basis: Basis,
+    /// Share of recent jobs the surge target covers.
+    pub quantile: f64,
+    /// Idle time for instances the forecast does not need; `None` = the policy's `idle_time`.
+    pub idle_time_s: Option<u64>,
 }
 
 /// One point in a policy's settings space.
@@ -95,6 +102,9 @@ impl Settings {
                 window: Duration::from_secs(f.window_s),
                 horizon: Duration::from_secs(f.horizon_s),
                 factor: f.factor,
+                basis: f.basis,
+                quantile: f.quantile,
+                idle_time: f.idle_time_s.map(Duration::from_secs),
             }),
             ..Config::default()
         }
@@ -111,9 +121,13 @@ impl Settings {
         }
         if let Some(f) = self.forecast {
             s.push_str(&format!(
-                " forecast(window={}s horizon={}s factor={})",
-                f.window_s, f.horizon_s, f.factor
+                " forecast(basis={:?} q={} window={}s horizon={}s factor={}",
+                f.basis, f.quantile, f.window_s, f.horizon_s, f.factor
             ));
+            if let Some(t) = f.idle_time_s {
+                s.push_str(&format!(" idle_time={t}s"));
+            }
+            s.push(')');
         }
         s
     }
@@ -140,6 +154,11 @@ impl Settings {
             v.push(("forecast_window_s", f.window_s.to_string()));
             v.push(("forecast_horizon_s", f.horizon_s.to_string()));
             v.push(("forecast_factor", f.factor.to_string()));
+            v.push(("forecast_basis", format!("{:?}", f.basis).to_lowercase()));
+            v.push(("forecast_quantile", f.quantile.to_string()));
+            if let Some(t) = f.idle_time_s {
+                v.push(("forecast_idle_time_s", t.to_string()));
+            }
         }
         v
     }
@@ -177,7 +196,9 @@ pub fn baseline_families() -> Vec<Family> {
         .map(|&x| f64::from(x))
         .collect();
     let mut out = Vec::new();
-    for idle_time_s in [120, 300, 900] {
+    // The same idle times as Slipway's grid (short ones included): a policy must not win
+    // by being allowed a setting the other is denied.
+    for idle_time_s in [30, 60, 120, 300, 900] {
         for (scale_factor, scale_factor_limit) in [
             (0.0, 0),
             (0.1, 0),
@@ -207,35 +228,42 @@ pub fn baseline_families() -> Vec<Family> {
     out
 }
 
-/// Slipway's grid: the forecast (`factor` the ladder, `window`, `horizon`) over GitLab's
-/// `idle_count` floor, `idle_time` and `scale_factor`.
+/// Slipway's grid: the surge forecast (`factor` the ladder; `window`, `horizon`, `quantile`)
+/// with either GitLab's `idle_time` or the forecast's own, shorter one for instances it does
+/// not need.
 pub fn slipway_families() -> Vec<Family> {
-    let factor_ladder = vec![
-        0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0,
+    let factor_ladder = vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5, 2.0];
+    let idle_times = [
+        (120, None),
+        (300, None),
+        (900, None),
+        (120, Some(30)),
+        (120, Some(60)),
     ];
     let mut out = Vec::new();
-    for idle_time_s in [120, 300, 900] {
-        for window_s in [120, 300, 900] {
-            for horizon_s in [90, 180] {
-                for idle_count in [0, 2, 4] {
-                    for scale_factor in [0.0, 0.25] {
-                        out.push(Family {
-                            base: Settings {
-                                kind: Kind::Slipway,
-                                idle_count,
-                                idle_time_s,
-                                scale_factor,
-                                scale_factor_limit: 0,
-                                business_idle_count: None,
-                                forecast: Some(ForecastSettings {
-                                    window_s,
-                                    horizon_s,
-                                    factor: 1.0,
-                                }),
-                            },
-                            ladder: factor_ladder.clone(),
-                        });
-                    }
+    for (idle_time_s, forecast_idle_s) in idle_times {
+        for window_s in [900, 1800, 3600] {
+            for horizon_s in [60, 120] {
+                for quantile in [1.0, 0.95] {
+                    out.push(Family {
+                        base: Settings {
+                            kind: Kind::Slipway,
+                            idle_count: 0,
+                            idle_time_s,
+                            scale_factor: 0.0,
+                            scale_factor_limit: 0,
+                            business_idle_count: None,
+                            forecast: Some(ForecastSettings {
+                                window_s,
+                                horizon_s,
+                                factor: 1.0,
+                                basis: Basis::Surge,
+                                quantile,
+                                idle_time_s: forecast_idle_s,
+                            }),
+                        },
+                        ladder: factor_ladder.clone(),
+                    });
                 }
             }
         }

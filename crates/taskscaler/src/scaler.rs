@@ -738,8 +738,9 @@ impl Taskscaler {
                     "reservation throttling: outstanding reservations already cover idle capacity",
                 ));
             }
+            let busy = book.reserved_slots.saturating_add(u64::from(slots));
             book.arrivals
-                .record(self.inner.cfg.forecast.as_ref(), Instant::now());
+                .record(self.inner.cfg.forecast.as_ref(), Instant::now(), busy);
             book.add_reservation(key, slots);
             // Only demand beyond the idle slots needs a scaling pass now; the rest waits for
             // the next interval (a pass per job would cost a plugin Update per job).
@@ -898,6 +899,11 @@ impl Taskscaler {
         let used_up = {
             let mut book = self.inner.lock();
             let max_use = self.inner.cfg.max_use_count;
+            let left = book
+                .reserved_slots
+                .saturating_sub(book.reservations.get(key).map_or(0, |r| u64::from(r.slots)));
+            book.arrivals
+                .depart(self.inner.cfg.forecast.as_ref(), Instant::now(), left);
             if let Some(Reservation {
                 at: Some((id, _)), ..
             }) = book.remove_reservation(key)
@@ -1169,13 +1175,15 @@ impl Inner {
         let policy = self.policy();
         let in_use = u32::try_from(book.totals.held).unwrap_or(u32::MAX);
         let mut idle_target = policy.idle_target(in_use);
+        let mut idle_time = policy.idle_time;
         if let Some(f) = &self.cfg.forecast {
             idle_target = idle_target.max(book.arrivals.idle_target(f, Instant::now()));
+            idle_time = f.idle_time.unwrap_or(idle_time);
         }
         Demand {
             pending: book.pending(),
             idle_target,
-            idle_time: policy.idle_time,
+            idle_time,
             requested: book.requested,
         }
     }

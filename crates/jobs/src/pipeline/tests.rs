@@ -634,3 +634,66 @@ fn artifact_paths_outside_the_project_are_errors() {
     );
     assert!(e[1].contains("\"/etc/passwd\" is absolute"), "{e:?}");
 }
+
+#[test]
+fn services_and_isolation_reach_the_job_payload() {
+    let p = parse(
+        r#"
+default:
+  services: [redis:7]
+web:
+  isolation: docker
+  services:
+    - name: slipway-busybox
+      alias: web
+      entrypoint: ["httpd"]
+      command: ["-f", "-p", "80"]
+      variables:
+        MODE: test
+  script: [wget -qO- http://web/]
+plain:
+  script: [echo]
+own:
+  isolation: docker
+  variables:
+    SLIPWAY_ISOLATION: cgroup
+  script: [echo]
+"#,
+    )
+    .unwrap();
+    let web = p.jobs[0].to_job_response(1, 1, &[]);
+    assert_eq!(web.services.len(), 1);
+    let svc = &web.services[0];
+    assert_eq!(
+        (svc.name.as_str(), svc.alias.as_str()),
+        ("slipway-busybox", "web")
+    );
+    assert_eq!(svc.entrypoint, ["httpd"]);
+    assert_eq!(svc.command, ["-f", "-p", "80"]);
+    assert_eq!(svc.variables[0].key, "MODE");
+    assert_eq!(web.variable("SLIPWAY_ISOLATION"), Some("docker"));
+    // default: services apply where a job names none.
+    let plain = p.jobs[1].to_job_response(2, 1, &[]);
+    assert_eq!(plain.services[0].name, "redis:7");
+    assert_eq!(plain.variable("SLIPWAY_ISOLATION"), None);
+    // The job's own variable wins over `isolation:`.
+    let own = p.jobs[2].to_job_response(3, 1, &[]);
+    assert_eq!(own.variable("SLIPWAY_ISOLATION"), Some("cgroup"));
+}
+
+#[test]
+fn a_service_without_a_name_is_an_error_with_its_line() {
+    let e = errors(
+        r#"
+job:
+  services:
+    - alias: db
+  script: [echo]
+"#,
+    );
+    assert!(
+        e.iter()
+            .any(|l| l.contains(".gitlab-ci.yml:4") && l.contains("a service needs a \"name\"")),
+        "{e:?}"
+    );
+}
