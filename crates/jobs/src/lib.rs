@@ -6,6 +6,7 @@
 //!   strictly (every problem with file, line and key), and [`PipelineJob::to_job_response`] turns
 //!   a job into the payload an executor runs.
 //! - [`run`]: [`PipelineRun`] decides which jobs start when, following GitLab's semantics.
+//! - [`queue`]: the embedded queue, a durable spool directory of jobs for `slipway run`.
 //!
 //! ```
 //! use slipway_jobs::{JobStatus, Pipeline, PipelineOptions, PipelineRun};
@@ -28,6 +29,7 @@
 
 pub mod model;
 pub mod pipeline;
+pub mod queue;
 pub mod run;
 mod yaml;
 

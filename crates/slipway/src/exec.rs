@@ -8,14 +8,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use slipway_executor::{FailureReason, InstanceExecutor, JobOutcome, RunContext, Trace};
+use slipway_executor::{JobOutcome, Trace};
 use slipway_jobs::{JobStatus, Pipeline, PipelineOptions, PipelineRun, PipelineStatus};
-use slipway_taskscaler::{Acquisition, Error as TsError};
+use slipway_taskscaler::Acquisition;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RunnerConfig;
+use crate::job;
 use crate::runner::{Runner, StartOptions};
 
 /// What `slipway exec` was asked to do.
@@ -274,9 +275,9 @@ impl JobTask {
         };
         let mut artifacts = None;
         match self.acquire(&key, &mut trace).await {
-            Err((status, message)) => {
-                row.status = status;
-                row.message = message;
+            Err(no) => {
+                row.status = no.status;
+                row.message = no.message;
             }
             Ok(acq) => {
                 let started = Instant::now();
@@ -286,7 +287,24 @@ impl JobTask {
                     "Running on instance {} slot {}",
                     acq.instance_id, acq.slot
                 ));
-                let (outcome, tar) = self.execute(&acq, &mut trace).await;
+                let mut inputs = Vec::new();
+                for p in &self.inputs {
+                    match tokio::fs::read(p).await {
+                        Ok(b) => inputs.push(b),
+                        Err(e) => {
+                            trace.message(&format!("WARNING: artifacts {}: {e}", p.display()))
+                        }
+                    }
+                }
+                let (outcome, tar) = job::execute(
+                    &self.runner,
+                    &acq,
+                    &self.payload,
+                    inputs,
+                    &mut trace,
+                    &self.cancel,
+                )
+                .await;
                 self.runner.release(&key);
                 if let Some(tar) = tar {
                     match tokio::fs::write(&self.artifacts_out, tar).await {
@@ -295,23 +313,11 @@ impl JobTask {
                     }
                 }
                 row.duration = Some(started.elapsed());
-                row.status = match &outcome {
-                    JobOutcome::Success => JobStatus::Success,
-                    JobOutcome::Failed {
-                        reason, message, ..
-                    } => {
-                        row.message = message.clone();
-                        if *reason == FailureReason::JobCanceled {
-                            JobStatus::Canceled
-                        } else {
-                            JobStatus::Failed
-                        }
-                    }
-                };
-                trace.message(&match &outcome {
-                    JobOutcome::Success => "Job succeeded".to_string(),
-                    JobOutcome::Failed { reason, .. } => format!("Job failed ({reason})"),
-                });
+                row.status = job::status_of(&outcome);
+                if let JobOutcome::Failed { message, .. } = &outcome {
+                    row.message = message.clone();
+                }
+                trace.message(&job::closing_line(&outcome));
             }
         }
         trace.finish();
@@ -322,102 +328,12 @@ impl JobTask {
         }
     }
 
-    /// Reserve and acquire a slot; on failure, the job's status and why.
-    async fn acquire(
-        &self,
-        key: &str,
-        trace: &mut Trace,
-    ) -> Result<Acquisition, (JobStatus, String)> {
-        let runner = &self.runner;
-        let failed = |trace: &mut Trace, e: &dyn std::fmt::Display| {
-            trace.message(&format!("ERROR: {e}"));
-            (JobStatus::Failed, e.to_string())
-        };
-        let request = crate::request::of_job(&self.payload).map_err(|e| failed(trace, &e))?;
-        // A local pipeline has no queue to leave jobs in: wait until a slot can be reserved.
-        match runner.reserve(key, &request) {
-            Ok(()) => {}
-            Err(e @ (TsError::NoCapacity(_) | TsError::NoIdleCapacity(_))) => {
-                trace.message(&format!("Waiting for capacity: {e}"));
-                tokio::select! {
-                    r = runner.reserve_wait(key, &request) => r.map_err(|e| failed(trace, &e))?,
-                    _ = self.cancel.cancelled() => {
-                        return Err((JobStatus::Canceled, "canceled while waiting for capacity".into()));
-                    }
-                }
-            }
-            Err(e) => return Err(failed(trace, &e)),
-        }
-        trace.message(&format!(
-            "Waiting for a slot on runner {:?}",
-            self.runner.name
-        ));
-        let acquired = tokio::select! {
-            a = runner.acquire(key) => a,
-            _ = self.cancel.cancelled() => {
-                runner.unreserve(key);
-                return Err((JobStatus::Canceled, "canceled while waiting for a slot".into()));
-            }
-        };
-        acquired.map_err(|e| {
-            runner.unreserve(key);
-            failed(trace, &e)
-        })
-    }
-
-    /// Connect and run the job on its slot; stops it when canceled or its instance disappears.
-    async fn execute(&self, acq: &Acquisition, trace: &mut Trace) -> (JobOutcome, Option<Vec<u8>>) {
-        let client = match self.runner.client(acq).await {
-            Ok(c) => c,
-            Err(e) => {
-                let msg = format!("{e:#}");
-                trace.message(&format!("ERROR: {msg}"));
-                return (
-                    JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                    None,
-                );
-            }
-        };
-        let mut inputs = Vec::new();
-        for p in &self.inputs {
-            match tokio::fs::read(p).await {
-                Ok(b) => inputs.push(b),
-                Err(e) => trace.message(&format!("WARNING: artifacts {}: {e}", p.display())),
-            }
-        }
-        let cancel = self.cancel.child_token();
-        let lost = acq.instance_lost();
-        let exec = InstanceExecutor {
-            builds_dir: self.runner.builds_dir.clone(),
-            ..InstanceExecutor::default()
-        };
-        let ctx = RunContext {
-            client: &client,
-            slot: acq.slot,
-            trace: &mut *trace,
-            cancel: cancel.clone(),
-            artifacts_in: inputs,
-        };
-        let mut instance_lost = false;
-        let mut result = {
-            let run = exec.run(&self.payload, ctx);
-            tokio::pin!(run);
-            loop {
-                tokio::select! {
-                    r = &mut run => break r,
-                    _ = lost.cancelled(), if !instance_lost => {
-                        instance_lost = true;
-                        cancel.cancel();
-                    }
-                }
-            }
-        };
-        if instance_lost {
-            let msg = format!("instance {} was removed under the job", acq.instance_id);
-            trace.message(&format!("ERROR: {msg}"));
-            result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
-        }
-        (result.outcome, result.artifacts)
+    /// Reserve (waiting for capacity: a local pipeline has no queue to leave jobs in) and
+    /// acquire a slot.
+    async fn acquire(&self, key: &str, trace: &mut Trace) -> Result<Acquisition, job::NoSlot> {
+        let request = job::request_of(&self.payload, trace)?;
+        job::reserve(&self.runner, key, &request, trace, &self.cancel).await?;
+        job::acquire(&self.runner, key, trace, &self.cancel).await
     }
 }
 

@@ -3,10 +3,14 @@
 //! - [`config`]: GitLab Runner's `config.toml`, with located errors and warnings.
 //! - [`runner`]: one `[[runners]]` entry started — plugin process, taskscaler, SSH connections.
 //! - [`exec`]: `slipway exec`, a local pipeline through the whole stack.
+//! - [`job`]: one job on a slot (reserve, acquire, execute), shared by `exec` and `run`.
+//! - [`consume`]: `slipway run`'s job source, the embedded queue, and its restart recovery.
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
 
 pub mod config;
+pub mod consume;
 pub mod exec;
+pub mod job;
 pub mod pool;
 pub mod request;
 pub mod runner;

@@ -1,14 +1,17 @@
 //! `slipway`: the CI job runner's manager and command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use slipway::config::{self, Loaded, RunnerConfig};
-use slipway::{exec, runner};
+use slipway::{consume, exec, runner};
+use slipway_jobs::queue::{Entry, JobState, Queue};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,6 +23,9 @@ struct Cli {
     /// Log level for the manager's own messages (error, warn, info, debug, trace).
     #[arg(long, global = true, env = "SLIPWAY_LOG")]
     log_level: Option<String>,
+    /// The embedded job queue's directory (default: `.slipway-queue` beside config.toml).
+    #[arg(long, global = true, env = "SLIPWAY_QUEUE")]
+    queue: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -58,6 +64,27 @@ enum Command {
         /// Directory searched first for fleeting plugins.
         #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
         plugin_dir: Option<PathBuf>,
+    },
+    /// Add every job of a local pipeline file to the embedded queue that `slipway run` consumes.
+    ///
+    /// Jobs are queued flat, in file order: stages and `needs` do not order them, and no
+    /// artifacts pass between them. Prints each job's id and name.
+    Submit {
+        /// Pipeline file.
+        #[arg(default_value = ".gitlab-ci.yml")]
+        file: PathBuf,
+        /// config.toml whose queue to use (the queue lives beside it).
+        #[arg(short, long, default_value = "config.toml")]
+        config: PathBuf,
+        /// Warn about pipeline keys this version does not support instead of failing.
+        #[arg(long)]
+        allow_unsupported: bool,
+    },
+    /// List the embedded queue's jobs: pending, running, and finished with their results.
+    Jobs {
+        /// config.toml whose queue to list (the queue lives beside it).
+        #[arg(short, long, default_value = "config.toml")]
+        config: PathBuf,
     },
     /// Simulate a day of jobs on a simulated cloud: GitLab's algorithm, Slipway's, and a
     /// clairvoyant bound, all through the real taskscaler on simulated time.
@@ -126,7 +153,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    match runtime.block_on(dispatch(cli.command, cli.queue)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -145,7 +172,7 @@ fn init_logging(level: &str) {
         .init();
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     match command {
         Command::Exec {
             file,
@@ -182,11 +209,24 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let loaded = config::load(&config).await?;
             print_warnings(&loaded);
             let stop = shutdown_signal()?;
-            let config_dir = config
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."));
-            run_manager(&loaded, &config, config_dir, plugin_dir, stop).await?;
+            let queue = open_queue(queue, &config).await?;
+            run_manager(&loaded, &config, queue, plugin_dir, stop).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Submit {
+            file,
+            config,
+            allow_unsupported,
+        } => {
+            let queue = open_queue(queue, &config).await?;
+            submit(&queue, &file, allow_unsupported).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Jobs { config } => {
+            let queue = open_queue(queue, &config).await?;
+            let q = queue.clone();
+            let entries = consume::blocking(move || q.list()).await?;
+            print_jobs(&entries);
             Ok(ExitCode::SUCCESS)
         }
         Command::Sim { .. } => Ok(ExitCode::SUCCESS),
@@ -261,28 +301,139 @@ fn shutdown_signal() -> anyhow::Result<CancellationToken> {
     Ok(token)
 }
 
+fn config_dir(config: &Path) -> &Path {
+    config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// The queue named by `--queue`, or the one beside config.toml.
+async fn open_queue(flag: Option<PathBuf>, config: &Path) -> anyhow::Result<Queue> {
+    let dir = flag.unwrap_or_else(|| config_dir(config).join(".slipway-queue"));
+    let queue = consume::blocking(move || Queue::open(dir))
+        .await
+        .context("opening the job queue")?;
+    Ok(queue)
+}
+
+/// `slipway submit`: every job of the pipeline, flat, in file order.
+async fn submit(queue: &Queue, file: &Path, allow_unsupported: bool) -> anyhow::Result<()> {
+    let text = tokio::fs::read_to_string(file)
+        .await
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let pipeline = slipway_jobs::Pipeline::parse(
+        &text,
+        &file.display().to_string(),
+        slipway_jobs::PipelineOptions { allow_unsupported },
+    )?;
+    for w in &pipeline.warnings {
+        eprintln!("warning: {w}");
+    }
+    let n = pipeline.jobs.len() as u64;
+    let q = queue.clone();
+    let ids = consume::blocking(move || q.next_ids(n)).await?;
+    // The pipeline is named after its first job.
+    let pipeline_id = ids.start;
+    for (job, id) in pipeline.jobs.iter().zip(ids) {
+        let payload = job.to_job_response(id, pipeline_id, &[]);
+        let q = queue.clone();
+        consume::blocking(move || q.enqueue(&payload)).await?;
+        println!("{id}\t{}", job.name);
+    }
+    Ok(())
+}
+
+fn print_jobs(entries: &[Entry]) {
+    let header = ["ID", "NAME", "STAGE", "STATE", "INSTANCE", "SLOT", "REASON"];
+    let rows: Vec<[String; 7]> = entries
+        .iter()
+        .map(|e| {
+            let (instance, slot, reason) = match &e.state {
+                JobState::Pending | JobState::Running(None) => (None, None, String::new()),
+                JobState::Running(Some(s)) => {
+                    (Some(s.instance_id.clone()), Some(s.slot), String::new())
+                }
+                JobState::Done(r) => {
+                    let mut reason = r.failure_reason.clone().unwrap_or_default();
+                    if !r.message.is_empty() {
+                        let msg: String = r
+                            .message
+                            .lines()
+                            .next()
+                            .unwrap_or("")
+                            .chars()
+                            .take(80)
+                            .collect();
+                        reason = if reason.is_empty() {
+                            msg
+                        } else {
+                            format!("{reason}: {msg}")
+                        };
+                    }
+                    (r.instance_id.clone(), r.slot, reason)
+                }
+            };
+            [
+                e.id.to_string(),
+                e.name.clone(),
+                e.stage.clone(),
+                e.state.label().to_string(),
+                instance.unwrap_or_else(|| "-".into()),
+                slot.map_or_else(|| "-".into(), |s| s.to_string()),
+                reason,
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cols: Vec<&str>| {
+        cols.iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    println!("{}", line(header.to_vec()));
+    for row in &rows {
+        println!("{}", line(row.iter().map(String::as_str).collect()));
+    }
+}
+
 async fn run_manager(
     loaded: &Loaded,
-    config_path: &std::path::Path,
-    config_dir: &std::path::Path,
+    config_path: &Path,
+    queue: Queue,
     plugin_dir: Option<PathBuf>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    // One manager consumes a queue: a second would report the first one's jobs as orphans.
+    let q = queue.clone();
+    let _consumer = consume::blocking(move || q.lock_consumer()).await?;
+    // What the last manager left claimed, before this one claims anything.
+    let q = queue.clone();
+    let claimed = consume::blocking(move || q.running()).await?;
     let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
     let opts = runner::StartOptions {
         plugin_dir,
-        state_dir: Some(config_dir.join(".slipway-state")),
+        state_dir: Some(config_dir(config_path).join(".slipway-state")),
         metrics: Some(families.clone()),
         ..runner::StartOptions::default()
     };
-    let mut runners = Vec::new();
+    let mut runners: Vec<Arc<runner::Runner>> = Vec::new();
     for cfg in &loaded.config.runners {
         let started = tokio::select! {
             r = runner::Runner::start(cfg, &opts) => r,
             _ = stop.cancelled() => break,
         };
         match started {
-            Ok(r) => runners.push(r),
+            Ok(r) => runners.push(Arc::new(r)),
             Err(e) => {
                 for r in &runners {
                     r.shutdown().await;
@@ -293,7 +444,8 @@ async fn run_manager(
     }
     tracing::info!(
         runners = runners.len(),
-        "manager running; job sources arrive with GitLab support"
+        queue = %queue.dir().display(),
+        "manager running"
     );
     let server = match &loaded.config.listen_address {
         None => None,
@@ -311,6 +463,29 @@ async fn run_manager(
             }
         }
     };
+    // The job source: restart recovery, then one dispatcher per runner. All end on `stop`.
+    let mut sources = tokio::task::JoinSet::new();
+    {
+        let (queue, runners, stop) = (queue.clone(), runners.clone(), stop.clone());
+        sources.spawn(async move {
+            if let Err(e) = consume::recover(&queue, claimed, &runners, &stop).await {
+                tracing::error!("recovering the jobs of the last run: {e:#}");
+            }
+        });
+    }
+    let global = Arc::new(Semaphore::new(loaded.config.concurrent.max(1) as usize));
+    for (r, cfg) in runners.iter().zip(&loaded.config.runners) {
+        let limits = consume::Limits {
+            runner: Arc::new(Semaphore::new(effective_concurrency(loaded, cfg) as usize)),
+            global: global.clone(),
+        };
+        sources.spawn(consume::serve(
+            r.clone(),
+            queue.clone(),
+            limits,
+            stop.clone(),
+        ));
+    }
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
     // Policies follow config.toml edits (GitLab reloads only [[runners.autoscaler.policy]]).
     let mut reload = tokio::time::interval(std::time::Duration::from_secs(2));
@@ -334,6 +509,12 @@ async fn run_manager(
             }
         }
     }
+    // Running jobs are canceled and reported before their runners stop.
+    while let Some(r) = sources.join_next().await {
+        if let Err(e) = r {
+            tracing::error!("job source task failed: {e}");
+        }
+    }
     if let Some(server) = server {
         server.stop().await;
     }
@@ -343,7 +524,7 @@ async fn run_manager(
     Ok(())
 }
 
-async fn modified(path: &std::path::Path) -> Option<std::time::SystemTime> {
+async fn modified(path: &Path) -> Option<std::time::SystemTime> {
     tokio::fs::metadata(path)
         .await
         .and_then(|m| m.modified())
@@ -351,7 +532,7 @@ async fn modified(path: &std::path::Path) -> Option<std::time::SystemTime> {
 }
 
 /// Apply the policies of an edited config; a broken file keeps the old ones.
-async fn reload_policies(path: &std::path::Path, runners: &[runner::Runner]) {
+async fn reload_policies(path: &Path, runners: &[Arc<runner::Runner>]) {
     let loaded = match config::load(path).await {
         Ok(l) => l,
         Err(e) => {

@@ -293,3 +293,52 @@ pub fn sshd_instances(processes: &[String]) -> std::collections::BTreeSet<String
         })
         .collect()
 }
+
+/// Live `fleeting-plugin-local` processes started on behalf of this world (found by the
+/// TMPDIR they inherited: their command line does not name the world).
+pub fn plugin_processes(w: &World) -> Vec<String> {
+    let tmp = format!("TMPDIR={}", w.tmp().display());
+    processes_matching("fleeting-plugin-local")
+        .into_iter()
+        .filter(|p| {
+            p.split_whitespace()
+                .next()
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| environ_of(pid).lines().any(|l| l == tmp))
+        })
+        .collect()
+}
+
+/// Network namespaces that exist now (`ip netns list`; empty where `ip` is unavailable).
+pub fn netns_list() -> Vec<String> {
+    Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The namespace `fleeting-plugin-local` gives instance `id` (`<name>-<hex>` → `slw-<hex>`).
+pub fn netns_of(instance: &str) -> String {
+    format!("slw-{}", instance.rsplit('-').next().unwrap_or(instance))
+}
+
+/// Wait for `cond` to hold, polling, up to `limit`; returns whether it held.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,396 @@
+//! `slipway run`'s job source: the embedded queue ([`slipway_jobs::queue`]).
+//!
+//! Per runner, up to its limit of jobs at once: reserve capacity (waiting while there is none)
+//! for the oldest pending job → claim it → acquire a slot → record the start → run it with the
+//! instance executor → write the result → release the slot. The reservation key is
+//! `job-<queue id>`, the name the state store records the acquisition under, so a restarted
+//! manager can tell which jobs held a slot when the last one died ([`recover`]).
+//!
+//! On shutdown, running jobs are canceled (and reported so); jobs still waiting for a slot go
+//! back to pending. Artifacts are not passed between queued jobs.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use slipway_executor::{FailureReason, JobOutcome, Trace};
+use slipway_jobs::queue::{JobResult, Queue, QueueError, Recovery, ResultStatus, Started, unix_ms};
+use slipway_jobs::{JobResponse, JobStatus};
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::job;
+use crate::runner::Runner;
+
+/// How often an idle runner looks for pending jobs.
+const POLL: Duration = Duration::from_millis(250);
+/// Why a job left running by a dead manager is failed.
+pub const RESTART_MESSAGE: &str =
+    "the manager restarted while the job was running; it cannot resume";
+
+/// The reservation key of queue job `id`.
+pub fn key_of(id: u64) -> String {
+    format!("job-{id}")
+}
+
+/// The queue job id of a reservation key made by [`key_of`].
+pub fn id_of_key(key: &str) -> Option<u64> {
+    key.strip_prefix("job-")?.parse().ok()
+}
+
+/// Run `f` (blocking queue I/O) off the runtime's threads.
+pub async fn blocking<T, F>(f: F) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, QueueError> + Send + 'static,
+{
+    Ok(tokio::task::spawn_blocking(f)
+        .await
+        .context("queue I/O task")??)
+}
+
+/// After a restart: wait until every runner's taskscaler has read its state store, then report
+/// the jobs `claimed` by the dead manager (see [`Queue::recover`]) — failed when they had
+/// started or held an acquisition, back to pending when they had not. `None` when stopped first.
+pub async fn recover(
+    queue: &Queue,
+    claimed: Vec<u64>,
+    runners: &[Arc<Runner>],
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Recovery>> {
+    let mut acquired = HashSet::new();
+    for r in runners {
+        for shape in r.placement.shapes() {
+            tokio::select! {
+                res = shape.scaler.restored() => {
+                    if res.is_err() {
+                        return Ok(None);
+                    }
+                }
+                _ = stop.cancelled() => return Ok(None),
+            }
+            for rec in shape.scaler.take_restored_failures() {
+                match id_of_key(&rec.job_ref) {
+                    Some(id) => {
+                        acquired.insert(id);
+                    }
+                    None => tracing::warn!(runner = %r.name, job = %rec.job_ref,
+                        "state store names a job that is not from the queue; ignoring it"),
+                }
+            }
+        }
+    }
+    if claimed.is_empty() {
+        return Ok(Some(Recovery::default()));
+    }
+    let q = queue.clone();
+    let rec = blocking(move || q.recover(&claimed, &acquired, RESTART_MESSAGE)).await?;
+    for id in &rec.failed {
+        tracing::warn!(
+            job = id,
+            "job was running when the manager died: reported failed"
+        );
+    }
+    for id in &rec.requeued {
+        tracing::info!(
+            job = id,
+            "job was claimed but never started: back to pending"
+        );
+    }
+    Ok(Some(rec))
+}
+
+/// Concurrency limits a runner's jobs count against.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The runner's own `limit` (or `concurrent` when it has none).
+    pub runner: Arc<Semaphore>,
+    /// The manager's `concurrent`.
+    pub global: Arc<Semaphore>,
+}
+
+/// Feed `runner` from `queue` until `stop`; returns once every job it started has ended.
+pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: CancellationToken) {
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    'dispatch: loop {
+        reap(&mut tasks, &runner.name);
+        let permits = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            p = permits(&limits) => match p {
+                Some(p) => p,
+                None => break,
+            },
+        };
+        // The oldest pending job.
+        let (id, payload) = loop {
+            reap(&mut tasks, &runner.name);
+            match next_pending(&queue).await {
+                Ok(Some(found)) => break found,
+                Ok(None) => {}
+                Err(e) => tracing::error!(runner = %runner.name, "reading the queue: {e:#}"),
+            }
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break 'dispatch,
+                _ = tokio::time::sleep(POLL) => {}
+            }
+        };
+        let key = key_of(id);
+        // The trace is buffered until the job is ours, then written to the queue's log.
+        let (tx, rx) = mpsc::unbounded_channel();
+        let secrets: Vec<String> = payload
+            .masked_values()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let mut trace = Trace::new(secrets, tx);
+        let reserved = match job::request_of(&payload, &mut trace) {
+            Ok(request) => job::reserve(&runner, &key, &request, &mut trace, &stop).await,
+            Err(no) => Err(no),
+        };
+        if let Err(no) = &reserved {
+            if stop.is_cancelled() {
+                break;
+            }
+            // The job can never run here (or the runner cannot reserve at all): report it
+            // rather than retry it forever.
+            if let Ok(Some(job)) = claim(&queue, id).await {
+                let mut result = JobResult::new(&job, ResultStatus::Failed);
+                result.failure_reason = Some(
+                    if no.unsupported {
+                        "runner_unsupported"
+                    } else {
+                        "runner_system_failure"
+                    }
+                    .into(),
+                );
+                result.message = no.message.clone();
+                result.runner = Some(runner.name.clone());
+                trace.finish();
+                drop(trace);
+                let writer = tokio::spawn(write_log(queue.log_path(id), rx));
+                finish(&queue, result, &runner.name).await;
+                let _ = writer.await;
+            }
+            continue;
+        }
+        match claim(&queue, id).await {
+            Ok(Some(job)) => {
+                let task = JobTask {
+                    runner: runner.clone(),
+                    queue: queue.clone(),
+                    id,
+                    key,
+                    job,
+                    trace,
+                    log: rx,
+                    stop: stop.clone(),
+                    _permits: permits,
+                };
+                tasks.spawn(task.run());
+            }
+            Ok(None) => runner.unreserve(&key),
+            Err(e) => {
+                runner.unreserve(&key);
+                tracing::error!(runner = %runner.name, job = id, "claiming the job: {e:#}");
+            }
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = r {
+            tracing::error!(runner = %runner.name, "job task failed: {e}");
+        }
+    }
+}
+
+fn reap(tasks: &mut JoinSet<()>, runner: &str) {
+    while let Some(r) = tasks.try_join_next() {
+        if let Err(e) = r {
+            tracing::error!(%runner, "job task failed: {e}");
+        }
+    }
+}
+
+async fn permits(limits: &Limits) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+    let runner = limits.runner.clone().acquire_owned().await.ok()?;
+    let global = limits.global.clone().acquire_owned().await.ok()?;
+    Some((runner, global))
+}
+
+async fn next_pending(queue: &Queue) -> anyhow::Result<Option<(u64, JobResponse)>> {
+    let q = queue.clone();
+    blocking(move || {
+        for id in q.pending()? {
+            // Claimed by someone else since the listing: try the next one.
+            if let Some(job) = q.peek(id)? {
+                return Ok(Some((id, job)));
+            }
+        }
+        Ok(None)
+    })
+    .await
+}
+
+async fn claim(queue: &Queue, id: u64) -> anyhow::Result<Option<JobResponse>> {
+    let q = queue.clone();
+    blocking(move || q.claim(id)).await
+}
+
+async fn finish(queue: &Queue, result: JobResult, runner: &str) {
+    let id = result.id;
+    let q = queue.clone();
+    if let Err(e) = blocking(move || q.finish(&result)).await {
+        // It stays claimed: the next start reports it failed.
+        tracing::error!(%runner, job = id, "writing the job's result: {e:#}");
+    }
+}
+
+/// Append a job's trace to its log file until the trace is dropped.
+async fn write_log(path: std::path::PathBuf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    let mut file = match tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .await
+    {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), "job log: {e}");
+            None
+        }
+    };
+    while let Some(chunk) = rx.recv().await {
+        if let Some(f) = &mut file
+            && let Err(e) = f.write_all(&chunk).await
+        {
+            tracing::warn!(path = %path.display(), "job log: {e}");
+            file = None;
+        }
+    }
+    if let Some(f) = &mut file {
+        let _ = f.flush().await;
+    }
+}
+
+/// One claimed job, from acquisition to its result.
+struct JobTask {
+    runner: Arc<Runner>,
+    queue: Queue,
+    id: u64,
+    key: String,
+    job: JobResponse,
+    trace: Trace,
+    log: mpsc::UnboundedReceiver<Vec<u8>>,
+    stop: CancellationToken,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+impl JobTask {
+    async fn run(self) {
+        let JobTask {
+            runner,
+            queue,
+            id,
+            key,
+            job,
+            mut trace,
+            log,
+            stop,
+            _permits,
+        } = self;
+        let writer = tokio::spawn(write_log(queue.log_path(id), log));
+        let name = runner.name.clone();
+        match job::acquire(&runner, &key, &mut trace, &stop).await {
+            Err(no) if no.status == JobStatus::Canceled && stop.is_cancelled() => {
+                // It never ran: the next manager runs it.
+                trace.message("Manager shutting down before the job started: back to pending");
+                let q = queue.clone();
+                if let Err(e) = blocking(move || q.requeue(id)).await {
+                    tracing::error!(runner = %name, job = id, "requeueing the job: {e:#}");
+                }
+            }
+            Err(no) => {
+                let mut result = JobResult::new(&job, result_status(no.status));
+                if result.status == ResultStatus::Failed {
+                    result.failure_reason = Some("runner_system_failure".into());
+                }
+                result.message = no.message;
+                result.runner = Some(name.clone());
+                finish(&queue, result, &name).await;
+            }
+            Ok(acq) => {
+                let started = Started {
+                    runner: name.clone(),
+                    instance_id: acq.instance_id.clone(),
+                    slot: acq.slot,
+                    started_at_ms: unix_ms(SystemTime::now()),
+                };
+                let q = queue.clone();
+                let record = started.clone();
+                let outcome = match blocking(move || q.mark_started(id, &record)).await {
+                    Err(e) => {
+                        let msg = format!("recording the job's start: {e:#}");
+                        trace.message(&format!("ERROR: {msg}"));
+                        JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
+                    }
+                    Ok(()) => {
+                        trace.message(&format!(
+                            "Running on instance {} slot {}",
+                            acq.instance_id, acq.slot
+                        ));
+                        let (outcome, _artifacts) =
+                            job::execute(&runner, &acq, &job, Vec::new(), &mut trace, &stop).await;
+                        outcome
+                    }
+                };
+                trace.message(&job::closing_line(&outcome));
+                let mut result = JobResult::new(&job, result_status(job::status_of(&outcome)))
+                    .started(Some(&started));
+                if let JobOutcome::Failed {
+                    reason,
+                    exit_code,
+                    message,
+                } = &outcome
+                {
+                    if *reason != FailureReason::JobCanceled {
+                        result.failure_reason = Some(reason.as_str().into());
+                    }
+                    result.exit_code = *exit_code;
+                    result.message = message.clone();
+                }
+                // The result is on disk before the slot is freed: a crash in between leaves
+                // an acquisition for a finished job, which a restart skips.
+                finish(&queue, result, &name).await;
+                runner.release(&key);
+            }
+        }
+        trace.finish();
+        drop(trace);
+        let _ = writer.await;
+    }
+}
+
+fn result_status(status: JobStatus) -> ResultStatus {
+    match status {
+        JobStatus::Success => ResultStatus::Success,
+        JobStatus::Canceled => ResultStatus::Canceled,
+        _ => ResultStatus::Failed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        assert_eq!(key_of(42), "job-42");
+        assert_eq!(id_of_key("job-42"), Some(42));
+        assert_eq!(id_of_key("build-42"), None);
+        assert_eq!(id_of_key("job-x"), None);
+    }
+}
