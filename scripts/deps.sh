@@ -9,9 +9,11 @@ have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 have sshd || missing+=(openssh-server)
 have ssh-keygen || missing+=(openssh-client)
 have ip || missing+=(iproute2)
+have nsenter || missing+=(util-linux)
 have tar || missing+=(tar)
 if [ "$what" = test ]; then
   have python3 || missing+=(python3)
+  have pgrep || missing+=(procps)
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 fi
 

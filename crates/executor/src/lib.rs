@@ -3,6 +3,8 @@
 //! - [`cgroup`]: the `cgroup` isolation level — the slot's cgroup around every job.
 //! - [`host`]: where scripts run — an instance over SSH, this machine, a container.
 //! - [`job`]: a job's steps, artifacts, timeout and cancel on any host.
+//! - [`docker`]: the `docker` and `docker-autoscaler` executors — a container per job, services
+//!   by alias on a per-job network, everything removed after the job.
 //! - [`custom`]: GitLab's `custom` executor — user-supplied driver executables per stage.
 //! - [`instance`]: GitLab's `instance` executor — bash over SSH on an autoscaled instance.
 //! - [`isolation`]: the isolation level a job gets, within what its runner allows.
@@ -11,6 +13,7 @@
 
 pub mod cgroup;
 pub mod custom;
+pub mod docker;
 pub mod host;
 pub mod instance;
 pub mod isolation;
@@ -20,6 +23,10 @@ pub mod script;
 pub mod trace;
 
 pub use custom::{ConfigExecOutput, CustomConfig, CustomContext, CustomError, CustomExecutor};
+pub use docker::{
+    DockerConfig, DockerExecutor, DockerExecutorError, DockerHost, DockerRunContext, PullPolicy,
+    dial_stdio_transport,
+};
 pub use host::{Host, LocalHost, SshHost};
 pub use instance::{InstanceExecutor, RunContext};
 pub use isolation::{Isolation, IsolationPolicy};

@@ -55,8 +55,93 @@ pub struct RunnerConfig {
     pub limit: u32,
     /// Builds root on the instance.
     pub builds_dir: Option<String>,
+    /// Isolation levels jobs may ask for (`SLIPWAY_ISOLATION`); default: what the executor
+    /// supports.
+    pub allowed_isolation: Option<Vec<String>>,
+    /// Level of a job that asks for none (default `none`, or `cgroup` with `use_slot_cgroups`).
+    pub isolation: Option<String>,
+    /// GitLab's switch: every job in its slot's cgroup (the `cgroup` level by default).
+    pub use_slot_cgroups: bool,
+    /// Slot cgroup path; `${slot}` (GitLab) or `{slot}` is the slot number.
+    pub slot_cgroup_template: Option<String>,
     /// `[runners.autoscaler]`.
     pub autoscaler: Option<AutoscalerConfig>,
+}
+
+/// Levels the executors of this version can give a job.
+pub fn supported_isolation(executor: &str) -> &'static [slipway_executor::Isolation] {
+    use slipway_executor::Isolation;
+    match executor {
+        "instance" => &[Isolation::None, Isolation::Cgroup],
+        _ => &[],
+    }
+}
+
+impl RunnerConfig {
+    /// What jobs of this runner may ask for, and get when they ask for nothing; an error
+    /// names the key and the problem.
+    pub fn isolation_policy(
+        &self,
+    ) -> Result<slipway_executor::IsolationPolicy, (&'static str, String)> {
+        use slipway_executor::Isolation;
+        let supported = supported_isolation(&self.executor);
+        let allowed: Vec<Isolation> = match &self.allowed_isolation {
+            None => supported.to_vec(),
+            Some(names) => {
+                let mut out = Vec::new();
+                for n in names {
+                    let level: Isolation = n
+                        .parse()
+                        .map_err(|e| ("allowed_isolation", format!("{e}")))?;
+                    if !supported.contains(&level) {
+                        return Err((
+                            "allowed_isolation",
+                            format!(
+                                "the {} executor cannot give a job isolation {level:?}; it supports {}",
+                                self.executor,
+                                supported
+                                    .iter()
+                                    .map(|l| l.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        ));
+                    }
+                    out.push(level);
+                }
+                out
+            }
+        };
+        let default = match &self.isolation {
+            Some(n) => n.parse().map_err(|e| ("isolation", format!("{e}")))?,
+            None if self.use_slot_cgroups => Isolation::Cgroup,
+            None => Isolation::None,
+        };
+        if !allowed.contains(&default) {
+            return Err((
+                "isolation",
+                format!(
+                    "the default level {:?} is not in allowed_isolation ({})",
+                    default.as_str(),
+                    allowed
+                        .iter()
+                        .map(|l| l.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        Ok(slipway_executor::IsolationPolicy { allowed, default })
+    }
+
+    /// The slot cgroups of the `cgroup` level, from `slot_cgroup_template`.
+    pub fn slot_cgroups(&self) -> Result<slipway_executor::cgroup::SlotCgroups, String> {
+        let mut c = slipway_executor::cgroup::SlotCgroups::default();
+        if let Some(t) = &self.slot_cgroup_template {
+            c.template = slipway_cgroups::SlotTemplate::parse(t).map_err(|e| e.to_string())?;
+        }
+        Ok(c)
+    }
 }
 
 impl fmt::Debug for RunnerConfig {
@@ -75,6 +160,8 @@ impl fmt::Debug for RunnerConfig {
             .field("executor", &self.executor)
             .field("limit", &self.limit)
             .field("builds_dir", &self.builds_dir)
+            .field("allowed_isolation", &self.allowed_isolation)
+            .field("isolation", &self.isolation)
             .field("autoscaler", &self.autoscaler)
             .finish()
     }
@@ -566,6 +653,15 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                 format!("executor {other:?} is not supported yet; expected \"instance\""),
                 true,
             ),
+        }
+        // An unknown executor is reported above; its isolation cannot be judged.
+        if !supported_isolation(&r.executor).is_empty()
+            && let Err((k, message)) = r.isolation_policy()
+        {
+            report(at(&[k]), message, true);
+        }
+        if let Err(message) = r.slot_cgroups() {
+            report(at(&["slot_cgroup_template"]), message, true);
         }
         let Some(a) = &r.autoscaler else {
             if r.executor == "instance" {

@@ -148,7 +148,9 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             .map(String::from)
             .collect();
         let mut trace = Trace::new(secrets, tx);
-        let reserved = match job::request_of(&payload, &mut trace) {
+        let admitted = job::isolation_of(&runner, &payload, &mut trace)
+            .and_then(|_| job::request_of(&payload, &mut trace));
+        let reserved = match admitted {
             Ok(request) => job::reserve(&runner, &key, &request, &mut trace, &stop).await,
             Err(no) => Err(no),
         };
@@ -160,14 +162,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             // rather than retry it forever.
             if let Ok(Some(job)) = claim(&queue, id).await {
                 let mut result = JobResult::new(&job, ResultStatus::Failed);
-                result.failure_reason = Some(
-                    if no.unsupported {
-                        "runner_unsupported"
-                    } else {
-                        "runner_system_failure"
-                    }
-                    .into(),
-                );
+                result.failure_reason = Some(no.failure_reason.into());
                 result.message = no.message.clone();
                 result.runner = Some(runner.name.clone());
                 trace.finish();

@@ -1,7 +1,9 @@
 //! One job on a runner's slot — reserve, acquire, execute with the instance executor — shared
 //! by `slipway exec` (a local pipeline) and `slipway run` (the embedded queue).
 
-use slipway_executor::{FailureReason, InstanceExecutor, JobOutcome, RunContext, Trace};
+use slipway_executor::{
+    FailureReason, Isolation, JobContext, JobOutcome, JobRunner, SshHost, Trace, cgroup, isolation,
+};
 use slipway_jobs::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
 use tokio_util::sync::CancellationToken;
@@ -17,6 +19,8 @@ pub struct NoSlot {
     pub message: String,
     /// The request can never be met by this runner (no shape fits, a bad variable).
     pub unsupported: bool,
+    /// GitLab's failure reason for the job.
+    pub failure_reason: &'static str,
 }
 
 impl NoSlot {
@@ -26,6 +30,7 @@ impl NoSlot {
             status: JobStatus::Failed,
             message: e.to_string(),
             unsupported: false,
+            failure_reason: "runner_system_failure",
         }
     }
 
@@ -34,6 +39,7 @@ impl NoSlot {
             status: JobStatus::Canceled,
             message: message.into(),
             unsupported: false,
+            failure_reason: "job_canceled",
         }
     }
 }
@@ -42,8 +48,26 @@ impl NoSlot {
 pub fn request_of(job: &JobResponse, trace: &mut Trace) -> Result<Resources, NoSlot> {
     crate::request::of_job(job).map_err(|e| NoSlot {
         unsupported: true,
+        failure_reason: "runner_unsupported",
         ..NoSlot::failed(trace, &e)
     })
+}
+
+/// The isolation level the job gets on `runner`: what it asks for (`SLIPWAY_ISOLATION`), if
+/// the runner allows it; otherwise it fails before it starts (`runner_configuration_error`).
+pub fn isolation_of(
+    runner: &Runner,
+    job: &JobResponse,
+    trace: &mut Trace,
+) -> Result<Isolation, NoSlot> {
+    runner
+        .isolation
+        .resolve(job.variable(isolation::VARIABLE), &runner.name)
+        .map_err(|e| NoSlot {
+            unsupported: true,
+            failure_reason: "runner_configuration_error",
+            ..NoSlot::failed(trace, &e)
+        })
 }
 
 /// Reserve capacity for `key`, waiting (with a trace line) while the runner has none free.
@@ -58,6 +82,11 @@ pub async fn reserve(
         let unsupported = matches!(e, TsError::Unsatisfiable(_));
         NoSlot {
             unsupported,
+            failure_reason: if unsupported {
+                "runner_unsupported"
+            } else {
+                "runner_system_failure"
+            },
             ..NoSlot::failed(trace, &e)
         }
     };
@@ -119,12 +148,42 @@ pub async fn execute(
     };
     let cancel = cancel.child_token();
     let lost = acq.instance_lost();
-    let exec = InstanceExecutor {
-        builds_dir: runner.builds_dir.clone(),
-        ..InstanceExecutor::default()
+    // Checked before the job was reserved (`isolation_of`); asked again here, not carried.
+    let level = match isolation_of(runner, job, trace) {
+        Ok(level) => level,
+        Err(no) => {
+            return (
+                JobOutcome::failed(FailureReason::RunnerConfigurationError, None, no.message),
+                None,
+            );
+        }
     };
-    let ctx = RunContext {
-        client: &client,
+    let mut steps = JobRunner {
+        builds_dir: runner.builds_dir.clone(),
+        ..JobRunner::default()
+    };
+    if level == Isolation::Cgroup {
+        // The job's share of the instance when the shape declares one, else what it asked for.
+        let share = acq
+            .resources
+            .or_else(|| crate::request::of_job(job).ok())
+            .unwrap_or_default();
+        let limits = cgroup::limits_for(share.cpu_millis, share.memory_bytes);
+        match runner.cgroups.apply(&mut steps, acq.slot, &limits) {
+            Ok(path) => trace.message(&format!("Using isolation cgroup in {path}")),
+            Err(e) => {
+                let msg = format!("slot cgroup: {e}");
+                trace.message(&format!("ERROR: {msg}"));
+                return (
+                    JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg),
+                    None,
+                );
+            }
+        }
+    }
+    let host = SshHost(&client);
+    let ctx = JobContext {
+        host: &host,
         slot: acq.slot,
         trace: &mut *trace,
         cancel: cancel.clone(),
@@ -132,7 +191,7 @@ pub async fn execute(
     };
     let mut instance_lost = false;
     let mut result = {
-        let run = exec.run(job, ctx);
+        let run = steps.run(job, ctx);
         tokio::pin!(run);
         loop {
             tokio::select! {

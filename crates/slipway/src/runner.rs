@@ -13,6 +13,9 @@ use slipway_taskscaler::{
     Acquisition, Error as TsError, Options, Placement, Policy, Resources, Shape, Stats, Taskscaler,
 };
 
+use slipway_executor::IsolationPolicy;
+use slipway_executor::cgroup::SlotCgroups;
+
 use crate::config::{AutoscalerConfig, RunnerConfig};
 use crate::pool::{Checks, Pool};
 
@@ -23,6 +26,10 @@ pub struct Runner {
     pub name: String,
     /// Builds root on instances.
     pub builds_dir: String,
+    /// Isolation levels jobs may ask for, and the default.
+    pub isolation: IsolationPolicy,
+    /// Slot cgroups of the `cgroup` level.
+    pub cgroups: SlotCgroups,
     /// Its instance groups (one per shape) and where each job goes.
     pub placement: Placement,
     /// One plugin process per shape, in the placement's order.
@@ -66,6 +73,12 @@ impl Runner {
         let Some(auto) = &cfg.autoscaler else {
             bail!("runner {:?} has no [runners.autoscaler] section", cfg.name);
         };
+        let isolation = cfg
+            .isolation_policy()
+            .map_err(|(k, e)| anyhow::anyhow!("runner {:?}: {k}: {e}", cfg.name))?;
+        let cgroups = cfg
+            .slot_cgroups()
+            .map_err(|e| anyhow::anyhow!("runner {:?}: slot_cgroup_template: {e}", cfg.name))?;
         let plans = group_plans(auto, opts)?;
         let pool = Arc::new(Pool::new(DialOptions {
             use_external_addr: auto.connector_config.use_external_addr,
@@ -96,6 +109,8 @@ impl Runner {
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
+            isolation,
+            cgroups,
             placement: Placement::new(shapes),
             plugins,
             pool,

@@ -405,13 +405,15 @@ impl Instance {
                 .map_err(self.io("writing sshd_config"))?;
             let sshd = env.sshd.as_os_str();
             let res = match &net {
+                // nsenter joins only the network namespace: `ip netns exec` would also mount a
+                // fresh /sys, hiding /sys/fs/cgroup from jobs (no slot cgroups on the instance).
                 Net::Netns(ns) => {
+                    let netns = format!("--net=/run/netns/{}", ns.name);
                     run(
-                        "ip",
+                        "nsenter",
                         [
-                            "netns".as_ref(),
-                            "exec".as_ref(),
-                            ns.name.as_ref(),
+                            netns.as_ref(),
+                            "--".as_ref(),
                             sshd,
                             "-f".as_ref(),
                             cfg.as_os_str(),
