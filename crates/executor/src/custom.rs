@@ -975,7 +975,7 @@ enum Phase {
 impl Driver {
     /// Run the driver in its own process group, streaming its output to `out`, and stop the
     /// group (SIGTERM, grace, SIGKILL) on a deadline or cancel.
-    async fn run(&self, limits: Limits, out: &mut dyn FnMut(Stream, &[u8])) -> DriverEnd {
+    async fn run(&self, limits: Limits, out: &mut (dyn FnMut(Stream, &[u8]) + Send)) -> DriverEnd {
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -1086,7 +1086,7 @@ async fn read_some<R: AsyncRead + Unpin>(reader: &mut Option<R>, buf: &mut [u8])
 }
 
 /// Send a chunk read by [`read_some`] to `out`.
-fn emit(out: &mut dyn FnMut(Stream, &[u8]), stream: Stream, buf: &[u8], n: Option<usize>) {
+fn emit(out: &mut (dyn FnMut(Stream, &[u8]) + Send), stream: Stream, buf: &[u8], n: Option<usize>) {
     if let Some(n) = n {
         out(stream, &buf[..n]);
     }

@@ -66,13 +66,28 @@ pub struct RunnerConfig {
     pub slot_cgroup_template: Option<String>,
     /// `[runners.autoscaler]`.
     pub autoscaler: Option<AutoscalerConfig>,
+    /// `[runners.docker]` (docker and docker-autoscaler executors, and the `docker` level).
+    pub docker: Option<slipway_executor::docker::DockerConfig>,
+    /// `[runners.custom]` (custom executor).
+    pub custom: Option<slipway_executor::CustomConfig>,
+}
+
+/// The executors this version runs, and where their jobs run.
+pub const EXECUTORS: &[&str] = &["instance", "docker-autoscaler", "shell", "docker", "custom"];
+
+/// Whether `executor` runs jobs on autoscaled instances (else on this machine).
+pub fn autoscaled(executor: &str) -> bool {
+    matches!(executor, "instance" | "docker-autoscaler")
 }
 
 /// Levels the executors of this version can give a job.
 pub fn supported_isolation(executor: &str) -> &'static [slipway_executor::Isolation] {
     use slipway_executor::Isolation;
     match executor {
-        "instance" => &[Isolation::None, Isolation::Cgroup],
+        "instance" => &[Isolation::None, Isolation::Cgroup, Isolation::Docker],
+        "docker-autoscaler" | "docker" => &[Isolation::Docker],
+        "shell" => &[Isolation::None, Isolation::Cgroup],
+        "custom" => &[Isolation::None],
         _ => &[],
     }
 }
@@ -114,6 +129,9 @@ impl RunnerConfig {
         };
         let default = match &self.isolation {
             Some(n) => n.parse().map_err(|e| ("isolation", format!("{e}")))?,
+            None if matches!(self.executor.as_str(), "docker" | "docker-autoscaler") => {
+                Isolation::Docker
+            }
             None if self.use_slot_cgroups => Isolation::Cgroup,
             None => Isolation::None,
         };
@@ -163,6 +181,8 @@ impl fmt::Debug for RunnerConfig {
             .field("allowed_isolation", &self.allowed_isolation)
             .field("isolation", &self.isolation)
             .field("autoscaler", &self.autoscaler)
+            .field("docker", &self.docker)
+            .field("custom", &self.custom.is_some())
             .finish()
     }
 }
@@ -642,17 +662,52 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
             p
         };
         match r.executor.as_str() {
-            "instance" => {}
             "" => report(
                 at(&["executor"]),
-                "missing; expected \"instance\"".into(),
+                format!("missing; expected one of {}", quoted(EXECUTORS)),
                 true,
             ),
+            e if EXECUTORS.contains(&e) => {}
             other => report(
                 at(&["executor"]),
-                format!("executor {other:?} is not supported yet; expected \"instance\""),
+                format!(
+                    "executor {other:?} is not supported yet; expected one of {}",
+                    quoted(EXECUTORS)
+                ),
                 true,
             ),
+        }
+        if !autoscaled(&r.executor)
+            && r.autoscaler.is_some()
+            && EXECUTORS.contains(&r.executor.as_str())
+        {
+            report(
+                at(&["autoscaler"]),
+                format!(
+                    "the {} executor runs jobs on this machine; use executor \"instance\" or \"docker-autoscaler\" with [runners.autoscaler]",
+                    r.executor
+                ),
+                true,
+            );
+        }
+        if r.executor == "custom" {
+            match &r.custom {
+                None => report(
+                    at(&["custom"]),
+                    "the custom executor needs a [runners.custom] section with run_exec".into(),
+                    true,
+                ),
+                Some(c) => {
+                    if let Err(e) = c.validate() {
+                        report(at(&["custom", "run_exec"]), e.to_string(), true);
+                    }
+                }
+            }
+        }
+        if let Some(d) = &r.docker
+            && let Err(e) = d.validate()
+        {
+            report(at(&["docker"]), e.to_string(), true);
         }
         // An unknown executor is reported above; its isolation cannot be judged.
         if !supported_isolation(&r.executor).is_empty()
@@ -664,10 +719,13 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
             report(at(&["slot_cgroup_template"]), message, true);
         }
         let Some(a) = &r.autoscaler else {
-            if r.executor == "instance" {
+            if autoscaled(&r.executor) {
                 report(
                     at(&["autoscaler"]),
-                    "the instance executor needs a [runners.autoscaler] section".into(),
+                    format!(
+                        "the {} executor needs a [runners.autoscaler] section",
+                        r.executor
+                    ),
                     true,
                 );
             }
@@ -802,6 +860,14 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
             );
         }
     }
+}
+
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One step of a key path.

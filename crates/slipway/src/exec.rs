@@ -105,6 +105,7 @@ pub async fn run(
         delete_instances_on_shutdown: true,
         state_dir: Some(run_dir.path().join("state")),
         metrics: None,
+        concurrent: opts.concurrent,
     };
     let runner = tokio::select! {
         r = Runner::start(runner_cfg, &start) => Arc::new(r?),

@@ -1,8 +1,10 @@
 //! One job on a runner's slot — reserve, acquire, execute with the instance executor — shared
 //! by `slipway exec` (a local pipeline) and `slipway run` (the embedded queue).
 
+use slipway_executor::docker::{DockerExecutor, DockerRunContext};
 use slipway_executor::{
-    FailureReason, Isolation, JobContext, JobOutcome, JobRunner, SshHost, Trace, cgroup, isolation,
+    CustomContext, CustomExecutor, FailureReason, Isolation, JobContext, JobOutcome, JobRunner,
+    LocalHost, RunResult, SshHost, Trace, cgroup, isolation,
 };
 use slipway_jobs::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
@@ -124,9 +126,11 @@ pub async fn acquire(
     })
 }
 
-/// Connect and run `job` on its slot with the instance executor; stops it when `cancel` fires
-/// or its instance disappears (then it fails with `runner_system_failure`). Returns the outcome
-/// and the artifacts archive, if any. The caller releases the slot.
+/// Run `job` on its slot at the level it asked for: on this machine (shell, docker, custom
+/// executors) or on its instance over SSH (bash, in the slot's cgroup, or in a container via
+/// the instance's Docker Engine). Stops it when `cancel` fires or its instance disappears (then
+/// it fails with `runner_system_failure`). Returns the outcome and the artifacts archive, if
+/// any. The caller releases the slot.
 pub async fn execute(
     runner: &Runner,
     acq: &Acquisition,
@@ -135,6 +139,16 @@ pub async fn execute(
     trace: &mut Trace,
     cancel: &CancellationToken,
 ) -> (JobOutcome, Option<Vec<u8>>) {
+    // Checked before the job was reserved (`isolation_of`); asked again here, not carried.
+    let level = match isolation_of(runner, job, trace) {
+        Ok(level) => level,
+        Err(no) => return (config_error(no.message), None),
+    };
+    let cancel = cancel.child_token();
+    if runner.local {
+        let r = execute_here(runner, acq, job, level, artifacts_in, trace, &cancel).await;
+        return (r.outcome, r.artifacts);
+    }
     let client = match runner.client(acq).await {
         Ok(c) => c,
         Err(e) => {
@@ -146,52 +160,19 @@ pub async fn execute(
             );
         }
     };
-    let cancel = cancel.child_token();
     let lost = acq.instance_lost();
-    // Checked before the job was reserved (`isolation_of`); asked again here, not carried.
-    let level = match isolation_of(runner, job, trace) {
-        Ok(level) => level,
-        Err(no) => {
-            return (
-                JobOutcome::failed(FailureReason::RunnerConfigurationError, None, no.message),
-                None,
-            );
-        }
-    };
-    let mut steps = JobRunner {
-        builds_dir: runner.builds_dir.clone(),
-        ..JobRunner::default()
-    };
-    if level == Isolation::Cgroup {
-        // The job's share of the instance when the shape declares one, else what it asked for.
-        let share = acq
-            .resources
-            .or_else(|| crate::request::of_job(job).ok())
-            .unwrap_or_default();
-        let limits = cgroup::limits_for(share.cpu_millis, share.memory_bytes);
-        match runner.cgroups.apply(&mut steps, acq.slot, &limits) {
-            Ok(path) => trace.message(&format!("Using isolation cgroup in {path}")),
-            Err(e) => {
-                let msg = format!("slot cgroup: {e}");
-                trace.message(&format!("ERROR: {msg}"));
-                return (
-                    JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg),
-                    None,
-                );
-            }
-        }
-    }
-    let host = SshHost(&client);
-    let ctx = JobContext {
-        host: &host,
-        slot: acq.slot,
-        trace: &mut *trace,
-        cancel: cancel.clone(),
-        artifacts_in,
-    };
     let mut instance_lost = false;
     let mut result = {
-        let run = steps.run(job, ctx);
+        let run = execute_on_instance(
+            runner,
+            acq,
+            job,
+            level,
+            client,
+            artifacts_in,
+            &mut *trace,
+            &cancel,
+        );
         tokio::pin!(run);
         loop {
             tokio::select! {
@@ -209,6 +190,188 @@ pub async fn execute(
         result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
     }
     (result.outcome, result.artifacts)
+}
+
+fn config_error(msg: String) -> JobOutcome {
+    JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg)
+}
+
+fn no_result(outcome: JobOutcome) -> RunResult {
+    RunResult {
+        outcome,
+        artifacts: None,
+    }
+}
+
+/// Put `steps` in the slot's cgroup (limits: the job's share of the instance when its shape
+/// declares one, else what it asked for); the slot cgroup's path, or why not.
+fn enter_cgroup(
+    runner: &Runner,
+    acq: &Acquisition,
+    job: &JobResponse,
+    steps: &mut JobRunner,
+    trace: &mut Trace,
+) -> Result<String, JobOutcome> {
+    let share = acq
+        .resources
+        .or_else(|| crate::request::of_job(job).ok())
+        .unwrap_or_default();
+    let limits = cgroup::limits_for(share.cpu_millis, share.memory_bytes);
+    match runner.cgroups.apply(steps, acq.slot, &limits) {
+        Ok(path) => {
+            trace.message(&format!("Using isolation cgroup in {path}"));
+            Ok(path.to_string())
+        }
+        Err(e) => {
+            let msg = format!("slot cgroup: {e}");
+            trace.message(&format!("ERROR: {msg}"));
+            Err(config_error(msg))
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn execute_on_instance(
+    runner: &Runner,
+    acq: &Acquisition,
+    job: &JobResponse,
+    level: Isolation,
+    client: std::sync::Arc<slipway_connector::Client>,
+    artifacts_in: Vec<Vec<u8>>,
+    trace: &mut Trace,
+    cancel: &CancellationToken,
+) -> RunResult {
+    if level == Isolation::Docker {
+        trace.message("Using isolation docker through the instance's Docker Engine");
+        let exec = match DockerExecutor::connect_ssh(client, runner.docker.clone()).await {
+            Ok(e) => e,
+            Err(e) => {
+                let msg = format!("reaching the instance's Docker Engine: {e}");
+                trace.message(&format!("ERROR: {msg}"));
+                return no_result(JobOutcome::failed(
+                    FailureReason::RunnerSystemFailure,
+                    None,
+                    msg,
+                ));
+            }
+        };
+        return run_docker(runner, &exec, acq, job, artifacts_in, trace, cancel).await;
+    }
+    let mut steps = JobRunner {
+        builds_dir: runner.builds_dir.clone(),
+        ..JobRunner::default()
+    };
+    if level == Isolation::Cgroup
+        && let Err(outcome) = enter_cgroup(runner, acq, job, &mut steps, trace)
+    {
+        return no_result(outcome);
+    }
+    let host = SshHost(&client);
+    steps
+        .run(
+            job,
+            JobContext {
+                host: &host,
+                slot: acq.slot,
+                trace,
+                cancel: cancel.clone(),
+                artifacts_in,
+            },
+        )
+        .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_docker(
+    runner: &Runner,
+    exec: &DockerExecutor,
+    acq: &Acquisition,
+    job: &JobResponse,
+    artifacts_in: Vec<Vec<u8>>,
+    trace: &mut Trace,
+    cancel: &CancellationToken,
+) -> RunResult {
+    let mut exec = exec.clone();
+    exec.runner_name = runner.name.clone();
+    exec.run(
+        job,
+        DockerRunContext {
+            slot: acq.slot,
+            cgroup_parent: None,
+            trace,
+            cancel: cancel.clone(),
+            artifacts_in,
+        },
+    )
+    .await
+}
+
+/// The shell, docker and custom executors: the job runs on this machine.
+async fn execute_here(
+    runner: &Runner,
+    acq: &Acquisition,
+    job: &JobResponse,
+    level: Isolation,
+    artifacts_in: Vec<Vec<u8>>,
+    trace: &mut Trace,
+    cancel: &CancellationToken,
+) -> RunResult {
+    match runner.executor.as_str() {
+        "custom" => {
+            let Some(cfg) = runner.custom.clone() else {
+                return no_result(config_error("no [runners.custom] section".into()));
+            };
+            match CustomExecutor::new(cfg, runner.builds_dir.clone()) {
+                Ok(exec) => {
+                    exec.run(
+                        job,
+                        CustomContext {
+                            slot: acq.slot,
+                            trace,
+                            cancel: cancel.clone(),
+                        },
+                    )
+                    .await
+                }
+                Err(e) => no_result(config_error(format!("[runners.custom]: {e}"))),
+            }
+        }
+        "docker" => match DockerExecutor::connect_local(runner.docker.clone()).await {
+            Ok(exec) => run_docker(runner, &exec, acq, job, artifacts_in, trace, cancel).await,
+            Err(e) => {
+                let msg = format!("reaching the Docker Engine: {e}");
+                trace.message(&format!("ERROR: {msg}"));
+                no_result(JobOutcome::failed(
+                    FailureReason::RunnerSystemFailure,
+                    None,
+                    msg,
+                ))
+            }
+        },
+        _ => {
+            let mut steps = JobRunner {
+                builds_dir: runner.builds_dir.clone(),
+                ..JobRunner::default()
+            };
+            if level == Isolation::Cgroup
+                && let Err(outcome) = enter_cgroup(runner, acq, job, &mut steps, trace)
+            {
+                return no_result(outcome);
+            }
+            steps
+                .run(
+                    job,
+                    JobContext {
+                        host: &LocalHost::default(),
+                        slot: acq.slot,
+                        trace,
+                        cancel: cancel.clone(),
+                        artifacts_in,
+                    },
+                )
+                .await
+        }
+    }
 }
 
 /// A job's status from its outcome.

@@ -11,6 +11,7 @@ pub mod config;
 pub mod consume;
 pub mod exec;
 pub mod job;
+pub mod localhost;
 pub mod pool;
 pub mod request;
 pub mod runner;

@@ -424,6 +424,7 @@ async fn run_manager(
         plugin_dir,
         state_dir: Some(config_dir(config_path).join(".slipway-state")),
         metrics: Some(families.clone()),
+        concurrent: loaded.config.concurrent,
         ..runner::StartOptions::default()
     };
     let mut runners: Vec<Arc<runner::Runner>> = Vec::new();

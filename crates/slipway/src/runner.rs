@@ -13,8 +13,11 @@ use slipway_taskscaler::{
     Acquisition, Error as TsError, Options, Placement, Policy, Resources, Shape, Stats, Taskscaler,
 };
 
-use slipway_executor::IsolationPolicy;
 use slipway_executor::cgroup::SlotCgroups;
+use slipway_executor::docker::DockerConfig;
+use slipway_executor::{CustomConfig, IsolationPolicy};
+
+use crate::localhost::LocalGroup;
 
 use crate::config::{AutoscalerConfig, RunnerConfig};
 use crate::pool::{Checks, Pool};
@@ -30,6 +33,14 @@ pub struct Runner {
     pub isolation: IsolationPolicy,
     /// Slot cgroups of the `cgroup` level.
     pub cgroups: SlotCgroups,
+    /// Executor name (`instance`, `docker-autoscaler`, `shell`, `docker`, `custom`).
+    pub executor: String,
+    /// Jobs run on this machine (shell, docker, custom), not on autoscaled instances.
+    pub local: bool,
+    /// `[runners.docker]`.
+    pub docker: DockerConfig,
+    /// `[runners.custom]`.
+    pub custom: Option<CustomConfig>,
     /// Its instance groups (one per shape) and where each job goes.
     pub placement: Placement,
     /// One plugin process per shape, in the placement's order.
@@ -56,6 +67,8 @@ pub struct StartOptions {
     pub state_dir: Option<PathBuf>,
     /// Metric families shared by every runner of the process (default: the runner's own).
     pub metrics: Option<Arc<MetricFamilies>>,
+    /// Jobs at once on a runner without a `limit` (its slots when jobs run on this machine).
+    pub concurrent: u32,
 }
 
 /// One instance group of a runner as configured: the section itself, or one of its shapes.
@@ -70,15 +83,19 @@ impl Runner {
     /// Start every shape's plugin, `Init` it and start its taskscaler. Nothing is left
     /// running when one of them fails.
     pub async fn start(cfg: &RunnerConfig, opts: &StartOptions) -> anyhow::Result<Runner> {
-        let Some(auto) = &cfg.autoscaler else {
-            bail!("runner {:?} has no [runners.autoscaler] section", cfg.name);
-        };
         let isolation = cfg
             .isolation_policy()
             .map_err(|(k, e)| anyhow::anyhow!("runner {:?}: {k}: {e}", cfg.name))?;
         let cgroups = cfg
             .slot_cgroups()
             .map_err(|e| anyhow::anyhow!("runner {:?}: slot_cgroup_template: {e}", cfg.name))?;
+        let docker = cfg.docker.clone().unwrap_or_default();
+        if !crate::config::autoscaled(&cfg.executor) {
+            return start_local(cfg, opts, isolation, cgroups, docker);
+        }
+        let Some(auto) = &cfg.autoscaler else {
+            bail!("runner {:?} has no [runners.autoscaler] section", cfg.name);
+        };
         let plans = group_plans(auto, opts)?;
         let pool = Arc::new(Pool::new(DialOptions {
             use_external_addr: auto.connector_config.use_external_addr,
@@ -111,6 +128,10 @@ impl Runner {
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
             isolation,
             cgroups,
+            executor: cfg.executor.clone(),
+            local: false,
+            docker,
+            custom: cfg.custom.clone(),
             placement: Placement::new(shapes),
             plugins,
             pool,
@@ -179,6 +200,79 @@ impl Runner {
             p.stop().await;
         }
     }
+}
+
+/// A runner whose jobs run on this machine: its slots come from a taskscaler over
+/// [`LocalGroup`], an instance group of one that is this machine.
+fn start_local(
+    cfg: &RunnerConfig,
+    opts: &StartOptions,
+    isolation: IsolationPolicy,
+    cgroups: SlotCgroups,
+    docker: DockerConfig,
+) -> anyhow::Result<Runner> {
+    let slots = if cfg.limit > 0 {
+        cfg.limit
+    } else {
+        opts.concurrent.max(1)
+    };
+    let scfg = slipway_taskscaler::Config {
+        capacity_per_instance: slots,
+        max_instances: 1,
+        policies: vec![Policy {
+            idle_time: Duration::from_secs(3600),
+            ..Policy::default()
+        }],
+        update_interval: Duration::from_secs(5),
+        update_interval_when_expecting: Duration::from_millis(20),
+        shutdown_deletion_interval: Duration::from_millis(100),
+        ..slipway_taskscaler::Config::default()
+    };
+    let families = opts.metrics.clone().unwrap_or_default();
+    let metrics = Metrics::new(
+        families,
+        vec![
+            ("runner".into(), cfg.name.clone()),
+            ("shape".into(), "default".into()),
+            ("group".into(), crate::localhost::ID.into()),
+        ],
+    );
+    let scaler = Taskscaler::start_with(
+        Arc::new(LocalGroup::default()),
+        crate::localhost::provider(),
+        scfg,
+        Options {
+            metrics: Some(metrics),
+            ..Options::default()
+        },
+    )
+    .with_context(|| format!("runner {:?}: starting its slots", cfg.name))?;
+    let builds_dir = cfg.builds_dir.clone().unwrap_or_else(|| {
+        let base = opts
+            .state_dir
+            .as_deref()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("builds").display().to_string()
+    });
+    Ok(Runner {
+        name: cfg.name.clone(),
+        builds_dir,
+        isolation,
+        cgroups,
+        executor: cfg.executor.clone(),
+        local: true,
+        docker,
+        custom: cfg.custom.clone(),
+        placement: Placement::new(vec![Shape {
+            name: "default".into(),
+            scaler,
+        }]),
+        plugins: Vec::new(),
+        pool: Arc::new(Pool::new(DialOptions::default())),
+    })
 }
 
 /// The section itself when it declares no shapes, else one plan per shape.
