@@ -297,7 +297,9 @@ async fn run_docker(
         job,
         DockerRunContext {
             slot: acq.slot,
-            cgroup_parent: None,
+            // The job's containers live under its slot's cgroup ([runners.docker] cgroup_parent
+            // is the fallback), as GitLab does with use_slot_cgroups.
+            cgroup_parent: Some(runner.cgroups.template.expand(acq.slot).to_string()),
             trace,
             cancel: cancel.clone(),
             artifacts_in,
