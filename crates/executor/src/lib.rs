@@ -1,6 +1,7 @@
 //! Executors: turn a prepared environment into a running job.
 //!
 //! - [`cgroup`]: the `cgroup` isolation level — the slot's cgroup around every job.
+//! - [`executor`]: the [`Executor`] trait every executor implements: one job on its slot.
 //! - [`host`]: where scripts run — an instance over SSH, this machine, a container.
 //! - [`job`]: a job's steps, artifacts, timeout and cancel on any host.
 //! - [`docker`]: the `docker` and `docker-autoscaler` executors — a container per job, services
@@ -14,6 +15,7 @@
 pub mod cgroup;
 pub mod custom;
 pub mod docker;
+pub mod executor;
 pub mod host;
 pub mod instance;
 pub mod isolation;
@@ -27,6 +29,7 @@ pub use docker::{
     DockerConfig, DockerExecutor, DockerExecutorError, DockerHost, DockerRunContext, PullPolicy,
     dial_stdio_transport,
 };
+pub use executor::{Executor, JobSlot, Steps};
 pub use host::{Host, LocalHost, SshHost};
 pub use instance::{InstanceExecutor, RunContext};
 pub use isolation::{Isolation, IsolationPolicy};

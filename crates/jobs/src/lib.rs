@@ -27,6 +27,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod gitlab;
 pub mod model;
 pub mod pipeline;
 pub mod queue;

@@ -1,10 +1,10 @@
 //! One job on a runner's slot — reserve, acquire, execute with the instance executor — shared
 //! by `slipway exec` (a local pipeline) and `slipway run` (the embedded queue).
 
-use slipway_executor::docker::{DockerExecutor, DockerRunContext};
+use slipway_executor::docker::DockerExecutor;
 use slipway_executor::{
-    CustomContext, CustomExecutor, FailureReason, Isolation, JobContext, JobOutcome, JobRunner,
-    LocalHost, RunResult, SshHost, Trace, cgroup, isolation,
+    CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner, JobSlot, LocalHost,
+    RunResult, SshHost, Steps, Trace, cgroup, isolation,
 };
 use slipway_jobs::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
@@ -241,10 +241,13 @@ async fn execute_on_instance(
     trace: &mut Trace,
     cancel: &CancellationToken,
 ) -> RunResult {
-    if level == Isolation::Docker {
+    let exec: Box<dyn Executor + '_> = if level == Isolation::Docker {
         trace.message("Using isolation docker through the instance's Docker Engine");
-        let exec = match DockerExecutor::connect_ssh(client, runner.docker.clone()).await {
-            Ok(e) => e,
+        match DockerExecutor::connect_ssh(client.clone(), runner.docker.clone()).await {
+            Ok(mut e) => {
+                e.runner_name = runner.name.clone();
+                Box::new(e)
+            }
             Err(e) => {
                 let msg = format!("reaching the instance's Docker Engine: {e}");
                 trace.message(&format!("ERROR: {msg}"));
@@ -254,52 +257,42 @@ async fn execute_on_instance(
                     msg,
                 ));
             }
+        }
+    } else {
+        let mut steps = JobRunner {
+            builds_dir: runner.builds_dir.clone(),
+            ..JobRunner::default()
         };
-        return run_docker(runner, &exec, acq, job, artifacts_in, trace, cancel).await;
-    }
-    let mut steps = JobRunner {
-        builds_dir: runner.builds_dir.clone(),
-        ..JobRunner::default()
+        if level == Isolation::Cgroup
+            && let Err(outcome) = enter_cgroup(runner, acq, job, &mut steps, trace)
+        {
+            return no_result(outcome);
+        }
+        Box::new(Steps {
+            name: "instance",
+            host: SshHost(&client),
+            runner: steps,
+        })
     };
-    if level == Isolation::Cgroup
-        && let Err(outcome) = enter_cgroup(runner, acq, job, &mut steps, trace)
-    {
-        return no_result(outcome);
-    }
-    let host = SshHost(&client);
-    steps
-        .run(
-            job,
-            JobContext {
-                host: &host,
-                slot: acq.slot,
-                trace,
-                cancel: cancel.clone(),
-                artifacts_in,
-            },
-        )
-        .await
+    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, cancel).await
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_docker(
+/// Run `job` with `exec` on the acquisition's slot.
+async fn run_on(
     runner: &Runner,
-    exec: &DockerExecutor,
+    exec: &dyn Executor,
     acq: &Acquisition,
     job: &JobResponse,
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
     cancel: &CancellationToken,
 ) -> RunResult {
-    let mut exec = exec.clone();
-    exec.runner_name = runner.name.clone();
     exec.run(
         job,
-        DockerRunContext {
+        JobSlot {
             slot: acq.slot,
-            // The job's containers live under its slot's cgroup ([runners.docker] cgroup_parent
-            // is the fallback), as GitLab does with use_slot_cgroups.
-            cgroup_parent: Some(runner.cgroups.template.expand(acq.slot).to_string()),
+            // Containers live under the slot's cgroup, as GitLab does with use_slot_cgroups.
+            cgroup: Some(runner.cgroups.template.expand(acq.slot).to_string()),
             trace,
             cancel: cancel.clone(),
             artifacts_in,
@@ -318,36 +311,29 @@ async fn execute_here(
     trace: &mut Trace,
     cancel: &CancellationToken,
 ) -> RunResult {
-    match runner.executor.as_str() {
+    let exec: Box<dyn Executor> = match runner.executor.as_str() {
         "custom" => {
             let Some(cfg) = runner.custom.clone() else {
                 return no_result(config_error("no [runners.custom] section".into()));
             };
             match CustomExecutor::new(cfg, runner.builds_dir.clone()) {
-                Ok(exec) => {
-                    exec.run(
-                        job,
-                        CustomContext {
-                            slot: acq.slot,
-                            trace,
-                            cancel: cancel.clone(),
-                        },
-                    )
-                    .await
-                }
-                Err(e) => no_result(config_error(format!("[runners.custom]: {e}"))),
+                Ok(e) => Box::new(e),
+                Err(e) => return no_result(config_error(format!("[runners.custom]: {e}"))),
             }
         }
         "docker" => match DockerExecutor::connect_local(runner.docker.clone()).await {
-            Ok(exec) => run_docker(runner, &exec, acq, job, artifacts_in, trace, cancel).await,
+            Ok(mut e) => {
+                e.runner_name = runner.name.clone();
+                Box::new(e)
+            }
             Err(e) => {
                 let msg = format!("reaching the Docker Engine: {e}");
                 trace.message(&format!("ERROR: {msg}"));
-                no_result(JobOutcome::failed(
+                return no_result(JobOutcome::failed(
                     FailureReason::RunnerSystemFailure,
                     None,
                     msg,
-                ))
+                ));
             }
         },
         _ => {
@@ -360,20 +346,14 @@ async fn execute_here(
             {
                 return no_result(outcome);
             }
-            steps
-                .run(
-                    job,
-                    JobContext {
-                        host: &LocalHost::default(),
-                        slot: acq.slot,
-                        trace,
-                        cancel: cancel.clone(),
-                        artifacts_in,
-                    },
-                )
-                .await
+            Box::new(Steps {
+                name: "shell",
+                host: LocalHost::default(),
+                runner: steps,
+            })
         }
-    }
+    };
+    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, cancel).await
 }
 
 /// A job's status from its outcome.

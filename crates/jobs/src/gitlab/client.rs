@@ -1,0 +1,392 @@
+//! The HTTP layer and the runner lifecycle calls (`runners/verify`, `runners`, unregister).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+
+use super::{GitlabError, MASK, Secret, SystemId, VersionInfo};
+
+/// Largest response body read (job payloads are at most a few hundred KiB).
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// How a [`GitlabClient`] reaches GitLab.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// GitLab's URL as in `config.toml` (`https://gitlab.example.com/`, may have a sub-path).
+    pub url: String,
+    /// The runner's `info` object.
+    pub info: VersionInfo,
+    /// Timeout of ordinary calls (traces, updates, registration).
+    pub request_timeout: Duration,
+    /// Timeout of `jobs/request`, which GitLab may hold open for a long poll (~50 s).
+    pub long_poll_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// A config with GitLab Runner's timeouts (60 s; 90 s for long polls).
+    pub fn new(url: impl Into<String>, info: VersionInfo) -> Self {
+        Self {
+            url: url.into(),
+            info,
+            request_timeout: Duration::from_secs(60),
+            long_poll_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// A client of GitLab's runner API for one GitLab instance.
+#[derive(Clone)]
+pub struct GitlabClient {
+    base: String,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    pub(super) config: ClientConfig,
+}
+
+impl std::fmt::Debug for GitlabClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitlabClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A response as read by [`GitlabClient::call`].
+#[derive(Debug)]
+pub(super) struct RawResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl RawResponse {
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The `Retry-After` header in seconds, if present.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.header("retry-after")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs)
+    }
+
+    /// The body's start, with `secrets` masked, for error messages.
+    pub fn body_excerpt(&self, secrets: &[&str]) -> String {
+        let mut text = String::from_utf8_lossy(&self.body).into_owned();
+        for s in secrets.iter().filter(|s| !s.is_empty()) {
+            text = text.replace(s, MASK);
+        }
+        text.chars().take(200).collect()
+    }
+
+    /// The generic error for a status the endpoint does not expect: `RetryLater` for
+    /// 409/429/5xx, `Forbidden` for 403, `Status` otherwise.
+    pub fn unexpected(&self, endpoint: String, secrets: &[&str]) -> GitlabError {
+        let status = self.status.as_u16();
+        if status == 403 {
+            GitlabError::Forbidden { endpoint }
+        } else if status == 409 || status == 429 || self.status.is_server_error() {
+            GitlabError::RetryLater {
+                endpoint,
+                status,
+                retry_after: self.retry_after(),
+            }
+        } else {
+            GitlabError::Status {
+                endpoint,
+                status,
+                body: self.body_excerpt(secrets),
+            }
+        }
+    }
+}
+
+/// Runner credentials returned by `runners/verify` or `runners` (registration).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunnerCredentials {
+    /// The runner's ID in GitLab (0 if a legacy server did not say).
+    #[serde(default)]
+    pub id: u64,
+    /// The runner authentication token.
+    pub token: Secret,
+    /// When the token expires (RFC 3339), if it does.
+    #[serde(default)]
+    pub token_expires_at: Option<String>,
+}
+
+/// What the legacy registration flow (`POST /api/v4/runners`) sends besides the token.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RegisterOptions {
+    /// Runner description.
+    pub description: String,
+    /// Maintenance note.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub maintenance_note: String,
+    /// Tags.
+    pub tag_list: Vec<String>,
+    /// Whether to pick untagged jobs.
+    pub run_untagged: bool,
+    /// Whether the runner is locked to its project.
+    pub locked: bool,
+    /// `not_protected` or `ref_protected` (empty: server default).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub access_level: String,
+    /// Maximum job timeout in seconds (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub maximum_timeout: u64,
+    /// Whether the runner starts paused.
+    pub paused: bool,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl GitlabClient {
+    /// A client for `config.url`; HTTPS uses the system's root certificates (Mozilla's bundled
+    /// roots when the system has none).
+    pub fn new(config: ClientConfig) -> Result<Self, GitlabError> {
+        let invalid = |reason: &str| GitlabError::InvalidUrl {
+            url: config.url.clone(),
+            reason: reason.into(),
+        };
+        let uri: http::Uri = config
+            .url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| invalid(&e.to_string()))?;
+        match uri.scheme_str() {
+            Some("http" | "https") => {}
+            _ => return Err(invalid("scheme must be http or https")),
+        }
+        if uri.authority().is_none() {
+            return Err(invalid("no host"));
+        }
+        if uri.query().is_some() {
+            return Err(invalid("must not have a query"));
+        }
+        let base = format!("{}/api/v4/", config.url.trim_end_matches('/'));
+
+        let provider = rustls::crypto::aws_lc_rs::default_provider();
+        let builder = match hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider.clone())
+        {
+            Ok(b) => b,
+            Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(provider)
+                .map_err(|e| invalid(&format!("TLS setup: {e}")))?,
+        };
+        let https = builder.https_or_http().enable_http1().build();
+        let http = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https);
+        Ok(Self { base, http, config })
+    }
+
+    /// The runner `info` object this client sends.
+    pub fn info(&self) -> &VersionInfo {
+        &self.config.info
+    }
+
+    /// Sends one request to `path` (relative to `/api/v4/`) and reads the whole answer.
+    pub(super) async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<(&str, Bytes)>,
+        timeout: Duration,
+    ) -> Result<RawResponse, GitlabError> {
+        let endpoint = endpoint(&method, path);
+        let uri = format!("{}{}", self.base, path);
+        let mut req = Request::builder().method(method).uri(uri).header(
+            "user-agent",
+            format!("slipway {}", self.config.info.version),
+        );
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let body = match body {
+            Some((content_type, bytes)) => {
+                req = req.header("content-type", content_type);
+                bytes
+            }
+            None => Bytes::new(),
+        };
+        // The builder's error could quote a header value (a token): do not show it.
+        let req = req
+            .body(Full::new(body))
+            .map_err(|_| GitlabError::InvalidRequest {
+                endpoint: endpoint.clone(),
+                message: "a header or the URL has invalid characters".into(),
+            })?;
+
+        let exchange = async {
+            let resp = self
+                .http
+                .request(req)
+                .await
+                .map_err(|e| network(&endpoint, &e))?;
+            let (parts, body) = resp.into_parts();
+            let body = Limited::new(body, MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| GitlabError::Network {
+                    endpoint: endpoint.clone(),
+                    message: format!("reading body: {e}"),
+                })?
+                .to_bytes();
+            Ok(RawResponse {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            })
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(GitlabError::Timeout { endpoint, timeout }),
+        }
+    }
+
+    /// Sends JSON and reads the answer.
+    pub(super) async fn call_json<T: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &T,
+        timeout: Duration,
+    ) -> Result<RawResponse, GitlabError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| GitlabError::InvalidRequest {
+            endpoint: endpoint(&method, path),
+            message: e.to_string(),
+        })?;
+        self.call(
+            method,
+            path,
+            headers,
+            Some(("application/json", Bytes::from(bytes))),
+            timeout,
+        )
+        .await
+    }
+
+    /// `POST /api/v4/runners/verify`: checks a `glrt-` authentication token and registers this
+    /// `system_id` as one of the runner's managers.
+    pub async fn verify(
+        &self,
+        token: &Secret,
+        system_id: &SystemId,
+    ) -> Result<RunnerCredentials, GitlabError> {
+        #[derive(Serialize)]
+        struct Body<'a> {
+            token: &'a str,
+            system_id: &'a str,
+            info: &'a VersionInfo,
+        }
+        let path = "runners/verify";
+        let body = Body {
+            token: token.expose(),
+            system_id: system_id.as_str(),
+            info: &self.config.info,
+        };
+        let resp = self
+            .call_json(Method::POST, path, &[], &body, self.config.request_timeout)
+            .await?;
+        match resp.status.as_u16() {
+            200 | 201 => {
+                // Legacy servers answer in plain text: the token is valid, nothing else is known.
+                Ok(
+                    serde_json::from_slice::<RunnerCredentials>(&resp.body).unwrap_or_else(|_| {
+                        RunnerCredentials {
+                            id: 0,
+                            token: token.clone(),
+                            token_expires_at: None,
+                        }
+                    }),
+                )
+            }
+            _ => Err(resp.unexpected(endpoint(&Method::POST, path), &[token.expose()])),
+        }
+    }
+
+    /// `POST /api/v4/runners`: legacy registration with a registration token; returns the new
+    /// runner's ID and authentication token.
+    pub async fn register(
+        &self,
+        registration_token: &Secret,
+        options: &RegisterOptions,
+    ) -> Result<RunnerCredentials, GitlabError> {
+        #[derive(Serialize)]
+        struct Body<'a> {
+            token: &'a str,
+            info: &'a VersionInfo,
+            #[serde(flatten)]
+            options: &'a RegisterOptions,
+        }
+        let path = "runners";
+        let ep = endpoint(&Method::POST, path);
+        let body = Body {
+            token: registration_token.expose(),
+            info: &self.config.info,
+            options,
+        };
+        let resp = self
+            .call_json(Method::POST, path, &[], &body, self.config.request_timeout)
+            .await?;
+        match resp.status.as_u16() {
+            200 | 201 => serde_json::from_slice(&resp.body).map_err(|e| GitlabError::Decode {
+                endpoint: ep,
+                message: e.to_string(),
+            }),
+            _ => Err(resp.unexpected(ep, &[registration_token.expose()])),
+        }
+    }
+
+    /// `DELETE /api/v4/runners`: removes the runner from GitLab.
+    pub async fn unregister(&self, token: &Secret) -> Result<(), GitlabError> {
+        let path = "runners";
+        let body = serde_json::json!({ "token": token.expose() });
+        let resp = self
+            .call_json(
+                Method::DELETE,
+                path,
+                &[],
+                &body,
+                self.config.request_timeout,
+            )
+            .await?;
+        match resp.status.as_u16() {
+            200 | 204 => Ok(()),
+            _ => Err(resp.unexpected(endpoint(&Method::DELETE, path), &[token.expose()])),
+        }
+    }
+}
+
+/// `METHOD /api/v4/path` (paths never contain tokens).
+pub(super) fn endpoint(method: &Method, path: &str) -> String {
+    let path = path.split('?').next().unwrap_or(path);
+    format!("{method} /api/v4/{path}")
+}
+
+/// A transport error, described with its causes.
+fn network(endpoint: &str, e: &(dyn std::error::Error + 'static)) -> GitlabError {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    GitlabError::Network {
+        endpoint: endpoint.to_string(),
+        message,
+    }
+}
