@@ -23,6 +23,8 @@ pub struct Config {
     pub listen_address: Option<String>,
     /// Seconds to wait for jobs at shutdown.
     pub shutdown_timeout: u64,
+    /// Seconds between job requests that found no job (GitLab Runner's default: 3; 0 = 3).
+    pub check_interval: u64,
     /// The `[[runners]]` entries.
     pub runners: Vec<RunnerConfig>,
 }
@@ -34,6 +36,7 @@ impl Default for Config {
             log_level: None,
             listen_address: None,
             shutdown_timeout: 30,
+            check_interval: 3,
             runners: Vec::new(),
         }
     }
@@ -45,7 +48,7 @@ impl Default for Config {
 pub struct RunnerConfig {
     /// Runner name.
     pub name: String,
-    /// GitLab URL (job source "gitlab", later).
+    /// GitLab URL: with a `token`, an `http(s)://` URL makes GitLab this runner's job source.
     pub url: String,
     /// Runner token. Never printed.
     pub token: String,
@@ -53,6 +56,10 @@ pub struct RunnerConfig {
     pub executor: String,
     /// Jobs this runner runs at once; 0 = no limit beyond `concurrent`.
     pub limit: u32,
+    /// `jobs/request` calls in flight at once (GitLab Runner's default: 1; 0 = 1).
+    pub request_concurrency: u32,
+    /// Largest trace kept, in KiB (GitLab Runner's default: 4096; 0 = 4096).
+    pub output_limit: u64,
     /// Builds root on the instance.
     pub builds_dir: Option<String>,
     /// Isolation levels jobs may ask for (`SLIPWAY_ISOLATION`); default: what the executor
@@ -177,6 +184,8 @@ impl fmt::Debug for RunnerConfig {
             )
             .field("executor", &self.executor)
             .field("limit", &self.limit)
+            .field("request_concurrency", &self.request_concurrency)
+            .field("output_limit", &self.output_limit)
             .field("builds_dir", &self.builds_dir)
             .field("allowed_isolation", &self.allowed_isolation)
             .field("isolation", &self.isolation)

@@ -5,11 +5,13 @@
 //! - [`exec`]: `slipway exec`, a local pipeline through the whole stack.
 //! - [`job`]: one job on a slot (reserve, acquire, execute), shared by `exec` and `run`.
 //! - [`consume`]: `slipway run`'s job source, the embedded queue, and its restart recovery.
+//! - [`gitlab`]: `slipway run`'s GitLab job source (runners with a `url` and a `token`).
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
 
 pub mod config;
 pub mod consume;
 pub mod exec;
+pub mod gitlab;
 pub mod job;
 pub mod localhost;
 pub mod pool;

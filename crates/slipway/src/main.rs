@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use slipway::config::{self, Loaded, RunnerConfig};
-use slipway::{consume, exec, runner};
+use slipway::{consume, exec, gitlab, runner};
 use slipway_jobs::queue::{Entry, JobState, Queue};
 
 #[derive(Debug, Parser)]
@@ -480,6 +480,29 @@ async fn run_manager(
             runner: Arc::new(Semaphore::new(effective_concurrency(loaded, cfg) as usize)),
             global: global.clone(),
         };
+        if gitlab::serves_gitlab(cfg) {
+            let opts = gitlab::SourceOptions {
+                system_id_path: config_dir(config_path)
+                    .join(".slipway-state")
+                    .join("system_id"),
+                check_interval: std::time::Duration::from_secs(
+                    match loaded.config.check_interval {
+                        0 => 3,
+                        s => s,
+                    },
+                ),
+                runner_limit: limits.runner,
+                global_limit: limits.global,
+            };
+            let (r, cfg, stop) = (r.clone(), cfg.clone(), stop.clone());
+            sources.spawn(async move {
+                // A runner GitLab refuses stops serving; the others go on.
+                if let Err(e) = gitlab::serve(r, &cfg, opts, stop).await {
+                    tracing::error!("{e}");
+                }
+            });
+            continue;
+        }
         sources.spawn(consume::serve(
             r.clone(),
             queue.clone(),

@@ -1,0 +1,681 @@
+//! `slipway run`'s GitLab job source: a `[[runners]]` entry with an `http(s)://` `url` and a
+//! `token` takes its jobs from GitLab's runner API ([`slipway_jobs::gitlab`]).
+//!
+//! On start the token is verified (`POST /runners/verify`) with the manager's `system_id`, kept
+//! in the state directory. Then `request_concurrency` loops per runner each, under the runner's
+//! `limit` and the global `concurrent`:
+//!
+//! 1. reserve capacity under a provisional key — GitLab's rule: no capacity, no job request;
+//! 2. ask GitLab for one job (`jobs/request`, `last_update` echoed); none → give the
+//!    reservation back, wait `check_interval`, start over;
+//! 3. a job → move the reservation to the key `gitlab-<job id>` (the name the state store
+//!    records its acquisition under) with the job's own resource request, check its isolation
+//!    level, acquire a slot, run it, stream its trace (`PATCH jobs/:id/trace`), and send the final
+//!    state (`PUT jobs/:id`); release the slot.
+//!
+//! GitLab's `Job-Status` cancels the job (`canceling`: cancel; `canceled`/`failed`/403: stop).
+//! A final state GitLab did not accept is retried in the background until shutdown; it is not
+//! kept across a restart yet.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use slipway_executor::{JobOutcome, Trace};
+use slipway_jobs::JobResponse;
+use slipway_jobs::gitlab::{
+    Backoff, ClientConfig, FailureReason as GlReason, FinishOutcome, GitlabClient, GitlabError,
+    JobState, PendingUpdate, Secret, SystemId, TraceConfig, TraceSender, UpdateRetryPolicy,
+    VersionInfo,
+};
+use slipway_taskscaler::{Error as TsError, Resources};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RunnerConfig;
+use crate::job::{self, NoSlot};
+use crate::runner::Runner;
+
+/// Whether `cfg` takes its jobs from GitLab: an `http(s)://` `url` and a `token`.
+pub fn serves_gitlab(cfg: &RunnerConfig) -> bool {
+    let url = cfg.url.trim();
+    (url.starts_with("http://") || url.starts_with("https://")) && !cfg.token.trim().is_empty()
+}
+
+/// The reservation (and acquisition) key of GitLab job `id`.
+pub fn key_of(id: u64) -> String {
+    format!("gitlab-{id}")
+}
+
+/// Settings of one runner's GitLab source.
+#[derive(Debug, Clone)]
+pub struct SourceOptions {
+    /// Where the manager's `system_id` file lives.
+    pub system_id_path: PathBuf,
+    /// Pause after a job request without a job (global `check_interval`).
+    pub check_interval: Duration,
+    /// The runner's `limit` (or `concurrent`).
+    pub runner_limit: Arc<Semaphore>,
+    /// The manager's `concurrent`.
+    pub global_limit: Arc<Semaphore>,
+}
+
+/// An error that keeps a runner from serving GitLab.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The client cannot be built (bad URL).
+    #[error("runner {runner:?}: {source}")]
+    Client {
+        /// Runner name.
+        runner: String,
+        /// Why.
+        source: GitlabError,
+    },
+    /// The system id file cannot be read or written.
+    #[error("runner {runner:?}: {source}")]
+    SystemId {
+        /// Runner name.
+        runner: String,
+        /// Why.
+        source: GitlabError,
+    },
+    /// GitLab refused the token or the verification failed for good.
+    #[error("runner {runner:?} (token {short}…): verifying the token with GitLab failed: {source}")]
+    Verify {
+        /// Runner name.
+        runner: String,
+        /// The token's short form, safe to print.
+        short: String,
+        /// Why.
+        source: GitlabError,
+    },
+}
+
+/// What every job of one runner shares.
+struct Source {
+    runner: Arc<Runner>,
+    client: GitlabClient,
+    token: Secret,
+    system_id: SystemId,
+    output_limit_kib: u64,
+    check_interval: Duration,
+    backoff: Backoff,
+    last_update: std::sync::Mutex<Option<String>>,
+    failures: std::sync::atomic::AtomicU32,
+    provisional: AtomicU64,
+}
+
+/// The runner `info` this version sends.
+fn version_info(executor: &str) -> VersionInfo {
+    let features = [
+        "variables",
+        "masking",
+        "trace_reset",
+        "trace_checksum",
+        "trace_size",
+        "cancelable",
+        "return_exit_code",
+    ];
+    VersionInfo::new(
+        executor,
+        "bash",
+        features.iter().map(|f| ((*f).to_string(), true)),
+    )
+}
+
+/// Verify the runner's token, then serve its jobs until `stop`; returns once every job it
+/// started has been reported (or shutdown cut the reporting short). Fails only at start: bad
+/// URL, unusable system id file, token refused.
+pub async fn serve(
+    runner: Arc<Runner>,
+    cfg: &RunnerConfig,
+    opts: SourceOptions,
+    stop: CancellationToken,
+) -> Result<(), SourceError> {
+    let name = runner.name.clone();
+    let client = GitlabClient::new(ClientConfig::new(
+        cfg.url.trim(),
+        version_info(&cfg.executor),
+    ))
+    .map_err(|source| SourceError::Client {
+        runner: name.clone(),
+        source,
+    })?;
+    let token = Secret::new(cfg.token.trim());
+    let system_id = SystemId::load_or_create(&opts.system_id_path)
+        .await
+        .map_err(|source| SourceError::SystemId {
+            runner: name.clone(),
+            source,
+        })?;
+    let backoff = Backoff::default();
+    if !verify(&client, &token, &system_id, &name, backoff, &stop).await? {
+        return Ok(());
+    }
+    let source = Arc::new(Source {
+        runner,
+        client,
+        token,
+        system_id,
+        output_limit_kib: cfg.output_limit,
+        check_interval: opts.check_interval,
+        backoff,
+        last_update: std::sync::Mutex::new(None),
+        failures: std::sync::atomic::AtomicU32::new(0),
+        provisional: AtomicU64::new(0),
+    });
+    let loops = cfg.request_concurrency.max(1);
+    tracing::info!(runner = %name, url = %cfg.url.trim(), %source.system_id, request_concurrency = loops,
+        "serving GitLab jobs");
+    let mut set = JoinSet::new();
+    for _ in 0..loops {
+        set.spawn(dispatch(
+            source.clone(),
+            opts.runner_limit.clone(),
+            opts.global_limit.clone(),
+            stop.clone(),
+        ));
+    }
+    while let Some(r) = set.join_next().await {
+        if let Err(e) = r {
+            tracing::error!(runner = %name, "GitLab dispatcher failed: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// `POST /runners/verify`, retried while GitLab is unreachable. `Ok(false)` when stopped first.
+/// A 404 means a GitLab without the endpoint (before 15.x, and `gitlab-runner-mock`): the token
+/// is then checked by the first job request instead.
+async fn verify(
+    client: &GitlabClient,
+    token: &Secret,
+    system_id: &SystemId,
+    name: &str,
+    backoff: Backoff,
+    stop: &CancellationToken,
+) -> Result<bool, SourceError> {
+    let mut attempt = 0;
+    loop {
+        let result = tokio::select! {
+            r = client.verify(token, system_id) => r,
+            _ = stop.cancelled() => return Ok(false),
+        };
+        match result {
+            Ok(creds) => {
+                tracing::info!(runner = %name, id = creds.id, token = %token.short(), %system_id,
+                    "runner token verified");
+                return Ok(true);
+            }
+            Err(GitlabError::Status { status: 404, .. }) => {
+                tracing::warn!(runner = %name, token = %token.short(),
+                    "GitLab has no /api/v4/runners/verify (older GitLab); the token is checked by job requests");
+                return Ok(true);
+            }
+            Err(e) if e.is_retryable() => {
+                let delay = e.retry_after().unwrap_or_else(|| backoff.delay(attempt));
+                attempt += 1;
+                tracing::warn!(runner = %name, error = %e, ?delay, "verifying the runner token, retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return Ok(false),
+                }
+            }
+            Err(source) => {
+                return Err(SourceError::Verify {
+                    runner: name.to_string(),
+                    short: token.short(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
+/// What a finished task leaves: a final state still to deliver, or nothing.
+type Leftover = Option<PendingUpdate>;
+
+/// One request loop: permits → reservation → one job request → a job task.
+async fn dispatch(
+    source: Arc<Source>,
+    runner_limit: Arc<Semaphore>,
+    global_limit: Arc<Semaphore>,
+    stop: CancellationToken,
+) {
+    let name = source.runner.name.clone();
+    let mut tasks: JoinSet<Leftover> = JoinSet::new();
+    loop {
+        reap(&mut tasks, &source, &stop);
+        let permits = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            p = permits(&runner_limit, &global_limit) => match p {
+                Some(p) => p,
+                None => break,
+            },
+        };
+        let n = source.provisional.fetch_add(1, Ordering::Relaxed);
+        let provisional = format!("gitlab-request-{n}");
+        if !reserve_provisional(&source, &provisional, &mut tasks, &stop).await {
+            break;
+        }
+        let job = tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                source.runner.unreserve(&provisional);
+                break;
+            }
+            j = source.request_one() => j,
+        };
+        match job {
+            Some(job) => {
+                tasks.spawn(run_job(
+                    source.clone(),
+                    job,
+                    provisional,
+                    permits,
+                    stop.clone(),
+                ));
+            }
+            None => {
+                source.runner.unreserve(&provisional);
+                drop(permits);
+                let delay = source.next_delay();
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Some(update)) => tracing::error!(runner = %name, job = update.job_id,
+                state = ?update.state, "final job state not delivered before shutdown; it is lost (not persisted across restarts yet)"),
+            Ok(None) => {}
+            Err(e) => tracing::error!(runner = %name, "GitLab job task failed: {e}"),
+        }
+    }
+}
+
+/// Reap finished tasks; an undelivered final state goes to a background retry task.
+fn reap(tasks: &mut JoinSet<Leftover>, source: &Arc<Source>, stop: &CancellationToken) {
+    while let Some(r) = tasks.try_join_next() {
+        match r {
+            Ok(Some(update)) => {
+                tasks.spawn(redeliver(source.clone(), update, stop.clone()));
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(runner = %source.runner.name, "GitLab job task failed: {e}"),
+        }
+    }
+}
+
+/// Keep sending a final state GitLab has not accepted, with backoff, until it is or `stop`.
+async fn redeliver(
+    source: Arc<Source>,
+    update: PendingUpdate,
+    stop: CancellationToken,
+) -> Leftover {
+    let mut update = update;
+    let mut round = 0;
+    loop {
+        let delay = source.backoff.delay(round);
+        round += 1;
+        tokio::select! {
+            _ = stop.cancelled() => return Some(update),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        match source
+            .client
+            .finish_job(update, UpdateRetryPolicy::default(), &stop)
+            .await
+        {
+            FinishOutcome::Accepted => {
+                tracing::info!(runner = %source.runner.name, "final job state delivered after retries");
+                return None;
+            }
+            FinishOutcome::JobGone { .. } => return None,
+            FinishOutcome::Undelivered {
+                update: u,
+                last_error,
+            } => {
+                log_undelivered(&source.runner.name, &u, last_error.as_ref());
+                update = u;
+            }
+        }
+    }
+}
+
+fn log_undelivered(runner: &str, update: &PendingUpdate, error: Option<&GitlabError>) {
+    // `PendingUpdate`'s Debug masks the job token; errors never carry it.
+    let error = error.map_or_else(
+        || "GitLab kept answering 202".to_string(),
+        |e| e.to_string(),
+    );
+    tracing::warn!(%runner, job = update.job_id, state = ?update.state, %error,
+        "final job state not accepted by GitLab; retrying in the background");
+}
+
+async fn permits(
+    runner: &Arc<Semaphore>,
+    global: &Arc<Semaphore>,
+) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+    let r = runner.clone().acquire_owned().await.ok()?;
+    let g = global.clone().acquire_owned().await.ok()?;
+    Some((r, g))
+}
+
+/// Reserve a slot of the default shape before asking for a job; waits (asking GitLab nothing)
+/// while the runner has no capacity. `false` when stopped.
+async fn reserve_provisional(
+    source: &Arc<Source>,
+    key: &str,
+    tasks: &mut JoinSet<Leftover>,
+    stop: &CancellationToken,
+) -> bool {
+    let request = Resources::default();
+    loop {
+        match source.runner.reserve(key, &request) {
+            Ok(()) => return true,
+            Err(TsError::NoCapacity(_) | TsError::NoIdleCapacity(_)) => {
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return false,
+                    r = source.runner.reserve_wait(key, &request) => match r {
+                        Ok(()) => return true,
+                        Err(TsError::ShuttingDown) => return false,
+                        Err(e) => tracing::warn!(runner = %source.runner.name, error = %e,
+                            "cannot reserve capacity for a job request"),
+                    },
+                }
+            }
+            Err(TsError::ShuttingDown) => return false,
+            Err(e) => {
+                tracing::warn!(runner = %source.runner.name, error = %e,
+                    "cannot reserve capacity for a job request");
+            }
+        }
+        reap(tasks, source, stop);
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep(source.check_interval) => {}
+        }
+    }
+}
+
+impl Source {
+    /// One `jobs/request`: the job, or `None` (no job, or a failure, logged).
+    async fn request_one(&self) -> Option<Box<JobResponse>> {
+        let last = self.last_update.lock().ok().and_then(|g| g.clone());
+        match self
+            .client
+            .request_job(&self.token, &self.system_id, last.as_deref())
+            .await
+        {
+            Ok(outcome) => {
+                self.failures.store(0, Ordering::Relaxed);
+                if let Some(lu) = outcome.last_update
+                    && let Ok(mut g) = self.last_update.lock()
+                {
+                    *g = Some(lu);
+                }
+                if let Some(job) = &outcome.job {
+                    tracing::info!(runner = %self.runner.name, job = job.id, name = %job.job_info.name,
+                        "received job");
+                }
+                outcome.job
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                match &e {
+                    GitlabError::Forbidden { .. } => tracing::error!(runner = %self.runner.name,
+                        token = %self.token.short(), error = %e,
+                        "GitLab refuses the runner token; retrying with backoff"),
+                    _ => {
+                        tracing::warn!(runner = %self.runner.name, error = %e, "job request failed")
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The pause before the next request: `check_interval`, or a backoff after failures.
+    fn next_delay(&self) -> Duration {
+        match self.failures.load(Ordering::Relaxed) {
+            0 => self.check_interval,
+            n => self.backoff.delay(n - 1).max(self.check_interval),
+        }
+    }
+}
+
+/// GitLab's reason for an executor's (or a refusal's) reason name.
+fn reason_named(name: &str) -> GlReason {
+    match name {
+        "script_failure" => GlReason::ScriptFailure,
+        "runner_system_failure" => GlReason::RunnerSystemFailure,
+        "job_execution_timeout" => GlReason::JobExecutionTimeout,
+        "image_pull_failure" => GlReason::ImagePullFailure,
+        "runner_configuration_error" => GlReason::RunnerConfigurationError,
+        "runner_external_dependency_failure" => GlReason::RunnerExternalDependencyFailure,
+        "runner_interrupted" => GlReason::RunnerInterrupted,
+        "job_canceled" => GlReason::JobCanceled,
+        "unknown_failure" => GlReason::UnknownFailure,
+        other => GlReason::Other(other.to_string()),
+    }
+}
+
+/// The final state for `outcome`: state, reason and exit code.
+pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<GlReason>, Option<i32>) {
+    match outcome {
+        JobOutcome::Success => (JobState::Success, None, None),
+        JobOutcome::Failed {
+            reason, exit_code, ..
+        } => (
+            JobState::Failed,
+            Some(reason_named(reason.as_str())),
+            *exit_code,
+        ),
+    }
+}
+
+/// A job that did not get to run: its reason.
+fn refused(no: &NoSlot, stop: &CancellationToken) -> JobOutcome {
+    use slipway_executor::FailureReason as R;
+    let reason = match no.failure_reason {
+        "runner_unsupported" | "runner_configuration_error" => R::RunnerConfigurationError,
+        _ if no.status == slipway_jobs::JobStatus::Canceled && !stop.is_cancelled() => {
+            R::JobCanceled
+        }
+        _ => R::RunnerSystemFailure,
+    };
+    JobOutcome::failed(reason, None, no.message.clone())
+}
+
+/// One job from GitLab: admit, reserve, acquire, run, report. Returns the final state when
+/// GitLab did not accept it.
+async fn run_job(
+    source: Arc<Source>,
+    job: Box<JobResponse>,
+    provisional: String,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    stop: CancellationToken,
+) -> Leftover {
+    let runner = &source.runner;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let trace = Trace::new(job.masked_values(), tx);
+    let sender = TraceSender::new(
+        source.client.clone(),
+        job.id,
+        Secret::new(job.token.clone()),
+        TraceConfig {
+            output_limit_kib: source.output_limit_kib,
+            token_mask_prefixes: job.features.token_mask_prefixes.clone(),
+            debug_trace: job
+                .variable("CI_DEBUG_TRACE")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+            ..TraceConfig::default()
+        },
+    );
+    // Cancels the job: manager shutdown, or GitLab (canceling / canceled / failed / 403).
+    let job_cancel = stop.child_token();
+    let done = CancellationToken::new();
+    let work = async {
+        let mut trace = trace;
+        let outcome =
+            run_admitted(runner, &job, &provisional, &mut trace, &job_cancel, &stop).await;
+        trace.message(&job::closing_line(&outcome));
+        trace.finish();
+        drop(trace);
+        outcome
+    };
+    let forward = async {
+        while let Some(chunk) = rx.recv().await {
+            sender.append(&chunk);
+        }
+    };
+    let (gitlab_cancel, gitlab_abort) = (sender.cancel_token(), sender.abort_token());
+    let watch = async {
+        tokio::select! {
+            _ = done.cancelled() => {}
+            _ = gitlab_cancel.cancelled() => job_cancel.cancel(),
+            _ = gitlab_abort.cancelled() => job_cancel.cancel(),
+        }
+    };
+    let (outcome, (), ()) = tokio::join!(
+        async {
+            let (outcome, ()) = tokio::join!(work, forward);
+            done.cancel();
+            outcome
+        },
+        sender.run(&done),
+        watch,
+    );
+
+    let output = match sender.finish(&stop).await {
+        Ok(o) => Some(o),
+        Err(e) => {
+            tracing::warn!(runner = %runner.name, job = job.id, error = %e,
+                "final trace upload failed; sending the job's state without it");
+            None
+        }
+    };
+    let (state, reason, exit_code) = final_state(&outcome);
+    let reason = match (
+        &outcome,
+        stop.is_cancelled(),
+        gitlab_cancel.is_cancelled() || gitlab_abort.is_cancelled(),
+    ) {
+        // Canceled by the manager's shutdown, not by GitLab: the runner was interrupted.
+        (
+            JobOutcome::Failed {
+                reason: slipway_executor::FailureReason::JobCanceled,
+                ..
+            },
+            true,
+            false,
+        ) => Some(GlReason::RunnerInterrupted),
+        _ => reason,
+    };
+    let update = PendingUpdate::new(&job, state, reason, exit_code, output);
+    tracing::info!(runner = %runner.name, job = job.id, ?state,
+        failure_reason = ?update.failure_reason, ?exit_code, "job finished");
+    match source
+        .client
+        .finish_job(update, UpdateRetryPolicy::default(), &stop)
+        .await
+    {
+        FinishOutcome::Accepted => None,
+        FinishOutcome::JobGone { status } => {
+            tracing::info!(runner = %runner.name, job = job.id, status,
+                "GitLab no longer has the job; its final state is not needed");
+            None
+        }
+        FinishOutcome::Undelivered { update, last_error } => {
+            log_undelivered(&runner.name, &update, last_error.as_ref());
+            Some(update)
+        }
+    }
+}
+
+/// Admission (isolation and resource request), reservation under the job's key, slot, run.
+/// The provisional reservation is always given back; the job's own is released at the end.
+async fn run_admitted(
+    runner: &Runner,
+    job: &JobResponse,
+    provisional: &str,
+    trace: &mut Trace,
+    cancel: &CancellationToken,
+    stop: &CancellationToken,
+) -> JobOutcome {
+    let admitted = job::isolation_of(runner, job, trace).and_then(|_| job::request_of(job, trace));
+    // The provisional slot goes back just before the job's own reservation is made, so the job
+    // normally lands on the capacity held for it (or waits for capacity with a trace line).
+    runner.unreserve(provisional);
+    let request = match admitted {
+        Ok(r) => r,
+        Err(no) => return refused(&no, stop),
+    };
+    let key = key_of(job.id);
+    if let Err(no) = job::reserve(runner, &key, &request, trace, cancel).await {
+        return refused(&no, stop);
+    }
+    let acq = match job::acquire(runner, &key, trace, cancel).await {
+        Ok(a) => a,
+        Err(no) => return refused(&no, stop),
+    };
+    trace.message(&format!(
+        "Running on instance {} slot {}",
+        acq.instance_id, acq.slot
+    ));
+    let (outcome, _artifacts) = job::execute(runner, &acq, job, Vec::new(), trace, cancel).await;
+    runner.release(&key);
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slipway_executor::FailureReason as R;
+
+    #[test]
+    fn gitlab_runners_need_an_http_url_and_a_token() {
+        let mut cfg = RunnerConfig {
+            url: "https://gitlab.example.com/".into(),
+            token: "glrt-abc".into(),
+            ..RunnerConfig::default()
+        };
+        assert!(serves_gitlab(&cfg));
+        cfg.token.clear();
+        assert!(!serves_gitlab(&cfg));
+        cfg.token = "glrt-abc".into();
+        cfg.url = "local".into();
+        assert!(!serves_gitlab(&cfg));
+    }
+
+    #[test]
+    fn outcomes_map_to_gitlab_states() {
+        assert_eq!(
+            final_state(&JobOutcome::Success),
+            (JobState::Success, None, None)
+        );
+        let (state, reason, code) =
+            final_state(&JobOutcome::failed(R::ScriptFailure, Some(3), "x"));
+        assert_eq!(state, JobState::Failed);
+        assert_eq!(reason, Some(GlReason::ScriptFailure));
+        assert_eq!(code, Some(3));
+        for r in [
+            R::ScriptFailure,
+            R::RunnerSystemFailure,
+            R::JobExecutionTimeout,
+            R::JobCanceled,
+            R::RunnerConfigurationError,
+            R::ImagePullFailure,
+        ] {
+            assert_eq!(reason_named(r.as_str()).as_str(), r.as_str());
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! `slipway run` serving GitLab: jobs queued on `gitlab-runner-mock` run on an autoscaled
+//! `fleeting-plugin-local` instance with the instance executor; traces and final states arrive.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use bytes::Bytes;
+use common::World;
+use gitlab_runner_mock::{GitlabRunnerMock, MockJobState, MockJobStepName, MockJobStepWhen};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// One request that went through the recording proxy.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    body: Bytes,
+}
+
+#[derive(Clone)]
+struct Proxy {
+    upstream: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// Forwards to the mock and records what slipway sent (the mock does not keep `failure_reason`
+/// or `exit_code`).
+async fn forward(State(p): State<Proxy>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str().to_string())
+        .unwrap_or_default();
+    p.seen.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        path: path.clone(),
+        body: body.clone(),
+    });
+    let mut out = http::Request::builder()
+        .method(parts.method)
+        .uri(format!("{}{}", p.upstream, path));
+    for (k, v) in &parts.headers {
+        if k != http::header::HOST {
+            out = out.header(k, v);
+        }
+    }
+    let resp = p.client.request(out.body(Full::new(body)).unwrap()).await;
+    match resp {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            Response::from_parts(parts, Body::from(body))
+        }
+        Err(e) => Response::builder()
+            .status(502)
+            .body(Body::from(e.to_string()))
+            .unwrap(),
+    }
+}
+
+async fn start_proxy(
+    upstream: String,
+) -> (String, Arc<Mutex<Vec<Seen>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let proxy = Proxy {
+        upstream: upstream.trim_end_matches('/').to_string(),
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        seen: seen.clone(),
+    };
+    let app = axum::Router::new().fallback(forward).with_state(proxy);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen, server)
+}
+
+fn queue(mock: &GitlabRunnerMock, name: &str, script: &[&str]) -> u64 {
+    let mut b = mock.job_builder(name.to_string());
+    b.add_step(
+        MockJobStepName::Script,
+        script.iter().map(|s| s.to_string()).collect(),
+        3600,
+        MockJobStepWhen::OnSuccess,
+        false,
+    );
+    b.add_variable("SECRET".into(), "hunter22-s3cr3t".into(), false, true);
+    let job = b.build();
+    let id = job.id();
+    mock.enqueue_job(job);
+    id
+}
+
+/// The final `PUT /api/v4/jobs/:id` body slipway sent for `id`.
+fn final_update(seen: &Mutex<Vec<Seen>>, id: u64) -> serde_json::Value {
+    let path = format!("/api/v4/jobs/{id}");
+    let seen = seen.lock().unwrap();
+    let put = seen
+        .iter()
+        .rev()
+        .find(|s| s.method == "PUT" && s.path == path)
+        .unwrap_or_else(|| panic!("no PUT {path}"));
+    serde_json::from_slice(&put.body).unwrap()
+}
+
+/// The trace after its `Running on instance ID slot N` line (what precedes it depends on how
+/// long the job waited for capacity).
+fn after_slot_line(text: &str) -> &str {
+    let at = text
+        .find("Running on instance ")
+        .unwrap_or_else(|| panic!("no slot line in trace:\n{text}"));
+    let nl = text[at..].find('\n').expect("slot line ends");
+    &text[at + nl + 1..]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitlab_jobs_run_on_an_autoscaled_instance() {
+    let mock = GitlabRunnerMock::start().await;
+    let (url, seen, proxy) = start_proxy(mock.uri().to_string()).await;
+    let ok = queue(
+        &mock,
+        "build",
+        &[
+            "echo first-line",
+            "echo \"the secret is $SECRET\"",
+            "for i in 1 2 3; do echo counted-$i; done",
+            "echo last-line",
+        ],
+    );
+    let bad = queue(&mock, "broken", &["echo before-failing", "exit 3"]);
+
+    let w = World::new();
+    let state = w.path().join("plugin-state");
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 2
+check_interval = 1
+[[runners]]
+  name = "gitlab"
+  url = "{url}"
+  token = "{token}"
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 2
+    max_instances = 1
+    update_interval = "200ms"
+    update_interval_when_expecting = "100ms"
+    delete_instances_on_shutdown = true
+    [runners.autoscaler.plugin_config]
+      dir = "{}"
+      name = "gl{}"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "10m"
+"#,
+            state.display(),
+            std::process::id(),
+            token = mock.runner_token(),
+        ),
+    );
+    let child = w
+        .slipway(&["run", "-c", cfg.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+
+    let finished = |id: u64| mock.get_job(id).is_some_and(|j| j.state().finished());
+    let done = tokio::task::spawn_blocking({
+        let mock = mock.clone();
+        move || {
+            common::wait_until(Duration::from_secs(180), || {
+                [ok, bad]
+                    .iter()
+                    .all(|id| mock.get_job(*id).is_some_and(|j| j.state().finished()))
+            })
+        }
+    })
+    .await
+    .unwrap();
+    if !done {
+        common::signal(child.id(), "TERM");
+        let out = common::wait_with_timeout(child, Duration::from_secs(30));
+        panic!(
+            "jobs did not finish: ok={:?} bad={:?}\nstderr:\n{}",
+            mock.get_job(ok).map(|j| j.state()),
+            mock.get_job(bad).map(|j| j.state()),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(finished(ok) && finished(bad));
+
+    // The successful job: complete trace, in order, the masked value never sent.
+    let job = mock.get_job(ok).unwrap();
+    let log = job.log();
+    let text = String::from_utf8_lossy(&log).into_owned();
+    assert_eq!(job.state(), MockJobState::Success, "trace:\n{text}");
+    // Everything after the slot line is the job's own output, byte for byte.
+    assert_eq!(
+        after_slot_line(&text),
+        "$ echo first-line\nfirst-line\n\
+         $ echo \"the secret is $SECRET\"\nthe secret is [MASKED]\n\
+         $ for i in 1 2 3; do echo counted-$i; done\ncounted-1\ncounted-2\ncounted-3\n\
+         $ echo last-line\nlast-line\n\
+         Job succeeded\n",
+        "trace:\n{text}"
+    );
+    assert!(
+        !log.windows(b"hunter22".len()).any(|w| w == b"hunter22"),
+        "masked value leaked:\n{text}"
+    );
+    let update = final_update(&seen, ok);
+    assert_eq!(update["state"], "success");
+    assert_eq!(update["output"]["bytesize"], log.len() as u64, "{update}");
+    assert_eq!(
+        update["checksum"],
+        format!("crc32:{:08x}", slipway_jobs::gitlab::crc32(&log))
+    );
+    assert!(
+        !String::from_utf8_lossy(&seen_bodies(&seen)).contains("hunter22"),
+        "masked value sent to GitLab"
+    );
+
+    // The failing job: failed, script_failure, exit code 3; its output before the failure kept.
+    let job = mock.get_job(bad).unwrap();
+    let text = String::from_utf8_lossy(&job.log()).into_owned();
+    assert_eq!(job.state(), MockJobState::Failed, "trace:\n{text}");
+    assert_eq!(
+        after_slot_line(&text),
+        "$ echo before-failing\nbefore-failing\n$ exit 3\n\
+         ERROR: Job failed: exit code 3\nJob failed (script_failure)\n",
+        "trace:\n{text}"
+    );
+    let update = final_update(&seen, bad);
+    assert_eq!(update["state"], "failed", "{update}");
+    assert_eq!(update["failure_reason"], "script_failure", "{update}");
+    assert_eq!(update["exit_code"], 3, "{update}");
+
+    // The token never appears in the manager's output.
+    common::signal(child.id(), "TERM");
+    let out = common::wait_with_timeout(child, Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        !stderr.contains(mock.runner_token()),
+        "token printed:\n{stderr}"
+    );
+    assert!(stderr.contains("serving GitLab jobs"), "{stderr}");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+    proxy.abort();
+}
+
+fn seen_bodies(seen: &Mutex<Vec<Seen>>) -> Vec<u8> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s.body.to_vec())
+        .collect()
+}
