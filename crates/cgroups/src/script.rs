@@ -8,6 +8,13 @@
 //! Every snippet is one subshell `( … )`, so it leaves the caller's variables and shell options
 //! alone and can be run standalone (`bash -c`, `bash -s` over SSH) or pasted into a larger
 //! script. Its exit status is 0 on success; errors go to stderr prefixed `slipway-cgroup:`.
+//!
+//! The snippets need bash (3.1 or later: `printf -v`, arrays, `${!name}`), not just a POSIX
+//! `sh`: the executor runs every script with bash, and the cgroup level is never used inside a
+//! container. They are on the path to a job's first output line — [`create`] runs before the
+//! job and [`enter`] at the start of every step — so those two spawn no process beyond the
+//! subshell itself, except one `mkdir -p` for all the slot's directories (and the cleanup of a
+//! stale slot, when there is one): no `$( … )`, no `cat`, hierarchy detection once per script.
 //! [`cleanup`] and [`sweep`] print one line per slot cleaned on stdout, which
 //! [`parse_oom_kills`] reads.
 
@@ -231,7 +238,12 @@ fn wrap(root: &ScriptRoot, path: &str, body: &str, after: &str) -> String {
 }
 
 /// Detection and writes: sets `_sw_unified` (cgroup2 mount or empty), `_sw_v2c` (its
-/// controllers), `_sw_mounts` (distinct v1 mounts) and `_sw_dirs` (the slot in every mount).
+/// controllers), `_sw_mounts` (distinct v1 mounts), `_sw_v1_<controller>` (each v1
+/// controller's mount, resolved once) and `_sw_dirs` (the slot in every mount).
+///
+/// Detection and `_sw_backend` use bash builtins only (`cd -P` and `$PWD` instead of
+/// `$(cd -P … && pwd)`, `read` instead of `$(cat …)`): no process is spawned, since a fork
+/// costs more than all the rest of the prologue that every step runs.
 const BASE: &str = r#"_sw_err() { echo "slipway-cgroup: $*" >&2; }
 _sw_write() {
   if ! printf '%s' "$2" > "$1"; then _sw_err "cannot write $2 to $1"; return 1; fi
@@ -244,18 +256,25 @@ _sw_setpath() {
 }
 _sw_detect() {
   _sw_unified=; _sw_v2c=; _sw_mounts=
+  _sw_v1_cpu=; _sw_v1_cpuacct=; _sw_v1_memory=; _sw_v1_pids=; _sw_v1_freezer=
   if [ -f "$_sw_root/cgroup.controllers" ]; then
     _sw_unified=$_sw_root
   else
     for _sw_c in cpu cpuacct memory pids freezer; do
       if [ -f "$_sw_root/$_sw_c/cgroup.procs" ]; then
-        _sw_m=$(cd -P "$_sw_root/$_sw_c" && pwd) || return 1
+        cd -P "$_sw_root/$_sw_c" || return 1
+        _sw_m=$PWD
+        printf -v "_sw_v1_$_sw_c" '%s' "$_sw_m"
         case " $_sw_mounts " in *" $_sw_m "*) ;; *) _sw_mounts="$_sw_mounts $_sw_m" ;; esac
       fi
     done
+    cd / || return 1
     if [ -f "$_sw_root/unified/cgroup.controllers" ]; then _sw_unified=$_sw_root/unified; fi
   fi
-  if [ -n "$_sw_unified" ]; then _sw_v2c=" $(cat "$_sw_unified/cgroup.controllers") "; fi
+  if [ -n "$_sw_unified" ]; then
+    read -r -d '' _sw_v2c < "$_sw_unified/cgroup.controllers"
+    _sw_v2c=" $_sw_v2c "
+  fi
   if [ -z "$_sw_unified$_sw_mounts" ]; then
     _sw_err "no cgroup hierarchy found under $_sw_root"; return 1
   fi
@@ -263,8 +282,11 @@ _sw_detect() {
 }
 _sw_backend() {
   _sw_kind=; _sw_mnt=
-  if [ "$_sw_unified" != "$_sw_root" ] && [ -f "$_sw_root/$1/cgroup.procs" ]; then
-    _sw_kind=v1; _sw_mnt=$(cd -P "$_sw_root/$1" && pwd)
+  case "$1" in
+    cpu|cpuacct|memory|pids|freezer) _sw_mnt=_sw_v1_$1; _sw_mnt=${!_sw_mnt} ;;
+  esac
+  if [ -n "$_sw_mnt" ]; then
+    _sw_kind=v1
   elif [ -n "$_sw_unified" ]; then
     case "$1" in
       cpuacct|freezer) _sw_kind=v2 ;;
@@ -383,7 +405,11 @@ _sw_cleanup() {
 }
 "#;
 
-/// Directory creation with v2 controller delegation along the path.
+/// Directory creation with v2 controller delegation along the path. Every directory that can
+/// be made at once is made by one `mkdir -p` (the only process the create script spawns when
+/// no stale slot is in the way); only a v2 parent that must exist before controllers are
+/// enabled in it is made on its own. If that `mkdir -p` fails, the directories are made one
+/// by one again, as before, for the error message naming the one that cannot be created.
 const MAKE: &str = r#"_sw_need() {
   _sw_backend "$1"
   if [ -z "$_sw_kind" ]; then
@@ -392,7 +418,9 @@ const MAKE: &str = r#"_sw_need() {
   return 0
 }
 _sw_enable() {
-  _sw_have=" $(cat "$1/cgroup.subtree_control" 2>/dev/null) "
+  _sw_have=
+  read -r -d '' _sw_have 2>/dev/null < "$1/cgroup.subtree_control"
+  _sw_have=" $_sw_have "
   _sw_add=
   for _sw_w in $_sw_want; do
     case "$_sw_have" in *" $_sw_w "*) ;; *) _sw_add="$_sw_add +$_sw_w" ;; esac
@@ -400,17 +428,11 @@ _sw_enable() {
   if [ -n "$_sw_add" ]; then _sw_write "$1/cgroup.subtree_control" "${_sw_add# }" || return 1; fi
   return 0
 }
-_sw_make() {
+_sw_mkdirs() {
   if [ -n "$_sw_unified" ]; then
-    _sw_want=
-    for _sw_c in cpu memory pids; do
-      _sw_backend $_sw_c
-      if [ "$_sw_kind" = v2 ]; then _sw_want="$_sw_want $_sw_c"; fi
-    done
     _sw_cur=$_sw_unified; _sw_rest=$_sw_path/
     while [ -n "$_sw_rest" ]; do
       _sw_part=${_sw_rest%%/*}; _sw_rest=${_sw_rest#*/}
-      if [ -n "$_sw_want" ]; then _sw_enable "$_sw_cur" || return 1; fi
       _sw_cur=$_sw_cur/$_sw_part
       # Another slot's job may create the same parent at the same moment: losing that race
       # is fine, only a directory still missing is an error.
@@ -422,6 +444,36 @@ _sw_make() {
   for _sw_m in $_sw_mounts; do
     mkdir -p "$_sw_m/$_sw_path" || { _sw_err "cannot create cgroup $_sw_m/$_sw_path"; return 1; }
   done
+  return 0
+}
+_sw_make() {
+  _sw_new=()
+  if [ -n "$_sw_unified" ]; then
+    _sw_want=
+    for _sw_c in cpu memory pids; do
+      _sw_backend $_sw_c
+      if [ "$_sw_kind" = v2 ]; then _sw_want="$_sw_want $_sw_c"; fi
+    done
+    _sw_cur=$_sw_unified; _sw_rest=$_sw_path/
+    while [ -n "$_sw_rest" ]; do
+      _sw_part=${_sw_rest%%/*}; _sw_rest=${_sw_rest#*/}
+      if [ -n "$_sw_want" ]; then _sw_enable "$_sw_cur" || return 1; fi
+      _sw_cur=$_sw_cur/$_sw_part
+      if [ ! -d "$_sw_cur" ]; then
+        # Nothing to enable below it: the rest of the path goes to the one `mkdir -p`.
+        if [ -z "$_sw_rest" ] || [ -z "$_sw_want" ]; then
+          _sw_new+=("$_sw_unified/$_sw_path"); break
+        fi
+        mkdir "$_sw_cur" 2>/dev/null || [ -d "$_sw_cur" ] || { _sw_err "cannot create cgroup $_sw_cur"; return 1; }
+      fi
+    done
+  fi
+  for _sw_m in $_sw_mounts; do
+    if [ ! -d "$_sw_m/$_sw_path" ]; then _sw_new+=("$_sw_m/$_sw_path"); fi
+  done
+  if [ "${#_sw_new[@]}" -gt 0 ] && ! mkdir -p "${_sw_new[@]}" 2>/dev/null; then
+    _sw_mkdirs || return 1
+  fi
   return 0
 }
 "#;
@@ -496,5 +548,86 @@ mod tests {
     fn rounds_cover_timeout() {
         assert_eq!(rounds(Duration::from_secs(10)), 200);
         assert_eq!(rounds(Duration::from_millis(1)), 1);
+    }
+
+    #[test]
+    fn enter_spawns_nothing() {
+        // Every step runs it: no command substitution, no external command.
+        let s = enter(&ScriptRoot::default(), &SlotTemplate::default().expand(0));
+        for spawn in ["$(", "`", "cat ", "pwd", "mkdir", "find ", "sort "] {
+            assert!(!s.contains(spawn), "{spawn:?} in the enter prologue");
+        }
+    }
+
+    fn run_bash(script: &str) -> std::process::Output {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    #[test]
+    fn scripts_resolve_co_mounted_v1_controllers_once() {
+        use std::fs;
+        let tmp = tempfile::TempDir::new().unwrap();
+        let dir = tmp.path();
+        for c in ["cpu,cpuacct", "memory", "pids", "freezer"] {
+            fs::create_dir_all(dir.join(c)).unwrap();
+            fs::write(dir.join(c).join("cgroup.procs"), "").unwrap();
+        }
+        std::os::unix::fs::symlink("cpu,cpuacct", dir.join("cpu")).unwrap();
+        std::os::unix::fs::symlink("cpu,cpuacct", dir.join("cpuacct")).unwrap();
+        let root = ScriptRoot::new(dir.to_str().unwrap()).unwrap();
+        let path = SlotTemplate::default().expand(2);
+        let limits = Limits {
+            cpu: Some(2.0),
+            memory_bytes: Some(1 << 20),
+            pids: Some(9),
+        };
+        let out = run_bash(&create(&root, &path, &limits).unwrap());
+        assert!(out.status.success(), "{out:?}");
+        let slot = |c: &str, f: &str| dir.join(c).join("slipway/slot-2").join(f);
+        let read = |p: std::path::PathBuf| fs::read_to_string(p).unwrap();
+        assert_eq!(read(slot("cpu,cpuacct", "cpu.cfs_quota_us")), "200000");
+        assert_eq!(read(slot("memory", "memory.limit_in_bytes")), "1048576");
+        assert_eq!(read(slot("pids", "pids.max")), "9");
+        assert!(slot("freezer", "").is_dir());
+        // The symlinks are not separate mounts: nothing was made through them.
+        assert_eq!(fs::read_dir(dir).unwrap().count(), 6);
+
+        // The prologue writes the shell's pid once per distinct mount.
+        let out = run_bash(&format!("{}echo $$", enter(&root, &path)));
+        assert!(out.status.success(), "{out:?}");
+        let pid = String::from_utf8(out.stdout).unwrap();
+        for c in ["cpu,cpuacct", "memory", "pids", "freezer"] {
+            assert_eq!(read(slot(c, "cgroup.procs")), pid.trim(), "{c}");
+        }
+    }
+
+    #[test]
+    fn create_reports_the_directory_it_cannot_make() {
+        use std::fs;
+        let tmp = tempfile::TempDir::new().unwrap();
+        let dir = tmp.path();
+        for c in ["cpu", "memory"] {
+            fs::create_dir_all(dir.join(c)).unwrap();
+            fs::write(dir.join(c).join("cgroup.procs"), "").unwrap();
+        }
+        // A file where the slot's parent should be in one mount.
+        fs::write(dir.join("memory/slipway"), "").unwrap();
+        let root = ScriptRoot::new(dir.to_str().unwrap()).unwrap();
+        let path = SlotTemplate::default().expand(0);
+        let out = run_bash(&create(&root, &path, &Limits::NONE).unwrap());
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let expected = format!(
+            "slipway-cgroup: cannot create cgroup {}/memory/slipway/slot-0",
+            dir.canonicalize().unwrap().display()
+        );
+        assert!(stderr.contains(&expected), "{stderr}");
+        // The slot made in the other mount is removed again.
+        assert!(!dir.join("cpu/slipway/slot-0").exists());
     }
 }
