@@ -1,14 +1,33 @@
 //! The `docker` and `docker-autoscaler` executors: each job in its own container on a
-//! per-job network, with its `services` reachable by alias, through the Docker Engine API.
+//! network of its slot (one job at a time), with its `services` reachable by alias, through the
+//! Docker Engine API.
 //!
-//! One job: apply the pull policy to the job and service images, create a per-job network and
-//! a per-job builds volume, start the services (aliases from `alias` and from the image name,
-//! as GitLab does), create and start the build container (the job image kept alive by a sleep
-//! loop, config volumes, memory/cpus limits, the slot's cgroup as cgroup parent, never the host's
-//! Docker socket unless the operator mounts it), then run the steps with [`JobRunner`] over a
-//! [`DockerHost`] (each script an exec into the build container). Everything the job created
-//! carries the label `com.slipway.run=<unique run id>` and is removed at the end, whatever
-//! happened: success, failure, timeout, cancel or a failed start.
+//! One job: apply the pull policy to the job and service images while (concurrently) the
+//! slot's network and a per-job builds volume are made ready, start the services (aliases from
+//! `alias` and from the image name, as GitLab does), create the build container (config
+//! volumes, memory/cpus limits, the slot's cgroup as cgroup parent, never the host's Docker
+//! socket unless the operator mounts it), attach to it and start it: its main shell reads the
+//! first script (the `script` step) on that stdin, so the job's first line needs no exec, and
+//! then stays up as a childless `sleep`. Later scripts (`after_script`, artifacts, kill,
+//! cleanup) run with [`JobRunner`] over a [`DockerHost`], each an exec into the build
+//! container. Everything the job created carries the label `com.slipway.run=<unique run id>`
+//! and is removed at the end, whatever happened: success, failure, timeout, cancel or a failed
+//! start.
+//!
+//! # Networks
+//!
+//! Each slot has a warm bridge network (label [`LABEL_SLOT_NETWORK`]), created by the slot's
+//! first job and reused by its next ones: creating a network costs ~100 ms per job. A slot
+//! runs one job at a time and a job's containers are all removed before the slot's next job,
+//! so a job never sees or reaches another job's containers; a job whose cleanup was not clean
+//! (or was dropped half-way) makes the slot switch to a fresh network, and a job that finds its
+//! slot's network held (a caller running two jobs in one slot) gets a per-job network.
+//! [`DockerExecutor::shutdown`] removes the warm networks;
+//! [`DockerExecutor::sweep_slot_networks`] removes those a crashed runner left.
+//!
+//! In the first step the job's shell is a subshell of the container's pid 1, so `$$` (and the
+//! step's pid file) is `1`: the kill script's `kill -TERM -1` then stops every process in the
+//! container but pid 1, which reports the status and stays up for `after_script`.
 //!
 //! `docker-autoscaler` is the same executor with the engine reached through
 //! `docker system dial-stdio` on an SSH channel of the instance ([`dial_stdio_transport`]).
@@ -31,12 +50,13 @@
 //! | `extra_hosts` | `[]` | `/etc/hosts` entries, `host:ip` |
 //!
 //! Other keys (`network_mode`, `helper_image`, `shm_size`, `dns`, …) are accepted and ignored:
-//! every job gets its own bridge network.
+//! every job runs on its slot's own bridge network (see above).
 
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -45,8 +65,8 @@ use futures::StreamExt as _;
 use serde::{Deserialize, Deserializer};
 use slipway_connector::{Client, ExitStatus, Output};
 use slipway_docker::{
-    Attached, ContainerSpec, Docker, ExecSpec, FnDialer, LogOutput, LogsOptions, NetworkSpec,
-    Transport, VolumeSpec, split_reference,
+    AttachOptions, Attached, ContainerSpec, Docker, ExecSpec, FnDialer, LogOutput, LogsOptions,
+    NetworkSpec, Transport, VolumeSpec, split_reference,
 };
 use slipway_jobs::model::{Image, JobResponse};
 use tokio::io::AsyncWriteExt as _;
@@ -68,6 +88,8 @@ pub const LABEL_RUNNER: &str = "com.slipway.runner";
 pub const LABEL_RUN: &str = "com.slipway.run";
 /// Label marking a persistent cache volume (kept across jobs, like GitLab's).
 pub const LABEL_CACHE: &str = "com.slipway.cache";
+/// Label marking a slot's warm network; its value is the owning executor's token.
+pub const LABEL_SLOT_NETWORK: &str = "com.slipway.slot-network";
 /// Where the per-job builds volume is mounted in the build container.
 pub const BUILDS_DIR: &str = "/builds";
 
@@ -77,8 +99,9 @@ const RUN_SHELL: &str =
     "command -v bash >/dev/null && exec bash --noprofile --norc -s || exec sh -s";
 /// The same choice for `bash -c "$1"`.
 const CAPTURE_SHELL: &str = "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc -c \"$1\"; else exec sh -c \"$1\"; fi";
-/// Keeps the build container alive between step execs.
-const KEEP_ALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600; done";
+/// The build container's main process: the same shell choice, reading the first step (wrapped
+/// by [`DockerHost`]) on its attached stdin; it then stays up as a childless `sleep`.
+const FIRST_STEP_SHELL: &str = RUN_SHELL;
 /// Bounded time for removing a job's containers, networks and volumes.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -356,6 +379,17 @@ pub fn service_aliases(service: &Image) -> Vec<String> {
 pub struct DockerHost {
     docker: Docker,
     container: String,
+    /// The build container's own shell (its pid 1), attached before it started, which runs the
+    /// first script instead of an exec; taken by the first [`Host::run_script`].
+    first: Arc<Mutex<Option<FirstStep>>>,
+}
+
+/// The attached main process of a build container started with [`FIRST_STEP_SHELL`].
+#[derive(Debug)]
+struct FirstStep {
+    attached: Attached,
+    /// Unguessable end marker; the status follows it.
+    marker: String,
 }
 
 impl DockerHost {
@@ -364,7 +398,132 @@ impl DockerHost {
         DockerHost {
             docker,
             container: container.into(),
+            first: Arc::new(Mutex::new(None)),
         }
+    }
+
+    fn with_first_step(docker: Docker, container: String, first: FirstStep) -> Self {
+        DockerHost {
+            docker,
+            container,
+            first: Arc::new(Mutex::new(Some(first))),
+        }
+    }
+
+    fn take_first(&self) -> Option<FirstStep> {
+        self.first.lock().ok().and_then(|mut f| f.take())
+    }
+
+    /// The first script through the container's main shell: in a subshell, then the end
+    /// marker with its status on stdout and on stderr, then the shell becomes a childless
+    /// `sleep` that keeps the container up for the next scripts (execs).
+    async fn run_first(
+        &self,
+        first: FirstStep,
+        script: String,
+        output: mpsc::Sender<Output>,
+    ) -> Result<ExitStatus, String> {
+        let FirstStep {
+            attached:
+                Attached {
+                    output: mut stream,
+                    mut input,
+                },
+            marker,
+        } = first;
+        let wrapped = format!(
+            "(\n{script}\n) ; __slipway_rc=$?\n\
+             printf '%s%d\\n' '{marker}' \"$__slipway_rc\"; printf '%s%d\\n' '{marker}' \"$__slipway_rc\" >&2\n\
+             exec </dev/null >/dev/null 2>&1\nexec sleep 2147483647\n"
+        );
+        input
+            .write_all(wrapped.as_bytes())
+            .await
+            .map_err(|e| format!("feeding the build container: {e}"))?;
+        let _ = input.flush().await;
+        let mut out = MarkerFilter::new(&marker);
+        let mut err = MarkerFilter::new(&marker);
+        while out.status.is_none() || err.status.is_none() {
+            let Some(chunk) = stream.next().await else {
+                break;
+            };
+            match chunk {
+                Ok(LogOutput::StdOut(b) | LogOutput::Console(b)) => {
+                    let pass = out.feed(&b);
+                    if !pass.is_empty() {
+                        let _ = output.send(Output::Stdout(pass)).await;
+                    }
+                }
+                Ok(LogOutput::StdErr(b)) => {
+                    let pass = err.feed(&b);
+                    if !pass.is_empty() {
+                        let _ = output.send(Output::Stderr(pass)).await;
+                    }
+                }
+                Ok(LogOutput::StdIn(_)) => {}
+                Err(e) => return Err(format!("build container output: {e}")),
+            }
+        }
+        match out.status.or(err.status) {
+            Some(code) => Ok(exit_status(code)),
+            None => Err("the build container stopped during the script".into()),
+        }
+    }
+}
+
+/// Passes a stream's bytes through until an end marker, then parses the status after it.
+#[derive(Debug)]
+struct MarkerFilter {
+    marker: Vec<u8>,
+    pending: Vec<u8>,
+    status: Option<i64>,
+}
+
+impl MarkerFilter {
+    fn new(marker: &str) -> Self {
+        MarkerFilter {
+            marker: marker.as_bytes().to_vec(),
+            pending: Vec::new(),
+            status: None,
+        }
+    }
+
+    /// What may go to the trace now; holds back a tail that could start the marker.
+    fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.status.is_some() {
+            return Vec::new();
+        }
+        self.pending.extend_from_slice(chunk);
+        let m = &self.marker;
+        if let Some(i) = self
+            .pending
+            .windows(m.len())
+            .position(|w| w == m.as_slice())
+        {
+            let rest = &self.pending[i + m.len()..];
+            if let Some(nl) = rest.iter().position(|&c| c == b'\n') {
+                let code = std::str::from_utf8(&rest[..nl])
+                    .ok()
+                    .and_then(|c| c.trim().parse().ok())
+                    .unwrap_or(-1);
+                self.status = Some(code);
+                let pass = self.pending[..i].to_vec();
+                self.pending.clear();
+                return pass;
+            }
+            // The status is not all here yet.
+            let pass = self.pending[..i].to_vec();
+            self.pending.drain(..i);
+            return pass;
+        }
+        let keep = (1..m.len().min(self.pending.len() + 1))
+            .rev()
+            .find(|&k| self.pending.ends_with(&m[..k]))
+            .unwrap_or(0);
+        let cut = self.pending.len() - keep;
+        let pass = self.pending[..cut].to_vec();
+        self.pending.drain(..cut);
+        pass
     }
 }
 
@@ -382,6 +541,9 @@ impl Host for DockerHost {
         script: String,
         output: mpsc::Sender<Output>,
     ) -> Result<ExitStatus, String> {
+        if let Some(first) = self.take_first() {
+            return self.run_first(first, script, output).await;
+        }
         let mut spec = ExecSpec::new(["sh", "-c", RUN_SHELL]);
         spec.stdin = true;
         let err = |e: slipway_docker::Error| format!("exec in the build container: {e}");
@@ -473,11 +635,88 @@ pub struct DockerRunContext<'a> {
     pub artifacts_in: Vec<Vec<u8>>,
 }
 
+/// Each slot's warm bridge network, kept across that slot's jobs (one job at a time per slot,
+/// so no job ever shares it with another), removed by [`DockerExecutor::shutdown`].
+#[derive(Debug)]
+struct SlotNetworks {
+    /// Unique to this executor (process, time, counter): in the names and the label.
+    token: String,
+    slots: Mutex<HashMap<u32, SlotNet>>,
+}
+
+#[derive(Debug, Default)]
+struct SlotNet {
+    /// Bumped when the network may hold a job's leftovers: the next job gets a fresh one.
+    generation: u32,
+    created: bool,
+    in_use: bool,
+}
+
+/// A slot's network, held by one job.
+#[derive(Debug)]
+struct SlotLease {
+    nets: Arc<SlotNetworks>,
+    slot: u32,
+    name: String,
+    created: bool,
+    /// Set when the job's cleanup left nothing: the network stays warm.
+    clean: bool,
+}
+
+impl SlotNetworks {
+    fn new(runner: &str) -> Self {
+        SlotNetworks {
+            token: RunNames::new(runner, 0).prefix.replacen("-job0-", "-", 1),
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn name(&self, slot: u32, generation: u32) -> String {
+        format!("{}-slot{slot}-g{generation}-net", self.token)
+    }
+
+    /// The slot's network for one job; `None` while another job holds it.
+    fn acquire(self: &Arc<Self>, slot: u32) -> Option<SlotLease> {
+        let mut slots = self.slots.lock().ok()?;
+        let s = slots.entry(slot).or_default();
+        if s.in_use {
+            return None;
+        }
+        s.in_use = true;
+        Some(SlotLease {
+            nets: Arc::clone(self),
+            slot,
+            name: self.name(slot, s.generation),
+            created: s.created,
+            clean: false,
+        })
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        let Ok(mut slots) = self.nets.slots.lock() else {
+            return;
+        };
+        let s = slots.entry(self.slot).or_default();
+        s.in_use = false;
+        if self.clean {
+            s.created = self.created;
+        } else {
+            // Not known to be empty: never handed to another job ([`DockerExecutor::shutdown`]
+            // removes it).
+            s.generation += 1;
+            s.created = false;
+        }
+    }
+}
+
 /// The `docker` executor (and, over [`dial_stdio_transport`], `docker-autoscaler`).
 #[derive(Debug, Clone)]
 pub struct DockerExecutor {
     docker: Docker,
     config: DockerConfig,
+    nets: Arc<SlotNetworks>,
     /// Runner name, in labels, container names and cache volume names.
     pub runner_name: String,
     /// Seconds between SIGTERM and SIGKILL when a step is stopped.
@@ -490,6 +729,7 @@ impl DockerExecutor {
         DockerExecutor {
             docker,
             config,
+            nets: Arc::new(SlotNetworks::new("slipway")),
             runner_name: "slipway".into(),
             kill_grace_secs: JobRunner::default().kill_grace_secs,
         }
@@ -536,11 +776,62 @@ impl DockerExecutor {
         &self.config
     }
 
+    /// The warm slot networks' label filter (`com.slipway.slot-network=<token>`).
+    pub fn slot_network_label(&self) -> String {
+        format!("{LABEL_SLOT_NETWORK}={}", self.nets.token)
+    }
+
+    /// Remove the slots' warm networks (call when the runner stops). Jobs still running keep
+    /// theirs until they end; removing one with containers attached fails and is reported.
+    pub async fn shutdown(&self) -> Result<(), DockerExecutorError> {
+        let label = self.slot_network_label();
+        let mut failed = None;
+        for n in self.docker.list_networks(Some(&label)).await? {
+            match self.docker.remove_network(&n.id).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let Ok(mut slots) = self.nets.slots.lock() {
+            for s in slots.values_mut() {
+                s.generation += 1;
+                s.created = false;
+            }
+        }
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Remove every slot network of `runner` left by any executor (a crashed runner's, say):
+    /// a sweep for when no job of that runner is running.
+    pub async fn sweep_slot_networks(docker: &Docker, runner: &str) -> slipway_docker::Result<()> {
+        let label = format!("{LABEL_RUNNER}={runner}");
+        for n in docker.list_networks(Some(&label)).await? {
+            let ours = n
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(LABEL_SLOT_NETWORK));
+            if ours {
+                match docker.remove_network(&n.id).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Run a job in containers and remove every container, network and volume it created,
     /// whatever happened.
     pub async fn run(&self, job: &JobResponse, ctx: DockerRunContext<'_>) -> RunResult {
         let started = Instant::now();
         let run = RunNames::new(&self.runner_name, job.id);
+        // Another job holding the slot (a caller reusing a slot number): a per-job network.
+        let mut lease = self.nets.acquire(ctx.slot);
         let DockerRunContext {
             slot,
             cgroup_parent,
@@ -549,11 +840,20 @@ impl DockerExecutor {
             artifacts_in,
         } = ctx;
         let result = match self
-            .prepare(job, &run, slot, cgroup_parent, trace, &cancel, started)
+            .prepare(
+                job,
+                &run,
+                slot,
+                cgroup_parent,
+                trace,
+                &cancel,
+                started,
+                lease.as_mut(),
+            )
             .await
         {
-            Ok(container) => {
-                let host = DockerHost::new(self.docker.clone(), container);
+            Ok((container, first)) => {
+                let host = DockerHost::with_first_step(self.docker.clone(), container, first);
                 let runner = JobRunner {
                     builds_dir: BUILDS_DIR.into(),
                     kill_grace_secs: self.kill_grace_secs,
@@ -579,7 +879,11 @@ impl DockerExecutor {
                 artifacts: None,
             },
         };
-        self.remove_all(&run, trace).await;
+        let clean = self.remove_all(&run, trace).await;
+        if let Some(lease) = lease.as_mut() {
+            lease.clean = clean;
+        }
+        drop(lease);
         result
     }
 
@@ -594,7 +898,8 @@ impl DockerExecutor {
         trace: &mut Trace,
         cancel: &CancellationToken,
         started: Instant,
-    ) -> Result<String, JobOutcome> {
+        lease: Option<&mut SlotLease>,
+    ) -> Result<(String, FirstStep), JobOutcome> {
         let config_error = |trace: &mut Trace, msg: String| {
             trace.message(&format!("ERROR: {msg}"));
             JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg)
@@ -679,51 +984,85 @@ impl DockerExecutor {
             "Using Docker executor with image {} ...",
             image.name
         ));
+        let mut policies = Vec::new();
         for img in std::iter::once(&image).chain(job.services.iter()) {
-            let policies = self
+            let p = self
                 .config
                 .pull_policies_for(img)
                 .map_err(|m| config_error(trace, m))?;
-            let pulled = tokio::select! {
-                r = self.ensure_image(&img.name, &policies, trace) => Some(r),
-                _ = cancel.cancelled() => None,
-                _ = tokio::time::sleep_until(deadline) => None,
-            };
-            match pulled {
-                Some(Ok(())) => {}
-                Some(Err(msg)) => {
-                    trace.message(&format!("ERROR: Job failed: {msg}"));
-                    return Err(JobOutcome::failed(
-                        FailureReason::ImagePullFailure,
-                        None,
-                        msg,
-                    ));
-                }
-                None => return Err(stopped(trace).unwrap_or_else(canceled)),
-            }
+            policies.push((img.name.clone(), p));
         }
 
         let labels = run.labels(job.id, slot);
         let cgroup_parent = cgroup_parent
             .filter(|p| !p.is_empty())
             .or_else(|| self.config.cgroup_parent.clone().filter(|p| !p.is_empty()));
-
-        // Network and builds volume.
         if let Some(o) = stopped(trace) {
             return Err(o);
         }
-        let mut net = NetworkSpec::new(run.network());
-        net.labels = labels.clone();
-        self.docker
-            .create_network(&net)
-            .await
-            .map_err(|e| system(trace, "creating the job's network", e))?;
-        let mut vol = VolumeSpec::new(run.builds_volume());
-        vol.labels = labels.clone();
-        self.docker
-            .create_volume(&vol)
-            .await
-            .map_err(|e| system(trace, "creating the builds volume", e))?;
+
+        // Images, the network and the builds volume at once: independent calls.
+        let (network, create_network) = match &lease {
+            Some(l) => (l.name.clone(), !l.created),
+            None => (run.network(), true),
+        };
+        let setup = async {
+            let net = async {
+                if !create_network {
+                    return Ok(());
+                }
+                let mut net = NetworkSpec::new(&network);
+                net.labels = match &lease {
+                    Some(l) => [
+                        (LABEL_RUNNER.to_string(), self.runner_name.clone()),
+                        (LABEL_SLOT_NETWORK.to_string(), l.nets.token.clone()),
+                        ("com.slipway.slot".to_string(), slot.to_string()),
+                    ]
+                    .into(),
+                    None => labels.clone(),
+                };
+                match self.docker.create_network(&net).await {
+                    // Ours from a run stopped before it learnt so: empty, as its cleanup was clean.
+                    Err(e) if lease.is_some() && e.is_conflict() => Ok(()),
+                    r => r.map(drop),
+                }
+            };
+            let vol = async {
+                let mut vol = VolumeSpec::new(run.builds_volume());
+                vol.labels = labels.clone();
+                self.docker.create_volume(&vol).await.map(drop)
+            };
+            let (n, v) = tokio::join!(net, vol);
+            (n, v)
+        };
+        let pulls = async {
+            for (name, p) in &policies {
+                self.ensure_image(name, p, trace).await?;
+            }
+            Ok::<(), String>(())
+        };
+        let both = async { tokio::join!(pulls, setup) };
+        let done = tokio::select! {
+            r = both => Some(r),
+            _ = cancel.cancelled() => None,
+            _ = tokio::time::sleep_until(deadline) => None,
+        };
+        let Some((pulled, (net, vol))) = done else {
+            return Err(stopped(trace).unwrap_or_else(canceled));
+        };
+        if let Err(msg) = pulled {
+            trace.message(&format!("ERROR: Job failed: {msg}"));
+            return Err(JobOutcome::failed(
+                FailureReason::ImagePullFailure,
+                None,
+                msg,
+            ));
+        }
+        net.map_err(|e| system(trace, "creating the job's network", e))?;
+        if let Some(l) = lease {
+            l.created = true;
+        }
+        vol.map_err(|e| system(trace, "creating the builds volume", e))?;
 
         // Services.
         let service_env = service_env(job);
@@ -756,7 +1095,7 @@ impl DockerExecutor {
             if !svc.command.is_empty() {
                 spec.cmd = Some(svc.command.clone());
             }
-            spec.network = Some(run.network());
+            spec.network = Some(network.clone());
             spec.network_aliases = aliases;
             self.limits(&mut spec, memory, nano_cpus, &cgroup_parent);
             let id = self
@@ -784,9 +1123,10 @@ impl DockerExecutor {
         if !image.entrypoint.is_empty() {
             spec.entrypoint = Some(image.entrypoint.clone());
         }
-        spec.cmd = Some(vec!["sh".into(), "-c".into(), KEEP_ALIVE.into()]);
+        spec.cmd = Some(vec!["sh".into(), "-c".into(), FIRST_STEP_SHELL.into()]);
+        spec.open_stdin = true;
         spec.working_dir = Some(BUILDS_DIR.into());
-        spec.network = Some(run.network());
+        spec.network = Some(network.clone());
         spec.network_aliases = vec!["build".into()];
         spec.binds = vec![format!("{}:{BUILDS_DIR}", run.builds_volume())];
         self.config_volumes(&mut spec, job, run, &labels)
@@ -799,10 +1139,23 @@ impl DockerExecutor {
             .await
             .map_err(|e| system(trace, "creating the build container", e))?
             .id;
-        self.docker
-            .start_container(&id)
-            .await
-            .map_err(|e| system(trace, "starting the build container", e))?;
+        // Attached while it starts: its shell waits for the first script on stdin.
+        let opts = AttachOptions {
+            stdin: true,
+            ..AttachOptions::default()
+        };
+        let attach = self.docker.attach(&id, &opts);
+        let (attached, started) = tokio::join!(attach, self.docker.start_container(&id));
+        started.map_err(|e| system(trace, "starting the build container", e))?;
+        let attached =
+            attached.map_err(|e| system(trace, "attaching to the build container", e))?;
+        let first = FirstStep {
+            attached,
+            marker: format!(
+                "__slipway_end_{}_",
+                fnv1a(&format!("{}{:?}", run.prefix, std::time::SystemTime::now()))
+            ),
+        };
 
         // A service that exited at once will not answer: say so, with its output.
         for (name, sid) in services {
@@ -822,7 +1175,7 @@ impl DockerExecutor {
                 _ => {}
             }
         }
-        Ok(id)
+        Ok((id, first))
     }
 
     fn limits(
@@ -933,8 +1286,9 @@ impl DockerExecutor {
         })
     }
 
-    /// Remove everything the run created; retried, bounded, reported in the trace.
-    async fn remove_all(&self, run: &RunNames, trace: &mut Trace) {
+    /// Remove everything the run created; retried, bounded, reported in the trace. Whether
+    /// nothing is left.
+    async fn remove_all(&self, run: &RunNames, trace: &mut Trace) -> bool {
         let label = format!("{LABEL_RUN}={}", run.prefix);
         let work = async {
             let mut last = String::new();
@@ -958,7 +1312,7 @@ impl DockerExecutor {
             Err(last)
         };
         match tokio::time::timeout(CLEANUP_TIMEOUT, work).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => return true,
             Ok(Err(e)) => {
                 tracing::warn!(run = %run.prefix, "docker cleanup incomplete: {e}");
                 trace.message(&format!(
@@ -970,6 +1324,7 @@ impl DockerExecutor {
                 trace.message("WARNING: removing the job's containers timed out");
             }
         }
+        false
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_docker::{Docker, ExecSpec, Transport};
-use slipway_executor::docker::{LABEL_RUNNER, service_aliases};
+use slipway_executor::docker::{LABEL_RUNNER, LABEL_SLOT_NETWORK, service_aliases};
 use slipway_executor::{
     DockerConfig, DockerExecutor, DockerRunContext, FailureReason, JobOutcome, PullPolicy, Trace,
 };
@@ -252,14 +252,31 @@ async fn run(exec: &DockerExecutor, job: &JobResponse) -> Ran {
     run_watch(exec, job, CancellationToken::new(), None, |_| {}).await
 }
 
-/// Containers, networks and volumes still carrying the runner's label.
+/// Containers, networks and volumes still carrying the runner's label, but for the slots'
+/// warm networks (the executor's, not a job's; see [`slot_networks`]).
 async fn leftovers(docker: &Docker, runner: &str) -> (usize, usize, usize) {
     let label = format!("{LABEL_RUNNER}={runner}");
+    let networks = docker.list_networks(Some(&label)).await.unwrap();
+    let job_networks = networks
+        .iter()
+        .filter(|n| {
+            !n.labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(LABEL_SLOT_NETWORK))
+        })
+        .count();
     (
         docker.list_containers(Some(&label)).await.unwrap().len(),
-        docker.list_networks(Some(&label)).await.unwrap().len(),
+        job_networks,
         docker.list_volumes(Some(&label)).await.unwrap().len(),
     )
+}
+
+/// The executor's warm slot networks' ids.
+async fn slot_networks(exec: &DockerExecutor) -> Vec<String> {
+    let label = exec.slot_network_label();
+    let nets = exec.docker().list_networks(Some(&label)).await.unwrap();
+    nets.into_iter().map(|n| n.id).collect()
 }
 
 fn assert_failed(ran: &Ran, reason: FailureReason) -> (Option<i32>, String) {
@@ -838,4 +855,114 @@ async fn docker_autoscaler_runs_a_job_with_a_service_through_dial_stdio_over_ssh
     if let Ok(client) = Arc::try_unwrap(client) {
         client.close().await;
     }
+}
+
+#[tokio::test]
+async fn a_slot_network_stays_warm_across_its_jobs_and_goes_at_shutdown() {
+    let guard = Guard::new("warm");
+    let exec = executor(&guard, config()).await;
+    let j = job(job_id(), &["echo one"], 60, vec![], None);
+    let ran = run(&exec, &j).await;
+    assert!(
+        ran.outcome.is_success(),
+        "{:?}\n{}",
+        ran.outcome,
+        ran.output
+    );
+    let warm = slot_networks(&exec).await;
+    assert_eq!(warm.len(), 1);
+    assert_eq!(leftovers(exec.docker(), &guard.runner).await, (0, 0, 0));
+
+    // The next job of the slot uses it again, with a service reachable by alias.
+    let wait = fetch_until("web", "index.html", "again");
+    let j = job(
+        job_id(),
+        &[FETCH, &wait],
+        120,
+        vec![web_service("web", "again")],
+        None,
+    );
+    let ran = run(&exec, &j).await;
+    assert!(
+        ran.outcome.is_success(),
+        "{:?}\n{}",
+        ran.outcome,
+        ran.output
+    );
+    assert_eq!(slot_networks(&exec).await, warm);
+    assert_eq!(leftovers(exec.docker(), &guard.runner).await, (0, 0, 0));
+
+    // Two jobs claiming the same slot at once: the second gets a network of its own.
+    let a = job(job_id(), &["sleep 1", "echo a"], 60, vec![], None);
+    let b = job(job_id(), &["sleep 1", "echo b"], 60, vec![], None);
+    let (ra, rb) = tokio::join!(run(&exec, &a), run(&exec, &b));
+    assert!(ra.outcome.is_success(), "{:?}\n{}", ra.outcome, ra.output);
+    assert!(rb.outcome.is_success(), "{:?}\n{}", rb.outcome, rb.output);
+    assert_eq!(slot_networks(&exec).await, warm);
+    assert_eq!(leftovers(exec.docker(), &guard.runner).await, (0, 0, 0));
+
+    exec.shutdown().await.unwrap();
+    assert!(slot_networks(&exec).await.is_empty());
+    let label = format!("{LABEL_RUNNER}={}", guard.runner);
+    assert!(
+        exec.docker()
+            .list_networks(Some(&label))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
+    let guard = Guard::new("first");
+    let exec = executor(&guard, config()).await;
+    let json = serde_json::json!({
+        "id": job_id(),
+        "token": "t",
+        "job_info": {"project_id": 42, "name": "test"},
+        "runner_info": {"timeout": 60},
+        "steps": [
+            {"name": "script", "script": ["echo out-line", "echo err-line >&2", "echo data > art.txt", "printf no-newline", "exit 3"], "timeout": 60, "when": "on_success"},
+            {"name": "after_script", "script": ["echo after-ran", "cat art.txt"], "timeout": 60, "when": "always"},
+        ],
+        "artifacts": [{"name": "a", "paths": ["art.txt"], "when": "always", "artifact_type": "archive"}],
+    });
+    let j = JobResponse::from_json(&json.to_string()).unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut trace = Trace::new(Vec::<String>::new(), tx);
+    let result = exec
+        .run(
+            &j,
+            DockerRunContext {
+                slot: 3,
+                cgroup_parent: None,
+                trace: &mut trace,
+                cancel: CancellationToken::new(),
+                artifacts_in: Vec::new(),
+            },
+        )
+        .await;
+    trace.finish();
+    drop(trace);
+    let mut output = String::new();
+    while let Some(chunk) = rx.recv().await {
+        output.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    match &result.outcome {
+        JobOutcome::Failed {
+            reason: FailureReason::ScriptFailure,
+            exit_code: Some(3),
+            ..
+        } => {}
+        other => panic!("{other:?}\n{output}"),
+    }
+    for want in ["out-line", "err-line", "no-newline", "after-ran", "\ndata"] {
+        assert!(output.contains(want), "{want:?} missing:\n{output}");
+    }
+    assert!(!output.contains("__slipway_end_"), "{output}");
+    let tar = result.artifacts.expect("artifacts");
+    assert!(!tar.is_empty());
+    assert_eq!(leftovers(exec.docker(), &guard.runner).await, (0, 0, 0));
+    exec.shutdown().await.unwrap();
 }

@@ -1,7 +1,6 @@
 //! One job on a runner's slot — reserve, acquire, execute with the instance executor — shared
 //! by `slipway exec` (a local pipeline) and `slipway run` (the embedded queue).
 
-use slipway_executor::docker::DockerExecutor;
 use slipway_executor::{
     CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner, JobSlot, LocalHost,
     RunResult, SshHost, Steps, Trace, cgroup, isolation,
@@ -243,11 +242,11 @@ async fn execute_on_instance(
 ) -> RunResult {
     let exec: Box<dyn Executor + '_> = if level == Isolation::Docker {
         trace.message("Using isolation docker through the instance's Docker Engine");
-        match DockerExecutor::connect_ssh(client.clone(), runner.docker.clone()).await {
-            Ok(mut e) => {
-                e.runner_name = runner.name.clone();
-                Box::new(e)
-            }
+        match runner
+            .docker_executor(Some((&acq.instance_id, client.clone())))
+            .await
+        {
+            Ok(e) => Box::new(e),
             Err(e) => {
                 let msg = format!("reaching the instance's Docker Engine: {e}");
                 trace.message(&format!("ERROR: {msg}"));
@@ -321,11 +320,8 @@ async fn execute_here(
                 Err(e) => return no_result(config_error(format!("[runners.custom]: {e}"))),
             }
         }
-        "docker" => match DockerExecutor::connect_local(runner.docker.clone()).await {
-            Ok(mut e) => {
-                e.runner_name = runner.name.clone();
-                Box::new(e)
-            }
+        "docker" => match runner.docker_executor(None).await {
+            Ok(e) => Box::new(e),
             Err(e) => {
                 let msg = format!("reaching the Docker Engine: {e}");
                 trace.message(&format!("ERROR: {msg}"));

@@ -1,5 +1,6 @@
 //! One `[[runners]]` entry brought to life: its plugin process, taskscaler and SSH connections.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use slipway_taskscaler::{
 };
 
 use slipway_executor::cgroup::SlotCgroups;
-use slipway_executor::docker::DockerConfig;
+use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError};
 use slipway_executor::{CustomConfig, IsolationPolicy};
 
 use crate::localhost::LocalGroup;
@@ -47,6 +48,9 @@ pub struct Runner {
     plugins: Vec<Arc<PluginHost>>,
     /// One SSH connection per instance, shared by the jobs on its slots and health checks.
     pool: Arc<Pool>,
+    /// Docker executors by instance (`localhost` for the local engine), kept so each slot's
+    /// network stays warm across jobs; their networks are removed at shutdown.
+    docker_execs: tokio::sync::Mutex<HashMap<String, DockerExecutor>>,
 }
 
 /// Extra settings a command passes when starting a runner.
@@ -135,6 +139,7 @@ impl Runner {
             placement: Placement::new(shapes),
             plugins,
             pool,
+            docker_execs: tokio::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -191,9 +196,42 @@ impl Runner {
         self.pool.client(&acq.connect_info).await
     }
 
+    /// The Docker executor for jobs on `instance` (`None`: this machine's engine), made on first
+    /// use: it sweeps slot networks a crashed run of this runner left on that engine.
+    pub async fn docker_executor(
+        &self,
+        instance: Option<(&str, Arc<Client>)>,
+    ) -> Result<DockerExecutor, DockerExecutorError> {
+        let key = instance
+            .as_ref()
+            .map_or(crate::localhost::ID, |(id, _)| *id);
+        let mut cache = self.docker_execs.lock().await;
+        if let Some(e) = cache.get(key) {
+            return Ok(e.clone());
+        }
+        let mut exec = match &instance {
+            None => DockerExecutor::connect_local(self.docker.clone()).await?,
+            Some((_, client)) => {
+                DockerExecutor::connect_ssh(client.clone(), self.docker.clone()).await?
+            }
+        };
+        exec.runner_name = self.name.clone();
+        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name).await {
+            tracing::warn!(runner = %self.name, engine = key, "sweeping old slot networks: {e}");
+        }
+        cache.insert(key.to_string(), exec.clone());
+        Ok(exec)
+    }
+
     /// Close connections, stop the taskscalers (deleting instances when configured), stop the
     /// plugins.
     pub async fn shutdown(&self) {
+        let execs: Vec<(String, DockerExecutor)> = self.docker_execs.lock().await.drain().collect();
+        for (engine, exec) in execs {
+            if let Err(e) = exec.shutdown().await {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing slot networks: {e}");
+            }
+        }
         self.pool.close_all().await;
         self.placement.shutdown().await;
         for p in &self.plugins {
@@ -272,6 +310,7 @@ fn start_local(
         }]),
         plugins: Vec::new(),
         pool: Arc::new(Pool::new(DialOptions::default())),
+        docker_execs: tokio::sync::Mutex::new(HashMap::new()),
     })
 }
 

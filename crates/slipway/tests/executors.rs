@@ -57,22 +57,36 @@ web:
     )
 }
 
+/// Names of the runner's containers, networks and volumes still on the engine.
 fn containers_labelled(runner: &str) -> Vec<String> {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            &format!("label=com.slipway.runner={runner}"),
-            "--format",
-            "{{.Names}}",
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    let mut left = Vec::new();
+    for (kind, field) in [
+        (&["ps", "-a"][..], "{{.Names}}"),
+        (&["network", "ls"][..], "{{.Name}}"),
+        (&["volume", "ls"][..], "{{.Name}}"),
+    ] {
+        let out = std::process::Command::new("docker")
+            .args(kind)
+            .args([
+                "--filter",
+                &format!("label=com.slipway.runner={runner}"),
+                "--format",
+                field,
+            ])
+            .output()
+            .expect("docker");
+        assert!(
+            out.status.success(),
+            "docker {kind:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        left.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string),
+        );
+    }
+    left
 }
 
 #[test]
