@@ -47,6 +47,6 @@ pub use stream::{AttachInput, Attached, CollectedOutput, JsonStream, LogOutput, 
 pub use system::SystemVersion;
 pub use transport::{
     BoxStream, ChildStream, CommandDialer, DEFAULT_SOCKET, Dialer, EngineStream, FnDialer,
-    Transport, UnixDialer,
+    Prefetch, Transport, UnixDialer,
 };
 pub use volumes::{VolumeInfo, VolumeSpec};

@@ -262,6 +262,67 @@ impl AsyncWrite for ChildStream {
     }
 }
 
+/// A dialer that keeps `spares` streams dialed ahead, so a connection is ready when a request
+/// needs one: worth it when dialing is slow (`docker system dial-stdio` over SSH starts a
+/// process per connection). Each spare is dialed by a task this dialer owns and aborts when it
+/// is dropped; a spare that failed is replaced by dialing on the spot.
+pub struct Prefetch {
+    inner: Arc<dyn Dialer>,
+    spares: usize,
+    ready: tokio::sync::Mutex<
+        std::collections::VecDeque<tokio::task::JoinHandle<io::Result<BoxStream>>>,
+    >,
+}
+
+impl fmt::Debug for Prefetch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prefetch")
+            .field("inner", &self.inner)
+            .field("spares", &self.spares)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prefetch {
+    /// Keep `spares` streams of `inner` dialed ahead.
+    pub fn new(inner: impl Dialer, spares: usize) -> Self {
+        Prefetch {
+            inner: Arc::new(inner),
+            spares,
+            ready: tokio::sync::Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+}
+
+#[async_trait]
+impl Dialer for Prefetch {
+    async fn dial(&self) -> io::Result<BoxStream> {
+        let mut ready = self.ready.lock().await;
+        let spare = ready.pop_front();
+        while ready.len() < self.spares {
+            let inner = Arc::clone(&self.inner);
+            ready.push_back(tokio::spawn(async move { inner.dial().await }));
+        }
+        drop(ready);
+        match spare {
+            Some(task) => match task.await {
+                Ok(Ok(stream)) => Ok(stream),
+                // The spare failed (or was aborted): dial now, reporting this attempt's error.
+                _ => self.inner.dial().await,
+            },
+            None => self.inner.dial().await,
+        }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        for task in self.ready.get_mut().drain(..) {
+            task.abort();
+        }
+    }
+}
+
 /// Where the engine is: the dialer the client uses for every connection.
 #[derive(Debug, Clone)]
 pub struct Transport {
@@ -303,5 +364,45 @@ impl Transport {
     /// Opens one new stream.
     pub async fn dial(&self) -> io::Result<BoxStream> {
         self.dialer.dial().await
+    }
+}
+
+#[cfg(test)]
+mod prefetch_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn spares_are_dialed_ahead_and_handed_out_first() {
+        let dialed = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&dialed);
+        let inner = FnDialer::new("counting", move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let (a, _b) = tokio::io::duplex(64);
+                Ok::<_, io::Error>(a)
+            }
+        });
+        let p = Prefetch::new(inner, 2);
+        p.dial().await.unwrap();
+        // One dialed on the spot, two spares started behind it.
+        tokio::task::yield_now().await;
+        for _ in 0..100 {
+            if dialed.load(Ordering::SeqCst) >= 3 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(dialed.load(Ordering::SeqCst), 3);
+        // The next dial takes a spare and starts one replacement: four in all, not five.
+        p.dial().await.unwrap();
+        for _ in 0..100 {
+            if dialed.load(Ordering::SeqCst) >= 4 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(dialed.load(Ordering::SeqCst), 4);
     }
 }

@@ -66,7 +66,7 @@ use serde::{Deserialize, Deserializer};
 use slipway_connector::{Client, ExitStatus, Output};
 use slipway_docker::{
     AttachOptions, Attached, ContainerSpec, Docker, ExecSpec, FnDialer, LogOutput, LogsOptions,
-    NetworkSpec, Transport, VolumeSpec, split_reference,
+    NetworkSpec, Prefetch, Transport, VolumeSpec, split_reference,
 };
 use slipway_jobs::model::{Image, JobResponse};
 use tokio::io::AsyncWriteExt as _;
@@ -599,6 +599,9 @@ impl Host for DockerHost {
     }
 }
 
+/// Connections to an instance's engine kept dialed ahead (see [`dial_stdio_transport`]).
+pub const DIAL_STDIO_SPARES: usize = 2;
+
 /// The engine of an instance through `docker system dial-stdio` on SSH channels of `client`
 /// (one channel per HTTP connection): no TCP port and no socket file on either side. `host` is
 /// `[runners.docker] host`, passed as `docker -H <host>` when set.
@@ -608,7 +611,7 @@ pub fn dial_stdio_transport(client: Arc<Client>, host: Option<&str>) -> Transpor
         None => "docker system dial-stdio".to_string(),
     };
     let name = format!("ssh {} {command}", client.instance());
-    Transport::dialer(FnDialer::new(name, move || {
+    let dialer = FnDialer::new(name, move || {
         let client = Arc::clone(&client);
         let command = command.clone();
         async move {
@@ -617,7 +620,10 @@ pub fn dial_stdio_transport(client: Arc<Client>, host: Option<&str>) -> Transpor
                 .await
                 .map_err(std::io::Error::other)
         }
-    }))
+    });
+    // Each connection starts a `docker` process on the instance: keep two dialed ahead so a
+    // job's first requests (and the attach that takes a connection for good) do not wait.
+    Transport::dialer(Prefetch::new(dialer, DIAL_STDIO_SPARES))
 }
 
 /// What a docker job needs besides its payload.
