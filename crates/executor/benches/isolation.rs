@@ -43,8 +43,8 @@ use slipway_executor::{
     DockerConfig, DockerExecutor, DockerRunContext, JobContext, JobRunner, PullPolicy, SshHost,
     Trace,
 };
-use slipway_fleeting::{ConnectInfo, ConnectorConfig};
 use slipway_jobs::JobResponse;
+use slipway_testkit::Sshd;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +55,6 @@ const JOBS: usize = 60;
 const WARMUP: usize = 5;
 const IMAGE: &str = "slipway-busybox:latest";
 const COMMAND: &str = "cargo bench -p slipway-executor --bench isolation";
-const SSHD: &str = "/usr/sbin/sshd";
 /// Limits of the slot cgroup, for the `cgroup` level and its primitive alike.
 const LIMITS: Limits = Limits {
     cpu: Some(1.0),
@@ -565,20 +564,7 @@ fn write(levels: &[Level], ssh_exec: Stats) -> anyhow::Result<()> {
 
 /// Makes sure the engine runs and the image exists.
 fn ensure_engine() -> anyhow::Result<()> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/docker-engine.sh"
-    );
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .output()
-        .context("running scripts/docker-engine.sh")?;
-    ensure!(
-        out.status.success(),
-        "scripts/docker-engine.sh failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    slipway_testkit::ensure_docker_engine()?;
     Ok(())
 }
 
@@ -650,151 +636,7 @@ impl Drop for CgroupGuard {
     }
 }
 
-/// A real sshd on 127.0.0.1 in the foreground with its own host key and an authorized client
-/// key; it and its session processes are killed (and its directory removed) when dropped.
-///
-/// sshd runs every command through the user's login shell (`bash -c ...` for root here), and
-/// Debian's bash sources `~/.bashrc` when started by sshd with `SHLVL` unset: on this machine
-/// that is `pyenv init`, 150-300 ms per exec. `SetEnv SHLVL=1` keeps the dotfiles of whoever
-/// runs the bench out of the figures; the job's own shells are `bash --noprofile --norc`.
-struct Sshd {
-    dir: tempfile::TempDir,
-    port: u16,
-    pid: u32,
-    child: tokio::process::Child,
-}
-
-fn keygen(path: &Path) -> anyhow::Result<()> {
-    let st = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(path)
-        .status()
-        .context("running ssh-keygen")?;
-    ensure!(st.success(), "ssh-keygen failed: {st}");
-    Ok(())
-}
-
-impl Sshd {
-    async fn start() -> anyhow::Result<Sshd> {
-        ensure!(
-            Path::new(SSHD).exists(),
-            "{SSHD} is missing (apt-get install openssh-server)"
-        );
-        std::fs::create_dir_all("/run/sshd")?;
-        let dir = tempfile::Builder::new()
-            .prefix("slipway-bench-sshd-")
-            .tempdir()?;
-        let d = dir.path().to_path_buf();
-        keygen(&d.join("host"))?;
-        keygen(&d.join("client"))?;
-        std::fs::copy(d.join("client.pub"), d.join("authorized_keys"))?;
-        let cfg = d.join("sshd_config");
-        for _ in 0..20 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
-            let dd = d.display();
-            std::fs::write(
-                &cfg,
-                format!(
-                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {dd}/host\n\
-                     AuthorizedKeysFile {dd}/authorized_keys\nPidFile {dd}/sshd.pid\n\
-                     StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
-                     PermitRootLogin prohibit-password\nMaxSessions 64\nMaxStartups 64:30:128\n\
-                     LogLevel ERROR\nSetEnv SHLVL=1\n"
-                ),
-            )?;
-            let mut child = tokio::process::Command::new(SSHD)
-                .arg("-D")
-                .arg("-e")
-                .arg("-f")
-                .arg(&cfg)
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting sshd")?;
-            let pid = child.id().context("sshd has no pid")?;
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // e.g. a port collision: retry with another port
-                }
-                if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-                {
-                    return Ok(Sshd {
-                        dir,
-                        port,
-                        pid,
-                        child,
-                    });
-                }
-                if Instant::now() >= deadline {
-                    kill_tree(pid);
-                    bail!("sshd did not start");
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        bail!("could not start sshd")
-    }
-
-    fn info(&self) -> anyhow::Result<ConnectInfo> {
-        let user = std::process::Command::new("id").arg("-un").output()?;
-        Ok(ConnectInfo {
-            id: format!("slipway-bench-{}", std::process::id()),
-            connector: ConnectorConfig {
-                os: "linux".into(),
-                protocol: "ssh".into(),
-                username: String::from_utf8(user.stdout)?.trim().to_owned(),
-                key: std::fs::read(self.dir.path().join("client"))?,
-                timeout: Duration::from_secs(5),
-                ..ConnectorConfig::default()
-            },
-            internal_addr: format!("127.0.0.1:{}", self.port),
-            ..ConnectInfo::default()
-        })
-    }
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        kill_tree(self.pid);
-        let _ = self.child.start_kill();
-    }
-}
-
-/// Kill `root` and all its descendants (found through /proc/*/stat parent pids).
-fn kill_tree(root: u32) {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let table: Vec<(u32, u32)> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let after = stat.rsplit_once(')')?.1;
-            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut pids = vec![root];
-    let mut i = 0;
-    while i < pids.len() {
-        let parent = pids[i];
-        pids.extend(
-            table
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    for pid in pids {
-        if let Ok(raw) = i32::try_from(pid) {
-            let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
-        }
-    }
-}
+// The sshd fixture is slipway_testkit's: it sets `SetEnv SHLVL=1` because sshd runs every
+// command through the user's login shell, and Debian's bash sources `~/.bashrc` when started by
+// sshd with `SHLVL` unset (on the development machine `pyenv init`, 150-300 ms per exec); the
+// job's own shells are `bash --noprofile --norc`.

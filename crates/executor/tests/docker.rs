@@ -7,12 +7,9 @@
 // Integration tests: a failed fixture step should stop the test at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_docker::{Docker, ExecSpec, Transport};
@@ -20,10 +17,8 @@ use slipway_executor::docker::{LABEL_RUNNER, LABEL_SLOT_NETWORK, service_aliases
 use slipway_executor::{
     DockerConfig, DockerExecutor, DockerRunContext, FailureReason, JobOutcome, PullPolicy, Trace,
 };
-use slipway_fleeting::{ConnectInfo, ConnectorConfig};
 use slipway_jobs::JobResponse;
 use slipway_jobs::model::Image;
-use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -32,26 +27,9 @@ const IMAGE: &str = "slipway-busybox:latest";
 // ---------------------------------------------------------------------------------------------
 // Fixtures
 
-static ENGINE: Once = Once::new();
-
 /// Makes sure the engine runs and the test image exists (once per test process).
 fn ensure_engine() {
-    ENGINE.call_once(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/docker-engine.sh"
-        );
-        let out = std::process::Command::new("bash")
-            .arg(script)
-            .output()
-            .expect("running scripts/docker-engine.sh");
-        assert!(
-            out.status.success(),
-            "scripts/docker-engine.sh failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
+    slipway_testkit::ensure_docker_engine().expect("Docker Engine");
 }
 
 async fn docker() -> Docker {
@@ -647,165 +625,11 @@ fn service_aliases_follow_gitlab() {
 // ---------------------------------------------------------------------------------------------
 // docker-autoscaler: the engine through `docker system dial-stdio` over a real sshd
 
-const SSHD: &str = "/usr/sbin/sshd";
-
-/// Install openssh-server when missing (tests never skip for want of it).
-fn ensure_sshd() {
-    if Path::new(SSHD).exists() {
-        return;
-    }
-    let install = || {
-        std::process::Command::new("apt-get")
-            .args(["install", "-y", "-q", "openssh-server"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    if !install() {
-        let _ = std::process::Command::new("apt-get").arg("update").status();
-        assert!(install(), "apt-get install openssh-server failed");
-    }
-}
-
-fn keygen(path: &Path) {
-    let st = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(st.success());
-}
-
-/// A real sshd on 127.0.0.1 in the foreground with its own host key and an authorized client
-/// key; it and its session processes are killed when dropped.
-struct Sshd {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Sshd {
-    async fn start() -> Sshd {
-        ensure_sshd();
-        std::fs::create_dir_all("/run/sshd").unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().to_path_buf();
-        keygen(&d.join("host"));
-        keygen(&d.join("client"));
-        std::fs::copy(d.join("client.pub"), d.join("authorized_keys")).unwrap();
-        let cfg: PathBuf = d.join("sshd_config");
-        for _ in 0..20 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let dd = d.display();
-            std::fs::write(
-                &cfg,
-                format!(
-                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {dd}/host\n\
-                     AuthorizedKeysFile {dd}/authorized_keys\nPidFile {dd}/sshd.pid\n\
-                     StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
-                     PermitRootLogin prohibit-password\nMaxSessions 64\nMaxStartups 64:30:128\n\
-                     LogLevel ERROR\n"
-                ),
-            )
-            .unwrap();
-            let mut child = Command::new(SSHD)
-                .arg("-D")
-                .arg("-e")
-                .arg("-f")
-                .arg(&cfg)
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // e.g. a port collision: retry with another port
-                }
-                if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-                {
-                    return Sshd {
-                        dir,
-                        port,
-                        child: Some(child),
-                    };
-                }
-                assert!(Instant::now() < deadline, "sshd did not start");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        panic!("could not start sshd");
-    }
-
-    fn info(&self) -> ConnectInfo {
-        let user = std::process::Command::new("id")
-            .arg("-un")
-            .output()
-            .unwrap();
-        ConnectInfo {
-            id: unique("inst"),
-            connector: ConnectorConfig {
-                os: "linux".into(),
-                protocol: "ssh".into(),
-                username: String::from_utf8(user.stdout).unwrap().trim().to_owned(),
-                key: std::fs::read(self.dir.path().join("client")).unwrap(),
-                timeout: Duration::from_secs(5),
-                ..ConnectorConfig::default()
-            },
-            internal_addr: format!("127.0.0.1:{}", self.port),
-            ..ConnectInfo::default()
-        }
-    }
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        if let Some(pid) = self.child.as_ref().and_then(Child::id) {
-            kill_tree(pid);
-        }
-    }
-}
-
-/// Kill `root` and all its descendants (found through /proc/*/stat parent pids).
-fn kill_tree(root: u32) {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
-    let table: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let after = stat.rsplit_once(')')?.1;
-            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect();
-    let mut pids = vec![root];
-    let mut i = 0;
-    while i < pids.len() {
-        let parent = pids[i];
-        pids.extend(
-            table
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    for pid in pids {
-        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-    }
-}
+use slipway_testkit::Sshd;
 
 /// Bounds a future so a hung tunnel fails the test instead of hanging it.
-async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(180), fut)
+async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(180), fut)
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish"))
 }
@@ -814,10 +638,14 @@ async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
 async fn docker_autoscaler_runs_a_job_with_a_service_through_dial_stdio_over_ssh() {
     ensure_engine();
     let guard = Guard::new("autoscaler");
-    let sshd = Sshd::start().await;
-    let client = Client::connect(&sshd.info(), &DialOptions::default(), &HostKeyStore::new())
-        .await
-        .unwrap();
+    let sshd = Sshd::start().await.expect("sshd");
+    let client = Client::connect(
+        &sshd.info().expect("sshd info"),
+        &DialOptions::default(),
+        &HostKeyStore::new(),
+    )
+    .await
+    .unwrap();
     let client = Arc::new(client);
     let mut exec = DockerExecutor::connect_ssh(Arc::clone(&client), config())
         .await

@@ -7,33 +7,14 @@
 
 mod common;
 
-use std::sync::Once;
-
 use common::World;
 
 /// The image `scripts/docker-engine.sh` builds.
 const IMAGE: &str = "slipway-busybox:latest";
 
-static ENGINE: Once = Once::new();
-
 /// Starts the Docker Engine and builds the test image if needed (once per test process).
 fn ensure_engine() {
-    ENGINE.call_once(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/docker-engine.sh"
-        );
-        let out = std::process::Command::new("bash")
-            .arg(script)
-            .output()
-            .expect("running scripts/docker-engine.sh");
-        assert!(
-            out.status.success(),
-            "scripts/docker-engine.sh failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
+    slipway_testkit::ensure_docker_engine().expect("Docker Engine");
 }
 
 /// A pipeline whose job reaches a busybox `httpd` service by its alias `web`.

@@ -2,7 +2,6 @@
 //! names and labels, and cleanup that runs even when a test fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
 
-use std::sync::Once;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use slipway_docker::{
@@ -14,26 +13,9 @@ pub const IMAGE: &str = "slipway-busybox:latest";
 /// The label key every test object carries.
 pub const LABEL_KEY: &str = "com.slipway.test";
 
-static ENGINE: Once = Once::new();
-
 /// Makes sure the engine runs and the test image exists (once per test process).
 pub fn ensure_engine() {
-    ENGINE.call_once(|| {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/docker-engine.sh"
-        );
-        let out = std::process::Command::new("bash")
-            .arg(script)
-            .output()
-            .expect("running scripts/docker-engine.sh");
-        assert!(
-            out.status.success(),
-            "scripts/docker-engine.sh failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
+    slipway_testkit::ensure_docker_engine().expect("Docker Engine");
 }
 
 /// A connected client on the local socket.
