@@ -345,7 +345,9 @@ impl SlotCgroup {
         let oom_kills = self.oom_kills();
         let leftover = self.pids()?;
         self.kill_all(&leftover, timeout, deadline)?;
-        self.remove_dirs(deadline)?;
+        // Killed tasks may still be leaving (rmdir says EBUSY until they have): however long the
+        // kill took, give their exit its own grace.
+        self.remove_dirs(deadline.max(Instant::now() + REMOVE_GRACE))?;
         Ok(CleanupReport {
             oom_kills: oom_kills?,
             leftover,
@@ -523,6 +525,9 @@ fn enable_controllers(dir: &Path, wanted: &[&str]) -> Result<()> {
     }
     fs::write(&file, &missing.join(" "))
 }
+
+/// Least time rmdir is retried after the last task was killed.
+const REMOVE_GRACE: Duration = Duration::from_secs(5);
 
 fn remove_dir_retrying(path: &Path, deadline: Instant) -> Result<()> {
     loop {

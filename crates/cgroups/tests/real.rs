@@ -14,7 +14,9 @@ use common::{TestParent, is_dead, read, spawn_in, wait_until};
 use slipway_cgroups::{CgroupError, Controller, Hierarchy, Limits, Mode, SlotCgroup, sweep};
 
 const MIB: u64 = 1 << 20;
-const CLEANUP: Duration = Duration::from_secs(10);
+// Generous: these tests check what cleanup does, not how fast, on a machine busy with other
+// tests (a kill round under load can take seconds).
+const CLEANUP: Duration = Duration::from_secs(30);
 
 #[test]
 fn detects_this_host() {

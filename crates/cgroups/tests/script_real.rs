@@ -12,7 +12,9 @@ use common::{TestParent, bash, is_dead, read, wait_until};
 use slipway_cgroups::script::{self, ScriptRoot};
 use slipway_cgroups::{Controller, Hierarchy, Limits, SlotCgroup, SlotPath};
 
-const CLEANUP: Duration = Duration::from_secs(10);
+// Generous: these tests check what cleanup does, not how fast, on a machine busy with other
+// tests (a kill round under load can take seconds).
+const CLEANUP: Duration = Duration::from_secs(30);
 
 fn ok(out: &Output) -> String {
     assert!(
