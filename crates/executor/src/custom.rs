@@ -305,7 +305,7 @@ impl CustomExecutor {
         files.remove().await;
         RunResult {
             outcome,
-            artifacts: None,
+            artifacts: Vec::new(),
         }
     }
 }
@@ -313,7 +313,7 @@ impl CustomExecutor {
 fn failed(reason: FailureReason, code: Option<i32>, msg: String) -> RunResult {
     RunResult {
         outcome: JobOutcome::failed(reason, code, msg),
-        artifacts: None,
+        artifacts: Vec::new(),
     }
 }
 

@@ -727,6 +727,9 @@ pub struct DockerExecutor {
     pub runner_name: String,
     /// Seconds between SIGTERM and SIGKILL when a step is stopped.
     pub kill_grace_secs: u32,
+    /// Where jobs keep their `cache:` inside the build container (`/cache`, GitLab's default;
+    /// it outlives the job when `[runners.docker] volumes` mounts a volume there).
+    pub cache_dir: Option<String>,
 }
 
 impl DockerExecutor {
@@ -738,6 +741,7 @@ impl DockerExecutor {
             nets: Arc::new(SlotNetworks::new("slipway")),
             runner_name: "slipway".into(),
             kill_grace_secs: JobRunner::default().kill_grace_secs,
+            cache_dir: Some("/cache".into()),
         }
     }
 
@@ -863,6 +867,7 @@ impl DockerExecutor {
                 let runner = JobRunner {
                     builds_dir: BUILDS_DIR.into(),
                     kill_grace_secs: self.kill_grace_secs,
+                    cache_dir: self.cache_dir.clone(),
                     ..JobRunner::default()
                 };
                 // The job's timeout covers its preparation too.
@@ -882,7 +887,7 @@ impl DockerExecutor {
             }
             Err(outcome) => RunResult {
                 outcome,
-                artifacts: None,
+                artifacts: Vec::new(),
             },
         };
         let clean = self.remove_all(&run, trace).await;

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cache;
 use crate::host::Host;
 use crate::outcome::{FailureReason, JobOutcome};
 use crate::script::{self, JobDirs};
@@ -40,6 +41,9 @@ pub struct JobRunner {
     /// what the job left). Lines it prints starting with [`NOTE_PREFIX`] go to the trace and,
     /// when the job failed, into its failure message (an OOM kill, say).
     pub teardown: String,
+    /// The runner's cache directory on the host (under `$HOME` unless absolute); `None`: the
+    /// job's `cache:` entries are skipped with a warning.
+    pub cache_dir: Option<String>,
 }
 
 /// Prefix of the lines a teardown script prints for the job's trace.
@@ -53,6 +57,7 @@ impl Default for JobRunner {
             prologue: String::new(),
             prepare: String::new(),
             teardown: String::new(),
+            cache_dir: None,
         }
     }
 }
@@ -77,8 +82,30 @@ pub struct JobContext<'a> {
 pub struct RunResult {
     /// Success or why not.
     pub outcome: JobOutcome,
-    /// Tarball of the job's artifacts, when it declared any and they were collected.
-    pub artifacts: Option<Vec<u8>>,
+    /// The job's artifacts: one tarball per `artifacts:` entry whose `when` matched.
+    pub artifacts: Vec<CollectedArtifacts>,
+}
+
+/// The files of one `artifacts:` entry, as collected where the job ran.
+#[derive(Debug, Clone)]
+pub struct CollectedArtifacts {
+    /// Index of the entry in the job's `artifacts`.
+    pub spec: usize,
+    /// Tar stream of the matching paths, relative to the project directory. With `untracked`
+    /// it holds the whole project directory: the caller filters it.
+    pub tar: Vec<u8>,
+}
+
+impl RunResult {
+    /// Every collected tarball, concatenated (`tar -i` unpacks them all).
+    pub fn artifacts_tar(&self) -> Option<Vec<u8>> {
+        (!self.artifacts.is_empty()).then(|| {
+            self.artifacts
+                .iter()
+                .flat_map(|a| a.tar.iter().copied())
+                .collect()
+        })
+    }
 }
 
 enum StepEnd {
@@ -107,7 +134,7 @@ impl JobRunner {
             self.tear_down(host, trace, &mut outcome).await;
             return RunResult {
                 outcome,
-                artifacts: None,
+                artifacts: Vec::new(),
             };
         }
         let inner = JobContext {
@@ -171,7 +198,8 @@ impl JobRunner {
         // Without artifacts to unpack, the script step creates its own directory: one SSH
         // round trip less between a job being queued and its first output line.
         let input: Vec<u8> = artifacts_in.concat();
-        let separate_prepare = !input.is_empty();
+        let restore = self.cache_script(job, &dirs, trace, None);
+        let separate_prepare = !input.is_empty() || restore.is_some();
         if separate_prepare
             && let Err(msg) = housekeeping(
                 host,
@@ -187,8 +215,17 @@ impl JobRunner {
             self.cleanup(host, &dirs, trace).await;
             return RunResult {
                 outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                artifacts: None,
+                artifacts: Vec::new(),
             };
+        }
+
+        if let Some(body) = restore {
+            // A missing or broken cache never fails the job (GitLab's rule); only a host that
+            // cannot run the script at all is reported.
+            match housekeeping(host, &body, Vec::new(), TRANSFER_TIMEOUT).await {
+                Ok(out) => trace.write(&out),
+                Err(msg) => trace.message(&format!("WARNING: restoring the cache failed: {msg}")),
+            }
         }
 
         let lines = |name: StepName| -> Vec<String> {
@@ -256,24 +293,44 @@ impl JobRunner {
             }
         }
 
-        let mut artifacts = None;
-        let wanted = job.artifacts.iter().filter(|a| match a.when {
-            When::OnSuccess => outcome.is_success(),
-            When::OnFailure => !outcome.is_success(),
-            When::Always => true,
-        });
-        let paths: Vec<String> = wanted
-            .flat_map(|a| a.paths.iter())
-            .filter(|p| match script::artifact_path_problem(p) {
-                None => true,
-                Some(why) => {
-                    trace.message(&format!("WARNING: artifact path {p:?} {why}; skipped"));
-                    false
-                }
-            })
-            .cloned()
-            .collect();
-        if !paths.is_empty() && !cancel.is_cancelled() {
+        if !cancel.is_cancelled()
+            && let Some(body) = self.cache_script(job, &dirs, trace, Some(outcome.is_success()))
+        {
+            match housekeeping(host, &body, Vec::new(), TRANSFER_TIMEOUT).await {
+                Ok(out) => trace.write(&out),
+                Err(msg) => trace.message(&format!("WARNING: saving the cache failed: {msg}")),
+            }
+        }
+
+        let mut artifacts = Vec::new();
+        for (spec, a) in job.artifacts.iter().enumerate() {
+            let wanted = match a.when {
+                When::OnSuccess => outcome.is_success(),
+                When::OnFailure => !outcome.is_success(),
+                When::Always => true,
+            };
+            if !wanted || cancel.is_cancelled() {
+                continue;
+            }
+            let mut paths: Vec<String> = a
+                .paths
+                .iter()
+                .filter(|p| match script::artifact_path_problem(p) {
+                    None => true,
+                    Some(why) => {
+                        trace.message(&format!("WARNING: artifact path {p:?} {why}; skipped"));
+                        false
+                    }
+                })
+                .cloned()
+                .collect();
+            if a.untracked {
+                // Untracked files are told apart by the caller, who knows the tracked ones.
+                paths = vec![".".to_string()];
+            }
+            if paths.is_empty() {
+                continue;
+            }
             trace.message("Collecting artifacts");
             match housekeeping(
                 host,
@@ -283,7 +340,7 @@ impl JobRunner {
             )
             .await
             {
-                Ok(tar) => artifacts = Some(tar),
+                Ok(tar) => artifacts.push(CollectedArtifacts { spec, tar }),
                 Err(msg) => {
                     trace.message(&format!("ERROR: collecting artifacts failed: {msg}"));
                     if outcome.is_success() {
@@ -295,6 +352,37 @@ impl JobRunner {
 
         self.cleanup(host, &dirs, trace).await;
         RunResult { outcome, artifacts }
+    }
+
+    /// The cache restore (`after` = `None`) or save (`Some(success)`) script of `job`, if it
+    /// has one; skipped entries are reported in the trace.
+    fn cache_script(
+        &self,
+        job: &JobResponse,
+        dirs: &JobDirs,
+        trace: &mut Trace,
+        after: Option<bool>,
+    ) -> Option<String> {
+        if job.cache.is_empty() {
+            return None;
+        }
+        let Some(dir) = &self.cache_dir else {
+            if after.is_none() {
+                trace.message("WARNING: this runner has no cache directory; cache: is skipped");
+            }
+            return None;
+        };
+        let (body, skipped) = match after {
+            None => cache::restore_script(dir, job, dirs)?,
+            Some(success) => cache::archive_script(dir, job, dirs, success)?,
+        };
+        for s in skipped {
+            trace.message(&format!(
+                "WARNING: cache key {:?} skipped: {}",
+                s.key, s.reason
+            ));
+        }
+        Some(body)
     }
 
     #[allow(clippy::too_many_arguments)]

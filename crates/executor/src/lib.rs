@@ -1,5 +1,6 @@
 //! Executors: turn a prepared environment into a running job.
 //!
+//! - [`cache`]: GitLab's local cache, restored before a job's script and saved after it.
 //! - [`cgroup`]: the `cgroup` isolation level — the slot's cgroup around every job.
 //! - [`executor`]: the [`Executor`] trait every executor implements: one job on its slot.
 //! - [`host`]: where scripts run — an instance over SSH, this machine, a container.
@@ -12,6 +13,7 @@
 //! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
 //! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
 
+pub mod cache;
 pub mod cgroup;
 pub mod custom;
 pub mod docker;
@@ -33,6 +35,6 @@ pub use executor::{Executor, JobSlot, Steps};
 pub use host::{Host, LocalHost, SshHost};
 pub use instance::{InstanceExecutor, RunContext};
 pub use isolation::{Isolation, IsolationPolicy};
-pub use job::{JobContext, JobRunner, RunResult};
+pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
 pub use outcome::{FailureReason, JobOutcome};
 pub use trace::{Masker, Trace};

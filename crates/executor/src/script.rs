@@ -134,19 +134,27 @@ pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
         dirs.project_dir()
     );
     for p in paths {
-        // Globs expand unquoted; a plain path with spaces still works through the glob.
-        let pattern: String = p
-            .chars()
-            .map(|c| match c {
-                '*' | '?' | '[' | ']' => c.to_string(),
-                c if c.is_ascii_alphanumeric() || "/._-".contains(c) => c.to_string(),
-                c => format!("\\{c}"),
-            })
-            .collect();
-        let _ = writeln!(s, "for f in {pattern}; do set -- \"$@\" \"$f\"; done");
+        let _ = writeln!(
+            s,
+            "for f in {}; do set -- \"$@\" \"$f\"; done",
+            glob_word(p)
+        );
     }
     s.push_str("if [ $# -eq 0 ]; then tar -c -f - -T /dev/null; else tar -c -f - -- \"$@\"; fi\n");
     s
+}
+
+/// A path pattern as an unquoted bash word: glob characters expand, everything else is
+/// escaped (a plain path with spaces still works through the glob).
+pub(crate) fn glob_word(pattern: &str) -> String {
+    pattern
+        .chars()
+        .map(|c| match c {
+            '*' | '?' | '[' | ']' => c.to_string(),
+            c if c.is_ascii_alphanumeric() || "/._-".contains(c) => c.to_string(),
+            c => format!("\\{c}"),
+        })
+        .collect()
 }
 
 /// Kill a step's process group: TERM, wait up to `grace_secs`, then KILL.

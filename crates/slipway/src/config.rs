@@ -1,9 +1,12 @@
 //! `config.toml`, read as GitLab Runner writes it: the keys Slipway honours so far.
 //!
-//! A wrong type or value is an error naming file, line and key; an unknown key is a warning.
+//! Every problem is reported in one pass: a wrong type or value is an error naming file, line
+//! and key; an unknown key, or a key Slipway reads but does not act on, is a warning. Secrets
+//! (`token`, `password`, `[runners.cache.s3]` and the like) never appear in a message.
 
+use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -17,14 +20,22 @@ pub const EMBEDDED: &str = include_str!("embedded.toml");
 pub struct Config {
     /// Jobs running at once across all runners.
     pub concurrent: u32,
-    /// Log level (`debug`, `info`, `warn`, `error`).
+    /// Log level (`debug`, `info`, `warn`, `error`, `fatal`, `panic`).
     pub log_level: Option<String>,
+    /// Log format (`runner`, `text`, `json`).
+    pub log_format: Option<String>,
     /// `host:port` serving `/metrics` and `/healthz` (`slipway run`).
     pub listen_address: Option<String>,
     /// Seconds to wait for jobs at shutdown.
     pub shutdown_timeout: u64,
     /// Seconds between job requests that found no job (GitLab Runner's default: 3; 0 = 3).
     pub check_interval: u64,
+    /// GitLab Runner's HTTP keep-alive bound (`15m0s`); accepted, Slipway's client has its own.
+    pub connection_max_age: Option<String>,
+    /// Sentry DSN; accepted with a warning (Slipway does not report to Sentry). Never printed.
+    pub sentry_dsn: Option<String>,
+    /// `[session_server]` (interactive web terminal); accepted, not served.
+    pub session_server: Option<toml::Table>,
     /// The `[[runners]]` entries.
     pub runners: Vec<RunnerConfig>,
 }
@@ -34,9 +45,13 @@ impl Default for Config {
         Config {
             concurrent: 1,
             log_level: None,
+            log_format: None,
             listen_address: None,
             shutdown_timeout: 30,
             check_interval: 3,
+            connection_max_age: None,
+            sentry_dsn: None,
+            session_server: None,
             runners: Vec::new(),
         }
     }
@@ -50,10 +65,20 @@ pub struct RunnerConfig {
     pub name: String,
     /// GitLab URL: with a `token`, an `http(s)://` URL makes GitLab this runner's job source.
     pub url: String,
+    /// The runner's ID in GitLab (written by `register`; 0 when unknown).
+    pub id: u64,
     /// Runner token. Never printed.
     pub token: String,
+    /// When the token was obtained (RFC 3339, as GitLab Runner writes it).
+    #[serde(deserialize_with = "datetime_text::deserialize")]
+    pub token_obtained_at: Option<String>,
+    /// When the token expires (RFC 3339; GitLab writes `0001-01-01T00:00:00Z` for never).
+    #[serde(deserialize_with = "datetime_text::deserialize")]
+    pub token_expires_at: Option<String>,
     /// Executor name.
     pub executor: String,
+    /// Shell of job scripts: `bash` or `sh` (default: bash).
+    pub shell: Option<String>,
     /// Jobs this runner runs at once; 0 = no limit beyond `concurrent`.
     pub limit: u32,
     /// `jobs/request` calls in flight at once (GitLab Runner's default: 1; 0 = 1).
@@ -62,6 +87,43 @@ pub struct RunnerConfig {
     pub output_limit: u64,
     /// Builds root on the instance.
     pub builds_dir: Option<String>,
+    /// Local cache directory of jobs.
+    pub cache_dir: Option<String>,
+    /// Extra job variables, `KEY=VALUE` each.
+    pub environment: Vec<String>,
+    /// Script run before fetching sources (parsed; not run yet: a warning says so).
+    pub pre_get_sources_script: Option<String>,
+    /// Script run after fetching sources (parsed; not run yet: a warning says so).
+    pub post_get_sources_script: Option<String>,
+    /// Script run before each job's build script.
+    pub pre_build_script: Option<String>,
+    /// Script run after each job's build script.
+    pub post_build_script: Option<String>,
+    /// CA bundle for GitLab's certificate.
+    #[serde(rename = "tls-ca-file")]
+    pub tls_ca_file: Option<String>,
+    /// Client certificate towards GitLab.
+    #[serde(rename = "tls-cert-file")]
+    pub tls_cert_file: Option<String>,
+    /// Client key towards GitLab.
+    #[serde(rename = "tls-key-file")]
+    pub tls_key_file: Option<String>,
+    /// Ignore `CI_DEBUG_TRACE` in jobs.
+    pub debug_trace_disabled: bool,
+    /// URL jobs clone from instead of `url`.
+    pub clone_url: Option<String>,
+    /// `[runners.referees]`; accepted, not used (a warning says so).
+    pub referees: Option<toml::Table>,
+    /// Failed requests before GitLab Runner pauses a runner; accepted, not used.
+    pub unhealthy_requests_limit: Option<i64>,
+    /// How long GitLab Runner pauses an unhealthy runner; accepted, not used.
+    pub unhealthy_interval: Option<String>,
+    /// `[runners.feature_flags]`: GitLab Runner's `FF_*` switches.
+    pub feature_flags: BTreeMap<String, bool>,
+    /// `[runners.custom_build_dir]`.
+    pub custom_build_dir: Option<CustomBuildDirConfig>,
+    /// `[runners.cache]`.
+    pub cache: Option<CacheConfig>,
     /// Isolation levels jobs may ask for (`SLIPWAY_ISOLATION`); default: what the executor
     /// supports.
     pub allowed_isolation: Option<Vec<String>>,
@@ -73,10 +135,98 @@ pub struct RunnerConfig {
     pub slot_cgroup_template: Option<String>,
     /// `[runners.autoscaler]`.
     pub autoscaler: Option<AutoscalerConfig>,
+    /// `[runners.instance]` (instance executor).
+    pub instance: Option<InstanceConfig>,
     /// `[runners.docker]` (docker and docker-autoscaler executors, and the `docker` level).
     pub docker: Option<slipway_executor::docker::DockerConfig>,
     /// `[runners.custom]` (custom executor).
     pub custom: Option<slipway_executor::CustomConfig>,
+}
+
+/// `[runners.custom_build_dir]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct CustomBuildDirConfig {
+    /// Let jobs choose their build directory (`GIT_CLONE_PATH`); not supported yet.
+    pub enabled: bool,
+}
+
+/// `[runners.cache]`, with GitLab's capitalised keys.
+#[derive(Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct CacheConfig {
+    /// `Type`: empty (local), `s3`, `gcs` or `azure`.
+    #[serde(rename = "Type")]
+    pub cache_type: String,
+    /// `Path`: prefix of cache keys in the bucket.
+    #[serde(rename = "Path")]
+    pub path: String,
+    /// `Shared`: one cache for all runners.
+    #[serde(rename = "Shared")]
+    pub shared: bool,
+    /// `MaxUploadedArchiveSize` in bytes; 0 = unlimited.
+    #[serde(rename = "MaxUploadedArchiveSize")]
+    pub max_uploaded_archive_size: i64,
+    /// `[runners.cache.s3]`, free-form (holds credentials: never printed).
+    pub s3: Option<toml::Table>,
+    /// `[runners.cache.gcs]`, free-form (holds credentials: never printed).
+    pub gcs: Option<toml::Table>,
+    /// `[runners.cache.azure]`, free-form (holds credentials: never printed).
+    pub azure: Option<toml::Table>,
+}
+
+impl fmt::Debug for CacheConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The provider tables hold access keys: name their keys, never their values.
+        let keys =
+            |t: &Option<toml::Table>| t.as_ref().map(|t| t.keys().cloned().collect::<Vec<_>>());
+        f.debug_struct("CacheConfig")
+            .field("cache_type", &self.cache_type)
+            .field("path", &self.path)
+            .field("shared", &self.shared)
+            .field("max_uploaded_archive_size", &self.max_uploaded_archive_size)
+            .field("s3_keys", &keys(&self.s3))
+            .field("gcs_keys", &keys(&self.gcs))
+            .field("azure_keys", &keys(&self.azure))
+            .finish()
+    }
+}
+
+/// `[runners.instance]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct InstanceConfig {
+    /// VM images jobs may name with VM isolation (`["*"]`: all).
+    pub allowed_images: Vec<String>,
+    /// One build directory for all jobs (honoured with VM isolation or `max_use_count = 1`).
+    pub use_common_build_dir: bool,
+}
+
+/// `[runners.autoscaler.vm_isolation]`: parsed; nesting VMs are not supported yet.
+#[derive(Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct VmIsolationConfig {
+    /// Create a nesting VM per job.
+    pub enabled: bool,
+    /// Nesting daemon address as seen from the instance.
+    pub nesting_host: String,
+    /// Table sent as JSON to the nesting daemon's `Init`.
+    pub nesting_config: toml::Table,
+    /// VM image of jobs that name none.
+    pub image: String,
+    /// `[runners.autoscaler.vm_isolation.connector_config]`: how to reach the nested VM.
+    pub connector_config: ConnectorConfigToml,
+}
+
+impl fmt::Debug for VmIsolationConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VmIsolationConfig")
+            .field("enabled", &self.enabled)
+            .field("nesting_host", &self.nesting_host)
+            .field("image", &self.image)
+            .field("connector_config", &self.connector_config)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The executors this version runs, and where their jobs run.
@@ -182,17 +332,31 @@ impl fmt::Debug for RunnerConfig {
                     "[masked]"
                 },
             )
+            .field("id", &self.id)
             .field("executor", &self.executor)
+            .field("shell", &self.shell)
             .field("limit", &self.limit)
             .field("request_concurrency", &self.request_concurrency)
             .field("output_limit", &self.output_limit)
             .field("builds_dir", &self.builds_dir)
+            .field("cache_dir", &self.cache_dir)
+            // Values often hold credentials: show the variable names only.
+            .field(
+                "environment_keys",
+                &self
+                    .environment
+                    .iter()
+                    .map(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k))
+                    .collect::<Vec<_>>(),
+            )
             .field("allowed_isolation", &self.allowed_isolation)
             .field("isolation", &self.isolation)
+            .field("cache", &self.cache)
             .field("autoscaler", &self.autoscaler)
+            .field("instance", &self.instance)
             .field("docker", &self.docker)
             .field("custom", &self.custom.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -246,6 +410,8 @@ pub struct AutoscalerConfig {
     /// `[[runners.autoscaler.shape]]`: instance groups of different sizes (Slipway). Without
     /// any, the section itself is the one group and jobs are placed by slot count.
     pub shape: Vec<ShapeConfig>,
+    /// `[runners.autoscaler.vm_isolation]`.
+    pub vm_isolation: Option<VmIsolationConfig>,
 }
 
 /// `[[runners.autoscaler.shape]]`: one instance group, what each instance offers and costs.
@@ -386,6 +552,7 @@ impl Default for AutoscalerConfig {
             instance_ready_command: String::new(),
             state_storage: StateStorageConfig::default(),
             shape: Vec::new(),
+            vm_isolation: None,
         }
     }
 }
@@ -525,6 +692,40 @@ mod duration {
     }
 }
 
+/// GitLab Runner writes token dates as TOML datetimes (`0001-01-01T00:00:00Z`); strings in
+/// RFC 3339 are taken too. Either is kept as its RFC 3339 text.
+mod datetime_text {
+    use std::fmt;
+
+    use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = String;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a date-time such as 2024-01-01T00:00:00Z")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<String, E> {
+                s.trim()
+                    .parse::<toml::value::Datetime>()
+                    .map(|d| d.to_string())
+                    .map_err(|_| {
+                        E::custom(format!(
+                            "invalid date-time {s:?}; expected e.g. 2024-01-01T00:00:00Z"
+                        ))
+                    })
+            }
+            // The TOML text deserializer hands a datetime over as a one-key map.
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<String, A::Error> {
+                toml::value::Datetime::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|d| d.to_string())
+            }
+        }
+        d.deserialize_any(V).map(Some)
+    }
+}
+
 /// A problem in a config file, located by line and key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -589,67 +790,366 @@ pub async fn load(path: &Path) -> Result<Loaded, ConfigError> {
     parse(&text, &file)
 }
 
-/// Parse and check config text; `file` names it in messages.
+/// Parse and check config text; `file` names it in messages. Fails with every error found.
 pub fn parse(text: &str, file: &str) -> Result<Loaded, ConfigError> {
-    let doc = toml_edit::Document::parse(text.to_string()).map_err(|e| {
-        ConfigError::Invalid(vec![Problem {
-            file: file.into(),
-            line: e.span().map(|s| line_of(text, s.start)),
-            key: String::new(),
-            message: format!("not valid TOML: {}", e.message()),
-        }])
-    })?;
-    let locate = |path: &[Seg]| key_line(&doc, text, path);
-    let problem = |path: &[Seg], message: String| Problem {
-        file: file.into(),
-        line: locate(path),
-        key: display_path(path),
-        message,
-    };
+    let checked = check(text, file, &CheckOptions::default());
+    match checked.config {
+        Some(config) if checked.errors.is_empty() => Ok(Loaded {
+            config,
+            warnings: checked.warnings,
+        }),
+        _ => Err(ConfigError::Invalid(checked.errors)),
+    }
+}
 
-    let mut unknown = Vec::new();
-    let de = toml::Deserializer::parse(text).map_err(|e| {
-        ConfigError::Invalid(vec![Problem {
-            file: file.into(),
-            line: e.span().map(|s| line_of(text, s.start)),
-            key: String::new(),
-            message: e.message().to_string(),
-        }])
-    })?;
-    let mut on_unknown = |p: serde_ignored::Path<'_>| unknown.push(segments_of_ignored(&p));
-    let ignored = serde_ignored::Deserializer::new(de, &mut on_unknown);
-    let config: Config = serde_path_to_error::deserialize(ignored).map_err(|e| {
-        let path = segments_of_error(e.path());
-        let inner = e.into_inner();
-        let line = inner
-            .span()
-            .map(|s| line_of(text, s.start))
-            .or_else(|| locate(&path));
-        ConfigError::Invalid(vec![Problem {
+/// What [`check`] looks at beyond the file itself.
+#[derive(Debug, Clone, Default)]
+pub struct CheckOptions {
+    /// Look each runner's fleeting plugin up as `slipway run` would, warning when it is missing.
+    pub plugins: bool,
+    /// Directory searched first for plugins (`--plugin-dir`).
+    pub plugin_dir: Option<PathBuf>,
+}
+
+/// Everything [`check`] found.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The settings as far as they could be read (`None` when the file is not TOML); keys of
+    /// the wrong type are left at their defaults.
+    pub config: Option<Config>,
+    /// Wrong types and values, in file order.
+    pub errors: Vec<Problem>,
+    /// Unknown keys and other things worth a look, in file order.
+    pub warnings: Vec<Problem>,
+}
+
+/// Bound on the re-reads of a file with wrong types: each one drops one offending key.
+const MAX_TYPE_ERRORS: usize = 200;
+
+/// Check config text and report every problem: each key of the wrong type is recorded and
+/// dropped and the rest read again, so one bad key does not hide the others.
+pub fn check(text: &str, file: &str, opts: &CheckOptions) -> Checked {
+    let not_toml = |line: Option<usize>, message: String| Checked {
+        config: None,
+        errors: vec![Problem {
             file: file.into(),
             line,
-            key: display_path(&path),
-            message: inner.message().to_string(),
-        }])
-    })?;
+            key: String::new(),
+            message,
+        }],
+        warnings: Vec::new(),
+    };
+    let doc = match toml_edit::Document::parse(text.to_string()) {
+        Ok(d) => d,
+        Err(e) => {
+            return not_toml(
+                e.span().map(|s| line_of(text, s.start)),
+                format!("not valid TOML: {}", e.message()),
+            );
+        }
+    };
+    let mut table: toml::Table = match toml::from_str(text) {
+        Ok(t) => t,
+        Err(e) => {
+            return not_toml(
+                e.span().map(|s| line_of(text, s.start)),
+                format!("not valid TOML: {}", e.message()),
+            );
+        }
+    };
+    let secrets = secrets_of(&table);
+    let problem = |path: &[Seg], message: String| Problem {
+        file: file.into(),
+        line: key_line(&doc, text, path),
+        key: display_path(path),
+        message: mask(&message, &secrets),
+    };
 
+    let mut unknown: Vec<Vec<Seg>> = Vec::new();
+    let mut wrong: Vec<(Vec<Seg>, String)> = Vec::new();
+    let config = loop {
+        let mut seen = Vec::new();
+        let result = {
+            let mut on_unknown = |p: serde_ignored::Path<'_>| seen.push(segments_of_ignored(&p));
+            let ignored = serde_ignored::Deserializer::new(
+                toml::Value::Table(table.clone()),
+                &mut on_unknown,
+            );
+            serde_path_to_error::deserialize::<_, Config>(ignored)
+        };
+        for p in seen {
+            if !unknown.contains(&p) {
+                unknown.push(p);
+            }
+        }
+        match result {
+            Ok(c) => break Some(c),
+            Err(e) => {
+                let path = segments_of_error(e.path());
+                let message = e.into_inner().message().to_string();
+                // A value that may be a secret is not quoted back, whatever its type.
+                let message = if is_secret_path(&path) {
+                    without_value(&message)
+                } else {
+                    message
+                };
+                let removed = remove_key(&mut table, &path);
+                wrong.push((path, message));
+                if !removed || wrong.len() >= MAX_TYPE_ERRORS {
+                    break None;
+                }
+            }
+        }
+    };
+
+    let mut errors: Vec<Problem> = wrong.iter().map(|(p, m)| problem(p, m.clone())).collect();
     let mut warnings: Vec<Problem> = unknown
         .iter()
         .map(|p| problem(p, "unknown key, ignored".into()))
         .collect();
-    let mut errors = Vec::new();
-    validate(&config, &mut |path: Vec<Seg>, msg: String, fatal: bool| {
-        let p = problem(&path, msg);
-        if fatal {
-            errors.push(p)
-        } else {
-            warnings.push(p)
+    if let Some(cfg) = &config {
+        // A dropped key reads as its default: what validation says about it is noise.
+        let dropped: Vec<Vec<Seg>> = wrong.iter().map(|(p, _)| trim_index(p)).collect();
+        let mut report = |path: Vec<Seg>, msg: String, fatal: bool| {
+            if dropped.iter().any(|d| path.starts_with(d)) {
+                return;
+            }
+            let p = problem(&path, msg);
+            if fatal {
+                errors.push(p)
+            } else {
+                warnings.push(p)
+            }
+        };
+        validate(cfg, &mut report);
+        if opts.plugins {
+            check_plugins(cfg, opts.plugin_dir.as_deref(), &mut report);
         }
-    });
-    if !errors.is_empty() {
-        return Err(ConfigError::Invalid(errors));
     }
-    Ok(Loaded { config, warnings })
+    // Stable: problems on one line keep the order they were found in.
+    let order = |p: &Problem| p.line.unwrap_or(usize::MAX);
+    errors.sort_by_key(order);
+    warnings.sort_by_key(order);
+    Checked {
+        config,
+        errors,
+        warnings,
+    }
+}
+
+/// `path` without trailing array indices: the key that holds the offending element.
+fn trim_index(path: &[Seg]) -> Vec<Seg> {
+    let mut p = path.to_vec();
+    while matches!(p.last(), Some(Seg::Index(_))) {
+        p.pop();
+    }
+    p
+}
+
+/// Drop the key at `path` (a bad array element drops its whole array); false if not found.
+fn remove_key(table: &mut toml::Table, path: &[Seg]) -> bool {
+    let path = trim_index(path);
+    let Some((Seg::Key(last), parents)) = path.split_last() else {
+        return false;
+    };
+    let mut cur = table;
+    let mut segs = parents.iter().peekable();
+    while let Some(seg) = segs.next() {
+        let Seg::Key(k) = seg else { return false };
+        let mut value = match cur.get_mut(k) {
+            Some(v) => v,
+            None => return false,
+        };
+        while let Some(Seg::Index(i)) = segs.peek() {
+            value = match value {
+                toml::Value::Array(a) => match a.get_mut(*i) {
+                    Some(v) => v,
+                    None => return false,
+                },
+                _ => return false,
+            };
+            segs.next();
+        }
+        cur = match value {
+            toml::Value::Table(t) => t,
+            _ => return false,
+        };
+    }
+    cur.remove(last).is_some()
+}
+
+/// Whether a key of this name holds a secret.
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    // token_obtained_at / token_expires_at are dates, not secrets.
+    !k.ends_with("_at")
+        && [
+            "token",
+            "password",
+            "secret",
+            "sentry_dsn",
+            "accesskey",
+            "accountkey",
+        ]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+/// Whether the value at `path` may be a secret: a secret-named key, anything in a distributed
+/// cache's provider table or a plugin's config, an `environment` entry.
+fn is_secret_path(path: &[Seg]) -> bool {
+    let keys: Vec<&str> = path
+        .iter()
+        .filter_map(|s| match s {
+            Seg::Key(k) => Some(k.as_str()),
+            Seg::Index(_) => None,
+        })
+        .collect();
+    keys.iter().any(|k| is_secret_key(k))
+        || keys
+            .iter()
+            .any(|k| matches!(*k, "environment" | "plugin_config" | "nesting_config"))
+        || keys
+            .windows(2)
+            .any(|w| w[0] == "cache" && matches!(w[1], "s3" | "gcs" | "azure"))
+}
+
+/// Prefixes of GitLab's tokens (runner, registration, job, personal access).
+const GITLAB_TOKEN_PREFIXES: &[&str] = &["glrt-", "glrtr-", "GR1348941", "glcbt-", "glpat-"];
+
+/// Every secret value in the file, to be masked wherever a message might quote it.
+fn secrets_of(table: &toml::Table) -> Vec<String> {
+    fn walk(v: &toml::Value, parent: &str, secret: bool, out: &mut Vec<String>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let s = secret
+                        || is_secret_key(k)
+                        || (parent == "cache" && matches!(k.as_str(), "s3" | "gcs" | "azure"));
+                    walk(v, k, s, out);
+                }
+            }
+            toml::Value::Array(a) => {
+                for v in a {
+                    if parent == "environment"
+                        && let toml::Value::String(e) = v
+                        && let Some((_, value)) = e.split_once('=')
+                    {
+                        // Short values ("1", "true") are rarely secrets and would garble text.
+                        if value.len() >= 8 {
+                            out.push(value.to_string());
+                        }
+                    }
+                    walk(v, parent, secret, out);
+                }
+            }
+            toml::Value::String(s) if secret && s.len() >= 4 => out.push(s.clone()),
+            // A GitLab token pasted under the wrong key is still a token.
+            toml::Value::String(s) if GITLAB_TOKEN_PREFIXES.iter().any(|p| s.starts_with(p)) => {
+                out.push(s.clone())
+            }
+            toml::Value::Integer(_) | toml::Value::Float(_) if secret => {
+                let s = v.to_string();
+                if s.len() >= 4 {
+                    out.push(s);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(&toml::Value::Table(table.clone()), "", false, &mut out);
+    // Longest first, so a secret containing another is masked whole.
+    out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    out.dedup();
+    out
+}
+
+fn mask(message: &str, secrets: &[String]) -> String {
+    let mut m = message.to_string();
+    for s in secrets {
+        if m.contains(s.as_str()) {
+            m = m.replace(s.as_str(), "[MASKED]");
+        }
+    }
+    m
+}
+
+/// A type error's message without the value it quotes.
+fn without_value(message: &str) -> String {
+    match message.find(", expected ") {
+        Some(i) => format!("invalid type (value not shown){}", &message[i..]),
+        None => "invalid value (not shown: this key may hold a secret)".into(),
+    }
+}
+
+/// Warn about runners whose fleeting plugin this machine does not have.
+fn check_plugins(
+    cfg: &Config,
+    plugin_dir: Option<&Path>,
+    report: &mut dyn FnMut(Vec<Seg>, String, bool),
+) {
+    for (i, r) in cfg.runners.iter().enumerate() {
+        let Some(a) = &r.autoscaler else { continue };
+        let reference = a.plugin.trim();
+        if reference.is_empty() {
+            continue;
+        }
+        let path = vec![
+            Seg::Key("runners".into()),
+            Seg::Index(i),
+            Seg::Key("autoscaler".into()),
+            Seg::Key("plugin".into()),
+        ];
+        if let Some(name) = oci_plugin_name(reference) {
+            let exe = format!("{}{name}", slipway_fleeting::host::PLUGIN_PREFIX);
+            let message = match slipway_fleeting::host::find_plugin(&exe, plugin_dir) {
+                Ok(found) => format!(
+                    "{reference:?} is an OCI reference, which slipway does not install or resolve; \
+                     set plugin = {exe:?} to use {}",
+                    found.display()
+                ),
+                Err(_) => format!(
+                    "{reference:?} is not installed here (slipway runs {exe} from PATH or \
+                     --plugin-dir; it does not install OCI plugins)"
+                ),
+            };
+            report(path, message, false);
+        } else if slipway_fleeting::host::find_plugin(reference, plugin_dir).is_err() {
+            let message = if reference.contains('/') {
+                format!("{reference:?} does not exist or is not executable on this machine")
+            } else {
+                let exe = if reference.starts_with(slipway_fleeting::host::PLUGIN_PREFIX) {
+                    reference.to_string()
+                } else {
+                    format!("{}{reference}", slipway_fleeting::host::PLUGIN_PREFIX)
+                };
+                format!(
+                    "{reference:?} is not installed here (slipway runs {exe} from --plugin-dir, \
+                     next to slipway, or PATH)"
+                )
+            };
+            report(path, message, false);
+        }
+    }
+}
+
+/// The plugin name of a GitLab OCI plugin reference (`aws:1`, `gitlab-org/fleeting/plugins/aws`,
+/// `registry.gitlab.com/gitlab-org/fleeting/plugins/aws:1.0.0` → `aws`); `None` for a bare
+/// name or a file path, which Slipway resolves itself.
+pub fn oci_plugin_name(reference: &str) -> Option<String> {
+    let r = reference.trim();
+    let is_path =
+        r.starts_with('/') || r.starts_with("./") || r.starts_with("../") || Path::new(r).exists();
+    if is_path || !(r.contains('/') || r.contains(':')) {
+        return None;
+    }
+    let last = r.rsplit('/').next().unwrap_or(r);
+    let name = last.split(':').next().unwrap_or(last);
+    let name = name
+        .strip_prefix(slipway_fleeting::host::PLUGIN_PREFIX)
+        .unwrap_or(name);
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
@@ -664,12 +1164,14 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
             true,
         );
     }
+    validate_global(cfg, report);
     for (i, r) in cfg.runners.iter().enumerate() {
         let at = |rest: &[&str]| {
             let mut p = vec![key("runners"), Seg::Index(i)];
             p.extend(rest.iter().map(|k| key(k)));
             p
         };
+        validate_gitlab_keys(r, &at, report);
         match r.executor.as_str() {
             "" => report(
                 at(&["executor"]),
@@ -747,6 +1249,21 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                 true,
             );
         }
+        if let Some(v) = &a.vm_isolation {
+            if v.enabled {
+                report(
+                    at(&["autoscaler", "vm_isolation", "enabled"]),
+                    "VM isolation (nesting) is not supported yet; jobs run directly on the instance"
+                        .into(),
+                    false,
+                );
+            }
+            missing_file(
+                &v.connector_config.key_path,
+                at(&["autoscaler", "vm_isolation", "connector_config", "key_path"]),
+                report,
+            );
+        }
         if a.capacity_per_instance == 0 {
             report(
                 at(&["autoscaler", "capacity_per_instance"]),
@@ -768,18 +1285,11 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                 true,
             );
         }
-        if !a.connector_config.key_path.is_empty()
-            && !Path::new(&a.connector_config.key_path).exists()
-        {
-            report(
-                at(&["autoscaler", "connector_config", "key_path"]),
-                format!(
-                    "file {:?} does not exist on this machine",
-                    a.connector_config.key_path
-                ),
-                false,
-            );
-        }
+        missing_file(
+            &a.connector_config.key_path,
+            at(&["autoscaler", "connector_config", "key_path"]),
+            report,
+        );
         let policies: Vec<slipway_taskscaler::Policy> =
             a.policy.iter().map(PolicyConfig::to_policy).collect();
         if let Err(e) = slipway_taskscaler::policy::compile(&policies) {
@@ -871,6 +1381,243 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
     }
 }
 
+/// Log levels GitLab Runner accepts.
+const LOG_LEVELS: &[&str] = &[
+    "debug", "info", "warn", "warning", "error", "fatal", "panic",
+];
+
+/// The global keys GitLab Runner writes.
+fn validate_global(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
+    let key = |k: &str| vec![Seg::Key(k.to_string())];
+    if let Some(l) = &cfg.log_level
+        && !LOG_LEVELS.contains(&l.to_ascii_lowercase().as_str())
+    {
+        report(
+            key("log_level"),
+            format!(
+                "unknown log level {l:?}; expected one of {}",
+                quoted(LOG_LEVELS)
+            ),
+            true,
+        );
+    }
+    if let Some(f) = &cfg.log_format
+        && !matches!(f.as_str(), "runner" | "text" | "json")
+    {
+        report(
+            key("log_format"),
+            format!("unknown log format {f:?}; expected \"runner\", \"text\" or \"json\""),
+            true,
+        );
+    }
+    if let Some(a) = &cfg.listen_address {
+        let port_ok = a
+            .rsplit_once(':')
+            .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+        if !port_ok {
+            report(
+                key("listen_address"),
+                format!("{a:?}: expected host:port, e.g. \"localhost:9252\" or \":9252\""),
+                true,
+            );
+        }
+    }
+    if let Some(d) = &cfg.connection_max_age {
+        duration_text(d, key("connection_max_age"), report);
+    }
+    if cfg
+        .sentry_dsn
+        .as_deref()
+        .is_some_and(|d| !d.trim().is_empty())
+    {
+        report(
+            key("sentry_dsn"),
+            "not used by slipway: errors are not reported to Sentry".into(),
+            false,
+        );
+    }
+    if let Some(s) = &cfg.session_server
+        && s.contains_key("listen_address")
+    {
+        report(
+            key("session_server"),
+            "the interactive web terminal is not supported yet; [session_server] is ignored".into(),
+            false,
+        );
+    }
+}
+
+/// A Go-style duration in a string key: an error names the key.
+fn duration_text(text: &str, path: Vec<Seg>, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
+    if let Err(e) = humantime::parse_duration(text.trim()) {
+        report(
+            path,
+            format!("invalid duration {text:?} ({e}); expected e.g. \"30s\", \"15m\" or \"1h30m\""),
+            true,
+        );
+    }
+}
+
+/// A warning when `file` is set but does not exist here (it is read where the runner runs).
+fn missing_file(file: &str, path: Vec<Seg>, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
+    if !file.trim().is_empty() && !Path::new(file).exists() {
+        report(
+            path,
+            format!("file {file:?} does not exist on this machine"),
+            false,
+        );
+    }
+}
+
+/// Shells Slipway runs job scripts with.
+const SHELLS: &[&str] = &["bash", "sh"];
+
+/// The `[[runners]]` keys GitLab Runner writes beyond the executors' own sections.
+fn validate_gitlab_keys(
+    r: &RunnerConfig,
+    at: &dyn Fn(&[&str]) -> Vec<Seg>,
+    report: &mut dyn FnMut(Vec<Seg>, String, bool),
+) {
+    if let Some(sh) = &r.shell
+        && !SHELLS.contains(&sh.as_str())
+    {
+        report(
+            at(&["shell"]),
+            format!(
+                "shell {sh:?} is not supported; slipway runs job scripts with {}",
+                quoted(SHELLS)
+            ),
+            true,
+        );
+    }
+    for (j, e) in r.environment.iter().enumerate() {
+        let valid = e
+            .split_once('=')
+            .is_some_and(|(k, _)| !k.trim().is_empty() && !k.contains(char::is_whitespace));
+        if !valid {
+            let mut path = at(&["environment"]);
+            path.push(Seg::Index(j));
+            // The entry is not quoted: environment values often hold credentials.
+            report(
+                path,
+                format!("entry {j} is not KEY=VALUE (a variable name, \"=\", then the value)"),
+                true,
+            );
+        }
+    }
+    for (k, v) in [
+        ("pre_get_sources_script", &r.pre_get_sources_script),
+        ("post_get_sources_script", &r.post_get_sources_script),
+    ] {
+        if v.as_deref().is_some_and(|s| !s.trim().is_empty()) {
+            report(
+                at(&[k]),
+                "not supported yet; the script is not run".into(),
+                false,
+            );
+        }
+    }
+    for (k, v) in [
+        ("tls-ca-file", &r.tls_ca_file),
+        ("tls-cert-file", &r.tls_cert_file),
+        ("tls-key-file", &r.tls_key_file),
+    ] {
+        if let Some(f) = v {
+            missing_file(f, at(&[k]), report);
+        }
+    }
+    if r.referees.is_some() {
+        report(
+            at(&["referees"]),
+            "not used by slipway; ignored".into(),
+            false,
+        );
+    }
+    if r.unhealthy_requests_limit.is_some() {
+        report(
+            at(&["unhealthy_requests_limit"]),
+            "not used by slipway (it backs off on failed requests instead); ignored".into(),
+            false,
+        );
+    }
+    if let Some(d) = &r.unhealthy_interval {
+        duration_text(d, at(&["unhealthy_interval"]), report);
+        report(
+            at(&["unhealthy_interval"]),
+            "not used by slipway (it backs off on failed requests instead); ignored".into(),
+            false,
+        );
+    }
+    if r.custom_build_dir.as_ref().is_some_and(|c| c.enabled) {
+        report(
+            at(&["custom_build_dir", "enabled"]),
+            "not supported yet: jobs cannot choose their build directory (GIT_CLONE_PATH)".into(),
+            false,
+        );
+    }
+    if let Some(c) = &r.cache {
+        match c.cache_type.as_str() {
+            "" => {}
+            t @ ("s3" | "gcs" | "azure") => report(
+                at(&["cache", "Type"]),
+                format!(
+                    "distributed cache type {t:?} is not supported yet; jobs use the local cache in cache_dir"
+                ),
+                false,
+            ),
+            other => report(
+                at(&["cache", "Type"]),
+                format!("unknown cache type {other:?}; expected \"s3\", \"gcs\" or \"azure\""),
+                true,
+            ),
+        }
+        if c.max_uploaded_archive_size < 0 {
+            report(
+                at(&["cache", "MaxUploadedArchiveSize"]),
+                "must be 0 (unlimited) or a size in bytes".into(),
+                true,
+            );
+        }
+    }
+    if let Some(inst) = &r.instance {
+        if EXECUTORS.contains(&r.executor.as_str()) && r.executor != "instance" {
+            report(
+                at(&["instance"]),
+                format!(
+                    "only the instance executor reads [runners.instance]; ignored for the {} executor",
+                    r.executor
+                ),
+                false,
+            );
+        }
+        let auto = r.autoscaler.as_ref();
+        let isolated = auto
+            .and_then(|a| a.vm_isolation.as_ref())
+            .is_some_and(|v| v.enabled);
+        let single_use = auto.is_some_and(|a| a.max_use_count == 1);
+        if inst.use_common_build_dir && !isolated && !single_use {
+            report(
+                at(&["instance", "use_common_build_dir"]),
+                "honoured only with VM isolation or max_use_count = 1 (jobs sharing an instance would share a build directory)".into(),
+                false,
+            );
+        }
+    }
+    if let Some(c) = &r.custom {
+        for (k, v) in [
+            ("config_exec", &c.config_exec),
+            ("prepare_exec", &c.prepare_exec),
+            ("run_exec", &c.run_exec),
+            ("cleanup_exec", &c.cleanup_exec),
+        ] {
+            // A bare name is looked up on PATH when the job runs.
+            if Path::new(v).is_absolute() {
+                missing_file(v, at(&["custom", k]), report);
+            }
+        }
+    }
+}
+
 fn quoted(names: &[&str]) -> String {
     names
         .iter()
@@ -940,32 +1687,51 @@ fn line_of(text: &str, offset: usize) -> usize {
     text.get(..offset).map_or(0, |t| t.matches('\n').count()) + 1
 }
 
-/// The line where the key at `path` is written (or its nearest written parent).
+/// The line where the key at `path` is written (or its nearest written parent); an index into
+/// an inline array gives the element's line.
 fn key_line(doc: &toml_edit::Document<String>, text: &str, path: &[Seg]) -> Option<usize> {
-    let mut table: &dyn toml_edit::TableLike = doc.as_table();
-    let mut best = None;
-    let mut i = 0;
-    while i < path.len() {
-        let Seg::Key(k) = &path[i] else { return best };
-        let (key, item) = table.get_key_value(k)?;
-        best = key
-            .span()
-            .or_else(|| item.span())
-            .map(|s| line_of(text, s.start))
-            .or(best);
-        i += 1;
-        match (item, path.get(i)) {
-            (toml_edit::Item::ArrayOfTables(arr), Some(Seg::Index(n))) => {
-                let t = arr.get(*n)?;
-                best = t.span().map(|s| line_of(text, s.start)).or(best);
-                table = t;
-                i += 1;
-            }
-            (item, _) => match item.as_table_like() {
-                Some(t) => table = t,
-                None => return best,
-            },
+    /// Where the walk stands.
+    enum At<'a> {
+        Table(&'a dyn toml_edit::TableLike),
+        Tables(&'a toml_edit::ArrayOfTables),
+        Array(&'a toml_edit::Array),
+        Leaf,
+    }
+    fn of_value(v: &toml_edit::Value) -> At<'_> {
+        match v {
+            toml_edit::Value::Array(a) => At::Array(a),
+            toml_edit::Value::InlineTable(t) => At::Table(t),
+            _ => At::Leaf,
         }
+    }
+    let line = |span: Option<std::ops::Range<usize>>| span.map(|s| line_of(text, s.start));
+    let mut at = At::Table(doc.as_table());
+    let mut best = None;
+    for seg in path {
+        at = match (at, seg) {
+            (At::Table(t), Seg::Key(k)) => {
+                let Some((key, item)) = t.get_key_value(k) else {
+                    return best;
+                };
+                best = line(key.span().or_else(|| item.span())).or(best);
+                match item {
+                    toml_edit::Item::ArrayOfTables(a) => At::Tables(a),
+                    toml_edit::Item::Value(v) => of_value(v),
+                    other => other.as_table_like().map_or(At::Leaf, At::Table),
+                }
+            }
+            (At::Tables(a), Seg::Index(n)) => {
+                let Some(t) = a.get(*n) else { return best };
+                best = line(t.span()).or(best);
+                At::Table(t)
+            }
+            (At::Array(a), Seg::Index(n)) => {
+                let Some(v) = a.get(*n) else { return best };
+                best = line(v.span()).or(best);
+                of_value(v)
+            }
+            _ => return best,
+        };
     }
     best
 }
@@ -1173,5 +1939,193 @@ concurrent = 4
                 .any(|l| l.contains("shape[1].memory: 16: expected an amount with a unit")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn every_wrong_type_is_reported_at_its_line() {
+        let text = GOOD
+            .replace("concurrent = 4", "concurrent = \"four\"")
+            .replace(
+                "capacity_per_instance = 2",
+                "capacity_per_instance = \"two\"",
+            )
+            .replace("max_use_count = 5", "max_use_count = -5")
+            .replace(
+                "idle_count = 1",
+                "idle_count = 1\n      periods = \"* * * * *\"",
+            );
+        let e = errors(&text);
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(
+            e[0].starts_with("config.toml:2: concurrent: invalid type"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("config.toml:10: runners[0].autoscaler.capacity_per_instance:"),
+            "{e:?}"
+        );
+        assert!(
+            e[2].starts_with("config.toml:12: runners[0].autoscaler.max_use_count:"),
+            "{e:?}"
+        );
+        assert!(
+            e[3].starts_with("config.toml:18: runners[0].autoscaler.policy[0].periods:"),
+            "{e:?}"
+        );
+    }
+
+    const GITLAB_WRITTEN: &str = r#"
+concurrent = 1
+check_interval = 0
+connection_max_age = "15m0s"
+shutdown_timeout = 0
+
+[session_server]
+  session_timeout = 1800
+
+[[runners]]
+  name = "shell"
+  url = "https://gitlab.example.com"
+  id = 7
+  token = "glrt-t1_secret-token-value"
+  token_obtained_at = 2024-05-01T12:00:00Z
+  token_expires_at = 0001-01-01T00:00:00Z
+  executor = "shell"
+  shell = "sh"
+  cache_dir = "/cache"
+  environment = ["A=1", "B=two=2"]
+  pre_build_script = "echo pre"
+  tls-ca-file = "/"
+  [runners.custom_build_dir]
+  [runners.cache]
+    MaxUploadedArchiveSize = 0
+    [runners.cache.s3]
+    [runners.cache.gcs]
+    [runners.cache.azure]
+  [runners.feature_flags]
+    FF_USE_FASTZIP = true
+"#;
+
+    #[test]
+    fn reads_what_gitlab_runner_writes() {
+        let loaded = parse(GITLAB_WRITTEN, "config.toml").expect("valid");
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let r = &loaded.config.runners[0];
+        assert_eq!(r.id, 7);
+        assert_eq!(r.token_obtained_at.as_deref(), Some("2024-05-01T12:00:00Z"));
+        assert_eq!(r.token_expires_at.as_deref(), Some("0001-01-01T00:00:00Z"));
+        assert_eq!(r.environment, vec!["A=1", "B=two=2"]);
+        assert_eq!(r.tls_ca_file.as_deref(), Some("/"));
+        assert_eq!(r.feature_flags.get("FF_USE_FASTZIP"), Some(&true));
+        assert!(r.cache.as_ref().is_some_and(|c| c.s3.is_some()));
+        // The same file read by the text deserializer (as a caller might): datetimes still load.
+        let direct: Config = toml::from_str(GITLAB_WRITTEN).expect("direct");
+        assert_eq!(
+            direct.runners[0].token_expires_at.as_deref(),
+            Some("0001-01-01T00:00:00Z")
+        );
+    }
+
+    #[test]
+    fn bad_environment_entry_names_its_index_without_its_value() {
+        let text = GITLAB_WRITTEN.replace(
+            "environment = [\"A=1\", \"B=two=2\"]",
+            "environment = [\n    \"A=1\",\n    \"no-equals-sign-secret\",\n  ]",
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("config.toml:22: runners[0].environment[1]: entry 1 is not KEY=VALUE"),
+            "{e:?}"
+        );
+        assert!(!e[0].contains("no-equals"), "{e:?}");
+    }
+
+    #[test]
+    fn secrets_are_never_quoted() {
+        let text = GITLAB_WRITTEN
+            .replace(
+                "token = \"glrt-t1_secret-token-value\"",
+                "token = 918273645\n  limit = \"glrt-t1_secret-token-value\"",
+            )
+            .replace(
+                "[runners.cache.s3]",
+                "[runners.cache.s3]\n      SecretKey = \"s3-secret-key-value\"\n      AccessKey = [\"s3-access\"]",
+            )
+            .replace("shell = \"sh\"", "shell = \"s3-secret-key-value\"");
+        let e = errors(&text).join("\n");
+        for secret in [
+            "918273645",
+            "glrt-t1_secret",
+            "s3-secret-key-value",
+            "s3-access",
+        ] {
+            assert!(!e.contains(secret), "{secret} in {e}");
+        }
+        assert!(
+            e.contains("runners[0].token: invalid type (value not shown)"),
+            "{e}"
+        );
+        assert!(e.contains("runners[0].shell: shell \"[MASKED]\""), "{e}");
+    }
+
+    #[test]
+    fn distributed_cache_and_unused_keys_are_warnings() {
+        let text = GITLAB_WRITTEN
+            .replace("MaxUploadedArchiveSize = 0", "Type = \"gcs\"")
+            .replace(
+                "shell = \"sh\"",
+                "shell = \"sh\"\n  pre_get_sources_script = \"x\"",
+            );
+        let loaded = parse(&text, "config.toml").expect("valid");
+        let w: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].contains("runners[0].pre_get_sources_script: not supported yet"),
+            "{w:?}"
+        );
+        assert!(
+            w[1].contains("runners[0].cache.Type: distributed cache type \"gcs\" is not supported yet; jobs use the local cache in cache_dir"),
+            "{w:?}"
+        );
+        let bad = GITLAB_WRITTEN.replace("shell = \"sh\"", "shell = \"pwsh\"");
+        assert!(errors(&bad)[0].contains("shell \"pwsh\" is not supported"));
+    }
+
+    #[test]
+    fn vm_isolation_and_instance_sections_parse() {
+        let text = GOOD.replace(
+            "    [runners.autoscaler.plugin_config]",
+            "    [runners.autoscaler.vm_isolation]\n      enabled = false\n      nesting_host = \"unix:///n.sock\"\n      image = \"macos\"\n      [runners.autoscaler.vm_isolation.nesting_config]\n        x = 1\n      [runners.autoscaler.vm_isolation.connector_config]\n        username = \"u\"\n    [runners.autoscaler.plugin_config]",
+        ) + "  [runners.instance]\n    allowed_images = [\"*\"]\n";
+        let loaded = parse(&text, "config.toml").expect("valid");
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let r = &loaded.config.runners[0];
+        let v = r
+            .autoscaler
+            .as_ref()
+            .and_then(|a| a.vm_isolation.as_ref())
+            .expect("vm");
+        assert_eq!(v.image, "macos");
+        assert_eq!(
+            r.instance.as_ref().map(|i| i.allowed_images.clone()),
+            Some(vec!["*".into()])
+        );
+    }
+
+    #[test]
+    fn oci_references_name_their_plugin() {
+        assert_eq!(
+            oci_plugin_name("gitlab-org/fleeting/plugins/aws:1").as_deref(),
+            Some("aws")
+        );
+        assert_eq!(
+            oci_plugin_name("registry.gitlab.com/gitlab-org/fleeting/plugins/googlecloud:1.0.0")
+                .as_deref(),
+            Some("googlecloud")
+        );
+        assert_eq!(oci_plugin_name("aws:latest").as_deref(), Some("aws"));
+        assert_eq!(oci_plugin_name("aws"), None);
+        assert_eq!(oci_plugin_name("/usr/bin/fleeting-plugin-aws"), None);
     }
 }

@@ -307,7 +307,8 @@ impl JobTask {
                 )
                 .await;
                 self.runner.release(&key);
-                if let Some(tar) = tar {
+                if !tar.is_empty() {
+                    let tar: Vec<u8> = tar.into_iter().flat_map(|a| a.tar).collect();
                     match tokio::fs::write(&self.artifacts_out, tar).await {
                         Ok(()) => artifacts = Some(self.artifacts_out.clone()),
                         Err(e) => trace.message(&format!("WARNING: storing artifacts: {e}")),

@@ -13,28 +13,38 @@
 //!    level, acquire a slot, run it, stream its trace (`PATCH jobs/:id/trace`), and send the final
 //!    state (`PUT jobs/:id`); release the slot.
 //!
+//! Before the job's steps its repository is fetched on the manager ([`crate::git`]) and the
+//! artifacts of its `dependencies` are downloaded; both are unpacked into its project directory.
+//! After them its `artifacts:` are archived (zip or gzip, `exclude` and `untracked` applied)
+//! and uploaded (`POST jobs/:id/artifacts`).
+//!
 //! GitLab's `Job-Status` cancels the job (`canceling`: cancel; `canceled`/`failed`/403: stop).
-//! A final state GitLab did not accept is retried in the background until shutdown; it is not
-//! kept across a restart yet.
+//! Every job is recorded in the runner's outbox ([`Outbox`]) when it starts; its final state
+//! stays there until GitLab accepts it, retried with backoff in the background, and a
+//! restarted manager sends what is left (a job that was running is reported
+//! `runner_system_failure`).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use slipway_executor::{JobOutcome, Trace};
-use slipway_jobs::JobResponse;
+use slipway_artifacts::{Format, Globs};
+use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
 use slipway_jobs::gitlab::{
     Backoff, ClientConfig, FailureReason as GlReason, FinishOutcome, GitlabClient, GitlabError,
-    JobState, PendingUpdate, Secret, SystemId, TraceConfig, TraceSender, UpdateRetryPolicy,
-    VersionInfo,
+    JobState, Outbox, PendingUpdate, Secret, SystemId, TraceConfig, TraceSender, UpdateRetryPolicy,
+    UploadOptions, VersionInfo,
 };
+use slipway_jobs::{JobResponse, Step, StepName, Variable};
 use slipway_taskscaler::{Error as TsError, Resources};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RunnerConfig;
+use crate::git::GitSources;
 use crate::job::{self, NoSlot};
 use crate::runner::Runner;
 
@@ -54,6 +64,9 @@ pub fn key_of(id: u64) -> String {
 pub struct SourceOptions {
     /// Where the manager's `system_id` file lives.
     pub system_id_path: PathBuf,
+    /// The manager's state directory: each runner keeps its outbox and git working copies in
+    /// `gitlab/<short token>/` there.
+    pub state_dir: PathBuf,
     /// Pause after a job request without a job (global `check_interval`).
     pub check_interval: Duration,
     /// The runner's `limit` (or `concurrent`).
@@ -76,6 +89,14 @@ pub enum SourceError {
     /// The system id file cannot be read or written.
     #[error("runner {runner:?}: {source}")]
     SystemId {
+        /// Runner name.
+        runner: String,
+        /// Why.
+        source: GitlabError,
+    },
+    /// The runner's outbox cannot be opened or read.
+    #[error("runner {runner:?}: {source}")]
+    Outbox {
         /// Runner name.
         runner: String,
         /// Why.
@@ -105,19 +126,102 @@ struct Source {
     last_update: std::sync::Mutex<Option<String>>,
     failures: std::sync::atomic::AtomicU32,
     provisional: AtomicU64,
+    outbox: Outbox,
+    git: GitSources,
+    defaults: JobDefaults,
+}
+
+/// What the runner's config adds to every job: `environment`, `pre_build_script` and
+/// `post_build_script`.
+#[derive(Debug, Clone, Default)]
+pub struct JobDefaults {
+    /// `KEY=VALUE` variables, overriding the job's own.
+    pub environment: Vec<(String, String)>,
+    /// Runs in the script step's shell before the job's script.
+    pub pre_build_script: Option<String>,
+    /// Runs in the script step's shell after the job's script (not after a failure).
+    pub post_build_script: Option<String>,
+}
+
+impl JobDefaults {
+    /// The runner config's defaults.
+    pub fn of(cfg: &RunnerConfig) -> Self {
+        Self {
+            environment: cfg
+                .environment
+                .iter()
+                .filter_map(|e| e.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            pre_build_script: cfg
+                .pre_build_script
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
+            post_build_script: cfg
+                .post_build_script
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
+        }
+    }
+
+    /// `job` with the defaults applied.
+    pub fn apply(&self, job: &JobResponse) -> JobResponse {
+        let mut job = job.clone();
+        for (key, value) in &self.environment {
+            job.variables.push(Variable {
+                key: key.clone(),
+                value: value.clone(),
+                public: true,
+                ..Variable::default()
+            });
+        }
+        if self.pre_build_script.is_some() || self.post_build_script.is_some() {
+            let script = match job.steps.iter_mut().find(|s| s.name == StepName::Script) {
+                Some(s) => s,
+                None => {
+                    job.steps.push(Step {
+                        name: StepName::Script,
+                        ..Step::default()
+                    });
+                    let last = job.steps.len() - 1;
+                    &mut job.steps[last]
+                }
+            };
+            if let Some(pre) = &self.pre_build_script {
+                script.script.insert(0, pre.trim_end().to_string());
+            }
+            if let Some(post) = &self.post_build_script {
+                script.script.push(post.trim_end().to_string());
+            }
+        }
+        job
+    }
 }
 
 /// The runner `info` this version sends.
 fn version_info(executor: &str) -> VersionInfo {
-    let features = [
+    let mut features = vec![
         "variables",
         "masking",
         "trace_reset",
         "trace_checksum",
         "trace_size",
         "cancelable",
+        "cancel_gracefully",
         "return_exit_code",
+        "artifacts",
+        "artifacts_exclude",
+        "upload_multiple_artifacts",
+        "cache",
+        "fallback_cache_keys",
+        "refspecs",
     ];
+    if matches!(executor, "docker" | "docker-autoscaler") {
+        features.extend(["image", "services", "service_multiple_aliases"]);
+    }
+    if matches!(executor, "shell" | "instance") {
+        features.push("shared");
+    }
     VersionInfo::new(
         executor,
         "bash",
@@ -151,6 +255,23 @@ pub async fn serve(
             source,
         })?;
     let backoff = Backoff::default();
+    let own_dir = opts.state_dir.join("gitlab").join(match token.short() {
+        s if s.is_empty() => "runner".to_string(),
+        s => s,
+    });
+    let outbox = Outbox::open(own_dir.join("outbox"))
+        .await
+        .map_err(|source| SourceError::Outbox {
+            runner: name.clone(),
+            source,
+        })?;
+    let owed = outbox
+        .recover()
+        .await
+        .map_err(|source| SourceError::Outbox {
+            runner: name.clone(),
+            source,
+        })?;
     if !verify(&client, &token, &system_id, &name, backoff, &stop).await? {
         return Ok(());
     }
@@ -165,11 +286,28 @@ pub async fn serve(
         last_update: std::sync::Mutex::new(None),
         failures: std::sync::atomic::AtomicU32::new(0),
         provisional: AtomicU64::new(0),
+        outbox,
+        git: GitSources::new(own_dir.join("git")),
+        defaults: JobDefaults::of(cfg),
     });
     let loops = cfg.request_concurrency.max(1);
     tracing::info!(runner = %name, url = %cfg.url.trim(), %source.system_id, request_concurrency = loops,
         "serving GitLab jobs");
     let mut set = JoinSet::new();
+    // Final states a previous run could not deliver (and jobs it left running) go first.
+    for update in owed {
+        tracing::warn!(runner = %name, job = update.job_id, state = ?update.state,
+            failure_reason = ?update.failure_reason, "sending a final job state left by an earlier run");
+        let (source, stop) = (source.clone(), stop.clone());
+        set.spawn(async move {
+            if let Some(u) = redeliver(source, update, Duration::ZERO, stop).await {
+                tracing::warn!(
+                    job = u.job_id,
+                    "final job state kept in the outbox for the next start"
+                );
+            }
+        });
+    }
     for _ in 0..loops {
         set.spawn(dispatch(
             source.clone(),
@@ -292,8 +430,8 @@ async fn dispatch(
     }
     while let Some(r) = tasks.join_next().await {
         match r {
-            Ok(Some(update)) => tracing::error!(runner = %name, job = update.job_id,
-                state = ?update.state, "final job state not delivered before shutdown; it is lost (not persisted across restarts yet)"),
+            Ok(Some(update)) => tracing::warn!(runner = %name, job = update.job_id,
+                state = ?update.state, "final job state not delivered before shutdown; kept in the outbox for the next start"),
             Ok(None) => {}
             Err(e) => tracing::error!(runner = %name, "GitLab job task failed: {e}"),
         }
@@ -305,7 +443,8 @@ fn reap(tasks: &mut JoinSet<Leftover>, source: &Arc<Source>, stop: &Cancellation
     while let Some(r) = tasks.try_join_next() {
         match r {
             Ok(Some(update)) => {
-                tasks.spawn(redeliver(source.clone(), update, stop.clone()));
+                let first = source.backoff.delay(0);
+                tasks.spawn(redeliver(source.clone(), update, first, stop.clone()));
             }
             Ok(None) => {}
             Err(e) => tracing::error!(runner = %source.runner.name, "GitLab job task failed: {e}"),
@@ -313,31 +452,43 @@ fn reap(tasks: &mut JoinSet<Leftover>, source: &Arc<Source>, stop: &Cancellation
     }
 }
 
-/// Keep sending a final state GitLab has not accepted, with backoff, until it is or `stop`.
+/// Keep sending a final state GitLab has not accepted, with backoff (the first try after
+/// `first`), until it is or `stop`; then it leaves the outbox.
 async fn redeliver(
     source: Arc<Source>,
     update: PendingUpdate,
+    first: Duration,
     stop: CancellationToken,
 ) -> Leftover {
     let mut update = update;
     let mut round = 0;
     loop {
-        let delay = source.backoff.delay(round);
+        let delay = if round == 0 {
+            first
+        } else {
+            source.backoff.delay(round - 1)
+        };
         round += 1;
         tokio::select! {
             _ = stop.cancelled() => return Some(update),
             _ = tokio::time::sleep(delay) => {}
         }
+        let update_id = update.job_id;
         match source
             .client
             .finish_job(update, UpdateRetryPolicy::default(), &stop)
             .await
         {
             FinishOutcome::Accepted => {
-                tracing::info!(runner = %source.runner.name, "final job state delivered after retries");
+                tracing::info!(runner = %source.runner.name, job = update_id,
+                    "final job state delivered after retries");
+                source.settle(update_id).await;
                 return None;
             }
-            FinishOutcome::JobGone { .. } => return None,
+            FinishOutcome::JobGone { .. } => {
+                source.settle(update_id).await;
+                return None;
+            }
             FinishOutcome::Undelivered {
                 update: u,
                 last_error,
@@ -407,6 +558,14 @@ async fn reserve_provisional(
 }
 
 impl Source {
+    /// Drops job `id` from the outbox: GitLab has its final state.
+    async fn settle(&self, id: u64) {
+        if let Err(e) = self.outbox.settled(id).await {
+            tracing::warn!(runner = %self.runner.name, job = id, error = %e,
+                "cannot remove a delivered job from the outbox; it may be reported again after a restart");
+        }
+    }
+
     /// One `jobs/request`: the job, or `None` (no job, or a failure, logged).
     async fn request_one(&self) -> Option<Box<JobResponse>> {
         let last = self.last_update.lock().ok().and_then(|g| g.clone());
@@ -505,6 +664,15 @@ async fn run_job(
     stop: CancellationToken,
 ) -> Leftover {
     let runner = &source.runner;
+    let job_token = Secret::new(job.token.clone());
+    if let Err(e) = source
+        .outbox
+        .started(job.id, &job_token, &job.features.failure_reasons)
+        .await
+    {
+        tracing::error!(runner = %runner.name, job = job.id, error = %e,
+            "cannot record the job in the outbox; a crash now would leave it unreported");
+    }
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let trace = Trace::new(job.masked_values(), tx);
     let sender = TraceSender::new(
@@ -526,7 +694,7 @@ async fn run_job(
     let work = async {
         let mut trace = trace;
         let outcome =
-            run_admitted(runner, &job, &provisional, &mut trace, &job_cancel, &stop).await;
+            run_admitted(&source, &job, &provisional, &mut trace, &job_cancel, &stop).await;
         trace.message(&job::closing_line(&outcome));
         trace.finish();
         drop(trace);
@@ -588,14 +756,22 @@ async fn run_job(
         .finish_job(update, UpdateRetryPolicy::default(), &stop)
         .await
     {
-        FinishOutcome::Accepted => None,
+        FinishOutcome::Accepted => {
+            source.settle(job.id).await;
+            None
+        }
         FinishOutcome::JobGone { status } => {
             tracing::info!(runner = %runner.name, job = job.id, status,
                 "GitLab no longer has the job; its final state is not needed");
+            source.settle(job.id).await;
             None
         }
         FinishOutcome::Undelivered { update, last_error } => {
             log_undelivered(&runner.name, &update, last_error.as_ref());
+            if let Err(e) = source.outbox.pending(&update).await {
+                tracing::error!(runner = %runner.name, job = job.id, error = %e,
+                    "cannot keep the final job state in the outbox; it is retried until shutdown only");
+            }
             Some(update)
         }
     }
@@ -604,13 +780,14 @@ async fn run_job(
 /// Admission (isolation and resource request), reservation under the job's key, slot, run.
 /// The provisional reservation is always given back; the job's own is released at the end.
 async fn run_admitted(
-    runner: &Runner,
+    source: &Source,
     job: &JobResponse,
     provisional: &str,
     trace: &mut Trace,
     cancel: &CancellationToken,
     stop: &CancellationToken,
 ) -> JobOutcome {
+    let runner = &*source.runner;
     let admitted = job::isolation_of(runner, job, trace).and_then(|_| job::request_of(job, trace));
     // The provisional slot goes back just before the job's own reservation is made, so the job
     // normally lands on the capacity held for it (or waits for capacity with a trace line).
@@ -631,9 +808,208 @@ async fn run_admitted(
         "Running on instance {} slot {}",
         acq.instance_id, acq.slot
     ));
-    let (outcome, _artifacts) = job::execute(runner, &acq, job, Vec::new(), trace, cancel).await;
+    let inputs = match inputs_of(source, job, trace, cancel).await {
+        Ok(i) => i,
+        Err(outcome) => {
+            runner.release(&key);
+            return outcome;
+        }
+    };
+    let job = source.defaults.apply(job);
+    let (mut outcome, collected) =
+        job::execute(runner, &acq, &job, inputs.tars, trace, cancel).await;
+    // The slot is free while the artifacts travel: uploading is the manager's work.
     runner.release(&key);
+    upload_artifacts(
+        source,
+        &job,
+        collected,
+        &inputs.tracked,
+        &mut outcome,
+        trace,
+    )
+    .await;
     outcome
+}
+
+/// What is unpacked into the job's directory before its steps.
+struct Inputs {
+    /// The sources, then each dependency's artifacts.
+    tars: Vec<Vec<u8>>,
+    /// Paths git tracks in the sources.
+    tracked: BTreeSet<String>,
+}
+
+/// The job's sources and its dependencies' artifacts; a failure ends the job.
+async fn inputs_of(
+    source: &Source,
+    job: &JobResponse,
+    trace: &mut Trace,
+    cancel: &CancellationToken,
+) -> Result<Inputs, JobOutcome> {
+    let failed = |msg: String, cancel: &CancellationToken| {
+        if cancel.is_cancelled() {
+            JobOutcome::failed(FailureReason::JobCanceled, None, msg)
+        } else {
+            JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
+        }
+    };
+    let mut inputs = Inputs {
+        tars: Vec::new(),
+        tracked: BTreeSet::new(),
+    };
+    match source.git.get(job, trace, cancel).await {
+        Ok(Some(s)) => {
+            inputs.tars.push(s.tar);
+            inputs.tracked = s.tracked;
+        }
+        Ok(None) => {}
+        Err(msg) => return Err(failed(msg, cancel)),
+    }
+    for dep in &job.dependencies {
+        if dep.artifacts_file.is_none() {
+            continue;
+        }
+        trace.message(&format!(
+            "Downloading artifacts for {} ({})...",
+            dep.name, dep.id
+        ));
+        let token = Secret::new(dep.token.clone());
+        let zip = tokio::select! {
+            r = source.client.download_artifacts(dep.id, &token) => r,
+            _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
+        };
+        let tar = zip
+            .map_err(|e| e.to_string())
+            .and_then(|zip| slipway_artifacts::zip_to_tar(&zip).map_err(|e| e.to_string()));
+        match tar {
+            Ok(tar) => {
+                trace.message(&format!(
+                    "Downloading artifacts from coordinator... ok  id={}",
+                    dep.id
+                ));
+                inputs.tars.push(tar);
+            }
+            Err(e) => {
+                let msg = format!(
+                    "downloading the artifacts of {} ({}): {e}",
+                    dep.name, dep.id
+                );
+                trace.message(&format!("ERROR: {msg}"));
+                return Err(failed(msg, cancel));
+            }
+        }
+    }
+    Ok(inputs)
+}
+
+/// Whether the tar entry `path` belongs in an `artifacts:` entry's archive: not excluded, and
+/// with `untracked`, either under one of its `paths` or not tracked by git.
+fn keeps(
+    path: &str,
+    includes: &Globs,
+    excludes: &Globs,
+    untracked: bool,
+    tracked: &BTreeSet<String>,
+) -> bool {
+    let lineage =
+        || std::iter::successors(Some(path), |p| p.rsplit_once('/').map(|(parent, _)| parent));
+    if path.is_empty() || path == "." || lineage().any(|p| excludes.is_match(p)) {
+        return false;
+    }
+    if !untracked {
+        return true;
+    }
+    if lineage().any(|p| p == ".git") {
+        return false;
+    }
+    lineage().any(|p| includes.is_match(p)) || !tracked.contains(path)
+}
+
+/// Archive and upload each collected `artifacts:` entry; a failed upload fails a job that had
+/// succeeded.
+async fn upload_artifacts(
+    source: &Source,
+    job: &JobResponse,
+    collected: Vec<CollectedArtifacts>,
+    tracked: &BTreeSet<String>,
+    outcome: &mut JobOutcome,
+    trace: &mut Trace,
+) {
+    let token = Secret::new(job.token.clone());
+    for c in collected {
+        let Some(spec) = job.artifacts.get(c.spec) else {
+            continue;
+        };
+        let kind = match spec.artifact_type.as_str() {
+            "" => "archive",
+            t => t,
+        };
+        trace.message(&format!(
+            "Uploading artifacts for {} job",
+            if outcome.is_success() {
+                "successful"
+            } else {
+                "failed"
+            }
+        ));
+        let archived = (|| {
+            let format = match spec.artifact_format.as_str() {
+                "" => Format::Zip,
+                f => Format::parse(f).ok_or_else(|| {
+                    format!("artifact format {f:?} is not supported; expected zip or gzip")
+                })?,
+            };
+            let includes = Globs::new(&spec.paths).map_err(|e| e.to_string())?;
+            let excludes = Globs::new(&spec.exclude).map_err(|e| e.to_string())?;
+            let keep = |p: &str| keeps(p, &includes, &excludes, spec.untracked, tracked);
+            slipway_artifacts::archive_from_tar(&c.tar, format, &keep)
+                .map(|a| (format, a))
+                .map_err(|e| e.to_string())
+        })();
+        let (format, archive) = match archived {
+            Ok(a) => a,
+            Err(msg) => {
+                fail_upload(outcome, trace, format!("archiving artifacts: {msg}"));
+                continue;
+            }
+        };
+        if archive.files == 0 {
+            trace.message(&format!(
+                "WARNING: no files to upload for artifacts {kind:?} (paths {:?})",
+                spec.paths
+            ));
+            continue;
+        }
+        trace.message(&format!(
+            "{} files and directories; uploading artifacts as {kind:?} to coordinator...",
+            archive.files
+        ));
+        let opts = UploadOptions {
+            name: (!spec.name.is_empty()).then(|| spec.name.clone()),
+            artifact_type: kind.to_string(),
+            artifact_format: format.as_str().to_string(),
+            expire_in: (!spec.expire_in.is_empty()).then(|| spec.expire_in.clone()),
+        };
+        match source
+            .client
+            .upload_artifacts(job.id, &token, archive.bytes, &opts)
+            .await
+        {
+            Ok(()) => trace.message(&format!(
+                "Uploading artifacts as {kind:?} to coordinator... 201 Created  id={}",
+                job.id
+            )),
+            Err(e) => fail_upload(outcome, trace, format!("uploading artifacts: {e}")),
+        }
+    }
+}
+
+fn fail_upload(outcome: &mut JobOutcome, trace: &mut Trace, msg: String) {
+    trace.message(&format!("ERROR: {msg}"));
+    if outcome.is_success() {
+        *outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+    }
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 //! by `slipway exec` (a local pipeline) and `slipway run` (the embedded queue).
 
 use slipway_executor::{
-    CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner, JobSlot, LocalHost,
-    RunResult, SshHost, Steps, Trace, cgroup, isolation,
+    CollectedArtifacts, CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner,
+    JobSlot, LocalHost, RunResult, SshHost, Steps, Trace, cgroup, isolation,
 };
 use slipway_jobs::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
@@ -137,11 +137,11 @@ pub async fn execute(
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
     cancel: &CancellationToken,
-) -> (JobOutcome, Option<Vec<u8>>) {
+) -> (JobOutcome, Vec<CollectedArtifacts>) {
     // Checked before the job was reserved (`isolation_of`); asked again here, not carried.
     let level = match isolation_of(runner, job, trace) {
         Ok(level) => level,
-        Err(no) => return (config_error(no.message), None),
+        Err(no) => return (config_error(no.message), Vec::new()),
     };
     let cancel = cancel.child_token();
     if runner.local {
@@ -155,7 +155,7 @@ pub async fn execute(
             trace.message(&format!("ERROR: {msg}"));
             return (
                 JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                None,
+                Vec::new(),
             );
         }
     };
@@ -198,7 +198,7 @@ fn config_error(msg: String) -> JobOutcome {
 fn no_result(outcome: JobOutcome) -> RunResult {
     RunResult {
         outcome,
-        artifacts: None,
+        artifacts: Vec::new(),
     }
 }
 
@@ -260,6 +260,7 @@ async fn execute_on_instance(
     } else {
         let mut steps = JobRunner {
             builds_dir: runner.builds_dir.clone(),
+            cache_dir: Some(runner.cache_dir.clone()),
             ..JobRunner::default()
         };
         if level == Isolation::Cgroup
@@ -335,6 +336,7 @@ async fn execute_here(
         _ => {
             let mut steps = JobRunner {
                 builds_dir: runner.builds_dir.clone(),
+                cache_dir: Some(runner.cache_dir.clone()),
                 ..JobRunner::default()
             };
             if level == Isolation::Cgroup

@@ -5,16 +5,20 @@
 //! - [`exec`]: `slipway exec`, a local pipeline through the whole stack.
 //! - [`job`]: one job on a slot (reserve, acquire, execute), shared by `exec` and `run`.
 //! - [`consume`]: `slipway run`'s job source, the embedded queue, and its restart recovery.
+//! - [`git`]: a GitLab job's repository, fetched on the manager and shipped to the job.
 //! - [`gitlab`]: `slipway run`'s GitLab job source (runners with a `url` and a `token`).
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
+//! - [`register`]: `slipway register`, GitLab's registration flows appending to config.toml.
 
 pub mod config;
 pub mod consume;
 pub mod exec;
+pub mod git;
 pub mod gitlab;
 pub mod job;
 pub mod localhost;
 pub mod pool;
+pub mod register;
 pub mod request;
 pub mod runner;
 pub mod server;

@@ -102,11 +102,66 @@ enum Command {
         #[arg(long, default_value_t = 30.0)]
         target_p95: f64,
     },
-    /// Check a config.toml and report every problem.
+    /// Check a config.toml and report every problem: wrong types and values (errors, exit 1),
+    /// unknown keys and things missing on this machine (warnings).
     VerifyConfig {
         /// config.toml.
         #[arg(short, long, default_value = "config.toml")]
         config: PathBuf,
+        /// Directory searched first for fleeting plugins.
+        #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
+        plugin_dir: Option<PathBuf>,
+    },
+    /// Register a runner with GitLab and append its [[runners]] entry to config.toml.
+    ///
+    /// Either `--token glrt-…` (a runner created in GitLab's UI) or the legacy
+    /// `--registration-token`. The file is created if absent, written with mode 0600.
+    Register {
+        /// config.toml to append to.
+        #[arg(short, long, default_value = "config.toml")]
+        config: PathBuf,
+        /// GitLab's URL.
+        #[arg(short, long, env = "CI_SERVER_URL")]
+        url: String,
+        /// Runner authentication token (glrt-…) of a runner created in GitLab's UI.
+        #[arg(short, long, env = "CI_SERVER_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Legacy registration token.
+        #[arg(short, long, env = "REGISTRATION_TOKEN", hide_env_values = true)]
+        registration_token: Option<String>,
+        /// Runner name (default: the host name).
+        #[arg(long, env = "RUNNER_NAME")]
+        name: Option<String>,
+        /// Executor: instance, docker-autoscaler, shell, docker or custom.
+        #[arg(long, env = "RUNNER_EXECUTOR")]
+        executor: String,
+        /// Default image of the docker executors.
+        #[arg(long, env = "DOCKER_IMAGE")]
+        docker_image: Option<String>,
+        /// Runner description (legacy flow; default: the name).
+        #[arg(long)]
+        description: Option<String>,
+        /// Tags, comma-separated (legacy flow).
+        #[arg(long, value_delimiter = ',')]
+        tag_list: Vec<String>,
+        /// Also run untagged jobs (legacy flow).
+        #[arg(long)]
+        run_untagged: bool,
+        /// Lock the runner to its project (legacy flow).
+        #[arg(long)]
+        locked: bool,
+        /// Start paused (legacy flow).
+        #[arg(long)]
+        paused: bool,
+        /// `not_protected` or `ref_protected` (legacy flow).
+        #[arg(long)]
+        access_level: Option<String>,
+        /// Longest job in seconds (legacy flow).
+        #[arg(long)]
+        maximum_timeout: Option<u64>,
+        /// Maintenance note (legacy flow).
+        #[arg(long)]
+        maintenance_note: Option<String>,
     },
 }
 
@@ -230,17 +285,107 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
             Ok(ExitCode::SUCCESS)
         }
         Command::Sim { .. } => Ok(ExitCode::SUCCESS),
-        Command::VerifyConfig { config } => {
-            let loaded = config::load(&config).await?;
-            print_warnings(&loaded);
+        Command::VerifyConfig { config, plugin_dir } => verify_config(&config, plugin_dir).await,
+        Command::Register {
+            config,
+            url,
+            token,
+            registration_token,
+            name,
+            executor,
+            docker_image,
+            description,
+            tag_list,
+            run_untagged,
+            locked,
+            paused,
+            access_level,
+            maximum_timeout,
+            maintenance_note,
+        } => {
+            let args = slipway::register::RegisterArgs {
+                config,
+                url,
+                registration_token: registration_token.map(slipway_jobs::gitlab::Secret::new),
+                token: token.map(slipway_jobs::gitlab::Secret::new),
+                name,
+                executor,
+                docker_image,
+                options: slipway_jobs::gitlab::RegisterOptions {
+                    description: description.unwrap_or_default(),
+                    maintenance_note: maintenance_note.unwrap_or_default(),
+                    tag_list: tag_list
+                        .into_iter()
+                        .map(|t| t.trim().to_string())
+                        .filter(|t| !t.is_empty())
+                        .collect(),
+                    run_untagged,
+                    locked,
+                    access_level: access_level.unwrap_or_default(),
+                    maximum_timeout: maximum_timeout.unwrap_or(0),
+                    paused,
+                },
+            };
+            let r = slipway::register::register(&args).await?;
+            // The short token only: the full one is in the file, mode 0600.
             println!(
-                "{}: ok ({} runner(s))",
-                config.display(),
-                loaded.config.runners.len()
+                "Registered runner {:?}: id {}, token {}… ({} {})",
+                r.name,
+                r.id,
+                r.short_token,
+                if r.created { "created" } else { "appended to" },
+                r.config.display()
             );
+            // What the new entry still needs (e.g. an autoscaler section) is said now, not at run.
+            if let Err(e) = config::load(&r.config).await {
+                eprintln!(
+                    "note: {} needs editing before `slipway run`:\n{e}",
+                    r.config.display()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `slipway verify-config`: every problem, in file order, then a summary; exit 1 on errors.
+async fn verify_config(path: &Path, plugin_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let file = path.display().to_string();
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .with_context(|| format!("cannot read {file}"))?;
+    let opts = config::CheckOptions {
+        plugins: true,
+        plugin_dir,
+    };
+    let checked = config::check(&text, &file, &opts);
+    let mut all: Vec<(&config::Problem, &str)> = checked
+        .errors
+        .iter()
+        .map(|p| (p, "error"))
+        .chain(checked.warnings.iter().map(|p| (p, "warning")))
+        .collect();
+    all.sort_by_key(|(p, _)| p.line.unwrap_or(usize::MAX));
+    for (p, kind) in &all {
+        eprintln!("{kind}: {p}");
+    }
+    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let (e, w) = (checked.errors.len(), checked.warnings.len());
+    if e > 0 {
+        println!("{file}: {}, {}", count(e, "error"), count(w, "warning"));
+        return Ok(ExitCode::from(1));
+    }
+    let runners = checked.config.map_or(0, |c| c.runners.len());
+    if w > 0 {
+        println!(
+            "{file}: valid, {} ({})",
+            count(w, "warning"),
+            count(runners, "runner")
+        );
+    } else {
+        println!("{file}: valid ({})", count(runners, "runner"));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print_warnings(loaded: &Loaded) {
@@ -485,6 +630,7 @@ async fn run_manager(
                 system_id_path: config_dir(config_path)
                     .join(".slipway-state")
                     .join("system_id"),
+                state_dir: config_dir(config_path).join(".slipway-state"),
                 check_interval: std::time::Duration::from_secs(
                     match loaded.config.check_interval {
                         0 => 3,

@@ -30,6 +30,8 @@ pub struct Runner {
     pub name: String,
     /// Builds root on instances.
     pub builds_dir: String,
+    /// Cache root where jobs run (`cache_dir`; `cache` under `$HOME` by default).
+    pub cache_dir: String,
     /// Isolation levels jobs may ask for, and the default.
     pub isolation: IsolationPolicy,
     /// Slot cgroups of the `cgroup` level.
@@ -130,6 +132,7 @@ impl Runner {
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
+            cache_dir: "cache".into(),
             isolation,
             cgroups,
             executor: cfg.executor.clone(),
@@ -295,9 +298,14 @@ fn start_local(
             .unwrap_or_else(std::env::temp_dir);
         base.join("builds").display().to_string()
     });
+    let cache_dir = Path::new(&builds_dir)
+        .parent()
+        .map(|p| p.join("cache").display().to_string())
+        .unwrap_or_else(|| "cache".into());
     Ok(Runner {
         name: cfg.name.clone(),
         builds_dir,
+        cache_dir,
         isolation,
         cgroups,
         executor: cfg.executor.clone(),

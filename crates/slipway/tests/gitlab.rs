@@ -89,7 +89,17 @@ async fn start_proxy(
 }
 
 fn queue(mock: &GitlabRunnerMock, name: &str, script: &[&str]) -> u64 {
+    queue_with(mock, name, script, &[])
+}
+
+/// Queue a job; `artifacts` are its `artifacts: paths` (zip archive, on success).
+fn queue_with(mock: &GitlabRunnerMock, name: &str, script: &[&str], artifacts: &[&str]) -> u64 {
     let mut b = mock.job_builder(name.to_string());
+    if !artifacts.is_empty() {
+        b.add_artifact_paths(artifacts.iter().map(|s| s.to_string()).collect());
+    }
+    // The mock's repository (https://bla/dummy.git) does not exist.
+    b.add_variable("GIT_STRATEGY".into(), "none".into(), true, false);
     b.add_step(
         MockJobStepName::Script,
         script.iter().map(|s| s.to_string()).collect(),
@@ -116,12 +126,12 @@ fn final_update(seen: &Mutex<Vec<Seen>>, id: u64) -> serde_json::Value {
     serde_json::from_slice(&put.body).unwrap()
 }
 
-/// The trace after its `Running on instance ID slot N` line (what precedes it depends on how
+/// The trace after its `Skipping Git repository setup` line (what precedes it depends on how
 /// long the job waited for capacity).
 fn after_slot_line(text: &str) -> &str {
     let at = text
-        .find("Running on instance ")
-        .unwrap_or_else(|| panic!("no slot line in trace:\n{text}"));
+        .find("Skipping Git repository setup")
+        .unwrap_or_else(|| panic!("no sources line in trace:\n{text}"));
     let nl = text[at..].find('\n').expect("slot line ends");
     &text[at + nl + 1..]
 }
@@ -130,15 +140,17 @@ fn after_slot_line(text: &str) -> &str {
 async fn gitlab_jobs_run_on_an_autoscaled_instance() {
     let mock = GitlabRunnerMock::start().await;
     let (url, seen, proxy) = start_proxy(mock.uri().to_string()).await;
-    let ok = queue(
+    let ok = queue_with(
         &mock,
         "build",
         &[
             "echo first-line",
             "echo \"the secret is $SECRET\"",
             "for i in 1 2 3; do echo counted-$i; done",
+            "mkdir -p out && echo built-by-slipway > out/report.txt",
             "echo last-line",
         ],
+        &["out/"],
     );
     let bad = queue(&mock, "broken", &["echo before-failing", "exit 3"]);
 
@@ -213,16 +225,34 @@ check_interval = 1
     // Everything after the slot line is the job's own output, byte for byte.
     assert_eq!(
         after_slot_line(&text),
-        "$ echo first-line\nfirst-line\n\
+        format!(
+            "$ echo first-line\nfirst-line\n\
          $ echo \"the secret is $SECRET\"\nthe secret is [MASKED]\n\
          $ for i in 1 2 3; do echo counted-$i; done\ncounted-1\ncounted-2\ncounted-3\n\
+         $ mkdir -p out && echo built-by-slipway > out/report.txt\n\
          $ echo last-line\nlast-line\n\
-         Job succeeded\n",
+         Collecting artifacts\n\
+         Uploading artifacts for successful job\n\
+         2 files and directories; uploading artifacts as \"archive\" to coordinator...\n\
+         Uploading artifacts as \"archive\" to coordinator... 201 Created  id={ok}\n\
+         Job succeeded\n"
+        ),
         "trace:\n{text}"
     );
     assert!(
         !log.windows(b"hunter22".len()).any(|w| w == b"hunter22"),
         "masked value leaked:\n{text}"
+    );
+    // Its artifacts arrived as a zip holding what the job wrote.
+    let uploaded: Vec<_> = job.uploaded_artifacts().collect();
+    assert_eq!(uploaded.len(), 1, "one archive uploaded");
+    assert_eq!(uploaded[0].artifact_format.as_deref(), Some("zip"));
+    assert_eq!(uploaded[0].artifact_type.as_deref(), Some("archive"));
+    let files = unzip(&uploaded[0].data);
+    assert_eq!(
+        files.get("out/report.txt").map(String::as_str),
+        Some("built-by-slipway\n"),
+        "{files:?}"
     );
     let update = final_update(&seen, ok);
     assert_eq!(update["state"], "success");
@@ -267,6 +297,35 @@ check_interval = 1
         w.processes()
     );
     proxy.abort();
+}
+
+/// The files of a zip archive, by path (unpacked with slipway-artifacts and `tar`).
+fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
+    let tar = slipway_artifacts::zip_to_tar(zip).expect("a valid zip");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("tar")
+        .args(["-x", "-f", "-", "-C"])
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &tar).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir.path()).unwrap().display().to_string();
+                out.insert(rel, std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    out
 }
 
 fn seen_bodies(seen: &Mutex<Vec<Seen>>) -> Vec<u8> {

@@ -5,6 +5,9 @@
 //! - [`ensure_docker_engine`]: Docker Engine running and the local `slipway-busybox` image
 //!   built, through `scripts/docker-engine.sh`.
 //! - [`kill_tree`]: kill a process and every descendant.
+//! - [`gitlab::FakeGitlab`]: a stateful mock GitLab runner API on 127.0.0.1, with fault injection.
+
+pub mod gitlab;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

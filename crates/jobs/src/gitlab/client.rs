@@ -205,7 +205,29 @@ impl GitlabClient {
         timeout: Duration,
     ) -> Result<RawResponse, GitlabError> {
         let endpoint = endpoint(&method, path);
-        let uri = format!("{}{}", self.base, path);
+        let uri = self.api_url(path);
+        self.call_url(method, &uri, endpoint, headers, body, timeout, MAX_BODY)
+            .await
+    }
+
+    /// The full URL of `path` (relative to `/api/v4/`).
+    pub(super) fn api_url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// [`Self::call`] for a full URL (e.g. a redirect's `Location`), named `endpoint` in errors,
+    /// reading at most `max_body` bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn call_url(
+        &self,
+        method: Method,
+        uri: &str,
+        endpoint: String,
+        headers: &[(&str, &str)],
+        body: Option<(&str, Bytes)>,
+        timeout: Duration,
+        max_body: usize,
+    ) -> Result<RawResponse, GitlabError> {
         let mut req = Request::builder().method(method).uri(uri).header(
             "user-agent",
             format!("slipway {}", self.config.info.version),
@@ -235,7 +257,7 @@ impl GitlabClient {
                 .await
                 .map_err(|e| network(&endpoint, &e))?;
             let (parts, body) = resp.into_parts();
-            let body = Limited::new(body, MAX_BODY)
+            let body = Limited::new(body, max_body)
                 .collect()
                 .await
                 .map_err(|e| GitlabError::Network {

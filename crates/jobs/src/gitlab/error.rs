@@ -73,6 +73,14 @@ pub enum GitlabError {
         /// What was wrong.
         message: String,
     },
+    /// The outbox (final states kept until GitLab accepts them) cannot be read or written.
+    #[error("job outbox {path}: {message}")]
+    Outbox {
+        /// The file or directory.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
     /// The `system_id` file cannot be read or written.
     #[error("system id file {path}: {message}")]
     SystemId {

@@ -9,11 +9,17 @@
 //! - [`TraceSender`]: incremental trace upload with resync, size limit and cancel signals.
 //! - [`PendingUpdate`] and [`GitlabClient::finish_job`]: the final job state, retried until GitLab
 //!   accepts it and handed back (serializable) if it cannot be delivered.
+//! - [`GitlabClient::upload_artifacts`] and [`GitlabClient::download_artifacts`]: job artifacts,
+//!   downloads following redirects to object storage.
+//!
+//! - [`Outbox`]: job records on disk until GitLab has their final state, across restarts.
 //!
 //! Tokens are [`Secret`]s: `Debug` prints `[MASKED]`, errors never carry them.
 
+mod artifacts;
 mod client;
 mod error;
+mod outbox;
 mod request;
 mod system_id;
 mod trace;
@@ -25,8 +31,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use artifacts::{MAX_DOWNLOAD_SIZE, UploadOptions};
 pub use client::{ClientConfig, GitlabClient, RegisterOptions, RunnerCredentials};
 pub use error::GitlabError;
+pub use outbox::{INTERRUPTED_MESSAGE, Outbox};
 pub use request::{JobRequestOutcome, Poller, PollerConfig};
 pub use system_id::SystemId;
 pub use trace::{

@@ -1,0 +1,194 @@
+//! Reading the executor's tar stream into normalized entries.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Read;
+
+use tar::EntryType;
+
+use crate::ArtifactsError;
+
+/// What an entry is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Kind<'a> {
+    /// A regular file and its content (borrowed from the stream when stored contiguously).
+    File(Cow<'a, [u8]>),
+    /// A directory.
+    Dir,
+    /// A symbolic link and its target.
+    Symlink(String),
+}
+
+/// One entry of the stream, its path normalized.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry<'a> {
+    /// Relative, `/`-separated, without `./`, empty or `.` segments, or a trailing `/`.
+    pub path: String,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    /// Modification time, Unix seconds.
+    pub mtime: u64,
+    /// File, directory or symlink.
+    pub kind: Kind<'a>,
+}
+
+/// Reads every entry of `tar` (several archives may be concatenated) for which `keep(path)` is
+/// true, in stream order; a path seen twice keeps its first position and its last content, as
+/// unpacking the stream would leave it. Hard links become copies of their target; devices,
+/// FIFOs and the project directory itself (`./`) are skipped, as GitLab Runner skips them.
+pub(crate) fn read_tar<'a>(
+    tar: &'a [u8],
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Vec<Entry<'a>>, ArtifactsError> {
+    let mut archive = tar::Archive::new(tar);
+    // Without this the reader stops at the first archive's end-of-archive blocks.
+    archive.set_ignore_zeros(true);
+    let mut entries: Vec<Entry<'a>> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    // Every regular file's content, kept or not, for hard links to it.
+    let mut contents: HashMap<String, Cow<'a, [u8]>> = HashMap::new();
+
+    for entry in archive.entries().map_err(ArtifactsError::Tar)? {
+        let mut entry = entry.map_err(ArtifactsError::Tar)?;
+        let header = entry.header();
+        let entry_type = header.entry_type();
+        let mode = header.mode().map_err(ArtifactsError::Tar)? & 0o7777;
+        let mtime = header.mtime().map_err(ArtifactsError::Tar)?;
+        let path = normalize(&entry.path_bytes())?;
+
+        let kind = match entry_type {
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                let data = file_data(tar, &mut entry, entry_type)?;
+                contents.insert(path.clone(), data.clone());
+                Kind::File(data)
+            }
+            EntryType::Link => {
+                let target = entry
+                    .link_name_bytes()
+                    .map(|t| normalize(&t))
+                    .transpose()?
+                    .unwrap_or_default();
+                match contents.get(&target) {
+                    Some(data) => {
+                        let data = data.clone();
+                        contents.insert(path.clone(), data.clone());
+                        Kind::File(data)
+                    }
+                    None => return Err(ArtifactsError::DanglingHardLink { path, target }),
+                }
+            }
+            EntryType::Directory => Kind::Dir,
+            EntryType::Symlink => {
+                let target = entry.link_name_bytes().unwrap_or_default();
+                let target = String::from_utf8(target.into_owned()).map_err(|_| {
+                    ArtifactsError::UnsafePath {
+                        path: path.clone(),
+                        reason: "symlink target is not UTF-8",
+                    }
+                })?;
+                Kind::Symlink(target)
+            }
+            // Devices, FIFOs, global PAX headers and unknown types carry no artifact content.
+            _ => continue,
+        };
+        if path.is_empty() || !keep(&path) {
+            continue;
+        }
+        let item = Entry {
+            path,
+            mode,
+            mtime,
+            kind,
+        };
+        match index.get(&item.path) {
+            Some(&i) => entries[i] = item,
+            None => {
+                index.insert(item.path.clone(), entries.len());
+                entries.push(item);
+            }
+        }
+    }
+    Ok(entries)
+}
+
+/// A regular file's content: a slice of the stream when stored contiguously, else read.
+fn file_data<'a>(
+    tar: &'a [u8],
+    entry: &mut tar::Entry<'_, &'a [u8]>,
+    entry_type: EntryType,
+) -> Result<Cow<'a, [u8]>, ArtifactsError> {
+    if entry_type != EntryType::GNUSparse {
+        let start = usize::try_from(entry.raw_file_position()).ok();
+        let len = usize::try_from(entry.size()).ok();
+        if let Some(slice) = start
+            .zip(len)
+            .and_then(|(s, l)| tar.get(s..s.checked_add(l)?))
+        {
+            return Ok(Cow::Borrowed(slice));
+        }
+    }
+    let mut data = Vec::new();
+    entry.read_to_end(&mut data).map_err(ArtifactsError::Tar)?;
+    Ok(Cow::Owned(data))
+}
+
+/// Normalizes an entry name: UTF-8, relative, no `..`; `./`, empty and `.` segments and a
+/// trailing `/` dropped. The project directory itself comes out empty.
+pub(crate) fn normalize(raw: &[u8]) -> Result<String, ArtifactsError> {
+    let unsafe_path = |reason| ArtifactsError::UnsafePath {
+        path: String::from_utf8_lossy(raw).into_owned(),
+        reason,
+    };
+    let text = std::str::from_utf8(raw).map_err(|_| unsafe_path("name is not UTF-8"))?;
+    if text.starts_with('/') {
+        return Err(unsafe_path("absolute path"));
+    }
+    if looks_like_windows_escape(text) {
+        // The archive may be unpacked on Windows, where these are roots or parent references.
+        return Err(unsafe_path("Windows-style absolute or parent path"));
+    }
+    let mut segments = Vec::new();
+    for segment in text.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => return Err(unsafe_path("`..` leaves the project directory")),
+            s => segments.push(s),
+        }
+    }
+    Ok(segments.join("/"))
+}
+
+/// Whether a name would be absolute or climb out on Windows (`C:...`, `\x`, `..\x`).
+fn looks_like_windows_escape(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let drive = bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':';
+    drive || text.starts_with('\\') || text.split(['/', '\\']).any(|s| s == "..")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn normalizes_names() {
+        assert_eq!(normalize(b"./out/a.txt").unwrap(), "out/a.txt");
+        assert_eq!(normalize(b"out//b/./c/").unwrap(), "out/b/c");
+        assert_eq!(normalize(b"./").unwrap(), "");
+        assert_eq!(
+            normalize(b"a\\b").unwrap(),
+            "a\\b",
+            "a backslash is a name character"
+        );
+        for bad in [
+            &b"/etc/x"[..],
+            b"../x",
+            b"a/../../x",
+            b"C:/x",
+            b"..\\x",
+            b"\xff",
+        ] {
+            assert!(normalize(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! The artifact formats Slipway writes.
+
+use std::fmt;
+
+/// An artifact archive format, as GitLab's `artifact_format` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// `zip`: the default for `artifact_type: archive`.
+    Zip,
+    /// `gzip`: concatenated gzip members, used for reports (`junit`, ...).
+    Gzip,
+}
+
+impl Format {
+    /// The format named by GitLab's `artifact_format` value (`zip`, `gzip`); `None` for others
+    /// (`raw`, `zipzstd`, `tarzstd`, unknown).
+    pub fn parse(name: &str) -> Option<Format> {
+        match name {
+            "zip" => Some(Format::Zip),
+            "gzip" => Some(Format::Gzip),
+            _ => None,
+        }
+    }
+
+    /// GitLab's name for the format.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Zip => "zip",
+            Format::Gzip => "gzip",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

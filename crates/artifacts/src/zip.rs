@@ -1,0 +1,238 @@
+//! GitLab Runner's `zip` artifact format, written from tar entries and read back into a tar
+//! stream.
+//!
+//! As GitLab Runner's zip archiver: directories are entries of their own, files are deflated,
+//! symlinks are stored as symlinks (target as content), Unix permissions and the modification
+//! time (MS-DOS time in UTC plus the exact extended timestamp) are kept.
+
+use std::collections::HashSet;
+use std::io::{self, Cursor, Read, Write};
+
+use ::zip::extra_fields::ExtraField;
+use ::zip::write::{FullFileOptions, SimpleFileOptions};
+use ::zip::{CompressionMethod, DateTime, System, ZipArchive, ZipWriter};
+
+use crate::ArtifactsError;
+use crate::entries::{Entry, Kind, normalize};
+
+/// Mode given to entries of zips that record none (e.g. made on Windows).
+const DEFAULT_FILE_MODE: u32 = 0o644;
+const DEFAULT_DIR_MODE: u32 = 0o755;
+const DEFAULT_SYMLINK_MODE: u32 = 0o777;
+
+/// Writes `entries` as a zip archive.
+pub(crate) fn write_zip(entries: &[Entry<'_>]) -> Result<Vec<u8>, ArtifactsError> {
+    let err = |e: ::zip::result::ZipError| ArtifactsError::ZipWrite(e.into());
+    let mut zip = ZipWriter::new(Cursor::new(Vec::new()));
+    for entry in entries {
+        let options = options(entry).map_err(err)?;
+        match &entry.kind {
+            Kind::Dir => zip.add_directory(format!("{}/", entry.path), options),
+            Kind::Symlink(target) => zip.add_symlink(&entry.path, target, options),
+            Kind::File(data) => {
+                let options = options
+                    .compression_method(CompressionMethod::Deflated)
+                    // Sizes from 4 GiB on need ZIP64 records, which must be chosen up front.
+                    .large_file(data.len() as u64 >= u64::from(u32::MAX));
+                zip.start_file(&entry.path, options)
+                    .and_then(|()| zip.write_all(data).map_err(::zip::result::ZipError::Io))
+            }
+        }
+        .map_err(err)?;
+    }
+    Ok(zip.finish().map_err(err)?.into_inner())
+}
+
+/// The entry's mode and times as zip options.
+fn options(entry: &Entry<'_>) -> ::zip::result::ZipResult<FullFileOptions<'static, 'static>> {
+    let base = SimpleFileOptions::default()
+        .system(System::Unix)
+        .unix_permissions(entry.mode)
+        .last_modified_time(dos_time(entry.mtime));
+    match u32::try_from(entry.mtime) {
+        Ok(mtime) => base.with_extended_timestamp(Some(mtime), None, None),
+        Err(_) => Ok(base.into_full_options()),
+    }
+}
+
+/// Converts a zip artifacts archive into a tar stream (see [`crate::zip_to_tar`]).
+pub(crate) fn zip_to_tar(zip: &[u8]) -> Result<Vec<u8>, ArtifactsError> {
+    let mut archive =
+        ZipArchive::new(Cursor::new(zip)).map_err(|e| ArtifactsError::ZipRead(e.into()))?;
+    let mut builder = tar::Builder::new(Vec::new());
+    // Symlinks of this archive: nothing may be unpacked through them.
+    let mut symlinks: HashSet<String> = HashSet::new();
+
+    for i in 0..archive.len() {
+        let mut file = archive
+            .by_index(i)
+            .map_err(|e| ArtifactsError::ZipRead(e.into()))?;
+        let raw_name = file.name_raw().to_vec();
+        let shown = || String::from_utf8_lossy(&raw_name).into_owned();
+        let entry_err = |source: io::Error| ArtifactsError::ZipEntry {
+            path: shown(),
+            source,
+        };
+        let path = normalize(&raw_name)?;
+        if path.is_empty() {
+            continue;
+        }
+        if ancestors(&path).any(|a| symlinks.contains(a)) {
+            return Err(ArtifactsError::UnsafePath {
+                path: shown(),
+                reason: "a parent directory is a symlink of the archive",
+            });
+        }
+        let mtime = zip_mtime(&file);
+        let mode = file.unix_mode().map(|m| m & 0o7777);
+        let mut header = tar::Header::new_gnu();
+        header.set_mtime(mtime);
+
+        let written = if file.is_symlink() {
+            let mut target = Vec::new();
+            file.read_to_end(&mut target).map_err(entry_err)?;
+            let target = String::from_utf8(target).map_err(|_| ArtifactsError::UnsafePath {
+                path: shown(),
+                reason: "symlink target is not UTF-8",
+            })?;
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_mode(mode.unwrap_or(DEFAULT_SYMLINK_MODE));
+            header.set_size(0);
+            symlinks.insert(path.clone());
+            builder.append_link(&mut header, &path, &target)
+        } else if file.is_dir() {
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_mode(mode.unwrap_or(DEFAULT_DIR_MODE));
+            header.set_size(0);
+            builder.append_data(&mut header, &path, io::empty())
+        } else {
+            let mut data = Vec::new();
+            // Reading to the end checks the CRC, so a corrupt entry fails here.
+            file.read_to_end(&mut data).map_err(entry_err)?;
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_mode(mode.unwrap_or(DEFAULT_FILE_MODE));
+            header.set_size(data.len() as u64);
+            builder.append_data(&mut header, &path, data.as_slice())
+        };
+        written.map_err(|source| ArtifactsError::Write {
+            what: format!("tar entry {path:?}"),
+            source,
+        })?;
+    }
+    builder
+        .into_inner()
+        .map_err(|source| ArtifactsError::Write {
+            what: "the tar stream".into(),
+            source,
+        })
+}
+
+/// `a/b/c` → `a`, `a/b` (not the path itself).
+fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    path.match_indices('/').map(move |(i, _)| &path[..i])
+}
+
+/// An entry's modification time in Unix seconds: the extended timestamp when present (exact,
+/// UTC), else the MS-DOS time read as UTC (as written by [`write_zip`]).
+fn zip_mtime<R: Read>(file: &::zip::read::ZipFile<'_, R>) -> u64 {
+    let extended = file.extra_data_fields().find_map(|f| match f {
+        ExtraField::ExtendedTimestamp(ts) => ts.mod_time(),
+        _ => None,
+    });
+    match extended {
+        Some(t) => u64::from(t),
+        None => file.last_modified().map(unix_time).unwrap_or(0),
+    }
+}
+
+/// Unix seconds → MS-DOS date and time (UTC); times outside 1980..2107 become 1980-01-01.
+fn dos_time(unix: u64) -> DateTime {
+    let days = i64::try_from(unix / 86_400).unwrap_or(i64::MAX / 2);
+    let secs = unix % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    let fits = |v: i64| u8::try_from(v).ok();
+    let parts = (
+        u16::try_from(year).ok(),
+        fits(month),
+        fits(day),
+        fits((secs / 3600) as i64),
+        fits((secs / 60 % 60) as i64),
+        fits((secs % 60) as i64),
+    );
+    match parts {
+        (Some(y), Some(mo), Some(d), Some(h), Some(mi), Some(s)) => {
+            DateTime::from_date_and_time(y, mo, d, h, mi, s).unwrap_or(DateTime::DEFAULT)
+        }
+        _ => DateTime::DEFAULT,
+    }
+}
+
+/// MS-DOS date and time read as UTC → Unix seconds.
+fn unix_time(t: DateTime) -> u64 {
+    let days = days_from_civil(
+        i64::from(t.year()),
+        i64::from(t.month()),
+        i64::from(t.day()),
+    );
+    let secs = days * 86_400
+        + i64::from(t.hour()) * 3600
+        + i64::from(t.minute()) * 60
+        + i64::from(t.second());
+    u64::try_from(secs).unwrap_or(0)
+}
+
+/// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    // Shift the epoch to 0000-03-01 so leap days fall at the end of each 400-year era.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// (year, month, day) → days since 1970-01-01 (inverse of [`civil_from_days`]).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = year - i64::from(month <= 2);
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month_from_march = if month > 2 { month - 3 } else { month + 9 };
+    let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn calendar_conversions_round_trip() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        for days in [0, 3653, 11_016, 11_017, 19_000, 47_481] {
+            let (y, m, d) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, d), days);
+        }
+        // 2024-02-29 12:34:56 UTC
+        let t = 1_709_210_096;
+        let dos = dos_time(t);
+        assert_eq!(
+            (dos.year(), dos.month(), dos.day(), dos.hour(), dos.minute()),
+            (2024, 2, 29, 12, 34)
+        );
+        assert_eq!(unix_time(dos), t, "even seconds survive MS-DOS time");
+        assert_eq!(dos_time(0), DateTime::DEFAULT, "before 1980");
+    }
+}

@@ -1,0 +1,395 @@
+//! A GitLab job's sources: its repository fetched on the manager and handed to the job as a tar
+//! stream unpacked into its project directory before the first step.
+//!
+//! Fetching on the manager means job images and instances need no git (GitLab Runner needs a
+//! helper image for that), and the job token never reaches the job's `.git/config`: it travels
+//! only in an `http.extraHeader` given to git through its environment, not on its command line.
+//!
+//! `GIT_STRATEGY`: `clone` fetches into a fresh repository; `fetch` (the default when the
+//! project allows it) updates a working copy kept per runner and project, so only new objects
+//! cross the network; `none` skips the sources. `GIT_DEPTH` overrides the payload's `depth`;
+//! `GET_SOURCES_ATTEMPTS` retries a failed fetch. Submodules and LFS are not fetched yet.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine as _;
+use slipway_executor::Trace;
+use slipway_jobs::JobResponse;
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+/// What `GIT_STRATEGY` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// A fresh repository for every job.
+    Clone,
+    /// Update a kept working copy.
+    Fetch,
+    /// No sources.
+    None,
+}
+
+impl Strategy {
+    /// The job's strategy: `GIT_STRATEGY`, else `fetch` when the project allows it.
+    pub fn of(job: &JobResponse) -> Result<Self, String> {
+        match job.variable("GIT_STRATEGY").map(str::trim) {
+            None | Some("") => Ok(if job.allow_git_fetch {
+                Strategy::Fetch
+            } else {
+                Strategy::Clone
+            }),
+            Some("clone") => Ok(Strategy::Clone),
+            Some("fetch") => Ok(Strategy::Fetch),
+            Some("none" | "empty") => Ok(Strategy::None),
+            Some(other) => Err(format!(
+                "GIT_STRATEGY {other:?} is not supported; expected clone, fetch or none"
+            )),
+        }
+    }
+}
+
+/// A job's sources, ready to unpack.
+#[derive(Debug, Default)]
+pub struct Sources {
+    /// Tar stream of the working tree with its `.git`.
+    pub tar: Vec<u8>,
+    /// Paths git tracks (to tell untracked artifacts apart).
+    pub tracked: BTreeSet<String>,
+}
+
+/// Working copies kept for `fetch`, one lock each so two jobs never share one at once.
+#[derive(Debug)]
+pub struct GitSources {
+    root: PathBuf,
+    locks: std::sync::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// A URL without its `user:password@` part, and that part.
+fn split_credentials(url: &str) -> (String, Option<(String, String)>) {
+    let Some(scheme_end) = url.find("://") else {
+        return (url.to_string(), None);
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return (url.to_string(), None);
+    };
+    let userinfo = &rest[..at];
+    let clean = format!("{}{}", &url[..scheme_end + 3], &rest[at + 1..]);
+    let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    (clean, Some((user.to_string(), pass.to_string())))
+}
+
+/// `refs` to fetch: the payload's refspecs, else the job's branch or tag.
+fn refspecs(job: &JobResponse) -> Vec<String> {
+    let g = &job.git_info;
+    if !g.refspecs.is_empty() {
+        return g.refspecs.clone();
+    }
+    if g.git_ref.is_empty() {
+        return Vec::new();
+    }
+    if g.ref_type == "tag" {
+        vec![format!("+refs/tags/{0}:refs/tags/{0}", g.git_ref)]
+    } else {
+        vec![format!(
+            "+refs/heads/{0}:refs/remotes/origin/{0}",
+            g.git_ref
+        )]
+    }
+}
+
+fn depth_of(job: &JobResponse) -> Result<u32, String> {
+    match job.variable("GIT_DEPTH").map(str::trim) {
+        None | Some("") => Ok(job.git_info.depth),
+        Some(v) => v
+            .parse()
+            .map_err(|_| format!("GIT_DEPTH {v:?} is not a number")),
+    }
+}
+
+fn attempts_of(job: &JobResponse) -> u32 {
+    job.variable("GET_SOURCES_ATTEMPTS")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1u32)
+        .clamp(1, 10)
+}
+
+impl GitSources {
+    /// Working copies under `root` (created on first use).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            locks: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The job's sources, `None` when it has no repository or `GIT_STRATEGY` is `none`.
+    /// `Err` carries a message for the job's failure (already in the trace).
+    pub async fn get(
+        &self,
+        job: &JobResponse,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Sources>, String> {
+        if job.git_info.repo_url.trim().is_empty() {
+            return Ok(None);
+        }
+        let fail = |trace: &mut Trace, msg: String| {
+            trace.message(&format!("ERROR: {msg}"));
+            Err(msg)
+        };
+        let strategy = match Strategy::of(job) {
+            Ok(s) => s,
+            Err(msg) => return fail(trace, msg),
+        };
+        if strategy == Strategy::None {
+            trace.message("Skipping Git repository setup");
+            return Ok(None);
+        }
+        let depth = match depth_of(job) {
+            Ok(d) => d,
+            Err(msg) => return fail(trace, msg),
+        };
+        let attempts = attempts_of(job);
+        let mut last = String::new();
+        for attempt in 1..=attempts {
+            if attempt > 1 {
+                trace.message(&format!(
+                    "Retrying to get the sources (attempt {attempt} of {attempts})"
+                ));
+            }
+            let result = tokio::select! {
+                r = self.get_once(job, strategy, depth, trace) => r,
+                _ = cancel.cancelled() => return fail(trace, "canceled while getting the sources".into()),
+            };
+            match result {
+                Ok(s) => return Ok(Some(s)),
+                Err(msg) => last = msg,
+            }
+        }
+        fail(trace, format!("getting the sources failed: {last}"))
+    }
+
+    async fn get_once(
+        &self,
+        job: &JobResponse,
+        strategy: Strategy,
+        depth: u32,
+        trace: &mut Trace,
+    ) -> Result<Sources, String> {
+        match depth {
+            0 => trace.message("Fetching changes..."),
+            d => trace.message(&format!("Fetching changes with git depth set to {d}...")),
+        }
+        match strategy {
+            Strategy::Fetch => {
+                let dir = self.root.join(match job.job_info.project_id {
+                    0 => format!("job-{}", job.id),
+                    p => format!("project-{p}"),
+                });
+                let lock = {
+                    let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+                    locks.entry(dir.clone()).or_default().clone()
+                };
+                let _held = lock.lock().await;
+                let result = checkout(job, &dir, depth, true, trace).await;
+                if result.is_err() {
+                    // A broken working copy is not reused: the next job starts afresh.
+                    let _ = tokio::fs::remove_dir_all(&dir).await;
+                }
+                result
+            }
+            Strategy::Clone | Strategy::None => {
+                let tmp = self.root.join("tmp");
+                tokio::fs::create_dir_all(&tmp)
+                    .await
+                    .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+                let dir = tempfile::Builder::new()
+                    .prefix(&format!("job-{}-", job.id))
+                    .tempdir_in(&tmp)
+                    .map_err(|e| format!("creating a directory in {}: {e}", tmp.display()))?;
+                let result = checkout(job, dir.path(), depth, false, trace).await;
+                let path = dir.keep();
+                // Removing a whole tree blocks: off the runtime's threads.
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+                result
+            }
+        }
+    }
+}
+
+/// Init or reuse `dir`, fetch, check out the job's commit, clean, and tar it.
+async fn checkout(
+    job: &JobResponse,
+    dir: &Path,
+    depth: u32,
+    reuse: bool,
+    trace: &mut Trace,
+) -> Result<Sources, String> {
+    let g = &job.git_info;
+    let (url, credentials) = split_credentials(g.repo_url.trim());
+    let auth = credentials.map(|(user, pass)| {
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+        format!("Authorization: Basic {basic}")
+    });
+    let git = |args: &[&str]| {
+        let mut c = Command::new("git");
+        c.arg("-C").arg(dir).args(args);
+        c.env("GIT_TERMINAL_PROMPT", "0").kill_on_drop(true);
+        c
+    };
+    let fresh = !dir.join(".git").exists();
+    if fresh {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let object_format = match g.repo_object_format.as_str() {
+            "" => "sha1",
+            f => f,
+        };
+        run(
+            git(&["init", "-q", &format!("--object-format={object_format}")]),
+            trace,
+        )
+        .await?;
+        trace.message("Created fresh repository.");
+    } else if reuse {
+        trace.message("Reinitialized existing Git repository");
+    }
+    // The remote's URL never holds the token (the job may read its .git/config).
+    let _ = git(&["remote", "remove", "origin"]).output().await;
+    run(git(&["remote", "add", "origin", &url]), trace).await?;
+
+    let mut fetch = git(&["fetch", "--prune", "--quiet"]);
+    if depth > 0 {
+        fetch.arg(format!("--depth={depth}"));
+    }
+    fetch.arg("origin").args(refspecs(job));
+    if let Some(header) = &auth {
+        // Config through the environment: not in argv (ps) nor in .git/config.
+        fetch
+            .env("GIT_CONFIG_COUNT", "1")
+            .env("GIT_CONFIG_KEY_0", "http.extraHeader")
+            .env("GIT_CONFIG_VALUE_0", header);
+    }
+    run(fetch, trace).await?;
+
+    let target = if g.sha.is_empty() {
+        "FETCH_HEAD".to_string()
+    } else {
+        g.sha.clone()
+    };
+    trace.message(&format!(
+        "Checking out {} as detached HEAD (ref is {})...",
+        target.chars().take(8).collect::<String>(),
+        g.git_ref
+    ));
+    run(git(&["checkout", "-f", "-q", "--detach", &target]), trace).await?;
+    if reuse && !fresh {
+        run(git(&["clean", "-ffdx", "-q"]), trace).await?;
+    }
+    trace.message("Skipping Git submodules setup");
+
+    let listed = git(&["ls-files", "-z"])
+        .output()
+        .await
+        .map_err(|e| format!("git ls-files: {e}"))?;
+    let tracked = listed
+        .stdout
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    let tar = Command::new("tar")
+        .arg("-c")
+        .arg("-f")
+        .arg("-")
+        .arg("-C")
+        .arg(dir)
+        .arg(".")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("tar of the sources: {e}"))?;
+    if !tar.status.success() {
+        return Err(format!(
+            "tar of the sources: {}",
+            String::from_utf8_lossy(&tar.stderr).trim()
+        ));
+    }
+    Ok(Sources {
+        tar: tar.stdout,
+        tracked,
+    })
+}
+
+/// Run a git command; its stderr goes to the trace (masked there); `Err` on failure.
+async fn run(mut cmd: Command, trace: &mut Trace) -> Result<(), String> {
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("running git: {e} (is git installed on the manager?)"))?;
+    if !out.stderr.is_empty() {
+        trace.write(&out.stderr);
+    }
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("git exited with {}", out.status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_leave_the_url() {
+        let (url, creds) =
+            split_credentials("https://gitlab-ci-token:glcbt-abc@gitlab.example.com/g/p.git");
+        assert_eq!(url, "https://gitlab.example.com/g/p.git");
+        assert_eq!(
+            creds,
+            Some(("gitlab-ci-token".to_string(), "glcbt-abc".to_string()))
+        );
+        let (url, creds) = split_credentials("file:///srv/repo.git");
+        assert_eq!(url, "file:///srv/repo.git");
+        assert_eq!(creds, None);
+        // An @ in the path is not a user.
+        let (url, creds) = split_credentials("https://host/a@b.git");
+        assert_eq!(url, "https://host/a@b.git");
+        assert_eq!(creds, None);
+    }
+
+    #[test]
+    fn strategy_follows_the_variable_and_the_project() {
+        let mut job = JobResponse::default();
+        assert_eq!(Strategy::of(&job), Ok(Strategy::Clone));
+        job.allow_git_fetch = true;
+        assert_eq!(Strategy::of(&job), Ok(Strategy::Fetch));
+        job.variables.push(slipway_jobs::Variable {
+            key: "GIT_STRATEGY".into(),
+            value: "none".into(),
+            ..Default::default()
+        });
+        assert_eq!(Strategy::of(&job), Ok(Strategy::None));
+        job.variables[0].value = "svn".into();
+        assert!(Strategy::of(&job).is_err());
+    }
+
+    #[test]
+    fn default_refspecs_follow_the_ref_type() {
+        let mut job = JobResponse::default();
+        job.git_info.git_ref = "main".into();
+        assert_eq!(
+            refspecs(&job),
+            vec!["+refs/heads/main:refs/remotes/origin/main"]
+        );
+        job.git_info.ref_type = "tag".into();
+        assert_eq!(refspecs(&job), vec!["+refs/tags/main:refs/tags/main"]);
+    }
+}

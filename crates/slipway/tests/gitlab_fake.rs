@@ -1,0 +1,523 @@
+//! `slipway run` against a stateful mock GitLab of our own on loopback (`FakeGitlab`), for what
+//! `gitlab-runner-mock` cannot do: real repositories to fetch, dependencies' artifacts behind a
+//! redirect, the cache across jobs, cancel from GitLab, a GitLab outage in the middle of a job,
+//! a manager killed under a running job, and docker-autoscaler jobs with images.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use common::World;
+use serde_json::{Value, json};
+use slipway_testkit::gitlab::{FakeGitlab, Outage, job_payload_with_vars};
+
+/// A git repository with one commit on `main`; its `file://` URL and the commit's sha.
+fn repository(w: &World) -> (String, String) {
+    let dir = w.path().join("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&dir)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.com")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.com")
+            .output()
+            .expect("git");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    git(&["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("README.md"), "hello from the repository\n").unwrap();
+    std::fs::write(dir.join(".gitignore"), "ignored.log\n").unwrap();
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "first"]);
+    let sha = git(&["rev-parse", "HEAD"]).trim().to_string();
+    // GitLab puts the job token in the URL; it must reach neither the job nor its trace.
+    (
+        format!("file://gitlab-ci-token:glcbt-repo-secret@{}", dir.display()),
+        sha,
+    )
+}
+
+/// `payload` pointing at `repo` (url, sha) on `main`.
+fn with_repo(mut payload: Value, repo: &(String, String)) -> Value {
+    payload["git_info"]["repo_url"] = json!(repo.0);
+    payload["git_info"]["sha"] = json!(repo.1);
+    payload["git_info"]["depth"] = json!(20);
+    payload
+}
+
+/// A config with one instance-executor runner on `fleeting-plugin-local` serving `gl`.
+fn instance_config(w: &World, gl: &FakeGitlab, extra: &str) -> std::path::PathBuf {
+    let state = w.path().join("plugin-state");
+    w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 2
+check_interval = 1
+[[runners]]
+  name = "fake"
+  url = "{url}"
+  token = "{token}"
+  executor = "instance"
+  cache_dir = "{cache}"
+{extra}
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 2
+    max_instances = 1
+    update_interval = "200ms"
+    update_interval_when_expecting = "100ms"
+    delete_instances_on_shutdown = true
+    [runners.autoscaler.plugin_config]
+      dir = "{state}"
+      name = "gf{pid}"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "10m"
+"#,
+            url = gl.url(),
+            token = gl.runner_token(),
+            cache = w.path().join("cache").display(),
+            state = state.display(),
+            pid = std::process::id(),
+        ),
+    )
+}
+
+fn start(w: &World, cfg: &Path) -> Child {
+    w.slipway(&["run", "-c", cfg.to_str().unwrap()])
+        .spawn()
+        .expect("spawn slipway run")
+}
+
+/// Stop the manager with SIGTERM; its stderr.
+fn stop(w: &World, child: Child) -> String {
+    common::signal(child.id(), "TERM");
+    let out = common::wait_with_timeout(child, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+    stderr
+}
+
+/// Wait for job `id` to reach `state`; on timeout, stop the manager and show everything.
+async fn finished(gl: &FakeGitlab, id: u64, state: &str, w: &World, child: &mut Option<Child>) {
+    if gl
+        .wait_for_state(id, state, Duration::from_secs(240))
+        .await
+        .is_some()
+    {
+        return;
+    }
+    let job = gl.job(id);
+    let stderr = child.take().map(|c| {
+        common::signal(c.id(), "TERM");
+        String::from_utf8_lossy(&common::wait_with_timeout(c, Duration::from_secs(60)).stderr)
+            .into_owned()
+    });
+    let _ = w;
+    panic!(
+        "job {id} never reached {state}: {:?}\ntrace:\n{}\nmanager:\n{}",
+        job.as_ref().map(|j| j.state.clone()),
+        job.as_ref().map(|j| j.trace_text()).unwrap_or_default(),
+        stderr.unwrap_or_default()
+    );
+}
+
+/// The files of a zip archive, by path.
+fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
+    let tar = slipway_artifacts::zip_to_tar(zip).expect("a valid zip");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new("tar")
+        .args(["-x", "-f", "-", "-C"])
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &tar).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir.path()).unwrap().display().to_string();
+                out.insert(rel, std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let repo = repository(&w);
+
+    let mut build = with_repo(
+        job_payload_with_vars(
+            "build",
+            &[
+                "cat README.md",
+                "test \"$(git rev-parse HEAD)\" = \"$CI_COMMIT_SHA\" || git rev-parse HEAD",
+                "grep -c o-secr .git/config && exit 9 || echo no-token-in-git-config",
+                "mkdir -p out deps && echo from-build > out/a.txt && echo scratch > out/skip.tmp",
+                "echo cached-dependency > deps/lib.txt && echo noise > ignored.log",
+                "echo '<testsuite/>' > report.xml",
+                "echo \"env: $FROM_RUNNER\"",
+            ],
+            &[],
+        ),
+        &repo,
+    );
+    build["variables"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "CI_COMMIT_SHA", "value": repo.1, "public": true}));
+    build["artifacts"] = json!([
+        {"name": "binaries", "paths": ["out/"], "exclude": ["out/*.tmp", "deps/**"],
+         "untracked": true, "when": "on_success",
+         "artifact_type": "archive", "artifact_format": "zip", "expire_in": "1 week"},
+        {"name": "junit", "paths": ["report.xml"], "when": "always",
+         "artifact_type": "junit", "artifact_format": "gzip"}
+    ]);
+    build["cache"] = json!([
+        {"key": "deps-$CI_JOB_NAME", "paths": ["deps/"], "policy": "push", "when": "on_success"}
+    ]);
+    let build_id = gl.enqueue(build);
+
+    let cfg = instance_config(
+        &w,
+        &gl,
+        "  environment = [\"FROM_RUNNER=set-in-config\"]\n  pre_build_script = \"echo pre-build-ran\"",
+    );
+    let mut child = Some(start(&w, &cfg));
+    finished(&gl, build_id, "success", &w, &mut child).await;
+    let job = gl.job(build_id).unwrap();
+    let trace = job.trace_text();
+    assert!(trace.contains("hello from the repository"), "{trace}");
+    assert!(trace.contains("no-token-in-git-config"), "{trace}");
+    assert!(trace.contains("pre-build-ran"), "{trace}");
+    assert!(trace.contains("env: set-in-config"), "{trace}");
+    assert!(trace.contains("Created cache deps-build"), "{trace}");
+    assert!(
+        !trace.contains(job.token.as_str()),
+        "job token in the trace"
+    );
+    assert!(
+        !trace.contains("repo-secret"),
+        "repository token in the trace"
+    );
+    assert_eq!(job.artifacts.len(), 2, "{trace}");
+    let binaries = &job.artifacts[0];
+    assert_eq!(binaries.query.get("artifact_format").unwrap(), "zip");
+    assert_eq!(binaries.query.get("expire_in").unwrap(), "1 week");
+    // paths + untracked (what git does not track), minus exclude; nothing git tracks.
+    let files = unzip(&binaries.bytes);
+    assert_eq!(
+        files.keys().cloned().collect::<Vec<_>>(),
+        vec!["ignored.log", "out/a.txt", "report.xml"],
+        "{files:?}"
+    );
+    assert_eq!(files["out/a.txt"], "from-build\n");
+    // The junit report, gzip format, as GitLab stores reports.
+    let junit = &job.artifacts[1];
+    assert_eq!(junit.query.get("artifact_type").unwrap(), "junit");
+    assert_eq!(junit.query.get("artifact_format").unwrap(), "gzip");
+    let mut gunzip = Command::new("gzip")
+        .args(["-d", "-c"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(gunzip.stdin.as_mut().unwrap(), &junit.bytes).unwrap();
+    drop(gunzip.stdin.take());
+    let out = gunzip.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "<testsuite/>\n");
+
+    // A later job of the pipeline: the build's artifacts and the cache, sources fetched into
+    // the kept working copy.
+    let mut test = with_repo(
+        job_payload_with_vars(
+            "test",
+            &[
+                "cat out/a.txt",
+                "test ! -e out/skip.tmp && echo excluded-file-absent",
+                "cat deps/lib.txt",
+                "cat README.md",
+            ],
+            &[("GIT_STRATEGY", "fetch")],
+        ),
+        &repo,
+    );
+    test["cache"] = json!([
+        {"key": "deps-missing", "fallback_keys": ["deps-build"], "paths": ["deps/"], "policy": "pull"}
+    ]);
+    test["dependencies"] = json!([
+        {"id": build_id, "token": job.token, "name": "build",
+         "artifacts_file": {"filename": "artifacts.zip", "size": binaries.bytes.len()}}
+    ]);
+    let test_id = gl.enqueue(test);
+    finished(&gl, test_id, "success", &w, &mut child).await;
+    let trace = gl.job(test_id).unwrap().trace_text();
+    for want in [
+        "from-build",
+        "excluded-file-absent",
+        "cached-dependency",
+        "Successfully extracted cache",
+        "hello from the repository",
+    ] {
+        assert!(trace.contains(want), "{want:?} missing:\n{trace}");
+    }
+    // The artifacts came through GitLab's redirect to object storage (same host here, so the
+    // token may follow; a redirect to another host drops it: crates/jobs gitlab_artifacts).
+    let downloads = gl.object_downloads();
+    assert!(
+        downloads
+            .iter()
+            .any(|d| d.job_id == build_id && d.status == 200),
+        "{downloads:?}"
+    );
+    // The runner says what it supports.
+    let features = gl.last_features().unwrap();
+    for f in [
+        "artifacts",
+        "cache",
+        "refspecs",
+        "upload_multiple_artifacts",
+        "cancelable",
+    ] {
+        assert_eq!(features[f], true, "{f}: {features}");
+    }
+    stop(&w, child.take().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_from_gitlab_stops_the_job() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job_payload_with_vars(
+        "long",
+        &["echo started-long-job", "sleep 307", "echo never-printed"],
+        &[("GIT_STRATEGY", "none")],
+    ));
+    let cfg = instance_config(&w, &gl, "");
+    let mut child = Some(start(&w, &cfg));
+    let started = common::wait_until(Duration::from_secs(180), || {
+        gl.job(id)
+            .is_some_and(|j| j.trace_text().contains("started-long-job"))
+    });
+    assert!(
+        started,
+        "job never started: {:?}",
+        gl.job(id).map(|j| j.state)
+    );
+    gl.cancel(id, true);
+    finished(&gl, id, "canceled", &w, &mut child).await;
+    let job = gl.job(id).unwrap();
+    let trace = job.trace_text();
+    assert!(!trace.contains("never-printed"), "{trace}");
+    assert!(trace.contains("job canceled"), "{trace}");
+    assert!(
+        common::processes_matching("sleep 307").is_empty(),
+        "the job's process survived: {:?}",
+        common::processes_matching("sleep 307")
+    );
+    stop(&w, child.take().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gitlab_outage_during_a_job_loses_nothing() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job_payload_with_vars(
+        "steady",
+        &["for i in $(seq 1 45); do echo line-$i; sleep 1; done"],
+        &[("GIT_STRATEGY", "none")],
+    ));
+    let cfg = instance_config(&w, &gl, "");
+    let mut child = Some(start(&w, &cfg));
+    let started = common::wait_until(Duration::from_secs(180), || {
+        gl.job(id)
+            .is_some_and(|j| j.trace_text().contains("line-2\n"))
+    });
+    assert!(started, "job never started");
+    // 30 s without GitLab: dropped connections, then 503s.
+    gl.set_outage(Outage::Drop);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    gl.set_outage(Outage::Unavailable);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    gl.set_outage(Outage::None);
+    finished(&gl, id, "success", &w, &mut child).await;
+    let job = gl.job(id).unwrap();
+    let trace = job.trace_text();
+    for i in 1..=45 {
+        let line = format!("line-{i}\n");
+        assert_eq!(trace.matches(&line).count(), 1, "{line:?} in:\n{trace}");
+    }
+    let positions: Vec<usize> = (1..=45)
+        .map(|i| trace.find(&format!("line-{i}\n")).unwrap())
+        .collect();
+    assert!(positions.windows(2).all(|p| p[0] < p[1]), "out of order");
+    assert_eq!(job.accepted_final_states(), vec!["success".to_string()]);
+    let last = job.updates.last().unwrap();
+    assert_eq!(last["output"]["bytesize"], job.trace.len() as u64, "{last}");
+    // Requests really failed during the outage.
+    let refused = gl
+        .requests()
+        .iter()
+        .filter(|r| r.status == 0 || r.status == 503)
+        .count();
+    assert!(refused > 0, "no request hit the outage");
+    stop(&w, child.take().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_running_when_the_manager_dies_is_reported_after_restart() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job_payload_with_vars(
+        "doomed",
+        &["echo started-doomed", "sleep 311"],
+        &[("GIT_STRATEGY", "none")],
+    ));
+    let cfg = instance_config(&w, &gl, "");
+    let child = start(&w, &cfg);
+    let started = common::wait_until(Duration::from_secs(180), || {
+        gl.job(id)
+            .is_some_and(|j| j.trace_text().contains("started-doomed"))
+    });
+    assert!(started, "job never started");
+    common::signal(child.id(), "KILL");
+    let _ = common::wait_with_timeout(child, Duration::from_secs(30));
+    assert_eq!(gl.job(id).unwrap().state, "running");
+
+    let mut child = Some(start(&w, &cfg));
+    finished(&gl, id, "failed", &w, &mut child).await;
+    let job = gl.job(id).unwrap();
+    let last = job.updates.last().unwrap();
+    assert_eq!(last["failure_reason"], "runner_system_failure", "{last}");
+    assert_eq!(job.accepted_final_states(), vec!["failed".to_string()]);
+    let stderr = stop(&w, child.take().unwrap());
+    assert!(
+        stderr.contains("left by an earlier run"),
+        "restart did not say why:\n{stderr}"
+    );
+    // Killed with the manager's instance: the job's process does not outlive the cleanup.
+    assert!(
+        common::wait_until(Duration::from_secs(30), || common::processes_matching(
+            "sleep 311"
+        )
+        .is_empty()),
+        "{:?}",
+        common::processes_matching("sleep 311")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_autoscaler_jobs_from_gitlab() {
+    slipway_testkit::ensure_docker_engine().expect("Docker Engine");
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let repo = repository(&w);
+    let mut ok = with_repo(
+        job_payload_with_vars(
+            "in-container",
+            &[
+                "cat README.md",
+                "mkdir -p out && echo made-in-docker > out/result.txt",
+            ],
+            &[],
+        ),
+        &repo,
+    );
+    ok["image"] = json!({"name": "slipway-busybox:latest"});
+    ok["artifacts"] = json!([{"paths": ["out/"], "when": "on_success",
+        "artifact_type": "archive", "artifact_format": "zip"}]);
+    let ok_id = gl.enqueue(ok);
+    let mut bad = job_payload_with_vars(
+        "fails",
+        &["echo before-failing", "exit 3"],
+        &[("GIT_STRATEGY", "none")],
+    );
+    bad["image"] = json!({"name": "slipway-busybox:latest"});
+    let bad_id = gl.enqueue(bad);
+
+    let runner = format!("gfd{}", std::process::id());
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 1
+check_interval = 1
+[[runners]]
+  name = "{runner}"
+  url = "{url}"
+  token = "{token}"
+  executor = "docker-autoscaler"
+  [runners.docker]
+    image = "slipway-busybox:latest"
+    pull_policy = "never"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 1
+    max_instances = 1
+    update_interval = "5s"
+    update_interval_when_expecting = "200ms"
+    delete_instances_on_shutdown = true
+    shutdown_deletion_interval = "1s"
+    [runners.autoscaler.plugin_config]
+      dir = "{state}"
+      name = "{runner}"
+"#,
+            url = gl.url(),
+            token = gl.runner_token(),
+            state = w.path().join("plugin-state").display(),
+        ),
+    );
+    let mut child = Some(start(&w, &cfg));
+    finished(&gl, ok_id, "success", &w, &mut child).await;
+    finished(&gl, bad_id, "failed", &w, &mut child).await;
+
+    let job = gl.job(ok_id).unwrap();
+    let trace = job.trace_text();
+    assert!(trace.contains("hello from the repository"), "{trace}");
+    let files = unzip(&job.artifacts[0].bytes);
+    assert_eq!(
+        files.get("out/result.txt").map(String::as_str),
+        Some("made-in-docker\n")
+    );
+    let bad = gl.job(bad_id).unwrap();
+    let text = bad.trace_text();
+    let at = text.find("Skipping Git repository setup").unwrap();
+    let tail = &text[at..];
+    assert!(
+        tail.ends_with(
+            "$ echo before-failing\nbefore-failing\n$ exit 3\n\
+             ERROR: Job failed: exit code 3\nJob failed (script_failure)\n"
+        ),
+        "{text}"
+    );
+    let last = bad.updates.last().unwrap();
+    assert_eq!(last["failure_reason"], "script_failure", "{last}");
+    assert_eq!(last["exit_code"], 3, "{last}");
+    assert_eq!(gl.last_features().unwrap()["image"], true);
+    stop(&w, child.take().unwrap());
+}
