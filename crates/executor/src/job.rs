@@ -197,26 +197,29 @@ impl JobRunner {
 
         // Without artifacts to unpack, the script step creates its own directory: one SSH
         // round trip less between a job being queued and its first output line.
-        let input: Vec<u8> = artifacts_in.concat();
+        let mut inputs = artifacts_in.into_iter().filter(|a| !a.is_empty());
+        let first = inputs.next();
         let restore = self.cache_script(job, &dirs, trace, None);
-        let separate_prepare = !input.is_empty() || restore.is_some();
-        if separate_prepare
-            && let Err(msg) = housekeeping(
-                host,
-                &script::prepare_script(&dirs, true),
-                input,
-                TRANSFER_TIMEOUT,
-            )
-            .await
-        {
-            trace.message(&format!(
-                "ERROR: preparing the build directory failed: {msg}"
+        let separate_prepare = first.is_some() || restore.is_some();
+        if separate_prepare {
+            // One archive per run: busybox tar (in job images) cannot read concatenated ones.
+            let first_run = std::iter::once((
+                script::prepare_script(&dirs, first.is_some()),
+                first.unwrap_or_default(),
             ));
-            self.cleanup(host, &dirs, trace).await;
-            return RunResult {
-                outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                artifacts: Vec::new(),
-            };
+            let rest = inputs.map(|tar| (script::unpack_script(&dirs), tar));
+            for (body, tar) in first_run.chain(rest) {
+                if let Err(msg) = housekeeping(host, &body, tar, TRANSFER_TIMEOUT).await {
+                    trace.message(&format!(
+                        "ERROR: preparing the build directory failed: {msg}"
+                    ));
+                    self.cleanup(host, &dirs, trace).await;
+                    return RunResult {
+                        outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
+                        artifacts: Vec::new(),
+                    };
+                }
+            }
         }
 
         if let Some(body) = restore {

@@ -121,10 +121,14 @@ pub fn prepare_script(dirs: &JobDirs, has_input: bool) -> String {
     let dir = dirs.project_dir();
     let mut s = format!("set -e\nrm -rf {dir}\nmkdir -p {dir}\n");
     if has_input {
-        // Several archives may arrive concatenated: -i reads past each end-of-archive marker.
-        let _ = writeln!(s, "tar -x -i -f - -C {dir}");
+        let _ = writeln!(s, "tar -x -f - -C {dir}");
     }
     s
+}
+
+/// Unpack one more archive from stdin into the existing job directory.
+pub fn unpack_script(dirs: &JobDirs) -> String {
+    format!("set -e\ntar -x -f - -C {}\n", dirs.project_dir())
 }
 
 /// Write a tar of the matching paths (globs, `**` included) to stdout.

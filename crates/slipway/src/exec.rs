@@ -58,7 +58,7 @@ pub struct JobRow {
 struct Finished {
     index: usize,
     row: JobRow,
-    artifacts: Option<PathBuf>,
+    artifacts: Vec<PathBuf>,
 }
 
 /// Run the pipeline; returns whether it succeeded. `stop` cancels it (SIGTERM, Ctrl-C).
@@ -140,7 +140,7 @@ async fn drive(
 ) -> anyhow::Result<Vec<JobRow>> {
     let printer = Printer::start();
     let mut rows: Vec<Option<JobRow>> = vec![None; pipeline.jobs.len()];
-    let mut artifacts: HashMap<usize, PathBuf> = HashMap::new();
+    let mut artifacts: HashMap<usize, Vec<PathBuf>> = HashMap::new();
     let mut tasks: JoinSet<Finished> = JoinSet::new();
     let mut running = 0usize;
     let limit = opts.concurrent.max(1) as usize;
@@ -168,6 +168,7 @@ async fn drive(
                     .artifact_sources(index)
                     .into_iter()
                     .filter_map(|i| artifacts.get(&i).cloned())
+                    .flatten()
                     .collect();
                 let ctx = JobTask {
                     runner: runner.clone(),
@@ -202,8 +203,8 @@ async fn drive(
                     fatal.get_or_insert(e.into());
                     jobs_stop.cancel();
                 }
-                if let Some(path) = finished.artifacts {
-                    artifacts.insert(finished.index, path);
+                if !finished.artifacts.is_empty() {
+                    artifacts.insert(finished.index, finished.artifacts);
                 }
                 let mut row = finished.row;
                 // The plan knows allow_failure: it turns a failure into "failed (allowed)".
@@ -274,7 +275,7 @@ impl JobTask {
             slot: None,
             message: String::new(),
         };
-        let mut artifacts = None;
+        let mut artifacts = Vec::new();
         match self.acquire(&key, &mut trace).await {
             Err(no) => {
                 row.status = no.status;
@@ -307,10 +308,11 @@ impl JobTask {
                 )
                 .await;
                 self.runner.release(&key);
-                if !tar.is_empty() {
-                    let tar: Vec<u8> = tar.into_iter().flat_map(|a| a.tar).collect();
-                    match tokio::fs::write(&self.artifacts_out, tar).await {
-                        Ok(()) => artifacts = Some(self.artifacts_out.clone()),
+                // One file per archive: each is unpacked by its own `tar -x`.
+                for (n, collected) in tar.into_iter().enumerate() {
+                    let path = self.artifacts_out.with_extension(format!("{n}.tar"));
+                    match tokio::fs::write(&path, collected.tar).await {
+                        Ok(()) => artifacts.push(path),
                         Err(e) => trace.message(&format!("WARNING: storing artifacts: {e}")),
                     }
                 }

@@ -250,6 +250,8 @@ pub struct TraceSender {
     /// Bytes GitLab holds; the lock also serializes uploads.
     sent: tokio::sync::Mutex<u64>,
     interval: Mutex<Duration>,
+    /// When GitLab last heard about the job (a PATCH or a keep-alive).
+    contact: Mutex<tokio::time::Instant>,
     cancel: CancellationToken,
     abort: CancellationToken,
 }
@@ -272,6 +274,7 @@ impl TraceSender {
             }),
             sent: tokio::sync::Mutex::new(0),
             interval: Mutex::new(config.update_interval),
+            contact: Mutex::new(tokio::time::Instant::now()),
             config,
             cancel: CancellationToken::new(),
             abort: CancellationToken::new(),
@@ -418,6 +421,7 @@ impl TraceSender {
                 } => {
                     *sent += len;
                     mismatches = 0;
+                    self.touched();
                     if let Some(i) = update_interval
                         && let Ok(mut g) = self.interval.lock()
                     {
@@ -475,8 +479,29 @@ impl TraceSender {
             self.commit_partial();
             if let Err(e) = self.flush().await {
                 tracing::warn!(job = self.job_id, error = %e, "trace upload failed, will retry");
+            } else if self.quiet_for() >= self.update_interval() {
+                // Nothing new to send: a keep-alive, which also brings GitLab's Job-Status.
+                match self.client.touch_job(self.job_id, &self.token).await {
+                    Ok(status) => {
+                        self.touched();
+                        self.note_status(&status);
+                    }
+                    Err(e) => {
+                        tracing::warn!(job = self.job_id, error = %e, "job keep-alive failed")
+                    }
+                }
             }
         }
+    }
+
+    fn touched(&self) {
+        if let Ok(mut g) = self.contact.lock() {
+            *g = tokio::time::Instant::now();
+        }
+    }
+
+    fn quiet_for(&self) -> Duration {
+        self.contact.lock().map(|g| g.elapsed()).unwrap_or_default()
     }
 
     /// Sends the rest of the trace, retrying with backoff (up to `finish_attempts`, or until

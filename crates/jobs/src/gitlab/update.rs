@@ -284,6 +284,33 @@ impl GitlabClient {
         }
     }
 
+    /// Tells GitLab the job is still running (`PUT jobs/:id` with `state: running`, as GitLab
+    /// Runner does when it has no new output) and returns GitLab's `Job-Status`, so a cancel
+    /// reaches a job that prints nothing. 403/404 come back as an aborting status.
+    pub async fn touch_job(
+        &self,
+        job_id: u64,
+        token: &Secret,
+    ) -> Result<RemoteJobState, GitlabError> {
+        let path = format!("jobs/{job_id}");
+        let body = serde_json::json!({
+            "info": &self.config.info,
+            "token": token.expose(),
+            "state": "running",
+        });
+        let resp = self
+            .call_json(Method::PUT, &path, &[], &body, self.config.request_timeout)
+            .await?;
+        match resp.status.as_u16() {
+            200 | 202 => Ok(RemoteJobState::parse(resp.header("job-status"))),
+            403 | 404 => Ok(match RemoteJobState::parse(resp.header("job-status")) {
+                RemoteJobState::Unknown => RemoteJobState::Canceled,
+                s => s,
+            }),
+            _ => Err(resp.unexpected(endpoint(&Method::PUT, &path), &[token.expose()])),
+        }
+    }
+
     /// Sends a (final) update until GitLab accepts it: 202 is retried after GitLab's interval,
     /// network errors and 409/429/5xx with backoff. If it cannot be delivered (attempts used up,
     /// a non-retryable error such as 412, or `cancel`), the update is handed back, never dropped.
