@@ -11,6 +11,9 @@ have ssh-keygen || missing+=(openssh-client)
 have ip || missing+=(iproute2)
 have nsenter || missing+=(util-linux)
 have tar || missing+=(tar)
+# GitLab jobs' repositories are fetched on the manager.
+have git || missing+=(git)
+have gzip || missing+=(gzip)
 if [ "$what" = test ]; then
   have python3 || missing+=(python3)
   have pgrep || missing+=(procps)

@@ -1105,8 +1105,8 @@ fn check_plugins(
             let exe = format!("{}{name}", slipway_fleeting::host::PLUGIN_PREFIX);
             let message = match slipway_fleeting::host::find_plugin(&exe, plugin_dir) {
                 Ok(found) => format!(
-                    "{reference:?} is an OCI reference, which slipway does not install or resolve; \
-                     set plugin = {exe:?} to use {}",
+                    "{reference:?} is an OCI reference, which slipway does not install; \
+                     it runs {} instead",
                     found.display()
                 ),
                 Err(_) => format!(

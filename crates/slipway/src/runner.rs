@@ -32,6 +32,9 @@ pub struct Runner {
     pub builds_dir: String,
     /// Cache root where jobs run (`cache_dir`; `cache` under `$HOME` by default).
     pub cache_dir: String,
+    /// Cache root inside job containers (`cache_dir`; `/cache` by default, as GitLab's docker
+    /// executor: kept across jobs when `[runners.docker] volumes` mounts a volume there).
+    pub container_cache_dir: String,
     /// Isolation levels jobs may ask for, and the default.
     pub isolation: IsolationPolicy,
     /// Slot cgroups of the `cgroup` level.
@@ -132,7 +135,8 @@ impl Runner {
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
-            cache_dir: "cache".into(),
+            cache_dir: cache_dir_of(cfg, "cache"),
+            container_cache_dir: cache_dir_of(cfg, "/cache"),
             isolation,
             cgroups,
             executor: cfg.executor.clone(),
@@ -219,6 +223,7 @@ impl Runner {
             }
         };
         exec.runner_name = self.name.clone();
+        exec.cache_dir = Some(self.container_cache_dir.clone());
         if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name).await {
             tracing::warn!(runner = %self.name, engine = key, "sweeping old slot networks: {e}");
         }
@@ -298,14 +303,15 @@ fn start_local(
             .unwrap_or_else(std::env::temp_dir);
         base.join("builds").display().to_string()
     });
-    let cache_dir = Path::new(&builds_dir)
+    let local_default = Path::new(&builds_dir)
         .parent()
         .map(|p| p.join("cache").display().to_string())
         .unwrap_or_else(|| "cache".into());
     Ok(Runner {
         name: cfg.name.clone(),
         builds_dir,
-        cache_dir,
+        cache_dir: cache_dir_of(cfg, &local_default),
+        container_cache_dir: cache_dir_of(cfg, "/cache"),
         isolation,
         cgroups,
         executor: cfg.executor.clone(),
@@ -397,7 +403,13 @@ async fn start_group(
     } else {
         format!("runner {:?}", cfg.name)
     };
-    let path = slipway_fleeting::host::find_plugin(&auto.plugin, opts.plugin_dir.as_deref())
+    // An OCI reference (`gitlab-org/fleeting/plugins/aws:1`) names the plugin GitLab Runner
+    // would install; slipway installs nothing and runs `fleeting-plugin-<name>` instead.
+    let reference = match crate::config::oci_plugin_name(&auto.plugin) {
+        Some(name) => format!("{}{name}", slipway_fleeting::host::PLUGIN_PREFIX),
+        None => auto.plugin.clone(),
+    };
+    let path = slipway_fleeting::host::find_plugin(&reference, opts.plugin_dir.as_deref())
         .with_context(|| what.clone())?;
     let plugin_json = serde_json::to_vec(&auto.plugin_config).context("plugin_config as JSON")?;
     let connector = connector_config(auto).await?;
@@ -585,4 +597,18 @@ async fn open_store(
         .with_context(|| format!("runner {:?}: state_storage", cfg.name))?;
     tracing::info!(runner = %cfg.name, path = %path.display(), "state store open");
     Ok(Some(store))
+}
+
+/// The runner's cache root: `cache_dir` (else `default`), under `[runners.cache] Path` when
+/// that is set (GitLab's prefix for the cache of one runner).
+fn cache_dir_of(cfg: &RunnerConfig, default: &str) -> String {
+    let base = cfg
+        .cache_dir
+        .clone()
+        .filter(|d| !d.trim().is_empty())
+        .unwrap_or_else(|| default.to_string());
+    match cfg.cache.as_ref().map(|c| c.path.trim_matches('/')) {
+        Some(p) if !p.is_empty() => format!("{}/{p}", base.trim_end_matches('/')),
+        _ => base,
+    }
 }

@@ -217,6 +217,9 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
     assert!(trace.contains("pre-build-ran"), "{trace}");
     assert!(trace.contains("env: set-in-config"), "{trace}");
     assert!(trace.contains("Created cache deps-build"), "{trace}");
+    // In the runner's cache_dir, under the project's path and the expanded key.
+    let archive = w.path().join("cache/group/project/deps-build/cache.tar.gz");
+    assert!(archive.is_file(), "no {}", archive.display());
     assert!(
         !trace.contains(job.token.as_str()),
         "job token in the trace"
