@@ -303,6 +303,13 @@ async fn checkout(
         .filter(|p| !p.is_empty())
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .collect();
+    // The working copy's own mode (a private temporary directory) must not become the job's
+    // project directory's: a job image's non-root user still enters it.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let _ = tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).await;
+    }
     let tar = Command::new("tar")
         .arg("-c")
         .arg("-f")

@@ -126,18 +126,35 @@ fn final_update(seen: &Mutex<Vec<Seen>>, id: u64) -> serde_json::Value {
     serde_json::from_slice(&put.body).unwrap()
 }
 
-/// The trace after its `Skipping Git repository setup` line (what precedes it depends on how
-/// long the job waited for capacity).
-fn after_slot_line(text: &str) -> &str {
+/// The trace from its first script line `first` on (what precedes it depends on how long the
+/// job waited for capacity, and on the executor).
+fn from_script<'a>(text: &'a str, first: &str) -> &'a str {
     let at = text
-        .find("Skipping Git repository setup")
-        .unwrap_or_else(|| panic!("no sources line in trace:\n{text}"));
-    let nl = text[at..].find('\n').expect("slot line ends");
-    &text[at + nl + 1..]
+        .find(first)
+        .unwrap_or_else(|| panic!("no {first:?} in trace:\n{text}"));
+    &text[at..]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gitlab_jobs_run_on_an_autoscaled_instance() {
+    mock_pipeline("instance", "", "gl").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitlab_jobs_run_in_docker_autoscaler_containers() {
+    slipway_testkit::ensure_docker_engine().expect("Docker Engine");
+    // The mock's jobs name no image: the runner's default one is used.
+    mock_pipeline(
+        "docker-autoscaler",
+        "  [runners.docker]\n    image = \"slipway-busybox:latest\"\n    pull_policy = \"never\"\n",
+        "gd",
+    )
+    .await;
+}
+
+/// A successful and a failing job queued on `gitlab-runner-mock`, run by `executor` on an
+/// autoscaled `fleeting-plugin-local` instance: traces byte-compared, artifacts, final states.
+async fn mock_pipeline(executor: &str, extra: &str, prefix: &str) {
     let mock = GitlabRunnerMock::start().await;
     let (url, seen, proxy) = start_proxy(mock.uri().to_string()).await;
     let ok = queue_with(
@@ -163,10 +180,11 @@ async fn gitlab_jobs_run_on_an_autoscaled_instance() {
 concurrent = 2
 check_interval = 1
 [[runners]]
-  name = "gitlab"
+  name = "gitlab-{prefix}"
   url = "{url}"
   token = "{token}"
-  executor = "instance"
+  executor = "{executor}"
+{extra}
   [runners.autoscaler]
     plugin = "local"
     capacity_per_instance = 2
@@ -176,7 +194,7 @@ check_interval = 1
     delete_instances_on_shutdown = true
     [runners.autoscaler.plugin_config]
       dir = "{}"
-      name = "gl{}"
+      name = "{prefix}{}"
     [[runners.autoscaler.policy]]
       idle_count = 0
       idle_time = "10m"
@@ -224,7 +242,7 @@ check_interval = 1
     assert_eq!(job.state(), MockJobState::Success, "trace:\n{text}");
     // Everything after the slot line is the job's own output, byte for byte.
     assert_eq!(
-        after_slot_line(&text),
+        from_script(&text, "$ echo first-line"),
         format!(
             "$ echo first-line\nfirst-line\n\
          $ echo \"the secret is $SECRET\"\nthe secret is [MASKED]\n\
@@ -271,7 +289,7 @@ check_interval = 1
     let text = String::from_utf8_lossy(&job.log()).into_owned();
     assert_eq!(job.state(), MockJobState::Failed, "trace:\n{text}");
     assert_eq!(
-        after_slot_line(&text),
+        from_script(&text, "$ echo before-failing"),
         "$ echo before-failing\nbefore-failing\n$ exit 3\n\
          ERROR: Job failed: exit code 3\nJob failed (script_failure)\n",
         "trace:\n{text}"
@@ -291,6 +309,10 @@ check_interval = 1
         "token printed:\n{stderr}"
     );
     assert!(stderr.contains("serving GitLab jobs"), "{stderr}");
+    assert!(
+        text_of(&mock, ok).contains("Skipping Git repository setup"),
+        "GIT_STRATEGY=none honoured"
+    );
     assert!(
         w.processes().is_empty(),
         "left running: {:?}",
@@ -326,6 +348,10 @@ fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
         }
     }
     out
+}
+
+fn text_of(mock: &GitlabRunnerMock, id: u64) -> String {
+    String::from_utf8_lossy(&mock.get_job(id).unwrap().log()).into_owned()
 }
 
 fn seen_bodies(seen: &Mutex<Vec<Seen>>) -> Vec<u8> {
