@@ -198,8 +198,8 @@ impl JobDefaults {
     }
 }
 
-/// The runner `info` this version sends.
-fn version_info(executor: &str) -> VersionInfo {
+/// The runner `info` this version sends for `executor` (job requests, updates, registration).
+pub fn version_info(executor: &str) -> VersionInfo {
     let mut features = vec![
         "variables",
         "masking",

@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 
 use slipway_jobs::gitlab::{
     ClientConfig, GitlabClient, GitlabError, RegisterOptions, RunnerCredentials, Secret, SystemId,
-    VersionInfo,
 };
 
 use crate::config;
@@ -194,7 +193,7 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
     let name = args.name.clone().unwrap_or_else(hostname);
     let client = GitlabClient::new(ClientConfig::new(
         args.url.trim(),
-        version_info(&args.executor),
+        crate::gitlab::version_info(&args.executor),
     ))
     .map_err(RegisterError::Gitlab)?;
     let creds = match (&args.registration_token, &args.token) {
@@ -404,24 +403,6 @@ pub async fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     })
     .await
     .map_err(std::io::Error::other)?
-}
-
-/// The runner `info` sent at registration (the executor's name; features as `slipway run`).
-fn version_info(executor: &str) -> VersionInfo {
-    let features = [
-        "variables",
-        "masking",
-        "trace_reset",
-        "trace_checksum",
-        "trace_size",
-        "cancelable",
-        "return_exit_code",
-    ];
-    VersionInfo::new(
-        executor,
-        "bash",
-        features.iter().map(|f| ((*f).to_string(), true)),
-    )
 }
 
 /// GitLab Runner's default runner name: the host name.

@@ -266,7 +266,7 @@ check_interval = 1
     assert_eq!(uploaded.len(), 1, "one archive uploaded");
     assert_eq!(uploaded[0].artifact_format.as_deref(), Some("zip"));
     assert_eq!(uploaded[0].artifact_type.as_deref(), Some("archive"));
-    let files = unzip(&uploaded[0].data);
+    let files = common::unzip(&uploaded[0].data);
     assert_eq!(
         files.get("out/report.txt").map(String::as_str),
         Some("built-by-slipway\n"),
@@ -319,35 +319,6 @@ check_interval = 1
         w.processes()
     );
     proxy.abort();
-}
-
-/// The files of a zip archive, by path (unpacked with slipway-artifacts and `tar`).
-fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
-    let tar = slipway_artifacts::zip_to_tar(zip).expect("a valid zip");
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new("tar")
-        .args(["-x", "-f", "-", "-C"])
-        .arg(dir.path())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &tar).unwrap();
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success());
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.path().to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir.path()).unwrap().display().to_string();
-                out.insert(rel, std::fs::read_to_string(&p).unwrap_or_default());
-            }
-        }
-    }
-    out
 }
 
 fn text_of(mock: &GitlabRunnerMock, id: u64) -> String {

@@ -136,35 +136,6 @@ async fn finished(gl: &FakeGitlab, id: u64, state: &str, w: &World, child: &mut 
     );
 }
 
-/// The files of a zip archive, by path.
-fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
-    let tar = slipway_artifacts::zip_to_tar(zip).expect("a valid zip");
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new("tar")
-        .args(["-x", "-f", "-", "-C"])
-        .arg(dir.path())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &tar).unwrap();
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success());
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.path().to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir.path()).unwrap().display().to_string();
-                out.insert(rel, std::fs::read_to_string(&p).unwrap_or_default());
-            }
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
     let w = World::new();
@@ -233,7 +204,7 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
     assert_eq!(binaries.query.get("artifact_format").unwrap(), "zip");
     assert_eq!(binaries.query.get("expire_in").unwrap(), "1 week");
     // paths + untracked (what git does not track), minus exclude; nothing git tracks.
-    let files = unzip(&binaries.bytes);
+    let files = common::unzip(&binaries.bytes);
     assert_eq!(
         files.keys().cloned().collect::<Vec<_>>(),
         vec!["ignored.log", "out/a.txt", "report.xml"],
@@ -502,7 +473,7 @@ check_interval = 1
     let job = gl.job(ok_id).unwrap();
     let trace = job.trace_text();
     assert!(trace.contains("hello from the repository"), "{trace}");
-    let files = unzip(&job.artifacts[0].bytes);
+    let files = common::unzip(&job.artifacts[0].bytes);
     assert_eq!(
         files.get("out/result.txt").map(String::as_str),
         Some("made-in-docker\n")

@@ -243,77 +243,45 @@ fn refused_tokens_say_so_and_write_nothing() {
     let (url, _) = gitlab();
     let config = w.path().join("config.toml");
     let cfg = config.display().to_string();
-    let bad_registration = "GR1348941wrongWRONGwrong";
-    let run = slipway(
-        &w,
-        &[
+    let register = |flag: &str, token: &str, extra: &[&str]| {
+        let mut args = vec![
             "register",
             "-c",
             &cfg,
             "--url",
             &url,
-            "--registration-token",
-            bad_registration,
+            flag,
+            token,
             "--executor",
             "shell",
-        ],
+        ];
+        args.extend_from_slice(extra);
+        slipway(&w, &args)
+    };
+    let refused = |run: &Run, says: &str, token: &str| {
+        assert_ne!(run.code, Some(0), "{}", run.explain());
+        assert!(run.stderr.contains(says), "{}", run.explain());
+        assert_no_token(run, token);
+    };
+
+    let bad_registration = "GR1348941wrongWRONGwrong";
+    let run = register("--registration-token", bad_registration, &[]);
+    refused(
+        &run,
+        "GitLab refused the registration token (HTTP 403)",
+        bad_registration,
     );
-    assert_ne!(run.code, Some(0), "{}", run.explain());
-    assert!(
-        run.stderr
-            .contains("GitLab refused the registration token (HTTP 403)"),
-        "{}",
-        run.explain()
-    );
-    assert_no_token(&run, bad_registration);
 
     let bad = "glrt-t1_notTHEtokenGITLABknows";
-    let run = slipway(
-        &w,
-        &[
-            "register",
-            "-c",
-            &cfg,
-            "--url",
-            &url,
-            "--token",
-            bad,
-            "--executor",
-            "shell",
-        ],
+    let run = register("--token", bad, &[]);
+    refused(
+        &run,
+        "GitLab refused the runner authentication token (HTTP 403)",
+        bad,
     );
-    assert_ne!(run.code, Some(0), "{}", run.explain());
-    assert!(
-        run.stderr
-            .contains("GitLab refused the runner authentication token (HTTP 403)"),
-        "{}",
-        run.explain()
-    );
-    assert_no_token(&run, bad);
     assert!(!config.exists(), "nothing written after a refusal");
 
     // Options GitLab keeps with a UI-created runner are refused before any request.
-    let run = slipway(
-        &w,
-        &[
-            "register",
-            "-c",
-            &cfg,
-            "--url",
-            &url,
-            "--token",
-            UI_TOKEN,
-            "--executor",
-            "shell",
-            "--tag-list",
-            "a",
-        ],
-    );
-    assert_ne!(run.code, Some(0), "{}", run.explain());
-    assert!(
-        run.stderr
-            .contains("--tag-list cannot be given with --token"),
-        "{}",
-        run.explain()
-    );
+    let run = register("--token", UI_TOKEN, &["--tag-list", "a"]);
+    refused(&run, "--tag-list cannot be given with --token", UI_TOKEN);
 }

@@ -342,3 +342,33 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The files of a zip archive (as GitLab stores artifacts), by path, unpacked with
+/// slipway-artifacts and `tar`.
+pub fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
+    let tar = slipway_artifacts::zip_to_tar(zip).expect("a valid zip");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new("tar")
+        .args(["-x", "-f", "-", "-C"])
+        .arg(dir.path())
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &tar).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir.path()).unwrap().display().to_string();
+                out.insert(rel, std::fs::read_to_string(&p).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
