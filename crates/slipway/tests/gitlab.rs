@@ -172,7 +172,6 @@ async fn mock_pipeline(executor: &str, extra: &str, prefix: &str) {
     let bad = queue(&mock, "broken", &["echo before-failing", "exit 3"]);
 
     let w = World::new();
-    let state = w.path().join("plugin-state");
     let cfg = w.write(
         "config.toml",
         &format!(
@@ -185,23 +184,9 @@ check_interval = 1
   token = "{token}"
   executor = "{executor}"
 {extra}
-  [runners.autoscaler]
-    plugin = "local"
-    capacity_per_instance = 2
-    max_instances = 1
-    update_interval = "200ms"
-    update_interval_when_expecting = "100ms"
-    delete_instances_on_shutdown = true
-    [runners.autoscaler.plugin_config]
-      dir = "{}"
-      name = "{prefix}{}"
-    [[runners.autoscaler.policy]]
-      idle_count = 0
-      idle_time = "10m"
-"#,
-            state.display(),
-            std::process::id(),
+{autoscaler}"#,
             token = mock.runner_token(),
+            autoscaler = common::local_autoscaler(&w, prefix),
         ),
     );
     let child = w

@@ -55,7 +55,6 @@ fn with_repo(mut payload: Value, repo: &(String, String)) -> Value {
 
 /// A config with one instance-executor runner on `fleeting-plugin-local` serving `gl`.
 fn instance_config(w: &World, gl: &FakeGitlab, extra: &str) -> std::path::PathBuf {
-    let state = w.path().join("plugin-state");
     w.write(
         "config.toml",
         &format!(
@@ -69,25 +68,11 @@ check_interval = 1
   executor = "instance"
   cache_dir = "{cache}"
 {extra}
-  [runners.autoscaler]
-    plugin = "local"
-    capacity_per_instance = 2
-    max_instances = 1
-    update_interval = "200ms"
-    update_interval_when_expecting = "100ms"
-    delete_instances_on_shutdown = true
-    [runners.autoscaler.plugin_config]
-      dir = "{state}"
-      name = "gf{pid}"
-    [[runners.autoscaler.policy]]
-      idle_count = 0
-      idle_time = "10m"
-"#,
+{autoscaler}"#,
             url = gl.url(),
             token = gl.runner_token(),
             cache = w.path().join("cache").display(),
-            state = state.display(),
-            pid = std::process::id(),
+            autoscaler = common::local_autoscaler(w, "gf"),
         ),
     )
 }

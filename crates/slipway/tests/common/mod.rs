@@ -372,3 +372,27 @@ pub fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
     }
     out
 }
+
+/// A `[runners.autoscaler]` section on `fleeting-plugin-local` for GitLab-served runners: one
+/// instance with two slots, quick updates, instances deleted at shutdown; `name` keeps this
+/// test's instances apart.
+pub fn local_autoscaler(w: &World, name: &str) -> String {
+    format!(
+        r#"  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 2
+    max_instances = 1
+    update_interval = "200ms"
+    update_interval_when_expecting = "100ms"
+    delete_instances_on_shutdown = true
+    [runners.autoscaler.plugin_config]
+      dir = "{}"
+      name = "{name}{}"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "10m"
+"#,
+        w.path().join("plugin-state").display(),
+        std::process::id(),
+    )
+}
