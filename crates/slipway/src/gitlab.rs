@@ -209,13 +209,18 @@ pub fn version_info(executor: &str) -> VersionInfo {
         "cancelable",
         "cancel_gracefully",
         "return_exit_code",
-        "artifacts",
-        "artifacts_exclude",
-        "upload_multiple_artifacts",
-        "cache",
-        "fallback_cache_keys",
         "refspecs",
     ];
+    // The custom executor's driver owns its environment: no sources, artifacts or cache stages.
+    if executor != "custom" {
+        features.extend([
+            "artifacts",
+            "artifacts_exclude",
+            "upload_multiple_artifacts",
+            "cache",
+            "fallback_cache_keys",
+        ]);
+    }
     if matches!(executor, "docker" | "docker-autoscaler") {
         features.extend(["image", "services", "service_multiple_aliases"]);
     }
@@ -858,6 +863,15 @@ async fn inputs_of(
         tars: Vec::new(),
         tracked: BTreeSet::new(),
     };
+    if source.runner.executor == "custom" {
+        if !job.git_info.repo_url.is_empty() || !job.dependencies.is_empty() {
+            trace.message(
+                "WARNING: the custom executor gets no sources or dependencies' artifacts from \
+                 slipway yet; its driver must fetch them",
+            );
+        }
+        return Ok(inputs);
+    }
     match source.git.get(job, trace, cancel).await {
         Ok(Some(s)) => {
             inputs.tars.push(s.tar);

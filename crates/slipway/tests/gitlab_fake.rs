@@ -480,3 +480,38 @@ check_interval = 1
     assert_eq!(gl.last_features().unwrap()["image"], true);
     stop(&w, child.take().unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_state_gitlab_missed_is_sent_after_a_restart() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job_payload_with_vars(
+        "unlucky",
+        &["echo started-unlucky", "sleep 4", "echo finishing-unlucky"],
+        &[("GIT_STRATEGY", "none")],
+    ));
+    let cfg = instance_config(&w, &gl, "");
+    let child = start(&w, &cfg);
+    let started = common::wait_until(Duration::from_secs(180), || {
+        gl.job(id)
+            .is_some_and(|j| j.trace_text().contains("started-unlucky"))
+    });
+    assert!(started, "job never started");
+    // GitLab goes away before the job ends, and the manager is stopped while it still is.
+    gl.set_outage(Outage::Unavailable);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let stderr = stop(&w, child);
+    assert!(
+        stderr.contains("kept in the outbox"),
+        "shutdown did not keep the state:\n{stderr}"
+    );
+    assert_eq!(gl.job(id).unwrap().state, "running");
+
+    gl.set_outage(Outage::None);
+    let mut child = Some(start(&w, &cfg));
+    finished(&gl, id, "success", &w, &mut child).await;
+    let job = gl.job(id).unwrap();
+    assert_eq!(job.accepted_final_states(), vec!["success".to_string()]);
+    let stderr = stop(&w, child.take().unwrap());
+    assert!(stderr.contains("left by an earlier run"), "{stderr}");
+}
