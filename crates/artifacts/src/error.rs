@@ -38,6 +38,14 @@ pub enum ArtifactsError {
         /// The entry.
         path: String,
     },
+    /// A raw artifact holds one file, and the paths matched more.
+    #[error("raw artifacts hold one file, but the paths match {first:?} and {second:?} (at least)")]
+    RawNeedsOneFile {
+        /// The first file matched.
+        first: String,
+        /// Another file matched.
+        second: String,
+    },
     /// The zip archive cannot be written.
     #[error("writing the zip archive: {0}")]
     ZipWrite(#[source] io::Error),

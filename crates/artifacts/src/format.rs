@@ -9,15 +9,18 @@ pub enum Format {
     Zip,
     /// `gzip`: concatenated gzip members, used for reports (`junit`, ...).
     Gzip,
+    /// `raw`: one file uploaded as it is (most security and quality reports).
+    Raw,
 }
 
 impl Format {
-    /// The format named by GitLab's `artifact_format` value (`zip`, `gzip`); `None` for others
-    /// (`raw`, `zipzstd`, `tarzstd`, unknown).
+    /// The format named by GitLab's `artifact_format` value (`zip`, `gzip`, `raw`); `None` for
+    /// others (`zipzstd`, `tarzstd`, unknown).
     pub fn parse(name: &str) -> Option<Format> {
         match name {
             "zip" => Some(Format::Zip),
             "gzip" => Some(Format::Gzip),
+            "raw" => Some(Format::Raw),
             _ => None,
         }
     }
@@ -27,6 +30,7 @@ impl Format {
         match self {
             Format::Zip => "zip",
             Format::Gzip => "gzip",
+            Format::Raw => "raw",
         }
     }
 }

@@ -42,8 +42,11 @@ pub use globs::Globs;
 pub struct Archive {
     /// The archive itself, ready to upload.
     pub bytes: Vec<u8>,
-    /// Entries stored: files, directories and symlinks for zip; gzip members for gzip.
+    /// Entries stored: files, directories and symlinks for zip; gzip members for gzip; 1 for
+    /// raw.
     pub files: usize,
+    /// The stored file's path, for [`Format::Raw`] (its upload's file name).
+    pub raw_path: Option<String>,
 }
 
 /// Builds the archive from a tar stream (several archives may be concatenated), keeping only
@@ -59,10 +62,37 @@ pub fn archive_from_tar(
         Format::Zip => Ok(Archive {
             bytes: zip::write_zip(&entries)?,
             files: entries.len(),
+            raw_path: None,
         }),
         Format::Gzip => {
             let (bytes, files) = gzip::write_gzip(&entries)?;
-            Ok(Archive { bytes, files })
+            Ok(Archive {
+                bytes,
+                files,
+                raw_path: None,
+            })
+        }
+        Format::Raw => {
+            // GitLab Runner's raw format holds exactly one regular file, sent as it is.
+            let mut files = entries.iter().filter_map(|e| match &e.kind {
+                entries::Kind::File(data) => Some((e.path.clone(), data.to_vec())),
+                _ => None,
+            });
+            match (files.next(), files.next()) {
+                (None, _) => Ok(Archive {
+                    bytes: Vec::new(),
+                    files: 0,
+                    raw_path: None,
+                }),
+                (Some((path, bytes)), None) => Ok(Archive {
+                    bytes,
+                    files: 1,
+                    raw_path: Some(path),
+                }),
+                (Some((first, _)), Some((second, _))) => {
+                    Err(ArtifactsError::RawNeedsOneFile { first, second })
+                }
+            }
         }
     }
 }

@@ -321,7 +321,36 @@ fn garbage_gives_errors_not_panics() {
 fn format_names() {
     assert_eq!(Format::parse("zip"), Some(Format::Zip));
     assert_eq!(Format::parse("gzip"), Some(Format::Gzip));
-    assert_eq!(Format::parse("raw"), None);
+    assert_eq!(Format::parse("raw"), Some(Format::Raw));
+    assert_eq!(Format::parse("zipzstd"), None);
     assert_eq!(Format::Gzip.as_str(), "gzip");
     assert_eq!(Format::Zip.to_string(), "zip");
+}
+
+#[test]
+fn raw_artifacts_are_one_file_as_it_is() {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, body) in [
+        ("gl-sast-report.json", &b"{}\n"[..]),
+        ("other.txt", &b"x"[..]),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(body.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, path, body).unwrap();
+    }
+    let tar = b.into_inner().unwrap();
+    let one = |p: &str| p == "gl-sast-report.json";
+    let a =
+        slipway_artifacts::archive_from_tar(&tar, slipway_artifacts::Format::Raw, &one).unwrap();
+    assert_eq!(a.bytes, b"{}\n");
+    assert_eq!(a.files, 1);
+    assert_eq!(a.raw_path.as_deref(), Some("gl-sast-report.json"));
+    let two = slipway_artifacts::archive_from_tar(&tar, slipway_artifacts::Format::Raw, &|_| true);
+    assert!(
+        two.unwrap_err()
+            .to_string()
+            .contains("raw artifacts hold one file"),
+        "two files are refused"
+    );
 }

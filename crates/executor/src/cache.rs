@@ -224,8 +224,9 @@ pub fn archive_script(
         let _ = writeln!(
             s,
             "if [ $# -eq 0 ]; then echo {warn}; else \
-             mkdir -p {dir} && tar -czf {dir}/.cache.tar.gz.$$ -- \"$@\" && mv -f {dir}/.cache.tar.gz.$$ {dir}/cache.tar.gz \
-             && echo {ok} || {{ rm -f {dir}/.cache.tar.gz.$$; echo 'WARNING: Failed to create cache'; }}; fi",
+             __tmp=; mkdir -p {dir} && __tmp=$(mktemp {dir}/.cache.tar.gz.XXXXXX) \
+             && tar -czf \"$__tmp\" -- \"$@\" && chmod 0644 \"$__tmp\" && mv -f \"$__tmp\" {dir}/cache.tar.gz \
+             && echo {ok} || {{ [ -z \"$__tmp\" ] || rm -f \"$__tmp\"; echo 'WARNING: Failed to create cache'; }}; fi",
             warn = quote(&format!("WARNING: no files to cache for {key}")),
             ok = quote(&format!("Created cache {key}")),
         );

@@ -197,37 +197,56 @@ impl JobRunner {
 
         // Without artifacts to unpack, the script step creates its own directory: one SSH
         // round trip less between a job being queued and its first output line.
-        let mut inputs = artifacts_in.into_iter().filter(|a| !a.is_empty());
-        let first = inputs.next();
+        let mut inputs: std::collections::VecDeque<Vec<u8>> =
+            artifacts_in.into_iter().filter(|a| !a.is_empty()).collect();
         let restore = self.cache_script(job, &dirs, trace, None);
-        let separate_prepare = first.is_some() || restore.is_some();
+        let separate_prepare = !inputs.is_empty() || restore.is_some();
         if separate_prepare {
-            // One archive per run: busybox tar (in job images) cannot read concatenated ones.
-            let first_run = std::iter::once((
+            // GitLab's order: sources, then the cache, then the dependencies' artifacts, which
+            // win over a stale cache of the same paths.
+            let first = if restore.is_none() || has_sources(job) {
+                inputs.pop_front()
+            } else {
+                None
+            };
+            let mut runs = vec![(
                 script::prepare_script(&dirs, first.is_some()),
                 first.unwrap_or_default(),
-            ));
-            let rest = inputs.map(|tar| (script::unpack_script(&dirs), tar));
-            for (body, tar) in first_run.chain(rest) {
-                if let Err(msg) = housekeeping(host, &body, tar, TRANSFER_TIMEOUT).await {
-                    trace.message(&format!(
-                        "ERROR: preparing the build directory failed: {msg}"
-                    ));
-                    self.cleanup(host, &dirs, trace).await;
-                    return RunResult {
-                        outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                        artifacts: Vec::new(),
-                    };
-                }
+                false,
+            )];
+            if let Some(body) = restore {
+                runs.push((body, Vec::new(), true));
             }
-        }
-
-        if let Some(body) = restore {
-            // A missing or broken cache never fails the job (GitLab's rule); only a host that
-            // cannot run the script at all is reported.
-            match housekeeping(host, &body, Vec::new(), TRANSFER_TIMEOUT).await {
-                Ok(out) => trace.write(&out),
-                Err(msg) => trace.message(&format!("WARNING: restoring the cache failed: {msg}")),
+            // One archive per run: busybox tar (in job images) cannot read concatenated ones.
+            runs.extend(
+                inputs
+                    .into_iter()
+                    .map(|tar| (script::unpack_script(&dirs), tar, false)),
+            );
+            for (body, tar, is_cache) in runs {
+                match housekeeping(host, &body, tar, TRANSFER_TIMEOUT).await {
+                    Ok(out) if is_cache => trace.write(&out),
+                    Ok(_) => {}
+                    // A missing or broken cache never fails the job (GitLab's rule); only a host
+                    // that cannot run the script at all is reported.
+                    Err(msg) if is_cache => {
+                        trace.message(&format!("WARNING: restoring the cache failed: {msg}"))
+                    }
+                    Err(msg) => {
+                        trace.message(&format!(
+                            "ERROR: preparing the build directory failed: {msg}"
+                        ));
+                        self.cleanup(host, &dirs, trace).await;
+                        return RunResult {
+                            outcome: JobOutcome::failed(
+                                FailureReason::RunnerSystemFailure,
+                                None,
+                                msg,
+                            ),
+                            artifacts: Vec::new(),
+                        };
+                    }
+                }
             }
         }
 
@@ -472,6 +491,16 @@ impl JobRunner {
             trace.message(&format!("WARNING: cleanup failed: {msg}"));
         }
     }
+}
+
+/// Whether the first archive a job receives is its sources: it has a repository and
+/// `GIT_STRATEGY` is not `none` (the manager ships sources first, then dependencies' artifacts).
+pub fn has_sources(job: &JobResponse) -> bool {
+    !job.git_info.repo_url.trim().is_empty()
+        && !matches!(
+            job.variable("GIT_STRATEGY").map(str::trim),
+            Some("none" | "empty")
+        )
 }
 
 fn write_output(trace: &mut Trace, chunk: Output) {

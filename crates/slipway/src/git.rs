@@ -118,7 +118,7 @@ fn attempts_of(job: &JobResponse) -> u32 {
 }
 
 impl GitSources {
-    /// Working copies under `root` (created on first use).
+    /// Working copies under `root` (created on first use, private: they hold source code).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self {
             root: root.into(),
@@ -173,6 +173,20 @@ impl GitSources {
         fail(trace, format!("getting the sources failed: {last}"))
     }
 
+    /// Creates the root, readable by its owner only.
+    async fn make_root(&self) -> Result<(), String> {
+        tokio::fs::create_dir_all(&self.root)
+            .await
+            .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let _ = tokio::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700))
+                .await;
+        }
+        Ok(())
+    }
+
     async fn get_once(
         &self,
         job: &JobResponse,
@@ -195,6 +209,7 @@ impl GitSources {
                     locks.entry(dir.clone()).or_default().clone()
                 };
                 let _held = lock.lock().await;
+                self.make_root().await?;
                 let result = checkout(job, &dir, depth, true, trace).await;
                 if result.is_err() {
                     // A broken working copy is not reused: the next job starts afresh.
@@ -204,6 +219,7 @@ impl GitSources {
             }
             Strategy::Clone | Strategy::None => {
                 let tmp = self.root.join("tmp");
+                self.make_root().await?;
                 tokio::fs::create_dir_all(&tmp)
                     .await
                     .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
@@ -242,6 +258,10 @@ async fn checkout(
         c
     };
     let fresh = !dir.join(".git").exists();
+    if !fresh {
+        // A git killed mid-fetch (a canceled job) leaves lock files that fail the next one.
+        remove_stale_locks(&dir.join(".git")).await;
+    }
     if fresh {
         tokio::fs::create_dir_all(dir)
             .await
@@ -287,11 +307,20 @@ async fn checkout(
         target.chars().take(8).collect::<String>(),
         g.git_ref
     ));
-    run(git(&["checkout", "-f", "-q", "--detach", &target]), trace).await?;
+    // LFS objects are not fetched yet: pointer files stay, and a manager with git-lfs
+    // installed must not try (and fail) to fetch them during checkout.
+    let mut checkout = git(&["checkout", "-f", "-q", "--detach", &target]);
+    checkout.env("GIT_LFS_SKIP_SMUDGE", "1");
+    run(checkout, trace).await?;
     if reuse && !fresh {
         run(git(&["clean", "-ffdx", "-q"]), trace).await?;
     }
-    trace.message("Skipping Git submodules setup");
+    match job.variable("GIT_SUBMODULE_STRATEGY").map(str::trim) {
+        None | Some("" | "none") => trace.message("Skipping Git submodules setup"),
+        Some(other) => trace.message(&format!(
+            "WARNING: GIT_SUBMODULE_STRATEGY {other:?} is not supported yet; submodules are not fetched"
+        )),
+    }
 
     let listed = git(&["ls-files", "-z"])
         .output()
@@ -310,7 +339,10 @@ async fn checkout(
         use std::os::unix::fs::PermissionsExt as _;
         let _ = tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).await;
     }
+    // Owned by root in the archive: a job image's root user must not find a stranger's uid
+    // (git refuses "dubious ownership"), whoever runs the manager.
     let tar = Command::new("tar")
+        .args(["--owner=0", "--group=0", "--numeric-owner"])
         .arg("-c")
         .arg("-f")
         .arg("-")
@@ -331,6 +363,30 @@ async fn checkout(
         tar: tar.stdout,
         tracked,
     })
+}
+
+/// Remove `*.lock` files git leaves when killed, at the top of `.git` and under `refs/`.
+async fn remove_stale_locks(git_dir: &Path) {
+    let mut dirs = vec![git_dir.to_path_buf()];
+    let mut first = true;
+    while let Some(dir) = dirs.pop() {
+        let Ok(mut entries) = tokio::fs::read_dir(&dir).await else {
+            continue;
+        };
+        while let Ok(Some(e)) = entries.next_entry().await {
+            let path = e.path();
+            let is_dir = e.file_type().await.is_ok_and(|t| t.is_dir());
+            if is_dir {
+                // Only refs/ is walked below the top: objects/ can be huge.
+                if !first || path.file_name().is_some_and(|n| n == "refs") {
+                    dirs.push(path);
+                }
+            } else if path.extension().is_some_and(|x| x == "lock") {
+                let _ = tokio::fs::remove_file(&path).await;
+            }
+        }
+        first = false;
+    }
 }
 
 /// Run a git command; its stderr goes to the trace (masked there); `Err` on failure.

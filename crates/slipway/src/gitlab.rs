@@ -48,6 +48,29 @@ use crate::git::GitSources;
 use crate::job::{self, NoSlot};
 use crate::runner::Runner;
 
+/// The directory name of a runner's GitLab state: its name (made safe) and a hash of its URL.
+fn state_key(name: &str, url: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = url
+        .trim_end_matches('/')
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{safe}-{:08x}", hash & 0xffff_ffff)
+}
+
 /// Whether `cfg` takes its jobs from GitLab: an `http(s)://` `url` and a `token`.
 pub fn serves_gitlab(cfg: &RunnerConfig) -> bool {
     let url = cfg.url.trim();
@@ -207,7 +230,6 @@ pub fn version_info(executor: &str) -> VersionInfo {
         "trace_checksum",
         "trace_size",
         "cancelable",
-        "cancel_gracefully",
         "return_exit_code",
         "refspecs",
     ];
@@ -217,6 +239,7 @@ pub fn version_info(executor: &str) -> VersionInfo {
             "artifacts",
             "artifacts_exclude",
             "upload_multiple_artifacts",
+            "upload_raw_artifacts",
             "cache",
             "fallback_cache_keys",
         ]);
@@ -260,10 +283,11 @@ pub async fn serve(
             source,
         })?;
     let backoff = Backoff::default();
-    let own_dir = opts.state_dir.join("gitlab").join(match token.short() {
-        s if s.is_empty() => "runner".to_string(),
-        s => s,
-    });
+    // Keyed by GitLab and runner name, not token: a rotated token finds its outbox again.
+    let own_dir = opts
+        .state_dir
+        .join("gitlab")
+        .join(state_key(&name, cfg.url.trim()));
     let outbox = Outbox::open(own_dir.join("outbox"))
         .await
         .map_err(|source| SourceError::Outbox {
@@ -805,7 +829,25 @@ async fn run_admitted(
     if let Err(no) = job::reserve(runner, &key, &request, trace, cancel).await {
         return refused(&no, stop);
     }
-    let acq = match job::acquire(runner, &key, trace, cancel).await {
+    // The runner's environment counts for everything after: sources, cache, paths, steps.
+    let mut job = source.defaults.apply(job);
+    expand_paths(&mut job);
+    // Sources and dependencies are fetched while the slot is acquired (an instance may be
+    // booting); their trace lines follow the slot's.
+    let fetch_cancel = cancel.child_token();
+    let (side_tx, mut side_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let mut side = Trace::new(job.masked_values(), side_tx);
+    let acquiring = async {
+        let r = job::acquire(runner, &key, trace, cancel).await;
+        if r.is_err() {
+            fetch_cancel.cancel();
+        }
+        r
+    };
+    let (acq, inputs) = tokio::join!(acquiring, inputs_of(source, &job, &mut side, &fetch_cancel));
+    side.finish();
+    drop(side);
+    let acq = match acq {
         Ok(a) => a,
         Err(no) => return refused(&no, stop),
     };
@@ -813,14 +855,16 @@ async fn run_admitted(
         "Running on instance {} slot {}",
         acq.instance_id, acq.slot
     ));
-    let inputs = match inputs_of(source, job, trace, cancel).await {
+    while let Ok(chunk) = side_rx.try_recv() {
+        trace.write(&chunk);
+    }
+    let inputs = match inputs {
         Ok(i) => i,
         Err(outcome) => {
             runner.release(&key);
             return outcome;
         }
     };
-    let job = source.defaults.apply(job);
     let (mut outcome, collected) =
         job::execute(runner, &acq, &job, inputs.tars, trace, cancel).await;
     // The slot is free while the artifacts travel: uploading is the manager's work.
@@ -835,6 +879,21 @@ async fn run_admitted(
     )
     .await;
     outcome
+}
+
+/// `$VARIABLE`s in artifact and cache paths, exclusions and names replaced by the job's
+/// variables, as GitLab Runner expands them.
+fn expand_paths(job: &mut JobResponse) {
+    let snapshot = job.clone();
+    let expand = |v: &mut String| *v = slipway_executor::cache::expand(v, &snapshot);
+    for a in &mut job.artifacts {
+        a.paths.iter_mut().for_each(expand);
+        a.exclude.iter_mut().for_each(expand);
+        expand(&mut a.name);
+    }
+    for c in &mut job.cache {
+        c.paths.iter_mut().for_each(expand);
+    }
 }
 
 /// What is unpacked into the job's directory before its steps.
@@ -893,9 +952,14 @@ async fn inputs_of(
             r = source.client.download_artifacts(dep.id, &token) => r,
             _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
         };
-        let tar = zip
-            .map_err(|e| e.to_string())
-            .and_then(|zip| slipway_artifacts::zip_to_tar(&zip).map_err(|e| e.to_string()));
+        let tar = match zip {
+            // Unpacking is CPU work: off the runtime's threads.
+            Ok(zip) => tokio::task::spawn_blocking(move || slipway_artifacts::zip_to_tar(&zip))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
         match tar {
             Ok(tar) => {
                 trace.message(&format!(
@@ -937,7 +1001,13 @@ fn keeps(
     if lineage().any(|p| p == ".git") {
         return false;
     }
-    lineage().any(|p| includes.is_match(p)) || !tracked.contains(path)
+    // A directory of tracked files is not untracked, though git lists only files.
+    let under = format!("{path}/");
+    let holds_tracked = tracked
+        .range(under.clone()..)
+        .next()
+        .is_some_and(|t| t.starts_with(&under));
+    lineage().any(|p| includes.is_match(p)) || (!tracked.contains(path) && !holds_tracked)
 }
 
 /// Archive and upload each collected `artifacts:` entry; a failed upload fails a job that had
@@ -967,20 +1037,35 @@ async fn upload_artifacts(
                 "failed"
             }
         ));
-        let archived = (|| {
-            let format = match spec.artifact_format.as_str() {
-                "" => Format::Zip,
-                f => Format::parse(f).ok_or_else(|| {
-                    format!("artifact format {f:?} is not supported; expected zip or gzip")
-                })?,
-            };
-            let includes = Globs::new(&spec.paths).map_err(|e| e.to_string())?;
-            let excludes = Globs::new(&spec.exclude).map_err(|e| e.to_string())?;
-            let keep = |p: &str| keeps(p, &includes, &excludes, spec.untracked, tracked);
+        let format = match spec.artifact_format.as_str() {
+            "" => Format::Zip,
+            f => match Format::parse(f) {
+                Some(format) => format,
+                None => {
+                    // Never fail a job for a report format this version cannot write.
+                    trace.message(&format!(
+                        "WARNING: artifacts {kind:?} in format {f:?} are not supported yet \
+                         (zip, gzip and raw are); not uploaded"
+                    ));
+                    continue;
+                }
+            },
+        };
+        let (paths, exclude, untracked) =
+            (spec.paths.clone(), spec.exclude.clone(), spec.untracked);
+        let tracked = tracked.clone();
+        // Compressing is CPU work: off the runtime's threads.
+        let archived = tokio::task::spawn_blocking(move || {
+            let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
+            let excludes = Globs::new(&exclude).map_err(|e| e.to_string())?;
+            let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
             slipway_artifacts::archive_from_tar(&c.tar, format, &keep)
                 .map(|a| (format, a))
                 .map_err(|e| e.to_string())
-        })();
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
         let (format, archive) = match archived {
             Ok(a) => a,
             Err(msg) => {
@@ -999,8 +1084,13 @@ async fn upload_artifacts(
             "{} files and directories; uploading artifacts as {kind:?} to coordinator...",
             archive.files
         ));
+        let name = match (&archive.raw_path, spec.name.as_str()) {
+            (Some(path), _) => Some(path.clone()),
+            (None, "") => None,
+            (None, n) => Some(n.to_string()),
+        };
         let opts = UploadOptions {
-            name: (!spec.name.is_empty()).then(|| spec.name.clone()),
+            name,
             artifact_type: kind.to_string(),
             artifact_format: format.as_str().to_string(),
             expire_in: (!spec.expire_in.is_empty()).then(|| spec.expire_in.clone()),

@@ -136,7 +136,7 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
                 "grep -c o-secr .git/config && exit 9 || echo no-token-in-git-config",
                 "mkdir -p out deps && echo from-build > out/a.txt && echo scratch > out/skip.tmp",
                 "echo cached-dependency > deps/lib.txt && echo noise > ignored.log",
-                "echo '<testsuite/>' > report.xml",
+                "echo '<testsuite/>' > report.xml && echo '{}' > gl-sast-report.json",
                 "echo \"env: $FROM_RUNNER\"",
             ],
             &[],
@@ -152,7 +152,9 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
          "untracked": true, "when": "on_success",
          "artifact_type": "archive", "artifact_format": "zip", "expire_in": "1 week"},
         {"name": "junit", "paths": ["report.xml"], "when": "always",
-         "artifact_type": "junit", "artifact_format": "gzip"}
+         "artifact_type": "junit", "artifact_format": "gzip"},
+        {"paths": ["gl-sast-report.json"], "when": "always",
+         "artifact_type": "sast", "artifact_format": "raw"}
     ]);
     build["cache"] = json!([
         {"key": "deps-$CI_JOB_NAME", "paths": ["deps/"], "policy": "push", "when": "on_success"}
@@ -184,7 +186,7 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
         !trace.contains("repo-secret"),
         "repository token in the trace"
     );
-    assert_eq!(job.artifacts.len(), 2, "{trace}");
+    assert_eq!(job.artifacts.len(), 3, "{trace}");
     let binaries = &job.artifacts[0];
     assert_eq!(binaries.query.get("artifact_format").unwrap(), "zip");
     assert_eq!(binaries.query.get("expire_in").unwrap(), "1 week");
@@ -192,7 +194,12 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
     let files = common::unzip(&binaries.bytes);
     assert_eq!(
         files.keys().cloned().collect::<Vec<_>>(),
-        vec!["ignored.log", "out/a.txt", "report.xml"],
+        vec![
+            "gl-sast-report.json",
+            "ignored.log",
+            "out/a.txt",
+            "report.xml"
+        ],
         "{files:?}"
     );
     assert_eq!(files["out/a.txt"], "from-build\n");
@@ -210,6 +217,11 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
     drop(gunzip.stdin.take());
     let out = gunzip.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "<testsuite/>\n");
+    // A raw report: the file itself, under its own name.
+    let sast = &job.artifacts[2];
+    assert_eq!(sast.query.get("artifact_format").unwrap(), "raw");
+    assert_eq!(sast.filename, "gl-sast-report.json");
+    assert_eq!(sast.bytes, b"{}\n");
 
     // A later job of the pipeline: the build's artifacts and the cache, sources fetched into
     // the kept working copy.

@@ -145,10 +145,12 @@ impl Outbox {
             if path.extension().and_then(|e| e.to_str()) != Some("json") {
                 continue;
             }
-            let text = tokio::fs::read(&path)
-                .await
-                .map_err(|e| io_error(&path, "reading", &e))?;
-            out.push((path, text));
+            // One unreadable record must not keep the others (or the runner) from going on.
+            match tokio::fs::read(&path).await {
+                Ok(text) => out.push((path, text)),
+                Err(e) => tracing::error!(path = %path.display(), error = %e,
+                    "cannot read a job record in the outbox; its job is not reported"),
+            }
         }
         Ok(out)
     }

@@ -11,6 +11,10 @@ use super::client::endpoint;
 use super::update::{OutputInfo, crc32};
 use super::{Backoff, GitlabClient, GitlabError, MASK, Secret, sleep_or_cancel};
 
+/// Silence after which a job is touched when GitLab has not asked for an update interval
+/// (GitLab Runner's force-send interval).
+const KEEPALIVE_AFTER: Duration = Duration::from_secs(30);
+
 /// GitLab Runner's default `output_limit`, in KiB.
 pub const DEFAULT_OUTPUT_LIMIT_KIB: u64 = 4096;
 
@@ -252,6 +256,8 @@ pub struct TraceSender {
     interval: Mutex<Duration>,
     /// When GitLab last heard about the job (a PATCH or a keep-alive).
     contact: Mutex<tokio::time::Instant>,
+    /// The update interval GitLab asked for, once it has (`X-GitLab-Trace-Update-Interval`).
+    asked: Mutex<Option<Duration>>,
     cancel: CancellationToken,
     abort: CancellationToken,
 }
@@ -275,6 +281,7 @@ impl TraceSender {
             sent: tokio::sync::Mutex::new(0),
             interval: Mutex::new(config.update_interval),
             contact: Mutex::new(tokio::time::Instant::now()),
+            asked: Mutex::new(None),
             config,
             cancel: CancellationToken::new(),
             abort: CancellationToken::new(),
@@ -422,10 +429,13 @@ impl TraceSender {
                     *sent += len;
                     mismatches = 0;
                     self.touched();
-                    if let Some(i) = update_interval
-                        && let Ok(mut g) = self.interval.lock()
-                    {
-                        *g = i;
+                    if let Some(i) = update_interval {
+                        if let Ok(mut g) = self.interval.lock() {
+                            *g = i;
+                        }
+                        if let Ok(mut g) = self.asked.lock() {
+                            *g = Some(i);
+                        }
                     }
                     self.note_status(&job_status);
                     last = job_status;
@@ -479,7 +489,7 @@ impl TraceSender {
             self.commit_partial();
             if let Err(e) = self.flush().await {
                 tracing::warn!(job = self.job_id, error = %e, "trace upload failed, will retry");
-            } else if self.quiet_for() >= self.update_interval() {
+            } else if self.quiet_for() >= self.keepalive_after() {
                 // Nothing new to send: a keep-alive, which also brings GitLab's Job-Status.
                 match self.client.touch_job(self.job_id, &self.token).await {
                     Ok(status) => {
@@ -498,6 +508,16 @@ impl TraceSender {
         if let Ok(mut g) = self.contact.lock() {
             *g = tokio::time::Instant::now();
         }
+    }
+
+    /// Silence after which GitLab hears a keep-alive: the interval GitLab asked for (3 s while
+    /// someone watches the job, 60 s otherwise), else GitLab Runner's 30 s.
+    fn keepalive_after(&self) -> Duration {
+        self.asked
+            .lock()
+            .ok()
+            .and_then(|g| *g)
+            .unwrap_or(KEEPALIVE_AFTER)
     }
 
     fn quiet_for(&self) -> Duration {
