@@ -1524,6 +1524,13 @@ fn validate_gitlab_keys(
     ] {
         if let Some(f) = v {
             missing_file(f, at(&[k]), report);
+            report(
+                at(&[k]),
+                "not used yet: slipway checks GitLab's certificate against the system's roots \
+                 and presents no client certificate"
+                    .into(),
+                false,
+            );
         }
     }
     if r.referees.is_some() {
@@ -2009,7 +2016,9 @@ shutdown_timeout = 0
     #[test]
     fn reads_what_gitlab_runner_writes() {
         let loaded = parse(GITLAB_WRITTEN, "config.toml").expect("valid");
-        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        // Only the CA file, which this version does not use, is worth a word.
+        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+        assert_eq!(loaded.warnings[0].key, "runners[0].tls-ca-file");
         let r = &loaded.config.runners[0];
         assert_eq!(r.id, 7);
         assert_eq!(r.token_obtained_at.as_deref(), Some("2024-05-01T12:00:00Z"));
@@ -2079,13 +2088,17 @@ shutdown_timeout = 0
             );
         let loaded = parse(&text, "config.toml").expect("valid");
         let w: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
-        assert_eq!(w.len(), 2, "{w:?}");
+        assert_eq!(w.len(), 3, "{w:?}");
         assert!(
             w[0].contains("runners[0].pre_get_sources_script: not supported yet"),
             "{w:?}"
         );
         assert!(
-            w[1].contains("runners[0].cache.Type: distributed cache type \"gcs\" is not supported yet; jobs use the local cache in cache_dir"),
+            w[1].contains("runners[0].tls-ca-file: not used yet"),
+            "{w:?}"
+        );
+        assert!(
+            w[2].contains("runners[0].cache.Type: distributed cache type \"gcs\" is not supported yet; jobs use the local cache in cache_dir"),
             "{w:?}"
         );
         let bad = GITLAB_WRITTEN.replace("shell = \"sh\"", "shell = \"pwsh\"");

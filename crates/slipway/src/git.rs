@@ -63,6 +63,8 @@ pub struct Sources {
 #[derive(Debug)]
 pub struct GitSources {
     root: PathBuf,
+    /// `clone_url`: fetch from this scheme and host instead of the payload's.
+    clone_url: Option<String>,
     locks: std::sync::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -80,6 +82,17 @@ fn split_credentials(url: &str) -> (String, Option<(String, String)>) {
     let clean = format!("{}{}", &url[..scheme_end + 3], &rest[at + 1..]);
     let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
     (clean, Some((user.to_string(), pass.to_string())))
+}
+
+/// `url` with its scheme and host (and any path prefix) taken from `base`, as GitLab Runner
+/// applies `clone_url`: `https://gitlab.example.com/g/p.git` with `http://10.0.0.5:8080`
+/// becomes `http://10.0.0.5:8080/g/p.git`.
+fn with_base(url: &str, base: &str) -> String {
+    let path = url
+        .find("://")
+        .and_then(|i| url[i + 3..].find('/').map(|j| &url[i + 3 + j..]))
+        .unwrap_or("");
+    format!("{}{path}", base.trim_end_matches('/'))
 }
 
 /// `refs` to fetch: the payload's refspecs, else the job's branch or tag.
@@ -119,9 +132,10 @@ fn attempts_of(job: &JobResponse) -> u32 {
 
 impl GitSources {
     /// Working copies under `root` (created on first use, private: they hold source code).
-    pub fn new(root: impl Into<PathBuf>) -> Self {
+    pub fn new(root: impl Into<PathBuf>, clone_url: Option<String>) -> Self {
         Self {
             root: root.into(),
+            clone_url: clone_url.filter(|u| !u.trim().is_empty()),
             locks: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -210,7 +224,8 @@ impl GitSources {
                 };
                 let _held = lock.lock().await;
                 self.make_root().await?;
-                let result = checkout(job, &dir, depth, true, trace).await;
+                let result =
+                    checkout(job, &dir, depth, true, self.clone_url.as_deref(), trace).await;
                 if result.is_err() {
                     // A broken working copy is not reused: the next job starts afresh.
                     let _ = tokio::fs::remove_dir_all(&dir).await;
@@ -227,7 +242,15 @@ impl GitSources {
                     .prefix(&format!("job-{}-", job.id))
                     .tempdir_in(&tmp)
                     .map_err(|e| format!("creating a directory in {}: {e}", tmp.display()))?;
-                let result = checkout(job, dir.path(), depth, false, trace).await;
+                let result = checkout(
+                    job,
+                    dir.path(),
+                    depth,
+                    false,
+                    self.clone_url.as_deref(),
+                    trace,
+                )
+                .await;
                 let path = dir.keep();
                 // Removing a whole tree blocks: off the runtime's threads.
                 let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
@@ -243,10 +266,15 @@ async fn checkout(
     dir: &Path,
     depth: u32,
     reuse: bool,
+    clone_url: Option<&str>,
     trace: &mut Trace,
 ) -> Result<Sources, String> {
     let g = &job.git_info;
     let (url, credentials) = split_credentials(g.repo_url.trim());
+    let url = match clone_url {
+        Some(base) => with_base(&url, base),
+        None => url,
+    };
     let auth = credentials.map(|(user, pass)| {
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
         format!("Authorization: Basic {basic}")
@@ -426,6 +454,17 @@ mod tests {
         let (url, creds) = split_credentials("https://host/a@b.git");
         assert_eq!(url, "https://host/a@b.git");
         assert_eq!(creds, None);
+    }
+
+    #[test]
+    fn clone_url_replaces_scheme_and_host() {
+        assert_eq!(
+            with_base(
+                "https://gitlab.example.com/g/p.git",
+                "http://10.0.0.5:8080/"
+            ),
+            "http://10.0.0.5:8080/g/p.git"
+        );
     }
 
     #[test]

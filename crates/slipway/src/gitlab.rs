@@ -316,7 +316,7 @@ pub async fn serve(
         failures: std::sync::atomic::AtomicU32::new(0),
         provisional: AtomicU64::new(0),
         outbox,
-        git: GitSources::new(own_dir.join("git")),
+        git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone()),
         defaults: JobDefaults::of(cfg),
     });
     let loops = cfg.request_concurrency.max(1);
@@ -876,6 +876,7 @@ async fn run_admitted(
         &inputs.tracked,
         &mut outcome,
         trace,
+        stop,
     )
     .await;
     outcome
@@ -931,13 +932,27 @@ async fn inputs_of(
         }
         return Ok(inputs);
     }
-    match source.git.get(job, trace, cancel).await {
-        Ok(Some(s)) => {
+    // Bounded by the job's timeout: a hung fetch must not hold the job's slot for ever.
+    let limit = match job.runner_info.timeout {
+        0 => slipway_executor::job::DEFAULT_JOB_TIMEOUT,
+        s => Duration::from_secs(s),
+    };
+    match tokio::time::timeout(limit, source.git.get(job, trace, cancel)).await {
+        Ok(Ok(Some(s))) => {
             inputs.tars.push(s.tar);
             inputs.tracked = s.tracked;
         }
-        Ok(None) => {}
-        Err(msg) => return Err(failed(msg, cancel)),
+        Ok(Ok(None)) => {}
+        Ok(Err(msg)) => return Err(failed(msg, cancel)),
+        Err(_) => {
+            let msg = format!("getting the sources took longer than the job's timeout ({limit:?})");
+            trace.message(&format!("ERROR: {msg}"));
+            return Err(JobOutcome::failed(
+                FailureReason::JobExecutionTimeout,
+                None,
+                msg,
+            ));
+        }
     }
     for dep in &job.dependencies {
         if dep.artifacts_file.is_none() {
@@ -1019,6 +1034,7 @@ async fn upload_artifacts(
     tracked: &BTreeSet<String>,
     outcome: &mut JobOutcome,
     trace: &mut Trace,
+    stop: &CancellationToken,
 ) {
     let token = Secret::new(job.token.clone());
     for c in collected {
@@ -1095,11 +1111,15 @@ async fn upload_artifacts(
             artifact_format: format.as_str().to_string(),
             expire_in: (!spec.expire_in.is_empty()).then(|| spec.expire_in.clone()),
         };
-        match source
-            .client
-            .upload_artifacts(job.id, &token, archive.bytes, &opts)
-            .await
-        {
+        let uploaded = tokio::select! {
+            r = source.client.upload_artifacts(job.id, &token, archive.bytes, &opts) => r,
+            // A shutdown does not wait for uploads: the job's state still gets reported.
+            _ = stop.cancelled() => {
+                fail_upload(outcome, trace, "uploading artifacts: interrupted by the runner's shutdown".into());
+                return;
+            }
+        };
+        match uploaded {
             Ok(()) => trace.message(&format!(
                 "Uploading artifacts as {kind:?} to coordinator... 201 Created  id={}",
                 job.id
