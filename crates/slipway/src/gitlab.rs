@@ -34,8 +34,8 @@ use slipway_artifacts::{Format, Globs};
 use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
 use slipway_jobs::gitlab::{
     Backoff, ClientConfig, FailureReason as GlReason, FinishOutcome, GitlabClient, GitlabError,
-    JobState, Outbox, PendingUpdate, Secret, SystemId, TraceConfig, TraceSender, UpdateRetryPolicy,
-    UploadOptions, VersionInfo,
+    INTERRUPTED_MESSAGE, JobState, Outbox, Owed, PatchOutcome, PendingUpdate, Secret, SystemId,
+    TraceConfig, TraceSender, UpdateRetryPolicy, UploadOptions, VersionInfo,
 };
 use slipway_jobs::{JobResponse, Step, StepName, Variable};
 use slipway_taskscaler::{Error as TsError, Resources};
@@ -324,11 +324,18 @@ pub async fn serve(
         "serving GitLab jobs");
     let mut set = JoinSet::new();
     // Final states a previous run could not deliver (and jobs it left running) go first.
-    for update in owed {
+    for Owed {
+        update,
+        interrupted,
+    } in owed
+    {
         tracing::warn!(runner = %name, job = update.job_id, state = ?update.state,
             failure_reason = ?update.failure_reason, "sending a final job state left by an earlier run");
         let (source, stop) = (source.clone(), stop.clone());
         set.spawn(async move {
+            if interrupted {
+                explain_interruption(&source, &update).await;
+            }
             if let Some(u) = redeliver(source, update, Duration::ZERO, stop).await {
                 tracing::warn!(
                     job = u.job_id,
@@ -396,6 +403,30 @@ async fn verify(
                     short: token.short(),
                     source,
                 });
+            }
+        }
+    }
+}
+
+/// Append why a job ended to its trace (best effort): it was running when the manager
+/// stopped. The trace's length is unknown after a restart: GitLab's 416 tells it.
+async fn explain_interruption(source: &Source, update: &PendingUpdate) {
+    let line = bytes::Bytes::from(format!("\nERROR: Job failed: {INTERRUPTED_MESSAGE}\n"));
+    let mut start = 0;
+    for _ in 0..3 {
+        match source
+            .client
+            .patch_trace(update.job_id, &update.token, start, line.clone(), false)
+            .await
+        {
+            Ok(PatchOutcome::RangeMismatch { remote_len, .. }) if remote_len != start => {
+                start = remote_len;
+            }
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(runner = %source.runner.name, job = update.job_id, error = %e,
+                    "cannot add the interruption to the job's trace");
+                return;
             }
         }
     }

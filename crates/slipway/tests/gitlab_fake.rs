@@ -386,6 +386,15 @@ async fn a_job_running_when_the_manager_dies_is_reported_after_restart() {
     let last = job.updates.last().unwrap();
     assert_eq!(last["failure_reason"], "runner_system_failure", "{last}");
     assert_eq!(job.accepted_final_states(), vec!["failed".to_string()]);
+    // The trace keeps what the job printed and says why it ended.
+    let trace = job.trace_text();
+    assert!(trace.contains("started-doomed"), "{trace}");
+    assert!(
+        trace.ends_with(
+            "\nERROR: Job failed: the runner manager stopped while the job was running\n"
+        ),
+        "{trace}"
+    );
     let stderr = stop(&w, child.take().unwrap());
     assert!(
         stderr.contains("left by an earlier run"),

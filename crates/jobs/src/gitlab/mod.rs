@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use artifacts::{MAX_DOWNLOAD_SIZE, UploadOptions};
 pub use client::{ClientConfig, GitlabClient, RegisterOptions, RunnerCredentials};
 pub use error::GitlabError;
-pub use outbox::{INTERRUPTED_MESSAGE, Outbox};
+pub use outbox::{INTERRUPTED_MESSAGE, Outbox, Owed};
 pub use request::{JobRequestOutcome, Poller, PollerConfig};
 pub use system_id::SystemId;
 pub use trace::{

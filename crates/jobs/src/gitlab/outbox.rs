@@ -29,8 +29,17 @@ struct Running {
     failure_reasons: Vec<String>,
 }
 
-/// The reason sent for a job that was running when its manager stopped.
+/// The trace line of a job that was running when its manager stopped.
 pub const INTERRUPTED_MESSAGE: &str = "the runner manager stopped while the job was running";
+
+/// A final state still owed to GitLab, found by [`Outbox::recover`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owed {
+    /// What to send.
+    pub update: PendingUpdate,
+    /// The job was running when the manager stopped (its trace does not say why it ended).
+    pub interrupted: bool,
+}
 
 impl Outbox {
     /// Opens (creating) the outbox in `dir`.
@@ -94,11 +103,14 @@ impl Outbox {
     /// job that was running (also written to `pending/`, so it survives another restart).
     /// Unreadable records are reported in the log and moved aside as `*.broken`, never lost
     /// silently, never retried forever.
-    pub async fn recover(&self) -> Result<Vec<PendingUpdate>, GitlabError> {
-        let mut out = Vec::new();
+    pub async fn recover(&self) -> Result<Vec<Owed>, GitlabError> {
+        let mut out: Vec<Owed> = Vec::new();
         for (path, text) in self.records("pending").await? {
             match serde_json::from_slice::<PendingUpdate>(&text) {
-                Ok(u) => out.push(u),
+                Ok(update) => out.push(Owed {
+                    update,
+                    interrupted: false,
+                }),
                 Err(e) => set_aside(&path, &e).await,
             }
         }
@@ -110,7 +122,7 @@ impl Outbox {
                     continue;
                 }
             };
-            if out.iter().any(|u| u.job_id == running.job_id) {
+            if out.iter().any(|o| o.update.job_id == running.job_id) {
                 remove(&path).await?;
                 continue;
             }
@@ -124,9 +136,12 @@ impl Outbox {
                 output: None,
             };
             self.pending(&update).await?;
-            out.push(update);
+            out.push(Owed {
+                update,
+                interrupted: true,
+            });
         }
-        out.sort_by_key(|u| u.job_id);
+        out.sort_by_key(|o| o.update.job_id);
         Ok(out)
     }
 
@@ -246,17 +261,21 @@ mod tests {
         let again = Outbox::open(dir.path().join("outbox")).await.unwrap();
         let owed = again.recover().await.unwrap();
         assert_eq!(owed.len(), 2, "{owed:?}");
-        assert_eq!(owed[0].job_id, 1);
-        assert_eq!(owed[0].state, JobState::Failed);
+        assert!(owed[0].interrupted);
+        let first = &owed[0].update;
+        assert_eq!(first.job_id, 1);
+        assert_eq!(first.state, JobState::Failed);
         // runner_system_failure is always accepted, listed or not.
         assert_eq!(
-            owed[0].failure_reason.as_deref(),
+            first.failure_reason.as_deref(),
             Some("runner_system_failure")
         );
-        assert_eq!(owed[0].token.expose(), "glcbt-1");
-        assert_eq!(owed[1], update(2));
-        // Recovering twice gives the same answer: nothing is lost or doubled.
-        assert_eq!(again.recover().await.unwrap(), owed);
+        assert_eq!(first.token.expose(), "glcbt-1");
+        assert_eq!(owed[1].update, update(2));
+        assert!(!owed[1].interrupted);
+        // Recovering twice gives the same updates: nothing is lost or doubled.
+        let updates = |o: &[Owed]| o.iter().map(|o| o.update.clone()).collect::<Vec<_>>();
+        assert_eq!(updates(&again.recover().await.unwrap()), updates(&owed));
         again.settled(1).await.unwrap();
         again.settled(2).await.unwrap();
         assert!(again.recover().await.unwrap().is_empty());
