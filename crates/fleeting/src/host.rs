@@ -286,11 +286,32 @@ fn list_paths(paths: &[PathBuf]) -> String {
 
 /// Resolve a plugin reference to an executable.
 ///
-/// A reference containing `/` is a path. Otherwise `fleeting-plugin-<name>` (or `<name>` when it
+/// A path (absolute, `./`, or existing) is used as it is. An OCI reference is first looked up
+/// where GitLab Runner installs plugins ([`crate::oci`]), then by its name. Otherwise `fleeting-plugin-<name>` (or `<name>` when it
 /// already has that prefix) is looked up in `plugin_dir`, then next to the current executable (and
 /// its parent when that is cargo's `deps`, so binaries of the same target dir are found), then on
 /// `PATH`.
 pub fn find_plugin(reference: &str, plugin_dir: Option<&Path>) -> Result<PathBuf, HostError> {
+    let path_like = reference.starts_with('/')
+        || reference.starts_with("./")
+        || reference.starts_with("../")
+        || Path::new(reference).exists();
+    // An OCI reference GitLab Runner installed (`aws`, `gitlab-org/fleeting/plugins/aws:1`);
+    // when none is installed, its name is looked up as `fleeting-plugin-<name>` below.
+    let by_name;
+    let reference = match crate::oci::Reference::parse(reference).filter(|_| !path_like) {
+        Some(r) => {
+            if let Some(found) = crate::oci::plugin_root()
+                .and_then(|root| crate::oci::find_installed(&r, &root))
+                .filter(|p| is_executable(p))
+            {
+                return Ok(found);
+            }
+            by_name = r.name;
+            by_name.as_str()
+        }
+        None => reference,
+    };
     if reference.contains('/') {
         let path = PathBuf::from(reference);
         return if is_executable(&path) {

@@ -3,6 +3,7 @@
 //! - [`group`]: the [`InstanceGroup`] trait and its types — what the taskscaler sees.
 //! - [`host`]: starts a `fleeting-plugin-<name>` process go-plugin style and exposes it as an
 //!   [`InstanceGroup`], restarting it when it dies.
+//! - [`oci`]: plugins GitLab Runner installed from OCI references, found where it put them.
 //! - [`sdk`]: turns one [`InstanceGroup`] implementation into a plugin binary.
 
 mod convert;
@@ -10,6 +11,7 @@ pub mod group;
 pub mod handshake;
 pub mod host;
 mod io;
+pub mod oci;
 pub mod proto;
 pub mod sdk;
 pub mod tls;

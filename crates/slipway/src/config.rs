@@ -1101,55 +1101,20 @@ fn check_plugins(
             Seg::Key("autoscaler".into()),
             Seg::Key("plugin".into()),
         ];
-        if let Some(name) = oci_plugin_name(reference) {
-            let exe = format!("{}{name}", slipway_fleeting::host::PLUGIN_PREFIX);
-            let message = match slipway_fleeting::host::find_plugin(&exe, plugin_dir) {
-                Ok(found) => format!(
-                    "{reference:?} is an OCI reference, which slipway does not install; \
-                     it runs {} instead",
-                    found.display()
+        if slipway_fleeting::host::find_plugin(reference, plugin_dir).is_err() {
+            let message = match slipway_fleeting::oci::Reference::parse(reference) {
+                Some(r) if !reference.starts_with("./") => format!(
+                    "{reference:?} is not installed here (slipway looks where `gitlab-runner \
+                     fleeting install` puts plugins, then for {}{} in --plugin-dir, next to \
+                     slipway and on PATH)",
+                    slipway_fleeting::host::PLUGIN_PREFIX,
+                    r.name
                 ),
-                Err(_) => format!(
-                    "{reference:?} is not installed here (slipway runs {exe} from PATH or \
-                     --plugin-dir; it does not install OCI plugins)"
-                ),
-            };
-            report(path, message, false);
-        } else if slipway_fleeting::host::find_plugin(reference, plugin_dir).is_err() {
-            let message = if reference.contains('/') {
-                format!("{reference:?} does not exist or is not executable on this machine")
-            } else {
-                let exe = if reference.starts_with(slipway_fleeting::host::PLUGIN_PREFIX) {
-                    reference.to_string()
-                } else {
-                    format!("{}{reference}", slipway_fleeting::host::PLUGIN_PREFIX)
-                };
-                format!(
-                    "{reference:?} is not installed here (slipway runs {exe} from --plugin-dir, \
-                     next to slipway, or PATH)"
-                )
+                _ => format!("{reference:?} does not exist or is not executable on this machine"),
             };
             report(path, message, false);
         }
     }
-}
-
-/// The plugin name of a GitLab OCI plugin reference (`aws:1`, `gitlab-org/fleeting/plugins/aws`,
-/// `registry.gitlab.com/gitlab-org/fleeting/plugins/aws:1.0.0` → `aws`); `None` for a bare
-/// name or a file path, which Slipway resolves itself.
-pub fn oci_plugin_name(reference: &str) -> Option<String> {
-    let r = reference.trim();
-    let is_path =
-        r.starts_with('/') || r.starts_with("./") || r.starts_with("../") || Path::new(r).exists();
-    if is_path || !(r.contains('/') || r.contains(':')) {
-        return None;
-    }
-    let last = r.rsplit('/').next().unwrap_or(r);
-    let name = last.split(':').next().unwrap_or(last);
-    let name = name
-        .strip_prefix(slipway_fleeting::host::PLUGIN_PREFIX)
-        .unwrap_or(name);
-    (!name.is_empty()).then(|| name.to_string())
 }
 
 fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
@@ -2124,21 +2089,5 @@ shutdown_timeout = 0
             r.instance.as_ref().map(|i| i.allowed_images.clone()),
             Some(vec!["*".into()])
         );
-    }
-
-    #[test]
-    fn oci_references_name_their_plugin() {
-        assert_eq!(
-            oci_plugin_name("gitlab-org/fleeting/plugins/aws:1").as_deref(),
-            Some("aws")
-        );
-        assert_eq!(
-            oci_plugin_name("registry.gitlab.com/gitlab-org/fleeting/plugins/googlecloud:1.0.0")
-                .as_deref(),
-            Some("googlecloud")
-        );
-        assert_eq!(oci_plugin_name("aws:latest").as_deref(), Some("aws"));
-        assert_eq!(oci_plugin_name("aws"), None);
-        assert_eq!(oci_plugin_name("/usr/bin/fleeting-plugin-aws"), None);
     }
 }

@@ -403,13 +403,9 @@ async fn start_group(
     } else {
         format!("runner {:?}", cfg.name)
     };
-    // An OCI reference (`gitlab-org/fleeting/plugins/aws:1`) names the plugin GitLab Runner
-    // would install; slipway installs nothing and runs `fleeting-plugin-<name>` instead.
-    let reference = match crate::config::oci_plugin_name(&auto.plugin) {
-        Some(name) => format!("{}{name}", slipway_fleeting::host::PLUGIN_PREFIX),
-        None => auto.plugin.clone(),
-    };
-    let path = slipway_fleeting::host::find_plugin(&reference, opts.plugin_dir.as_deref())
+    // OCI references find what `gitlab-runner fleeting install` put on this machine, else
+    // `fleeting-plugin-<name>`.
+    let path = slipway_fleeting::host::find_plugin(&auto.plugin, opts.plugin_dir.as_deref())
         .with_context(|| what.clone())?;
     let plugin_json = serde_json::to_vec(&auto.plugin_config).context("plugin_config as JSON")?;
     let connector = connector_config(auto).await?;

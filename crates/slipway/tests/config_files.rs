@@ -23,6 +23,7 @@ fn verify(w: &World, path: &Path) -> Run {
         .arg(path)
         .env("TMPDIR", w.tmp())
         .env("PATH", w.path().join("empty-path"))
+        .env("FLEETING_PLUGIN_PATH", w.path().join("no-fleeting-plugins"))
         .env_remove("SLIPWAY_PLUGIN_DIR")
         .env_remove("RUST_LOG")
         .output()
@@ -92,7 +93,7 @@ fn docker_example_loads_with_expected_warnings() {
         &run,
         &[
             "docker.toml:26: runners[0].cache.Type: distributed cache type \"s3\" is not supported yet; jobs use the local cache in cache_dir",
-            "docker.toml:75: runners[1].autoscaler.plugin: \"aws\" is not installed here (slipway runs fleeting-plugin-aws",
+            "docker.toml:75: runners[1].autoscaler.plugin: \"aws\" is not installed here (slipway looks where `gitlab-runner fleeting install` puts plugins, then for fleeting-plugin-aws",
         ],
     );
     // The S3 credentials are never echoed.
@@ -114,7 +115,7 @@ fn instance_example_loads_with_expected_warnings() {
     assert_warnings(
         &run,
         &[
-            "instance.toml:26: runners[0].autoscaler.plugin: \"gitlab-org/fleeting/plugins/aws:1\" is not installed here (slipway runs fleeting-plugin-aws from PATH or --plugin-dir",
+            "instance.toml:26: runners[0].autoscaler.plugin: \"gitlab-org/fleeting/plugins/aws:1\" is not installed here (slipway looks where `gitlab-runner fleeting install` puts plugins, then for fleeting-plugin-aws",
             "instance.toml:69: runners[1].custom.prepare_exec: file \"/opt/libvirt-driver/prepare.sh\" does not exist on this machine",
             "instance.toml:70: runners[1].custom.run_exec: file",
             "instance.toml:71: runners[1].custom.cleanup_exec: file",
@@ -142,6 +143,36 @@ fn an_installed_plugin_is_not_warned_about() {
     let run = Run::from(out);
     assert_eq!(run.code, Some(0), "{}", run.explain());
     assert!(!run.stderr.contains("not installed"), "{}", run.explain());
+}
+
+#[test]
+fn a_plugin_gitlab_runner_installed_is_found_where_it_put_it() {
+    let w = World::new();
+    let root = w.path().join("fleeting-plugins");
+    // `gitlab-runner fleeting install` lays plugins out by registry, repository, name, version.
+    for version in ["1.0.0", "1.3.1", "2.0.0"] {
+        let dir = root
+            .join("registry.gitlab.com/gitlab-org/fleeting/plugins/aws")
+            .join(version);
+        std::fs::create_dir_all(&dir).unwrap();
+        let plugin = dir.join("plugin");
+        std::fs::write(&plugin, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for example_file in ["docker.toml", "instance.toml"] {
+        let out = Command::new(common::slipway())
+            .args(["verify-config", "-c"])
+            .arg(example(example_file))
+            .env("PATH", w.path().join("empty-path"))
+            .env("FLEETING_PLUGIN_PATH", &root)
+            .env_remove("SLIPWAY_PLUGIN_DIR")
+            .output()
+            .expect("run slipway");
+        let run = Run::from(out);
+        assert_eq!(run.code, Some(0), "{}", run.explain());
+        assert!(!run.stderr.contains("not installed"), "{}", run.explain());
+    }
 }
 
 const BROKEN: &str = r#"# Four problems, and a token that must never be printed.
