@@ -24,20 +24,18 @@
 //! restarted manager sends what is left (a job that was running is reported
 //! `runner_system_failure`).
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use slipway_artifacts::{Format, Globs};
-use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
+use slipway_executor::{JobOutcome, Trace};
+use slipway_jobs::JobResponse;
 use slipway_jobs::gitlab::{
     Backoff, ClientConfig, FailureReason as GlReason, FinishOutcome, GitlabClient, GitlabError,
     INTERRUPTED_MESSAGE, JobState, Outbox, Owed, PatchOutcome, PendingUpdate, Secret, SystemId,
-    TraceConfig, TraceSender, UpdateRetryPolicy, UploadOptions, VersionInfo,
+    TraceConfig, TraceSender, UpdateRetryPolicy, VersionInfo,
 };
-use slipway_jobs::{JobResponse, Step, StepName, Variable};
 use slipway_taskscaler::{Error as TsError, Resources};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
@@ -47,6 +45,12 @@ use crate::config::RunnerConfig;
 use crate::git::GitSources;
 use crate::job::{self, NoSlot};
 use crate::runner::Runner;
+
+mod artifacts;
+mod defaults;
+mod inputs;
+
+pub use defaults::JobDefaults;
 
 /// The directory name of a runner's GitLab state: its name (made safe) and a hash of its URL.
 fn state_key(name: &str, url: &str) -> String {
@@ -152,73 +156,6 @@ struct Source {
     outbox: Outbox,
     git: GitSources,
     defaults: JobDefaults,
-}
-
-/// What the runner's config adds to every job: `environment`, `pre_build_script` and
-/// `post_build_script`.
-#[derive(Debug, Clone, Default)]
-pub struct JobDefaults {
-    /// `KEY=VALUE` variables, overriding the job's own.
-    pub environment: Vec<(String, String)>,
-    /// Runs in the script step's shell before the job's script.
-    pub pre_build_script: Option<String>,
-    /// Runs in the script step's shell after the job's script (not after a failure).
-    pub post_build_script: Option<String>,
-}
-
-impl JobDefaults {
-    /// The runner config's defaults.
-    pub fn of(cfg: &RunnerConfig) -> Self {
-        Self {
-            environment: cfg
-                .environment
-                .iter()
-                .filter_map(|e| e.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            pre_build_script: cfg
-                .pre_build_script
-                .clone()
-                .filter(|s| !s.trim().is_empty()),
-            post_build_script: cfg
-                .post_build_script
-                .clone()
-                .filter(|s| !s.trim().is_empty()),
-        }
-    }
-
-    /// `job` with the defaults applied.
-    pub fn apply(&self, job: &JobResponse) -> JobResponse {
-        let mut job = job.clone();
-        for (key, value) in &self.environment {
-            job.variables.push(Variable {
-                key: key.clone(),
-                value: value.clone(),
-                public: true,
-                ..Variable::default()
-            });
-        }
-        if self.pre_build_script.is_some() || self.post_build_script.is_some() {
-            let script = match job.steps.iter_mut().find(|s| s.name == StepName::Script) {
-                Some(s) => s,
-                None => {
-                    job.steps.push(Step {
-                        name: StepName::Script,
-                        ..Step::default()
-                    });
-                    let last = job.steps.len() - 1;
-                    &mut job.steps[last]
-                }
-            };
-            if let Some(pre) = &self.pre_build_script {
-                script.script.insert(0, pre.trim_end().to_string());
-            }
-            if let Some(post) = &self.post_build_script {
-                script.script.push(post.trim_end().to_string());
-            }
-        }
-        job
-    }
 }
 
 /// The runner `info` this version sends for `executor` (job requests, updates, registration).
@@ -862,7 +799,7 @@ async fn run_admitted(
     }
     // The runner's environment counts for everything after: sources, cache, paths, steps.
     let mut job = source.defaults.apply(job);
-    expand_paths(&mut job);
+    inputs::expand_paths(&mut job);
     // Sources and dependencies are fetched while the slot is acquired (an instance may be
     // booting); their trace lines follow the slot's.
     let fetch_cancel = cancel.child_token();
@@ -875,7 +812,10 @@ async fn run_admitted(
         }
         r
     };
-    let (acq, inputs) = tokio::join!(acquiring, inputs_of(source, &job, &mut side, &fetch_cancel));
+    let (acq, inputs) = tokio::join!(
+        acquiring,
+        inputs::inputs_of(source, &job, &mut side, &fetch_cancel)
+    );
     side.finish();
     drop(side);
     let acq = match acq {
@@ -900,7 +840,7 @@ async fn run_admitted(
         job::execute(runner, &acq, &job, inputs.tars, trace, cancel).await;
     // The slot is free while the artifacts travel: uploading is the manager's work.
     runner.release(&key);
-    upload_artifacts(
+    artifacts::upload_artifacts(
         source,
         &job,
         collected,
@@ -911,260 +851,6 @@ async fn run_admitted(
     )
     .await;
     outcome
-}
-
-/// `$VARIABLE`s in artifact and cache paths, exclusions and names replaced by the job's
-/// variables, as GitLab Runner expands them.
-fn expand_paths(job: &mut JobResponse) {
-    let snapshot = job.clone();
-    let expand = |v: &mut String| *v = slipway_executor::cache::expand(v, &snapshot);
-    for a in &mut job.artifacts {
-        a.paths.iter_mut().for_each(expand);
-        a.exclude.iter_mut().for_each(expand);
-        expand(&mut a.name);
-    }
-    for c in &mut job.cache {
-        c.paths.iter_mut().for_each(expand);
-    }
-}
-
-/// What is unpacked into the job's directory before its steps.
-struct Inputs {
-    /// The sources, then each dependency's artifacts.
-    tars: Vec<Vec<u8>>,
-    /// Paths git tracks in the sources.
-    tracked: BTreeSet<String>,
-}
-
-/// The job's sources and its dependencies' artifacts; a failure ends the job.
-async fn inputs_of(
-    source: &Source,
-    job: &JobResponse,
-    trace: &mut Trace,
-    cancel: &CancellationToken,
-) -> Result<Inputs, JobOutcome> {
-    let failed = |msg: String, cancel: &CancellationToken| {
-        if cancel.is_cancelled() {
-            JobOutcome::failed(FailureReason::JobCanceled, None, msg)
-        } else {
-            JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
-        }
-    };
-    let mut inputs = Inputs {
-        tars: Vec::new(),
-        tracked: BTreeSet::new(),
-    };
-    if source.runner.executor == "custom" {
-        if !job.git_info.repo_url.is_empty() || !job.dependencies.is_empty() {
-            trace.message(
-                "WARNING: the custom executor gets no sources or dependencies' artifacts from \
-                 slipway yet; its driver must fetch them",
-            );
-        }
-        return Ok(inputs);
-    }
-    // Bounded by the job's timeout: a hung fetch must not hold the job's slot for ever.
-    let limit = match job.runner_info.timeout {
-        0 => slipway_executor::job::DEFAULT_JOB_TIMEOUT,
-        s => Duration::from_secs(s),
-    };
-    match tokio::time::timeout(limit, source.git.get(job, trace, cancel)).await {
-        Ok(Ok(Some(s))) => {
-            inputs.tars.push(s.tar);
-            inputs.tracked = s.tracked;
-        }
-        Ok(Ok(None)) => {}
-        Ok(Err(msg)) => return Err(failed(msg, cancel)),
-        Err(_) => {
-            let msg = format!("getting the sources took longer than the job's timeout ({limit:?})");
-            trace.message(&format!("ERROR: {msg}"));
-            return Err(JobOutcome::failed(
-                FailureReason::JobExecutionTimeout,
-                None,
-                msg,
-            ));
-        }
-    }
-    for dep in &job.dependencies {
-        if dep.artifacts_file.is_none() {
-            continue;
-        }
-        trace.message(&format!(
-            "Downloading artifacts for {} ({})...",
-            dep.name, dep.id
-        ));
-        let token = Secret::new(dep.token.clone());
-        let zip = tokio::select! {
-            r = source.client.download_artifacts(dep.id, &token) => r,
-            _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
-        };
-        let tar = match zip {
-            // Unpacking is CPU work: off the runtime's threads.
-            Ok(zip) => tokio::task::spawn_blocking(move || slipway_artifacts::zip_to_tar(&zip))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string())),
-            Err(e) => Err(e.to_string()),
-        };
-        match tar {
-            Ok(tar) => {
-                trace.message(&format!(
-                    "Downloading artifacts from coordinator... ok  id={}",
-                    dep.id
-                ));
-                inputs.tars.push(tar);
-            }
-            Err(e) => {
-                let msg = format!(
-                    "downloading the artifacts of {} ({}): {e}",
-                    dep.name, dep.id
-                );
-                trace.message(&format!("ERROR: {msg}"));
-                return Err(failed(msg, cancel));
-            }
-        }
-    }
-    Ok(inputs)
-}
-
-/// Whether the tar entry `path` belongs in an `artifacts:` entry's archive: not excluded, and
-/// with `untracked`, either under one of its `paths` or not tracked by git.
-fn keeps(
-    path: &str,
-    includes: &Globs,
-    excludes: &Globs,
-    untracked: bool,
-    tracked: &BTreeSet<String>,
-) -> bool {
-    let lineage =
-        || std::iter::successors(Some(path), |p| p.rsplit_once('/').map(|(parent, _)| parent));
-    if path.is_empty() || path == "." || lineage().any(|p| excludes.is_match(p)) {
-        return false;
-    }
-    if !untracked {
-        return true;
-    }
-    if lineage().any(|p| p == ".git") {
-        return false;
-    }
-    // A directory of tracked files is not untracked, though git lists only files.
-    let under = format!("{path}/");
-    let holds_tracked = tracked
-        .range(under.clone()..)
-        .next()
-        .is_some_and(|t| t.starts_with(&under));
-    lineage().any(|p| includes.is_match(p)) || (!tracked.contains(path) && !holds_tracked)
-}
-
-/// Archive and upload each collected `artifacts:` entry; a failed upload fails a job that had
-/// succeeded.
-async fn upload_artifacts(
-    source: &Source,
-    job: &JobResponse,
-    collected: Vec<CollectedArtifacts>,
-    tracked: &BTreeSet<String>,
-    outcome: &mut JobOutcome,
-    trace: &mut Trace,
-    stop: &CancellationToken,
-) {
-    let token = Secret::new(job.token.clone());
-    for c in collected {
-        let Some(spec) = job.artifacts.get(c.spec) else {
-            continue;
-        };
-        let kind = match spec.artifact_type.as_str() {
-            "" => "archive",
-            t => t,
-        };
-        trace.message(&format!(
-            "Uploading artifacts for {} job",
-            if outcome.is_success() {
-                "successful"
-            } else {
-                "failed"
-            }
-        ));
-        let format = match spec.artifact_format.as_str() {
-            "" => Format::Zip,
-            f => match Format::parse(f) {
-                Some(format) => format,
-                None => {
-                    // Never fail a job for a report format this version cannot write.
-                    trace.message(&format!(
-                        "WARNING: artifacts {kind:?} in format {f:?} are not supported yet \
-                         (zip, gzip and raw are); not uploaded"
-                    ));
-                    continue;
-                }
-            },
-        };
-        let (paths, exclude, untracked) =
-            (spec.paths.clone(), spec.exclude.clone(), spec.untracked);
-        let tracked = tracked.clone();
-        // Compressing is CPU work: off the runtime's threads.
-        let archived = tokio::task::spawn_blocking(move || {
-            let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
-            let excludes = Globs::new(&exclude).map_err(|e| e.to_string())?;
-            let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
-            slipway_artifacts::archive_from_tar(&c.tar, format, &keep)
-                .map(|a| (format, a))
-                .map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
-        let (format, archive) = match archived {
-            Ok(a) => a,
-            Err(msg) => {
-                fail_upload(outcome, trace, format!("archiving artifacts: {msg}"));
-                continue;
-            }
-        };
-        if archive.files == 0 {
-            trace.message(&format!(
-                "WARNING: no files to upload for artifacts {kind:?} (paths {:?})",
-                spec.paths
-            ));
-            continue;
-        }
-        trace.message(&format!(
-            "{} files and directories; uploading artifacts as {kind:?} to coordinator...",
-            archive.files
-        ));
-        let name = match (&archive.raw_path, spec.name.as_str()) {
-            (Some(path), _) => Some(path.clone()),
-            (None, "") => None,
-            (None, n) => Some(n.to_string()),
-        };
-        let opts = UploadOptions {
-            name,
-            artifact_type: kind.to_string(),
-            artifact_format: format.as_str().to_string(),
-            expire_in: (!spec.expire_in.is_empty()).then(|| spec.expire_in.clone()),
-        };
-        let uploaded = tokio::select! {
-            r = source.client.upload_artifacts(job.id, &token, archive.bytes, &opts) => r,
-            // A shutdown does not wait for uploads: the job's state still gets reported.
-            _ = stop.cancelled() => {
-                fail_upload(outcome, trace, "uploading artifacts: interrupted by the runner's shutdown".into());
-                return;
-            }
-        };
-        match uploaded {
-            Ok(()) => trace.message(&format!(
-                "Uploading artifacts as {kind:?} to coordinator... 201 Created  id={}",
-                job.id
-            )),
-            Err(e) => fail_upload(outcome, trace, format!("uploading artifacts: {e}")),
-        }
-    }
-}
-
-fn fail_upload(outcome: &mut JobOutcome, trace: &mut Trace, msg: String) {
-    trace.message(&format!("ERROR: {msg}"));
-    if outcome.is_success() {
-        *outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,184 @@
+//! A GitLab job's `artifacts:`: what the executor collected, archived (zip, gzip or raw, with
+//! `exclude` and `untracked`) and uploaded.
+
+use std::collections::BTreeSet;
+
+use slipway_artifacts::{Format, Globs};
+use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
+use slipway_jobs::JobResponse;
+use slipway_jobs::gitlab::{Secret, UploadOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::Source;
+
+/// Whether the tar entry `path` belongs in an `artifacts:` entry's archive: not excluded, and
+/// with `untracked`, either under one of its `paths` or not tracked by git.
+fn keeps(
+    path: &str,
+    includes: &Globs,
+    excludes: &Globs,
+    untracked: bool,
+    tracked: &BTreeSet<String>,
+) -> bool {
+    let lineage =
+        || std::iter::successors(Some(path), |p| p.rsplit_once('/').map(|(parent, _)| parent));
+    if path.is_empty() || path == "." || lineage().any(|p| excludes.is_match(p)) {
+        return false;
+    }
+    if !untracked {
+        return true;
+    }
+    if lineage().any(|p| p == ".git") {
+        return false;
+    }
+    // A directory of tracked files is not untracked, though git lists only files.
+    let under = format!("{path}/");
+    let holds_tracked = tracked
+        .range(under.clone()..)
+        .next()
+        .is_some_and(|t| t.starts_with(&under));
+    lineage().any(|p| includes.is_match(p)) || (!tracked.contains(path) && !holds_tracked)
+}
+
+/// Archive and upload each collected `artifacts:` entry; a failed upload fails a job that had
+/// succeeded.
+pub(super) async fn upload_artifacts(
+    source: &Source,
+    job: &JobResponse,
+    collected: Vec<CollectedArtifacts>,
+    tracked: &BTreeSet<String>,
+    outcome: &mut JobOutcome,
+    trace: &mut Trace,
+    stop: &CancellationToken,
+) {
+    let token = Secret::new(job.token.clone());
+    for c in collected {
+        let Some(spec) = job.artifacts.get(c.spec) else {
+            continue;
+        };
+        let kind = match spec.artifact_type.as_str() {
+            "" => "archive",
+            t => t,
+        };
+        trace.message(&format!(
+            "Uploading artifacts for {} job",
+            if outcome.is_success() {
+                "successful"
+            } else {
+                "failed"
+            }
+        ));
+        let format = match spec.artifact_format.as_str() {
+            "" => Format::Zip,
+            f => match Format::parse(f) {
+                Some(format) => format,
+                None => {
+                    // Never fail a job for a report format this version cannot write.
+                    trace.message(&format!(
+                        "WARNING: artifacts {kind:?} in format {f:?} are not supported yet \
+                         (zip, gzip and raw are); not uploaded"
+                    ));
+                    continue;
+                }
+            },
+        };
+        let (paths, exclude, untracked) =
+            (spec.paths.clone(), spec.exclude.clone(), spec.untracked);
+        let tracked = tracked.clone();
+        // Compressing is CPU work: off the runtime's threads.
+        let archived = tokio::task::spawn_blocking(move || {
+            let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
+            let excludes = Globs::new(&exclude).map_err(|e| e.to_string())?;
+            let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
+            slipway_artifacts::archive_from_tar(&c.tar, format, &keep)
+                .map(|a| (format, a))
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        let (format, archive) = match archived {
+            Ok(a) => a,
+            Err(msg) => {
+                fail_upload(outcome, trace, format!("archiving artifacts: {msg}"));
+                continue;
+            }
+        };
+        if archive.files == 0 {
+            trace.message(&format!(
+                "WARNING: no files to upload for artifacts {kind:?} (paths {:?})",
+                spec.paths
+            ));
+            continue;
+        }
+        trace.message(&format!(
+            "{} files and directories; uploading artifacts as {kind:?} to coordinator...",
+            archive.files
+        ));
+        let name = match (&archive.raw_path, spec.name.as_str()) {
+            (Some(path), _) => Some(path.clone()),
+            (None, "") => None,
+            (None, n) => Some(n.to_string()),
+        };
+        let opts = UploadOptions {
+            name,
+            artifact_type: kind.to_string(),
+            artifact_format: format.as_str().to_string(),
+            expire_in: (!spec.expire_in.is_empty()).then(|| spec.expire_in.clone()),
+        };
+        let uploaded = tokio::select! {
+            r = source.client.upload_artifacts(job.id, &token, archive.bytes, &opts) => r,
+            // A shutdown does not wait for uploads: the job's state still gets reported.
+            _ = stop.cancelled() => {
+                fail_upload(outcome, trace, "uploading artifacts: interrupted by the runner's shutdown".into());
+                return;
+            }
+        };
+        match uploaded {
+            Ok(()) => trace.message(&format!(
+                "Uploading artifacts as {kind:?} to coordinator... 201 Created  id={}",
+                job.id
+            )),
+            Err(e) => fail_upload(outcome, trace, format!("uploading artifacts: {e}")),
+        }
+    }
+}
+
+fn fail_upload(outcome: &mut JobOutcome, trace: &mut Trace, msg: String) {
+    trace.message(&format!("ERROR: {msg}"));
+    if outcome.is_success() {
+        *outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn untracked_keeps_what_git_does_not_track() {
+        let includes = Globs::new(&["out/".to_string()]).unwrap();
+        let excludes = Globs::new(&["out/*.tmp".to_string()]).unwrap();
+        let tracked: BTreeSet<String> = ["README.md", "src/main.rs"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let keep = |p: &str, untracked: bool| keeps(p, &includes, &excludes, untracked, &tracked);
+        // Without untracked, the executor already chose by paths: only exclude applies.
+        assert!(keep("out/a", false));
+        assert!(!keep("out/b.tmp", false));
+        // With it: paths, plus what git does not track, never .git or a tracked file's directory.
+        assert!(keep("out/a", true));
+        assert!(keep("build.log", true));
+        assert!(keep("src/generated.rs", true));
+        assert!(!keep("README.md", true));
+        assert!(
+            !keep("src", true),
+            "a directory of tracked files is not untracked"
+        );
+        assert!(!keep(".git/config", true));
+        assert!(!keep("out/b.tmp", true));
+        assert!(!keep("", true));
+    }
+}

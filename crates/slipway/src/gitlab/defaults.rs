@@ -1,0 +1,73 @@
+//! What a runner's config adds to every job: `environment`, `pre_build_script` and
+//! `post_build_script`.
+
+use slipway_jobs::{JobResponse, Step, StepName, Variable};
+
+use crate::config::RunnerConfig;
+
+/// What the runner's config adds to every job: `environment`, `pre_build_script` and
+/// `post_build_script`.
+#[derive(Debug, Clone, Default)]
+pub struct JobDefaults {
+    /// `KEY=VALUE` variables, overriding the job's own.
+    pub environment: Vec<(String, String)>,
+    /// Runs in the script step's shell before the job's script.
+    pub pre_build_script: Option<String>,
+    /// Runs in the script step's shell after the job's script (not after a failure).
+    pub post_build_script: Option<String>,
+}
+
+impl JobDefaults {
+    /// The runner config's defaults.
+    pub fn of(cfg: &RunnerConfig) -> Self {
+        Self {
+            environment: cfg
+                .environment
+                .iter()
+                .filter_map(|e| e.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            pre_build_script: cfg
+                .pre_build_script
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
+            post_build_script: cfg
+                .post_build_script
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
+        }
+    }
+
+    /// `job` with the defaults applied.
+    pub fn apply(&self, job: &JobResponse) -> JobResponse {
+        let mut job = job.clone();
+        for (key, value) in &self.environment {
+            job.variables.push(Variable {
+                key: key.clone(),
+                value: value.clone(),
+                public: true,
+                ..Variable::default()
+            });
+        }
+        if self.pre_build_script.is_some() || self.post_build_script.is_some() {
+            let script = match job.steps.iter_mut().find(|s| s.name == StepName::Script) {
+                Some(s) => s,
+                None => {
+                    job.steps.push(Step {
+                        name: StepName::Script,
+                        ..Step::default()
+                    });
+                    let last = job.steps.len() - 1;
+                    &mut job.steps[last]
+                }
+            };
+            if let Some(pre) = &self.pre_build_script {
+                script.script.insert(0, pre.trim_end().to_string());
+            }
+            if let Some(post) = &self.post_build_script {
+                script.script.push(post.trim_end().to_string());
+            }
+        }
+        job
+    }
+}

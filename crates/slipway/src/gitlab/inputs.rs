@@ -1,0 +1,126 @@
+//! What a GitLab job finds in its directory before its steps: its sources (fetched on the
+//! manager) and its dependencies' artifacts; and the `$VARIABLE`s its paths name.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use slipway_executor::{FailureReason, JobOutcome, Trace};
+use slipway_jobs::JobResponse;
+use slipway_jobs::gitlab::Secret;
+use tokio_util::sync::CancellationToken;
+
+use super::Source;
+
+/// `$VARIABLE`s in artifact and cache paths, exclusions and names replaced by the job's
+/// variables, as GitLab Runner expands them.
+pub(super) fn expand_paths(job: &mut JobResponse) {
+    let snapshot = job.clone();
+    let expand = |v: &mut String| *v = slipway_executor::cache::expand(v, &snapshot);
+    for a in &mut job.artifacts {
+        a.paths.iter_mut().for_each(expand);
+        a.exclude.iter_mut().for_each(expand);
+        expand(&mut a.name);
+    }
+    for c in &mut job.cache {
+        c.paths.iter_mut().for_each(expand);
+    }
+}
+
+/// What is unpacked into the job's directory before its steps.
+pub(super) struct Inputs {
+    /// The sources, then each dependency's artifacts.
+    pub(super) tars: Vec<Vec<u8>>,
+    /// Paths git tracks in the sources.
+    pub(super) tracked: BTreeSet<String>,
+}
+
+/// The job's sources and its dependencies' artifacts; a failure ends the job.
+pub(super) async fn inputs_of(
+    source: &Source,
+    job: &JobResponse,
+    trace: &mut Trace,
+    cancel: &CancellationToken,
+) -> Result<Inputs, JobOutcome> {
+    let failed = |msg: String, cancel: &CancellationToken| {
+        if cancel.is_cancelled() {
+            JobOutcome::failed(FailureReason::JobCanceled, None, msg)
+        } else {
+            JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
+        }
+    };
+    let mut inputs = Inputs {
+        tars: Vec::new(),
+        tracked: BTreeSet::new(),
+    };
+    if source.runner.executor == "custom" {
+        if !job.git_info.repo_url.is_empty() || !job.dependencies.is_empty() {
+            trace.message(
+                "WARNING: the custom executor gets no sources or dependencies' artifacts from \
+                 slipway yet; its driver must fetch them",
+            );
+        }
+        return Ok(inputs);
+    }
+    // Bounded by the job's timeout: a hung fetch must not hold the job's slot for ever.
+    let limit = match job.runner_info.timeout {
+        0 => slipway_executor::job::DEFAULT_JOB_TIMEOUT,
+        s => Duration::from_secs(s),
+    };
+    match tokio::time::timeout(limit, source.git.get(job, trace, cancel)).await {
+        Ok(Ok(Some(s))) => {
+            inputs.tars.push(s.tar);
+            inputs.tracked = s.tracked;
+        }
+        Ok(Ok(None)) => {}
+        Ok(Err(msg)) => return Err(failed(msg, cancel)),
+        Err(_) => {
+            let msg = format!("getting the sources took longer than the job's timeout ({limit:?})");
+            trace.message(&format!("ERROR: {msg}"));
+            return Err(JobOutcome::failed(
+                FailureReason::JobExecutionTimeout,
+                None,
+                msg,
+            ));
+        }
+    }
+    for dep in &job.dependencies {
+        if dep.artifacts_file.is_none() {
+            continue;
+        }
+        trace.message(&format!(
+            "Downloading artifacts for {} ({})...",
+            dep.name, dep.id
+        ));
+        let token = Secret::new(dep.token.clone());
+        let zip = tokio::select! {
+            r = source.client.download_artifacts(dep.id, &token) => r,
+            _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
+        };
+        let tar = match zip {
+            // Unpacking is CPU work: off the runtime's threads.
+            Ok(zip) => tokio::task::spawn_blocking(move || slipway_artifacts::zip_to_tar(&zip))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
+        match tar {
+            Ok(tar) => {
+                trace.message(&format!(
+                    "Downloading artifacts from coordinator... ok  id={}",
+                    dep.id
+                ));
+                inputs.tars.push(tar);
+            }
+            Err(e) => {
+                let msg = format!(
+                    "downloading the artifacts of {} ({}): {e}",
+                    dep.name, dep.id
+                );
+                trace.message(&format!("ERROR: {msg}"));
+                return Err(failed(msg, cancel));
+            }
+        }
+    }
+    Ok(inputs)
+}
