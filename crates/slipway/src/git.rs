@@ -114,6 +114,24 @@ fn refspecs(job: &JobResponse) -> Vec<String> {
     }
 }
 
+/// `GIT_CLEAN_FLAGS` (GitLab's default `-ffdx`; `none`: no clean). Only options: the flags go to
+/// git on the manager, so nothing else is taken.
+fn clean_flags(job: &JobResponse) -> Result<Vec<String>, String> {
+    let value = match job.variable("GIT_CLEAN_FLAGS").map(str::trim) {
+        None | Some("") => "-ffdx",
+        Some("none") => return Ok(Vec::new()),
+        Some(v) => v,
+    };
+    let mut flags: Vec<String> = value.split_whitespace().map(String::from).collect();
+    if let Some(bad) = flags.iter().find(|f| !f.starts_with('-')) {
+        return Err(format!(
+            "GIT_CLEAN_FLAGS {value:?}: {bad:?} is not an option of git clean"
+        ));
+    }
+    flags.push("-q".into());
+    Ok(flags)
+}
+
 fn depth_of(job: &JobResponse) -> Result<u32, String> {
     match job.variable("GIT_DEPTH").map(str::trim) {
         None | Some("") => Ok(job.git_info.depth),
@@ -282,7 +300,10 @@ async fn checkout(
     let git = |args: &[&str]| {
         let mut c = Command::new("git");
         c.arg("-C").arg(dir).args(args);
-        c.env("GIT_TERMINAL_PROMPT", "0").kill_on_drop(true);
+        // Only real transports: `ext::` and friends would run commands on the manager.
+        c.env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_ALLOW_PROTOCOL", "http:https:git:ssh:file")
+            .kill_on_drop(true);
         c
     };
     let fresh = !dir.join(".git").exists();
@@ -335,13 +356,25 @@ async fn checkout(
         target.chars().take(8).collect::<String>(),
         g.git_ref
     ));
-    // LFS objects are not fetched yet: pointer files stay, and a manager with git-lfs
-    // installed must not try (and fail) to fetch them during checkout.
-    let mut checkout = git(&["checkout", "-f", "-q", "--detach", &target]);
-    checkout.env("GIT_LFS_SKIP_SMUDGE", "1");
-    run(checkout, trace).await?;
-    if reuse && !fresh {
-        run(git(&["clean", "-ffdx", "-q"]), trace).await?;
+    if job
+        .variable("GIT_CHECKOUT")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+    {
+        trace.message("Skipping Git checkout");
+    } else {
+        // LFS objects are not fetched yet: pointer files stay, and a manager with git-lfs
+        // installed must not try (and fail) to fetch them during checkout.
+        let mut checkout = git(&["checkout", "-f", "-q", "--detach", &target]);
+        checkout.env("GIT_LFS_SKIP_SMUDGE", "1");
+        run(checkout, trace).await?;
+        if reuse && !fresh {
+            let flags = clean_flags(job)?;
+            if !flags.is_empty() {
+                let mut clean = git(&["clean"]);
+                clean.args(&flags);
+                run(clean, trace).await?;
+            }
+        }
     }
     match job.variable("GIT_SUBMODULE_STRATEGY").map(str::trim) {
         None | Some("" | "none") => trace.message("Skipping Git submodules setup"),
@@ -454,6 +487,25 @@ mod tests {
         let (url, creds) = split_credentials("https://host/a@b.git");
         assert_eq!(url, "https://host/a@b.git");
         assert_eq!(creds, None);
+    }
+
+    #[test]
+    fn clean_flags_default_to_gitlabs_and_take_only_options() {
+        let mut job = JobResponse::default();
+        assert_eq!(clean_flags(&job).unwrap(), vec!["-ffdx", "-q"]);
+        job.variables.push(slipway_jobs::Variable {
+            key: "GIT_CLEAN_FLAGS".into(),
+            value: "-ffdx -e cache/".into(),
+            ..Default::default()
+        });
+        assert!(clean_flags(&job).unwrap_err().contains("\"cache/\""));
+        job.variables[0].value = "-ffdx --exclude=cache/".into();
+        assert_eq!(
+            clean_flags(&job).unwrap(),
+            vec!["-ffdx", "--exclude=cache/", "-q"]
+        );
+        job.variables[0].value = "none".into();
+        assert!(clean_flags(&job).unwrap().is_empty());
     }
 
     #[test]
