@@ -315,6 +315,45 @@ async fn cancel_from_gitlab_stops_the_job() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_canceled_outright_in_gitlab_is_stopped_and_its_slot_freed() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job_payload_with_vars(
+        "doomed-by-gitlab",
+        &["echo started-hard-cancel", "sleep 313"],
+        &[("GIT_STRATEGY", "none")],
+    ));
+    let cfg = instance_config(&w, &gl, "");
+    let mut child = Some(start(&w, &cfg));
+    let started = common::wait_until(Duration::from_secs(180), || {
+        gl.job(id)
+            .is_some_and(|j| j.trace_text().contains("started-hard-cancel"))
+    });
+    assert!(started, "job never started");
+    // GitLab's state is `canceled` at once: the runner learns it from its next trace call.
+    gl.cancel(id, false);
+    let stopped = common::wait_until(Duration::from_secs(120), || {
+        common::processes_matching("sleep 313").is_empty()
+    });
+    assert!(stopped, "{:?}", common::processes_matching("sleep 313"));
+    // Both slots serve the next jobs.
+    let next: Vec<u64> = (0..2)
+        .map(|i| {
+            gl.enqueue(job_payload_with_vars(
+                &format!("after-{i}"),
+                &["echo next-job-ran"],
+                &[("GIT_STRATEGY", "none")],
+            ))
+        })
+        .collect();
+    for n in next {
+        finished(&gl, n, "success", &w, &mut child).await;
+    }
+    assert_eq!(gl.job(id).unwrap().state, "canceled");
+    stop(&w, child.take().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gitlab_outage_during_a_job_loses_nothing() {
     let w = World::new();
     let gl = FakeGitlab::start().await;
