@@ -2,13 +2,9 @@
 //! redirects to a second host) and against `gitlab-runner-mock`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::Method;
 use gitlab_runner_mock::{GitlabRunnerMock, MockJobStepName, MockJobStepWhen};
 use slipway_jobs::gitlab::{
     ClientConfig, GitlabClient, GitlabError, Secret, SystemId, UploadOptions, VersionInfo,
@@ -16,75 +12,18 @@ use slipway_jobs::gitlab::{
 
 const JOB_TOKEN: &str = "glcbt-artifact-secret";
 
-/// One request a server received.
-#[derive(Clone, Debug)]
-struct Req {
-    method: Method,
-    path: String,
-    query: String,
-    headers: HeaderMap,
-    body: Vec<u8>,
+mod common;
+
+use common::{Fake as Server, Req};
+
+/// The client these tests use.
+trait ServerClient {
+    fn client(&self) -> GitlabClient;
 }
 
-impl Req {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
-
-/// Status, headers, body.
-type Reply = (u16, Vec<(&'static str, String)>, Vec<u8>);
-type Script = dyn Fn(&Req, usize) -> Reply + Send + Sync;
-
-/// A loopback server answering with `script(request, number of earlier requests)`.
-struct Server {
-    url: String,
-    log: Arc<Mutex<Vec<Req>>>,
-}
-
-impl Server {
-    async fn start(script: impl Fn(&Req, usize) -> Reply + Send + Sync + 'static) -> Self {
-        let log: Arc<Mutex<Vec<Req>>> = Arc::default();
-        let script: Arc<Script> = Arc::new(script);
-        let l = log.clone();
-        let app = Router::new().fallback(
-            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-                let (l, script) = (l.clone(), script.clone());
-                async move {
-                    let req = Req {
-                        method,
-                        path: uri.path().to_string(),
-                        query: uri.query().unwrap_or_default().to_string(),
-                        headers,
-                        body: body.to_vec(),
-                    };
-                    let (status, headers, body) = {
-                        let mut log = l.lock().unwrap();
-                        let reply = script(&req, log.len());
-                        log.push(req);
-                        reply
-                    };
-                    let mut resp: Response = body.into_response();
-                    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
-                    for (k, v) in headers {
-                        resp.headers_mut().insert(k, v.parse().unwrap());
-                    }
-                    resp
-                }
-            },
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { url, log }
-    }
-
+impl ServerClient for Server {
     fn client(&self) -> GitlabClient {
         client_for(&self.url)
-    }
-
-    fn requests(&self) -> Vec<Req> {
-        self.log.lock().unwrap().clone()
     }
 }
 
@@ -188,7 +127,8 @@ async fn gzip_uploads_are_named_after_the_artifact() {
 
 #[tokio::test]
 async fn upload_retries_a_503_once_then_succeeds() {
-    let server = Server::start(|_, n| {
+    let server = Server::start(|_, earlier| {
+        let n = earlier.len();
         if n == 0 {
             (503, vec![], b"busy".to_vec())
         } else {
@@ -279,7 +219,7 @@ async fn download_follows_a_redirect_to_another_host_without_the_job_token() {
 
 #[tokio::test]
 async fn download_keeps_the_token_on_same_host_redirects_and_retries_5xx() {
-    let gitlab = Server::start(|req, n| match (req.path.as_str(), n) {
+    let gitlab = Server::start(|req, earlier| match (req.path.as_str(), earlier.len()) {
         ("/api/v4/jobs/3/artifacts", 0) => (500, vec![], vec![]),
         ("/api/v4/jobs/3/artifacts", _) => (307, vec![("location", "/blobs/3".into())], vec![]),
         ("/blobs/3", _) => (200, vec![], b"zip".to_vec()),
@@ -314,8 +254,11 @@ async fn download_404_says_there_are_no_artifacts() {
 
 #[tokio::test]
 async fn download_stops_after_five_redirects() {
-    let gitlab =
-        Server::start(|_, n| (302, vec![("location", format!("/loop/{n}"))], vec![])).await;
+    let gitlab = Server::start(|_, earlier| {
+        let n = earlier.len();
+        (302, vec![("location", format!("/loop/{n}"))], vec![])
+    })
+    .await;
     let err = gitlab
         .client()
         .download_artifacts(5, &Secret::new(JOB_TOKEN))

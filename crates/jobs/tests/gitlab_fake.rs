@@ -6,10 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::Method;
 use serde_json::{Value, json};
 use slipway_jobs::JobResponse;
 use slipway_jobs::gitlab::{
@@ -19,78 +16,19 @@ use slipway_jobs::gitlab::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// One request the fake received.
-#[derive(Clone, Debug)]
-struct Req {
-    method: Method,
-    path: String,
-    headers: HeaderMap,
-    body: Vec<u8>,
+mod common;
+
+use common::{Fake, Reply, Req};
+
+/// The client these tests use.
+trait FakeClient {
+    fn client(&self) -> GitlabClient;
 }
 
-impl Req {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
-
-/// A reply: status, headers, body.
-type Reply = (u16, Vec<(&'static str, String)>, Vec<u8>);
-type Script = dyn Fn(&Req, &[Req]) -> Reply + Send + Sync;
-
-struct Fake {
-    url: String,
-    log: Arc<Mutex<Vec<Req>>>,
-}
-
-impl Fake {
-    /// Starts a server answering every request with `script(request, earlier requests)`.
-    async fn start(script: impl Fn(&Req, &[Req]) -> Reply + Send + Sync + 'static) -> Self {
-        let log: Arc<Mutex<Vec<Req>>> = Arc::default();
-        let script: Arc<Script> = Arc::new(script);
-        let l = log.clone();
-        let app = Router::new().fallback(
-            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-                let l = l.clone();
-                let script = script.clone();
-                async move {
-                    let req = Req {
-                        method,
-                        path: uri.path().to_string(),
-                        headers,
-                        body: body.to_vec(),
-                    };
-                    let (status, headers, body) = {
-                        let mut log = l.lock().unwrap();
-                        let reply = script(&req, &log);
-                        log.push(req);
-                        reply
-                    };
-                    let mut resp: Response = body.into_response();
-                    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
-                    for (k, v) in headers {
-                        resp.headers_mut().insert(k, v.parse().unwrap());
-                    }
-                    resp
-                }
-            },
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { url, log }
-    }
-
+impl FakeClient for Fake {
     fn client(&self) -> GitlabClient {
         let info = VersionInfo::new("docker", "bash", [("cancel_gracefully".to_string(), true)]);
-        GitlabClient::new(ClientConfig::new(&self.url, info)).unwrap()
-    }
-
-    fn requests(&self) -> Vec<Req> {
-        self.log.lock().unwrap().clone()
+        self.client_with(info)
     }
 }
 
