@@ -378,6 +378,7 @@ async fn run_host(
                 slot: 0,
                 trace: &mut trace,
                 cancel: CancellationToken::new(),
+                abort: None,
                 artifacts_in: Vec::new(),
             },
         )
@@ -399,6 +400,7 @@ async fn run_docker(exec: &DockerExecutor, job: &JobResponse) -> anyhow::Result<
                 cgroup_parent: None,
                 trace: &mut trace,
                 cancel: CancellationToken::new(),
+                abort: None,
                 artifacts_in: Vec::new(),
             },
         )

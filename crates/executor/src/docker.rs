@@ -637,6 +637,9 @@ pub struct DockerRunContext<'a> {
     pub trace: &'a mut Trace,
     /// Cancelled to stop the job.
     pub cancel: CancellationToken,
+    /// Set: a cancel is graceful (GitLab's `canceling`): `after_script` still runs unless this
+    /// fires too. Unset: a cancel skips `after_script`.
+    pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<Vec<u8>>,
 }
@@ -847,6 +850,7 @@ impl DockerExecutor {
             cgroup_parent,
             trace,
             cancel,
+            abort,
             artifacts_in,
         } = ctx;
         let result = match self
@@ -880,6 +884,7 @@ impl DockerExecutor {
                             slot,
                             trace: &mut *trace,
                             cancel,
+                            abort,
                             artifacts_in,
                         },
                     )

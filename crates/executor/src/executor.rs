@@ -26,6 +26,9 @@ pub struct JobSlot<'a> {
     pub trace: &'a mut Trace,
     /// Cancelled to stop the job.
     pub cancel: CancellationToken,
+    /// Set: a cancel is graceful (GitLab's `canceling`): `after_script` still runs unless this
+    /// fires too. Unset: a cancel skips `after_script`.
+    pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<Vec<u8>>,
 }
@@ -67,6 +70,7 @@ impl<H: Host> Executor for Steps<H> {
                     slot: slot.slot,
                     trace: slot.trace,
                     cancel: slot.cancel,
+                    abort: slot.abort,
                     artifacts_in: slot.artifacts_in,
                 },
             )
@@ -89,6 +93,7 @@ impl Executor for DockerExecutor {
                 cgroup_parent: slot.cgroup,
                 trace: slot.trace,
                 cancel: slot.cancel,
+                abort: slot.abort,
                 artifacts_in: slot.artifacts_in,
             },
         )

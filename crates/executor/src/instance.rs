@@ -61,6 +61,7 @@ impl InstanceExecutor {
                     slot: ctx.slot,
                     trace: ctx.trace,
                     cancel: ctx.cancel,
+                    abort: None,
                     artifacts_in: ctx.artifacts_in,
                 },
             )

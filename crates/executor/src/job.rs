@@ -73,6 +73,9 @@ pub struct JobContext<'a> {
     pub trace: &'a mut Trace,
     /// Cancelled to stop the job (manager shutdown, instance lost).
     pub cancel: CancellationToken,
+    /// Set: a cancel is graceful (GitLab's `canceling`): `after_script` still runs, with its own
+    /// timeout, unless this fires too. Unset: a cancel skips `after_script`.
+    pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<Vec<u8>>,
 }
@@ -122,6 +125,7 @@ impl JobRunner {
             slot,
             trace,
             cancel,
+            abort,
             artifacts_in,
         } = ctx;
         if !self.prepare.is_empty()
@@ -142,6 +146,7 @@ impl JobRunner {
             slot,
             trace: &mut *trace,
             cancel,
+            abort,
             artifacts_in,
         };
         let mut result = self.run_steps(job, inner).await;
@@ -176,6 +181,7 @@ impl JobRunner {
             slot,
             trace,
             cancel,
+            abort,
             artifacts_in,
         } = ctx;
         let dirs = JobDirs {
@@ -287,10 +293,16 @@ impl JobRunner {
 
         // after_script runs whatever happened, with its own timeout (GitLab does the same).
         let after = lines(StepName::AfterScript);
-        if !after.is_empty() && cancel.is_cancelled() {
-            // A canceled job must stop promptly (the manager may be shutting down).
+        // A graceful cancel (GitLab's `canceling`) still runs after_script, stopped only by an
+        // abort; any other cancel must stop promptly (the manager may be shutting down).
+        let after_cancel = match (&abort, cancel.is_cancelled()) {
+            (_, false) => Some(cancel.clone()),
+            (Some(abort), true) if !abort.is_cancelled() => Some(abort.clone()),
+            _ => None,
+        };
+        if !after.is_empty() && after_cancel.is_none() {
             trace.message("Skipping after_script: the job was canceled");
-        } else if !after.is_empty() {
+        } else if let Some(after_cancel) = after_cancel.filter(|_| !after.is_empty()) {
             trace.message("Running after_script");
             let after_deadline = Instant::now() + AFTER_SCRIPT_TIMEOUT;
             match self
@@ -302,7 +314,7 @@ impl JobRunner {
                     &after,
                     false,
                     after_deadline,
-                    &cancel,
+                    &after_cancel,
                     trace,
                 )
                 .await

@@ -56,6 +56,7 @@ async fn run(cgroups: &SlotCgroups, slot: u32, limits: Limits, job: &JobResponse
                 slot,
                 trace: &mut trace,
                 cancel: CancellationToken::new(),
+                abort: None,
                 artifacts_in: Vec::new(),
             },
         )

@@ -204,6 +204,7 @@ async fn run_watch(
                     cgroup_parent,
                     trace: &mut trace,
                     cancel,
+                    abort: None,
                     artifacts_in: Vec::new(),
                 },
             )
@@ -767,6 +768,7 @@ async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
                 cgroup_parent: None,
                 trace: &mut trace,
                 cancel: CancellationToken::new(),
+                abort: None,
                 artifacts_in: Vec::new(),
             },
         )

@@ -34,6 +34,14 @@ struct Ran {
 }
 
 async fn run(job: &JobResponse, cancel: CancellationToken) -> (Ran, tempfile::TempDir) {
+    run_with(job, cancel, None).await
+}
+
+async fn run_with(
+    job: &JobResponse,
+    cancel: CancellationToken,
+    abort: Option<CancellationToken>,
+) -> (Ran, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let runner = JobRunner {
         builds_dir: dir.path().display().to_string(),
@@ -50,6 +58,7 @@ async fn run(job: &JobResponse, cancel: CancellationToken) -> (Ran, tempfile::Te
                 slot: 0,
                 trace: &mut trace,
                 cancel,
+                abort,
                 artifacts_in: Vec::new(),
             },
         )
@@ -143,6 +152,39 @@ async fn a_job_past_its_timeout_is_stopped_with_its_processes() {
         other => panic!("{other:?}"),
     }
     assert!(!alive(&marker), "the step's child outlived the timeout");
+}
+
+#[tokio::test]
+async fn a_graceful_cancel_still_runs_after_script_and_an_abort_does_not() {
+    for abort_too in [false, true] {
+        let cancel = CancellationToken::new();
+        let abort = CancellationToken::new();
+        let (c, a) = (cancel.clone(), abort.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            if abort_too {
+                a.cancel();
+            }
+            c.cancel();
+        });
+        let j = job(
+            5,
+            &["echo started", "sleep 300"],
+            &["echo after-script-cleaned-up"],
+            60,
+        );
+        let (ran, _dir) = run_with(&j, cancel, Some(abort)).await;
+        match &ran.outcome {
+            JobOutcome::Failed { reason, .. } => assert_eq!(*reason, FailureReason::JobCanceled),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            ran.output.contains("after-script-cleaned-up"),
+            !abort_too,
+            "abort={abort_too}:\n{}",
+            ran.output
+        );
+    }
 }
 
 #[tokio::test]

@@ -338,7 +338,8 @@ impl JobTask {
                             acq.instance_id, acq.slot
                         ));
                         let (outcome, _artifacts) =
-                            job::execute(&runner, &acq, &job, Vec::new(), &mut trace, &stop).await;
+                            job::execute(&runner, &acq, &job, Vec::new(), &mut trace, &stop, None)
+                                .await;
                         outcome
                     }
                 };

@@ -305,6 +305,7 @@ impl JobTask {
                     inputs,
                     &mut trace,
                     &self.cancel,
+                    None,
                 )
                 .await;
                 self.runner.release(&key);

@@ -128,8 +128,9 @@ pub async fn acquire(
 /// Run `job` on its slot at the level it asked for: on this machine (shell, docker, custom
 /// executors) or on its instance over SSH (bash, in the slot's cgroup, or in a container via
 /// the instance's Docker Engine). Stops it when `cancel` fires or its instance disappears (then
-/// it fails with `runner_system_failure`). Returns the outcome and the artifacts archive, if
-/// any. The caller releases the slot.
+/// it fails with `runner_system_failure`); with `abort`, a cancel is graceful (`after_script`
+/// still runs unless `abort` fires too). Returns the outcome and the artifacts archives. The
+/// caller releases the slot.
 pub async fn execute(
     runner: &Runner,
     acq: &Acquisition,
@@ -137,6 +138,7 @@ pub async fn execute(
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
     cancel: &CancellationToken,
+    abort: Option<&CancellationToken>,
 ) -> (JobOutcome, Vec<CollectedArtifacts>) {
     // Checked before the job was reserved (`isolation_of`); asked again here, not carried.
     let level = match isolation_of(runner, job, trace) {
@@ -144,8 +146,13 @@ pub async fn execute(
         Err(no) => return (config_error(no.message), Vec::new()),
     };
     let cancel = cancel.child_token();
+    let abort = abort.map(CancellationToken::child_token);
+    let stops = Stops {
+        cancel: cancel.clone(),
+        abort: abort.clone(),
+    };
     if runner.local {
-        let r = execute_here(runner, acq, job, level, artifacts_in, trace, &cancel).await;
+        let r = execute_here(runner, acq, job, level, artifacts_in, trace, &stops).await;
         return (r.outcome, r.artifacts);
     }
     let client = match runner.client(acq).await {
@@ -170,7 +177,7 @@ pub async fn execute(
             client,
             artifacts_in,
             &mut *trace,
-            &cancel,
+            &stops,
         );
         tokio::pin!(run);
         loop {
@@ -178,6 +185,10 @@ pub async fn execute(
                 r = &mut run => break r,
                 _ = lost.cancelled(), if !instance_lost => {
                     instance_lost = true;
+                    // Nothing runs on a lost instance, after_script included.
+                    if let Some(a) = &abort {
+                        a.cancel();
+                    }
                     cancel.cancel();
                 }
             }
@@ -189,6 +200,14 @@ pub async fn execute(
         result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
     }
     (result.outcome, result.artifacts)
+}
+
+/// What stops a job: `cancel` (its steps), and `abort` (also its `after_script`; unset: the
+/// cancel does).
+#[derive(Debug, Clone)]
+struct Stops {
+    cancel: CancellationToken,
+    abort: Option<CancellationToken>,
 }
 
 fn config_error(msg: String) -> JobOutcome {
@@ -238,7 +257,7 @@ async fn execute_on_instance(
     client: std::sync::Arc<slipway_connector::Client>,
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
-    cancel: &CancellationToken,
+    stops: &Stops,
 ) -> RunResult {
     let exec: Box<dyn Executor + '_> = if level == Isolation::Docker {
         trace.message("Using isolation docker through the instance's Docker Engine");
@@ -274,7 +293,7 @@ async fn execute_on_instance(
             runner: steps,
         })
     };
-    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, cancel).await
+    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, stops).await
 }
 
 /// Run `job` with `exec` on the acquisition's slot.
@@ -285,7 +304,7 @@ async fn run_on(
     job: &JobResponse,
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
-    cancel: &CancellationToken,
+    stops: &Stops,
 ) -> RunResult {
     exec.run(
         job,
@@ -294,7 +313,8 @@ async fn run_on(
             // Containers live under the slot's cgroup, as GitLab does with use_slot_cgroups.
             cgroup: Some(runner.cgroups.template.expand(acq.slot).to_string()),
             trace,
-            cancel: cancel.clone(),
+            cancel: stops.cancel.clone(),
+            abort: stops.abort.clone(),
             artifacts_in,
         },
     )
@@ -309,7 +329,7 @@ async fn execute_here(
     level: Isolation,
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
-    cancel: &CancellationToken,
+    stops: &Stops,
 ) -> RunResult {
     let exec: Box<dyn Executor> = match runner.executor.as_str() {
         "custom" => {
@@ -351,7 +371,7 @@ async fn execute_here(
             })
         }
     };
-    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, cancel).await
+    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, stops).await
 }
 
 /// A job's status from its outcome.

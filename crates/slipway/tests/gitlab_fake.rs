@@ -53,6 +53,15 @@ fn with_repo(mut payload: Value, repo: &(String, String)) -> Value {
     payload
 }
 
+/// Give `payload` an `after_script` that leaves `marker` on this machine (the local instance's).
+fn with_after_script(payload: &mut Value, marker: &Path) {
+    payload["steps"].as_array_mut().unwrap().push(json!({
+        "name": "after_script",
+        "script": [format!("echo after-script-ran && touch {}", marker.display())],
+        "timeout": 60, "when": "always", "allow_failure": false,
+    }));
+}
+
 /// A config with one instance-executor runner on `fleeting-plugin-local` serving `gl`.
 fn instance_config(w: &World, gl: &FakeGitlab, extra: &str) -> std::path::PathBuf {
     w.write(
@@ -284,11 +293,14 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
 async fn cancel_from_gitlab_stops_the_job() {
     let w = World::new();
     let gl = FakeGitlab::start().await;
-    let id = gl.enqueue(job_payload_with_vars(
+    let marker = w.path().join("after-script-ran");
+    let mut payload = job_payload_with_vars(
         "long",
         &["echo started-long-job", "sleep 307", "echo never-printed"],
         &[("GIT_STRATEGY", "none")],
-    ));
+    );
+    with_after_script(&mut payload, &marker);
+    let id = gl.enqueue(payload);
     let cfg = instance_config(&w, &gl, "");
     let mut child = Some(start(&w, &cfg));
     let started = common::wait_until(Duration::from_secs(180), || {
@@ -306,6 +318,9 @@ async fn cancel_from_gitlab_stops_the_job() {
     let trace = job.trace_text();
     assert!(!trace.contains("never-printed"), "{trace}");
     assert!(trace.contains("job canceled"), "{trace}");
+    // A graceful cancel (GitLab's `canceling`) still runs after_script, as GitLab Runner does.
+    assert!(trace.contains("Running after_script"), "{trace}");
+    assert!(marker.exists(), "after_script did not run:\n{trace}");
     assert!(
         common::processes_matching("sleep 307").is_empty(),
         "the job's process survived: {:?}",
@@ -318,11 +333,14 @@ async fn cancel_from_gitlab_stops_the_job() {
 async fn a_job_canceled_outright_in_gitlab_is_stopped_and_its_slot_freed() {
     let w = World::new();
     let gl = FakeGitlab::start().await;
-    let id = gl.enqueue(job_payload_with_vars(
+    let marker = w.path().join("after-script-ran");
+    let mut payload = job_payload_with_vars(
         "doomed-by-gitlab",
         &["echo started-hard-cancel", "sleep 313"],
         &[("GIT_STRATEGY", "none")],
-    ));
+    );
+    with_after_script(&mut payload, &marker);
+    let id = gl.enqueue(payload);
     let cfg = instance_config(&w, &gl, "");
     let mut child = Some(start(&w, &cfg));
     let started = common::wait_until(Duration::from_secs(180), || {
@@ -350,6 +368,11 @@ async fn a_job_canceled_outright_in_gitlab_is_stopped_and_its_slot_freed() {
         finished(&gl, n, "success", &w, &mut child).await;
     }
     assert_eq!(gl.job(id).unwrap().state, "canceled");
+    // Canceled outright: nothing more of the job runs, after_script included.
+    assert!(
+        !marker.exists(),
+        "after_script ran after an outright cancel"
+    );
     stop(&w, child.take().unwrap());
 }
 

@@ -167,6 +167,7 @@ pub fn version_info(executor: &str) -> VersionInfo {
         "trace_checksum",
         "trace_size",
         "cancelable",
+        "cancel_gracefully",
         "return_exit_code",
         "refspecs",
     ];
@@ -686,12 +687,23 @@ async fn run_job(
         },
     );
     // Cancels the job: manager shutdown, or GitLab (canceling / canceled / failed / 403).
-    let job_cancel = stop.child_token();
+    // `canceling` stops the steps (after_script still runs); `canceled`, `failed`, 403 and the
+    // manager's shutdown stop everything.
+    let job_abort = stop.child_token();
+    let job_cancel = job_abort.child_token();
     let done = CancellationToken::new();
     let work = async {
         let mut trace = trace;
-        let outcome =
-            run_admitted(&source, &job, &provisional, &mut trace, &job_cancel, &stop).await;
+        let outcome = run_admitted(
+            &source,
+            &job,
+            &provisional,
+            &mut trace,
+            &job_cancel,
+            &job_abort,
+            &stop,
+        )
+        .await;
         trace.message(&job::closing_line(&outcome));
         trace.finish();
         drop(trace);
@@ -705,9 +717,17 @@ async fn run_job(
     let (gitlab_cancel, gitlab_abort) = (sender.cancel_token(), sender.abort_token());
     let watch = async {
         tokio::select! {
-            _ = done.cancelled() => {}
+            _ = done.cancelled() => return,
+            _ = gitlab_abort.cancelled() => {
+                job_abort.cancel();
+                return;
+            }
             _ = gitlab_cancel.cancelled() => job_cancel.cancel(),
-            _ = gitlab_abort.cancelled() => job_cancel.cancel(),
+        }
+        // Canceling: GitLab may still cancel outright while after_script runs.
+        tokio::select! {
+            _ = done.cancelled() => {}
+            _ = gitlab_abort.cancelled() => job_abort.cancel(),
         }
     };
     let (outcome, (), ()) = tokio::join!(
@@ -782,6 +802,7 @@ async fn run_admitted(
     provisional: &str,
     trace: &mut Trace,
     cancel: &CancellationToken,
+    abort: &CancellationToken,
     stop: &CancellationToken,
 ) -> JobOutcome {
     let runner = &*source.runner;
@@ -837,7 +858,7 @@ async fn run_admitted(
         }
     };
     let (mut outcome, collected) =
-        job::execute(runner, &acq, &job, inputs.tars, trace, cancel).await;
+        job::execute(runner, &acq, &job, inputs.tars, trace, cancel, Some(abort)).await;
     // The slot is free while the artifacts travel: uploading is the manager's work.
     runner.release(&key);
     artifacts::upload_artifacts(
