@@ -109,7 +109,8 @@ impl Executor for CustomExecutor {
 
     async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
         // The custom protocol has no artifact stages in this version; the driver owns its
-        // environment, so no cgroup is applied here.
+        // environment, so no cgroup is applied here; a graceful cancel (`slot.abort`) is not
+        // told apart: the driver's after_script stage is skipped on any cancel.
         CustomExecutor::run(
             self,
             job,

@@ -74,7 +74,8 @@ pub struct JobContext<'a> {
     /// Cancelled to stop the job (manager shutdown, instance lost).
     pub cancel: CancellationToken,
     /// Set: a cancel is graceful (GitLab's `canceling`): `after_script` still runs, with its own
-    /// timeout, unless this fires too. Unset: a cancel skips `after_script`.
+    /// timeout, unless this fires too. Unset: a cancel skips `after_script`. Firing it must also
+    /// fire `cancel` (make `cancel` its child): the steps themselves watch `cancel` only.
     pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<Vec<u8>>,
@@ -295,9 +296,10 @@ impl JobRunner {
         let after = lines(StepName::AfterScript);
         // A graceful cancel (GitLab's `canceling`) still runs after_script, stopped only by an
         // abort; any other cancel must stop promptly (the manager may be shutting down).
+        // With an abort token a later graceful cancel must not stop after_script either.
         let after_cancel = match (&abort, cancel.is_cancelled()) {
-            (_, false) => Some(cancel.clone()),
-            (Some(abort), true) if !abort.is_cancelled() => Some(abort.clone()),
+            (Some(abort), _) if !abort.is_cancelled() => Some(abort.clone()),
+            (None, false) => Some(cancel.clone()),
             _ => None,
         };
         if !after.is_empty() && after_cancel.is_none() {

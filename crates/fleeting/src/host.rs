@@ -286,33 +286,28 @@ fn list_paths(paths: &[PathBuf]) -> String {
 
 /// Resolve a plugin reference to an executable.
 ///
-/// A path (absolute, `./`, or existing) is used as it is. An OCI reference is first looked up
-/// where GitLab Runner installs plugins ([`crate::oci`]), then by its name. Otherwise `fleeting-plugin-<name>` (or `<name>` when it
-/// already has that prefix) is looked up in `plugin_dir`, then next to the current executable (and
-/// its parent when that is cargo's `deps`, so binaries of the same target dir are found), then on
-/// `PATH`.
+/// A path (absolute, `./`, `../`, or an existing relative path with a `/`) is used as it is.
+/// Otherwise the reference (a name, or an OCI reference such as
+/// `gitlab-org/fleeting/plugins/aws:1`) is looked up as `fleeting-plugin-<name>` in
+/// `plugin_dir`, then where GitLab Runner installs plugins ([`crate::oci`]), then next to the
+/// current executable (and its parent when that is cargo's `deps`, so binaries of the same
+/// target dir are found) and on `PATH`.
 pub fn find_plugin(reference: &str, plugin_dir: Option<&Path>) -> Result<PathBuf, HostError> {
+    find_plugin_in(reference, plugin_dir, crate::oci::plugin_root().as_deref())
+}
+
+/// [`find_plugin`] with GitLab Runner's plugin root given.
+fn find_plugin_in(
+    reference: &str,
+    plugin_dir: Option<&Path>,
+    oci_root: Option<&Path>,
+) -> Result<PathBuf, HostError> {
+    // A path only when it says so: a bare name never depends on the working directory.
     let path_like = reference.starts_with('/')
         || reference.starts_with("./")
         || reference.starts_with("../")
-        || Path::new(reference).exists();
-    // An OCI reference GitLab Runner installed (`aws`, `gitlab-org/fleeting/plugins/aws:1`);
-    // when none is installed, its name is looked up as `fleeting-plugin-<name>` below.
-    let by_name;
-    let reference = match crate::oci::Reference::parse(reference).filter(|_| !path_like) {
-        Some(r) => {
-            if let Some(found) = crate::oci::plugin_root()
-                .and_then(|root| crate::oci::find_installed(&r, &root))
-                .filter(|p| is_executable(p))
-            {
-                return Ok(found);
-            }
-            by_name = r.name;
-            by_name.as_str()
-        }
-        None => reference,
-    };
-    if reference.contains('/') {
+        || (reference.contains('/') && Path::new(reference).exists());
+    if path_like {
         let path = PathBuf::from(reference);
         return if is_executable(&path) {
             Ok(path)
@@ -323,18 +318,37 @@ pub fn find_plugin(reference: &str, plugin_dir: Option<&Path>) -> Result<PathBuf
             })
         };
     }
-    if reference.is_empty() {
+    let oci = crate::oci::Reference::parse(reference);
+    let name = oci.as_ref().map_or(reference, |r| r.name.as_str());
+    if name.is_empty() {
         return Err(HostError::NotFound {
-            name: String::new(),
+            name: reference.to_owned(),
             looked: Vec::new(),
         });
     }
-    let file = if reference.starts_with(PLUGIN_PREFIX) {
-        reference.to_owned()
+    let file = if name.starts_with(PLUGIN_PREFIX) {
+        name.to_owned()
     } else {
-        format!("{PLUGIN_PREFIX}{reference}")
+        format!("{PLUGIN_PREFIX}{name}")
     };
-    let mut dirs: Vec<PathBuf> = plugin_dir.map(Path::to_path_buf).into_iter().collect();
+    let mut looked = Vec::new();
+    // 1. The operator's own plugin directory wins.
+    if let Some(dir) = plugin_dir {
+        let candidate = dir.join(&file);
+        if is_executable(&candidate) {
+            return Ok(candidate);
+        }
+        looked.push(candidate);
+    }
+    // 2. Where `gitlab-runner fleeting install` put it (an OCI reference, or a bare name).
+    if let (Some(r), Some(root)) = (&oci, oci_root) {
+        if let Some(found) = crate::oci::find_installed(r, root).filter(|p| is_executable(p)) {
+            return Ok(found);
+        }
+        looked.push(r.dir(root));
+    }
+    // 3. Next to this executable (and cargo's target dir above `deps`), then PATH.
+    let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(exe_dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(Path::to_path_buf))
@@ -347,7 +361,6 @@ pub fn find_plugin(reference: &str, plugin_dir: Option<&Path>) -> Result<PathBuf
     if let Some(path) = std::env::var_os("PATH") {
         dirs.extend(std::env::split_paths(&path).filter(|d| !d.as_os_str().is_empty()));
     }
-    let mut looked = Vec::new();
     for dir in dirs {
         let candidate = dir.join(&file);
         if is_executable(&candidate) {
@@ -1315,6 +1328,42 @@ impl InstanceGroup for PluginHost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn executable(path: &Path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn plugin_dir_first_then_gitlab_runners_layout_then_the_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("fleeting");
+        let installed =
+            root.join("registry.gitlab.com/gitlab-org/fleeting/plugins/zz9/1.2.0/plugin");
+        executable(&installed);
+        let own = tmp.path().join("own");
+        executable(&own.join("fleeting-plugin-zz9"));
+        // The operator's --plugin-dir wins over what GitLab Runner installed.
+        let found = find_plugin_in("zz9", Some(&own), Some(&root)).ok();
+        assert_eq!(found, Some(own.join("fleeting-plugin-zz9")));
+        // Without it, a bare name and an OCI reference both find GitLab Runner's install.
+        assert_eq!(
+            find_plugin_in("zz9", None, Some(&root)).ok(),
+            Some(installed.clone())
+        );
+        assert_eq!(
+            find_plugin_in("gitlab-org/fleeting/plugins/zz9:1", None, Some(&root)).ok(),
+            Some(installed)
+        );
+        // A constraint no installed version meets: not found, and the error says where it looked.
+        let err = find_plugin_in("zz9:2", None, Some(&root))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("plugins/zz9"), "{err}");
+    }
 
     #[test]
     fn backoff_doubles_to_the_cap() {

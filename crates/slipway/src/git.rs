@@ -290,7 +290,11 @@ async fn checkout(
     let g = &job.git_info;
     let (url, credentials) = split_credentials(g.repo_url.trim());
     let url = match clone_url {
-        Some(base) => with_base(&url, base),
+        // GitLab Runner's rule: clone_url + project path (also right under a sub-path).
+        Some(base) => match job.variable("CI_PROJECT_PATH").filter(|p| !p.is_empty()) {
+            Some(project) => format!("{}/{project}.git", base.trim_end_matches('/')),
+            None => with_base(&url, base),
+        },
         None => url,
     };
     let auth = credentials.map(|(user, pass)| {
@@ -299,7 +303,17 @@ async fn checkout(
     });
     let git = |args: &[&str]| {
         let mut c = Command::new("git");
-        c.arg("-C").arg(dir).args(args);
+        // No background gc or maintenance outliving a command: the next git command, the
+        // stale-lock sweep or the tar would race it.
+        c.args([
+            "-c",
+            "gc.autoDetach=false",
+            "-c",
+            "maintenance.autoDetach=false",
+        ])
+        .arg("-C")
+        .arg(dir)
+        .args(args);
         // Only real transports: `ext::` and friends would run commands on the manager.
         c.env("GIT_TERMINAL_PROMPT", "0")
             .env("GIT_ALLOW_PROTOCOL", "http:https:git:ssh:file")

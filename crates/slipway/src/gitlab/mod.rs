@@ -26,7 +26,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use slipway_executor::{JobOutcome, Trace};
@@ -52,18 +52,23 @@ mod inputs;
 
 pub use defaults::JobDefaults;
 
-/// The directory name of a runner's GitLab state: its name (made safe) and a hash of its URL.
-fn state_key(name: &str, url: &str) -> String {
-    let safe: String = name
+/// The directory name of a runner's GitLab state, unique per GitLab and runner: its GitLab
+/// runner `id` when the config has one (GitLab Runner writes it; it survives a token
+/// rotation), else its token's short form; and a hash of the URL.
+fn state_key(id: u64, token: &Secret, url: &str) -> String {
+    let who = match id {
+        0 => format!("t-{}", token.short()),
+        id => format!("id-{id}"),
+    };
+    let safe: String = who
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+            if c.is_ascii_alphanumeric() || c == '-' {
                 c
             } else {
                 '_'
             }
         })
-        .take(40)
         .collect();
     // FNV-1a: stable across builds and platforms, unlike std's hasher.
     let hash = url
@@ -92,7 +97,7 @@ pub struct SourceOptions {
     /// Where the manager's `system_id` file lives.
     pub system_id_path: PathBuf,
     /// The manager's state directory: each runner keeps its outbox and git working copies in
-    /// `gitlab/<short token>/` there.
+    /// `gitlab/<runner id or short token>-<URL hash>/` there.
     pub state_dir: PathBuf,
     /// Pause after a job request without a job (global `check_interval`).
     pub check_interval: Duration,
@@ -221,11 +226,10 @@ pub async fn serve(
             source,
         })?;
     let backoff = Backoff::default();
-    // Keyed by GitLab and runner name, not token: a rotated token finds its outbox again.
     let own_dir = opts
         .state_dir
         .join("gitlab")
-        .join(state_key(&name, cfg.url.trim()));
+        .join(state_key(cfg.id, &token, cfg.url.trim()));
     let outbox = Outbox::open(own_dir.join("outbox"))
         .await
         .map_err(|source| SourceError::Outbox {
@@ -272,7 +276,11 @@ pub async fn serve(
         let (source, stop) = (source.clone(), stop.clone());
         set.spawn(async move {
             if interrupted {
-                explain_interruption(&source, &update).await;
+                // Best effort, and never in the way of a shutdown.
+                tokio::select! {
+                    () = explain_interruption(&source, &update) => {}
+                    _ = stop.cancelled() => {}
+                }
             }
             if let Some(u) = redeliver(source, update, Duration::ZERO, stop).await {
                 tracing::warn!(
@@ -805,6 +813,7 @@ async fn run_admitted(
     abort: &CancellationToken,
     stop: &CancellationToken,
 ) -> JobOutcome {
+    let started = tokio::time::Instant::now();
     let runner = &*source.runner;
     let admitted = job::isolation_of(runner, job, trace).and_then(|_| job::request_of(job, trace));
     // The provisional slot goes back just before the job's own reservation is made, so the job
@@ -822,41 +831,56 @@ async fn run_admitted(
     let mut job = source.defaults.apply(job);
     inputs::expand_paths(&mut job);
     // Sources and dependencies are fetched while the slot is acquired (an instance may be
-    // booting); their trace lines follow the slot's.
+    // booting); their trace lines follow the slot's. Whichever fails first stops the other.
     let fetch_cancel = cancel.child_token();
+    let acquire_cancel = cancel.child_token();
+    // 1: the acquisition failed first, 2: the fetch did.
+    let first_failure = AtomicU8::new(0);
     let (side_tx, mut side_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let mut side = Trace::new(job.masked_values(), side_tx);
     let acquiring = async {
-        let r = job::acquire(runner, &key, trace, cancel).await;
+        let r = job::acquire(runner, &key, trace, &acquire_cancel).await;
         if r.is_err() {
+            let _ = first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
             fetch_cancel.cancel();
         }
         r
     };
-    let (acq, inputs) = tokio::join!(
-        acquiring,
-        inputs::inputs_of(source, &job, &mut side, &fetch_cancel)
-    );
+    let fetching = async {
+        let r = inputs::inputs_of(source, &job, &mut side, &fetch_cancel).await;
+        if r.is_err() {
+            let _ = first_failure.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
+            acquire_cancel.cancel();
+        }
+        r
+    };
+    let (acq, inputs) = tokio::join!(acquiring, fetching);
     side.finish();
     drop(side);
-    let acq = match acq {
-        Ok(a) => a,
-        Err(no) => return refused(&no, stop),
-    };
-    trace.message(&format!(
-        "Running on instance {} slot {}",
-        acq.instance_id, acq.slot
-    ));
+    if let Ok(a) = &acq {
+        trace.message(&format!(
+            "Running on instance {} slot {}",
+            a.instance_id, a.slot
+        ));
+    }
     while let Ok(chunk) = side_rx.try_recv() {
         trace.write(&chunk);
     }
-    let inputs = match inputs {
-        Ok(i) => i,
-        Err(outcome) => {
+    let (acq, inputs) = match (acq, inputs) {
+        (Ok(a), Ok(i)) => (a, i),
+        (Ok(_), Err(outcome)) => {
             runner.release(&key);
             return outcome;
         }
+        // The fetch failed and stopped the wait for a slot (which gave its reservation back).
+        (Err(_), Err(outcome)) if first_failure.load(Ordering::SeqCst) == 2 => return outcome,
+        (Err(no), _) => return refused(&no, stop),
     };
+    // Getting the sources counts against the job's timeout, as in GitLab.
+    if job.runner_info.timeout > 0 {
+        let spent = started.elapsed().as_secs();
+        job.runner_info.timeout = job.runner_info.timeout.saturating_sub(spent).max(1);
+    }
     let (mut outcome, collected) =
         job::execute(runner, &acq, &job, inputs.tars, trace, cancel, Some(abort)).await;
     // The slot is free while the artifacts travel: uploading is the manager's work.
