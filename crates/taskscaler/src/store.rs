@@ -704,8 +704,9 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// Directory name for a runner key: the key itself when it is a plain, short file name, else a
-/// sanitized prefix plus a stable FNV-1a hash of the whole key.
-fn runner_dir_name(runner: &str) -> String {
+/// sanitized prefix plus a stable FNV-1a hash of the whole key. Other per-runner state (the
+/// GitLab source's) uses it too, so every runner directory is named one way.
+pub fn runner_dir_name(runner: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
     if !runner.is_empty()
         && runner.len() <= 64

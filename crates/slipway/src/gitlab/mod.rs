@@ -52,32 +52,15 @@ mod inputs;
 
 pub use defaults::JobDefaults;
 
-/// The directory name of a runner's GitLab state, unique per GitLab and runner: its GitLab
-/// runner `id` when the config has one (GitLab Runner writes it; it survives a token
-/// rotation), else its token's short form; and a hash of the URL.
+/// The directory name of a runner's GitLab state, unique per GitLab and runner: GitLab
+/// Runner's key `URL|runner id` when the config has an id (it survives a token rotation), else
+/// the token's short form in its place.
 fn state_key(id: u64, token: &Secret, url: &str) -> String {
     let who = match id {
         0 => format!("t-{}", token.short()),
-        id => format!("id-{id}"),
+        id => id.to_string(),
     };
-    let safe: String = who
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    // FNV-1a: stable across builds and platforms, unlike std's hasher.
-    let hash = url
-        .trim_end_matches('/')
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-    format!("{safe}-{:08x}", hash & 0xffff_ffff)
+    slipway_taskscaler::store::runner_dir_name(&format!("{}|{who}", url.trim_end_matches('/')))
 }
 
 /// Whether `cfg` takes its jobs from GitLab: an `http(s)://` `url` and a `token`.
