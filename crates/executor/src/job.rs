@@ -211,7 +211,8 @@ impl JobRunner {
         if separate_prepare {
             // GitLab's order: sources, then the cache, then the dependencies' artifacts, which
             // win over a stale cache of the same paths.
-            let first = if restore.is_none() || has_sources(job) {
+            // The manager ships a job's sources first, then dependencies' artifacts.
+            let first = if restore.is_none() || job.ships_sources() {
                 inputs.pop_front()
             } else {
                 None
@@ -505,16 +506,6 @@ impl JobRunner {
             trace.message(&format!("WARNING: cleanup failed: {msg}"));
         }
     }
-}
-
-/// Whether the first archive a job receives is its sources: it has a repository and
-/// `GIT_STRATEGY` is not `none` (the manager ships sources first, then dependencies' artifacts).
-pub fn has_sources(job: &JobResponse) -> bool {
-    !job.git_info.repo_url.trim().is_empty()
-        && !matches!(
-            job.variable("GIT_STRATEGY").map(str::trim),
-            Some("none" | "empty")
-        )
 }
 
 fn write_output(trace: &mut Trace, chunk: Output) {

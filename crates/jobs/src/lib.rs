@@ -35,8 +35,8 @@ pub mod run;
 mod yaml;
 
 pub use model::{
-    ArtifactSpec, ArtifactsFile, CacheSpec, Credential, Dependency, Features, GitInfo, Image,
-    JobInfo, JobResponse, Port, RunnerInfo, Step, StepName, Variable, When,
+    ArtifactSpec, ArtifactsFile, CacheSpec, Credential, Dependency, Features, GitInfo, GitStrategy,
+    Image, JobInfo, JobResponse, Port, RunnerInfo, Step, StepName, Variable, When,
 };
 pub use pipeline::{
     Diagnostic, Need, Pipeline, PipelineError, PipelineJob, PipelineOptions, parse_duration,

@@ -106,6 +106,29 @@ impl JobResponse {
             .map(|v| v.value.as_str())
     }
 
+    /// What `GIT_STRATEGY` asks for: the variable, else `fetch` when the project allows it
+    /// (`allow_git_fetch`), else `clone`.
+    pub fn git_strategy(&self) -> Result<GitStrategy, String> {
+        match self.variable("GIT_STRATEGY").map(str::trim) {
+            None | Some("") => Ok(if self.allow_git_fetch {
+                GitStrategy::Fetch
+            } else {
+                GitStrategy::Clone
+            }),
+            Some("clone") => Ok(GitStrategy::Clone),
+            Some("fetch") => Ok(GitStrategy::Fetch),
+            Some("none" | "empty") => Ok(GitStrategy::None),
+            Some(other) => Err(format!(
+                "GIT_STRATEGY {other:?} is not supported; expected clone, fetch or none"
+            )),
+        }
+    }
+
+    /// Whether the job gets sources: it names a repository and `GIT_STRATEGY` is not `none`.
+    pub fn ships_sources(&self) -> bool {
+        !self.git_info.repo_url.trim().is_empty() && self.git_strategy() != Ok(GitStrategy::None)
+    }
+
     /// Secrets to mask in the job's output: masked variable values and the job token.
     ///
     /// Empty strings are left out (masking "" would match everywhere).
@@ -375,6 +398,17 @@ impl<'de> Deserialize<'de> for StepName {
     }
 }
 
+/// How a job gets its sources (`GIT_STRATEGY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GitStrategy {
+    /// A fresh repository for every job.
+    Clone,
+    /// Update a kept working copy.
+    Fetch,
+    /// No sources.
+    None,
+}
+
 /// When a step (or artifact upload, or pipeline job) runs, given the outcome so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -626,6 +660,26 @@ pub struct Features {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn git_strategy_follows_the_variable_and_the_project() {
+        let mut job = JobResponse::default();
+        assert_eq!(job.git_strategy(), Ok(GitStrategy::Clone));
+        job.allow_git_fetch = true;
+        assert_eq!(job.git_strategy(), Ok(GitStrategy::Fetch));
+        assert!(!job.ships_sources(), "no repository");
+        job.git_info.repo_url = "https://gitlab.example.com/g/p.git".into();
+        assert!(job.ships_sources());
+        job.variables.push(Variable {
+            key: "GIT_STRATEGY".into(),
+            value: "none".into(),
+            ..Default::default()
+        });
+        assert_eq!(job.git_strategy(), Ok(GitStrategy::None));
+        assert!(!job.ships_sources());
+        job.variables[0].value = "svn".into();
+        assert!(job.git_strategy().is_err());
+    }
 
     const PAYLOAD: &str = r#"{
         "id": 42,

@@ -16,39 +16,9 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use slipway_executor::Trace;
-use slipway_jobs::JobResponse;
+use slipway_jobs::{GitStrategy as Strategy, JobResponse};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
-
-/// What `GIT_STRATEGY` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// A fresh repository for every job.
-    Clone,
-    /// Update a kept working copy.
-    Fetch,
-    /// No sources.
-    None,
-}
-
-impl Strategy {
-    /// The job's strategy: `GIT_STRATEGY`, else `fetch` when the project allows it.
-    pub fn of(job: &JobResponse) -> Result<Self, String> {
-        match job.variable("GIT_STRATEGY").map(str::trim) {
-            None | Some("") => Ok(if job.allow_git_fetch {
-                Strategy::Fetch
-            } else {
-                Strategy::Clone
-            }),
-            Some("clone") => Ok(Strategy::Clone),
-            Some("fetch") => Ok(Strategy::Fetch),
-            Some("none" | "empty") => Ok(Strategy::None),
-            Some(other) => Err(format!(
-                "GIT_STRATEGY {other:?} is not supported; expected clone, fetch or none"
-            )),
-        }
-    }
-}
 
 /// A job's sources, ready to unpack.
 #[derive(Debug, Default)]
@@ -173,7 +143,7 @@ impl GitSources {
             trace.message(&format!("ERROR: {msg}"));
             Err(msg)
         };
-        let strategy = match Strategy::of(job) {
+        let strategy = match job.git_strategy() {
             Ok(s) => s,
             Err(msg) => return fail(trace, msg),
         };
@@ -531,22 +501,6 @@ mod tests {
             ),
             "http://10.0.0.5:8080/g/p.git"
         );
-    }
-
-    #[test]
-    fn strategy_follows_the_variable_and_the_project() {
-        let mut job = JobResponse::default();
-        assert_eq!(Strategy::of(&job), Ok(Strategy::Clone));
-        job.allow_git_fetch = true;
-        assert_eq!(Strategy::of(&job), Ok(Strategy::Fetch));
-        job.variables.push(slipway_jobs::Variable {
-            key: "GIT_STRATEGY".into(),
-            value: "none".into(),
-            ..Default::default()
-        });
-        assert_eq!(Strategy::of(&job), Ok(Strategy::None));
-        job.variables[0].value = "svn".into();
-        assert!(Strategy::of(&job).is_err());
     }
 
     #[test]
