@@ -94,40 +94,30 @@ impl GitlabClient {
         let path = format!("jobs/{job_id}/artifacts?{}", upload_query(opts));
         let ep = endpoint(&Method::POST, &path);
         let (content_type, body) = multipart(archive, opts, job_id);
-        let mut attempt = 0;
-        loop {
-            let result = self
-                .call_url(
-                    Method::POST,
-                    &self.api_url(&path),
-                    ep.clone(),
-                    &[("JOB-TOKEN", job_token.expose())],
-                    Some((&content_type, body.clone())),
-                    TRANSFER_TIMEOUT,
-                    MAX_UPLOAD_ANSWER,
-                )
-                .await
-                .and_then(|resp| match resp.status.as_u16() {
-                    200 | 201 => Ok(()),
-                    413 => Err(GitlabError::Status {
-                        endpoint: ep.clone(),
-                        status: 413,
-                        body: "artifacts archive too large: GitLab's maximum artifacts size \
+        retrying(job_id, "upload", || async {
+            self.call_url(
+                Method::POST,
+                &self.api_url(&path),
+                ep.clone(),
+                &[("JOB-TOKEN", job_token.expose())],
+                Some((&content_type, body.clone())),
+                TRANSFER_TIMEOUT,
+                MAX_UPLOAD_ANSWER,
+            )
+            .await
+            .and_then(|resp| match resp.status.as_u16() {
+                200 | 201 => Ok(()),
+                413 => Err(GitlabError::Status {
+                    endpoint: ep.clone(),
+                    status: 413,
+                    body: "artifacts archive too large: GitLab's maximum artifacts size \
                                (project, group or instance setting) is smaller"
-                            .into(),
-                    }),
-                    _ => Err(resp.unexpected(ep.clone(), &[job_token.expose()])),
-                });
-            match result {
-                Err(e) if e.is_retryable() && attempt < MAX_RETRIES => {
-                    let delay = retry_delay(&e, attempt);
-                    tracing::warn!(job = job_id, error = %e, ?delay, "artifacts upload failed, retrying");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                }
-                other => return other,
-            }
-        }
+                        .into(),
+                }),
+                _ => Err(resp.unexpected(ep.clone(), &[job_token.expose()])),
+            })
+        })
+        .await
     }
 
     /// `GET /api/v4/jobs/:id/artifacts` with header `JOB-TOKEN`: the job's zip archive. Follows
@@ -139,18 +129,7 @@ impl GitlabClient {
         job_id: u64,
         job_token: &Secret,
     ) -> Result<Bytes, GitlabError> {
-        let mut attempt = 0;
-        loop {
-            match self.download_once(job_id, job_token).await {
-                Err(e) if e.is_retryable() && attempt < MAX_RETRIES => {
-                    let delay = retry_delay(&e, attempt);
-                    tracing::warn!(job = job_id, error = %e, ?delay, "artifacts download failed, retrying");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                }
-                other => return other,
-            }
-        }
+        retrying(job_id, "download", || self.download_once(job_id, job_token)).await
     }
 
     /// One download, redirects followed.
@@ -284,6 +263,27 @@ fn boundary(content: &[u8], job_id: u64) -> String {
 }
 
 /// The delay before retry `attempt`: the server's `Retry-After` (capped) or the backoff.
+/// `op` until it succeeds, fails for good, or has been retried [`MAX_RETRIES`] times after
+/// retryable errors (network, 409/429/5xx).
+async fn retrying<T, F, Fut>(job_id: u64, what: &str, mut op: F) -> Result<T, GitlabError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, GitlabError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(e) if e.is_retryable() && attempt < MAX_RETRIES => {
+                let delay = retry_delay(&e, attempt);
+                tracing::warn!(job = job_id, error = %e, ?delay, "artifacts {what} failed, retrying");
+                tokio::time::sleep(delay).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 fn retry_delay(e: &GitlabError, attempt: u32) -> Duration {
     e.retry_after()
         .map(|d| d.min(MAX_RETRY_AFTER))
