@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use slipway_jobs::model::{CacheSpec, JobResponse, When};
+use slipway_jobs::model::{CacheSpec, JobResponse};
 
 use crate::script::{JobDirs, glob_word, quote};
 
@@ -101,6 +101,15 @@ fn pushes(spec: &CacheSpec) -> bool {
     matches!(spec.policy.as_str(), "" | "pull-push" | "push")
 }
 
+/// The start of a cache script: into the project directory, then `title` for the trace.
+fn script_start(dirs: &JobDirs, title: &str) -> String {
+    format!(
+        "cd {} || exit 1\necho {}\n",
+        dirs.project_dir(),
+        quote(title)
+    )
+}
+
 /// A script restoring every `pull`/`pull-push` cache of `job` into its project directory:
 /// the first key of each entry (its key, its `fallback_keys`, then `CACHE_FALLBACK_KEY`) that
 /// has an archive. `None` when the job restores nothing.
@@ -115,9 +124,7 @@ pub fn restore_script(
     }
     let root = project_root(cache_dir, job);
     let mut skipped = Vec::new();
-    let mut s = String::new();
-    let _ = writeln!(s, "cd {} || exit 1", dirs.project_dir());
-    let _ = writeln!(s, "echo 'Restoring cache'");
+    let mut s = script_start(dirs, "Restoring cache");
     let fallback = job
         .variable(FALLBACK_KEY_VARIABLE)
         .map(|k| expand(k, job))
@@ -173,22 +180,15 @@ pub fn archive_script(
     let specs: Vec<&CacheSpec> = job
         .cache
         .iter()
-        .filter(|c| pushes(c))
-        .filter(|c| match c.when {
-            When::OnSuccess => success,
-            When::OnFailure => !success,
-            When::Always => true,
-        })
+        .filter(|c| pushes(c) && c.when.holds_after(success))
         .collect();
     if specs.is_empty() {
         return None;
     }
     let root = project_root(cache_dir, job);
     let mut skipped = Vec::new();
-    let mut s = String::new();
-    let _ = writeln!(s, "cd {} || exit 1", dirs.project_dir());
+    let mut s = script_start(dirs, "Saving cache");
     let _ = writeln!(s, "shopt -s globstar nullglob dotglob 2>/dev/null || :");
-    let _ = writeln!(s, "echo 'Saving cache'");
     for spec in specs {
         let key = key_of(spec, job);
         if let Some(reason) = key_problem(&key) {

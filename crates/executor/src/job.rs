@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use slipway_connector::Output;
-use slipway_jobs::model::{JobResponse, StepName, When};
+use slipway_jobs::model::{JobResponse, StepName};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -341,12 +341,7 @@ impl JobRunner {
 
         let mut artifacts = Vec::new();
         for (spec, a) in job.artifacts.iter().enumerate() {
-            let wanted = match a.when {
-                When::OnSuccess => outcome.is_success(),
-                When::OnFailure => !outcome.is_success(),
-                When::Always => true,
-            };
-            if !wanted || cancel.is_cancelled() {
+            if !a.when.holds_after(outcome.is_success()) || cancel.is_cancelled() {
                 continue;
             }
             let mut paths: Vec<String> = a

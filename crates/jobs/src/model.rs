@@ -431,6 +431,15 @@ impl When {
             When::Always => "always",
         }
     }
+
+    /// Whether something with this `when` runs after a job that `succeeded` (or not).
+    pub fn holds_after(self, succeeded: bool) -> bool {
+        match self {
+            When::OnSuccess => succeeded,
+            When::OnFailure => !succeeded,
+            When::Always => true,
+        }
+    }
 }
 
 impl fmt::Display for When {
