@@ -2,6 +2,7 @@
 //! `exclude` and `untracked`) and uploaded.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use slipway_artifacts::{Format, Globs};
 use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
@@ -46,7 +47,7 @@ pub(super) async fn upload_artifacts(
     source: &Source,
     job: &JobResponse,
     collected: Vec<CollectedArtifacts>,
-    tracked: &BTreeSet<String>,
+    tracked: &Arc<BTreeSet<String>>,
     outcome: &mut JobOutcome,
     trace: &mut Trace,
     stop: &CancellationToken,
@@ -84,7 +85,8 @@ pub(super) async fn upload_artifacts(
         };
         let (paths, exclude, untracked) =
             (spec.paths.clone(), spec.exclude.clone(), spec.untracked);
-        let tracked = tracked.clone();
+        // Shared, not copied: the list can hold every file of a large repository.
+        let tracked = Arc::clone(tracked);
         // Compressing is CPU work: off the runtime's threads.
         let archived = tokio::task::spawn_blocking(move || {
             let includes = Globs::new(&paths).map_err(|e| e.to_string())?;

@@ -2,6 +2,7 @@
 //! manager) and its dependencies' artifacts; and the `$VARIABLE`s its paths name.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use slipway_executor::{FailureReason, JobOutcome, Trace};
@@ -31,7 +32,7 @@ pub(super) struct Inputs {
     /// The sources, then each dependency's artifacts.
     pub(super) tars: Vec<Vec<u8>>,
     /// Paths git tracks in the sources.
-    pub(super) tracked: BTreeSet<String>,
+    pub(super) tracked: Arc<BTreeSet<String>>,
 }
 
 /// The job's sources and its dependencies' artifacts; a failure ends the job.
@@ -50,7 +51,7 @@ pub(super) async fn inputs_of(
     };
     let mut inputs = Inputs {
         tars: Vec::new(),
-        tracked: BTreeSet::new(),
+        tracked: Arc::default(),
     };
     if source.runner.executor == "custom" {
         if !job.git_info.repo_url.is_empty() || !job.dependencies.is_empty() {
@@ -69,7 +70,7 @@ pub(super) async fn inputs_of(
     match tokio::time::timeout(limit, source.git.get(job, trace, cancel)).await {
         Ok(Ok(Some(s))) => {
             inputs.tars.push(s.tar);
-            inputs.tracked = s.tracked;
+            inputs.tracked = Arc::new(s.tracked);
         }
         Ok(Ok(None)) => {}
         Ok(Err(msg)) => return Err(failed(msg, cancel)),
