@@ -100,18 +100,6 @@ pub struct CollectedArtifacts {
     pub tar: Vec<u8>,
 }
 
-impl RunResult {
-    /// Every collected tarball, concatenated (`tar -i` unpacks them all).
-    pub fn artifacts_tar(&self) -> Option<Vec<u8>> {
-        (!self.artifacts.is_empty()).then(|| {
-            self.artifacts
-                .iter()
-                .flat_map(|a| a.tar.iter().copied())
-                .collect()
-        })
-    }
-}
-
 enum StepEnd {
     Exited(JobOutcome),
     TimedOut,

@@ -791,7 +791,7 @@ async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
         assert!(output.contains(want), "{want:?} missing:\n{output}");
     }
     assert!(!output.contains("__slipway_end_"), "{output}");
-    let tar = result.artifacts_tar().expect("artifacts");
+    let tar = &result.artifacts.first().expect("artifacts").tar;
     assert!(!tar.is_empty());
     assert_eq!(leftovers(exec.docker(), &guard.runner).await, (0, 0, 0));
     exec.shutdown().await.unwrap();

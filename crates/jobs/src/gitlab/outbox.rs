@@ -62,11 +62,6 @@ impl Outbox {
         Ok(Self { dir })
     }
 
-    /// The outbox's directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     fn file(&self, sub: &str, job_id: u64) -> PathBuf {
         self.dir.join(sub).join(format!("{job_id}.json"))
     }
