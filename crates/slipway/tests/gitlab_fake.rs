@@ -106,6 +106,13 @@ fn stop(w: &World, child: Child) -> String {
     stderr
 }
 
+/// Wait (up to 3 minutes) for job `id`'s trace to hold `text`; whether it did.
+fn trace_shows(gl: &FakeGitlab, id: u64, text: &str) -> bool {
+    common::wait_until(Duration::from_secs(180), || {
+        gl.job(id).is_some_and(|j| j.trace_text().contains(text))
+    })
+}
+
 /// Wait for job `id` to reach `state`; on timeout, stop the manager and show everything.
 async fn finished(gl: &FakeGitlab, id: u64, state: &str, w: &World, child: &mut Option<Child>) {
     if gl
@@ -303,10 +310,7 @@ async fn cancel_from_gitlab_stops_the_job() {
     let id = gl.enqueue(payload);
     let cfg = instance_config(&w, &gl, "");
     let mut child = Some(start(&w, &cfg));
-    let started = common::wait_until(Duration::from_secs(180), || {
-        gl.job(id)
-            .is_some_and(|j| j.trace_text().contains("started-long-job"))
-    });
+    let started = trace_shows(&gl, id, "started-long-job");
     assert!(
         started,
         "job never started: {:?}",
@@ -343,10 +347,7 @@ async fn a_job_canceled_outright_in_gitlab_is_stopped_and_its_slot_freed() {
     let id = gl.enqueue(payload);
     let cfg = instance_config(&w, &gl, "");
     let mut child = Some(start(&w, &cfg));
-    let started = common::wait_until(Duration::from_secs(180), || {
-        gl.job(id)
-            .is_some_and(|j| j.trace_text().contains("started-hard-cancel"))
-    });
+    let started = trace_shows(&gl, id, "started-hard-cancel");
     assert!(started, "job never started");
     // GitLab's state is `canceled` at once: the runner learns it from its next trace call.
     gl.cancel(id, false);
@@ -387,10 +388,7 @@ async fn a_gitlab_outage_during_a_job_loses_nothing() {
     ));
     let cfg = instance_config(&w, &gl, "");
     let mut child = Some(start(&w, &cfg));
-    let started = common::wait_until(Duration::from_secs(180), || {
-        gl.job(id)
-            .is_some_and(|j| j.trace_text().contains("line-2\n"))
-    });
+    let started = trace_shows(&gl, id, "line-2\n");
     assert!(started, "job never started");
     // 30 s without GitLab: dropped connections, then 503s.
     gl.set_outage(Outage::Drop);
@@ -433,10 +431,7 @@ async fn a_job_running_when_the_manager_dies_is_reported_after_restart() {
     ));
     let cfg = instance_config(&w, &gl, "");
     let child = start(&w, &cfg);
-    let started = common::wait_until(Duration::from_secs(180), || {
-        gl.job(id)
-            .is_some_and(|j| j.trace_text().contains("started-doomed"))
-    });
+    let started = trace_shows(&gl, id, "started-doomed");
     assert!(started, "job never started");
     common::signal(child.id(), "KILL");
     let _ = common::wait_with_timeout(child, Duration::from_secs(30));
@@ -575,10 +570,7 @@ async fn a_final_state_gitlab_missed_is_sent_after_a_restart() {
     ));
     let cfg = instance_config(&w, &gl, "");
     let child = start(&w, &cfg);
-    let started = common::wait_until(Duration::from_secs(180), || {
-        gl.job(id)
-            .is_some_and(|j| j.trace_text().contains("started-unlucky"))
-    });
+    let started = trace_shows(&gl, id, "started-unlucky");
     assert!(started, "job never started");
     // GitLab goes away before the job ends, and the manager is stopped while it still is.
     gl.set_outage(Outage::Unavailable);
