@@ -778,6 +778,16 @@ pub struct Loaded {
     pub warnings: Vec<Problem>,
 }
 
+/// The manager's state directory: `.slipway-state` beside `config` (the taskscaler stores,
+/// the `system_id`, the GitLab sources' outboxes).
+pub fn state_dir(config: &Path) -> PathBuf {
+    config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join(".slipway-state")
+}
+
 /// Read and check a config file.
 pub async fn load(path: &Path) -> Result<Loaded, ConfigError> {
     let file = path.display().to_string();

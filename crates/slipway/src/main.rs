@@ -567,7 +567,7 @@ async fn run_manager(
     let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
     let opts = runner::StartOptions {
         plugin_dir,
-        state_dir: Some(config_dir(config_path).join(".slipway-state")),
+        state_dir: Some(config::state_dir(config_path)),
         metrics: Some(families.clone()),
         concurrent: loaded.config.concurrent,
         ..runner::StartOptions::default()
@@ -627,10 +627,7 @@ async fn run_manager(
         };
         if gitlab::serves_gitlab(cfg) {
             let opts = gitlab::SourceOptions {
-                system_id_path: config_dir(config_path)
-                    .join(".slipway-state")
-                    .join("system_id"),
-                state_dir: config_dir(config_path).join(".slipway-state"),
+                state_dir: config::state_dir(config_path),
                 check_interval: std::time::Duration::from_secs(
                     match loaded.config.check_interval {
                         0 => 3,

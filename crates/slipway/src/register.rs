@@ -122,16 +122,6 @@ pub enum RegisterError {
     },
 }
 
-/// Where the manager's `system_id` lives: `.slipway-state/system_id` beside config.toml, the
-/// file `slipway run` uses, so the runner GitLab sees at registration is the one that runs.
-pub fn system_id_path(config: &Path) -> PathBuf {
-    let dir = config
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    dir.join(".slipway-state").join("system_id")
-}
-
 /// Options the runner-token flow cannot take: GitLab keeps them with the runner created in its
 /// UI (GitLab Runner refuses them the same way).
 fn ui_only_options(o: &RegisterOptions) -> Vec<&'static str> {
@@ -231,9 +221,11 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
                     refused.join(", ")
                 )));
             }
-            let system_id = SystemId::load_or_create(&system_id_path(&args.config))
-                .await
-                .map_err(RegisterError::SystemId)?;
+            let system_id = SystemId::load_or_create(&crate::gitlab::system_id_path(
+                &crate::config::state_dir(&args.config),
+            ))
+            .await
+            .map_err(RegisterError::SystemId)?;
             let mut creds = client
                 .verify(token, &system_id)
                 .await

@@ -24,7 +24,7 @@
 //! restarted manager sends what is left (a job that was running is reported
 //! `runner_system_failure`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
@@ -63,6 +63,11 @@ fn state_key(id: u64, token: &Secret, url: &str) -> String {
     slipway_taskscaler::store::runner_dir_name(&format!("{}|{who}", url.trim_end_matches('/')))
 }
 
+/// Where the manager's `system_id` lives in its state directory (`run` and `register` agree).
+pub fn system_id_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("system_id")
+}
+
 /// Whether `cfg` takes its jobs from GitLab: an `http(s)://` `url` and a `token`.
 pub fn serves_gitlab(cfg: &RunnerConfig) -> bool {
     let url = cfg.url.trim();
@@ -77,9 +82,8 @@ pub fn key_of(id: u64) -> String {
 /// Settings of one runner's GitLab source.
 #[derive(Debug, Clone)]
 pub struct SourceOptions {
-    /// Where the manager's `system_id` file lives.
-    pub system_id_path: PathBuf,
-    /// The manager's state directory: each runner keeps its outbox and git working copies in
+    /// The manager's state directory: its `system_id` is there ([`system_id_path`]), and each
+    /// runner keeps its outbox and git working copies in
     /// `gitlab/<runner id or short token>-<URL hash>/` there.
     pub state_dir: PathBuf,
     /// Pause after a job request without a job (global `check_interval`).
@@ -202,7 +206,7 @@ pub async fn serve(
         source,
     })?;
     let token = Secret::new(cfg.token.trim());
-    let system_id = SystemId::load_or_create(&opts.system_id_path)
+    let system_id = SystemId::load_or_create(&system_id_path(&opts.state_dir))
         .await
         .map_err(|source| SourceError::SystemId {
             runner: name.clone(),
