@@ -33,6 +33,8 @@ pub struct Sources {
 #[derive(Debug)]
 pub struct GitSources {
     root: PathBuf,
+    /// Set once the root exists with its mode.
+    root_ready: tokio::sync::OnceCell<()>,
     /// `clone_url`: fetch from this scheme and host instead of the payload's.
     clone_url: Option<String>,
     locks: std::sync::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
@@ -124,6 +126,7 @@ impl GitSources {
         Self {
             root: root.into(),
             clone_url: clone_url.filter(|u| !u.trim().is_empty()),
+            root_ready: tokio::sync::OnceCell::new(),
             locks: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -164,7 +167,7 @@ impl GitSources {
                 ));
             }
             let result = tokio::select! {
-                r = self.get_once(job, strategy, depth, trace) => r,
+                r = self.get_once(job, strategy == Strategy::Fetch, depth, trace) => r,
                 _ = cancel.cancelled() => return fail(trace, "canceled while getting the sources".into()),
             };
             match result {
@@ -175,24 +178,30 @@ impl GitSources {
         fail(trace, format!("getting the sources failed: {last}"))
     }
 
-    /// Creates the root, readable by its owner only.
+    /// Creates the root (and its `tmp`), readable by its owner only; once per runner.
     async fn make_root(&self) -> Result<(), String> {
-        tokio::fs::create_dir_all(&self.root)
+        self.root_ready
+            .get_or_try_init(|| async {
+                let tmp = self.root.join("tmp");
+                tokio::fs::create_dir_all(&tmp)
+                    .await
+                    .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt as _;
+                    let private = std::fs::Permissions::from_mode(0o700);
+                    let _ = tokio::fs::set_permissions(&self.root, private).await;
+                }
+                Ok(())
+            })
             .await
-            .map_err(|e| format!("creating {}: {e}", self.root.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt as _;
-            let _ = tokio::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700))
-                .await;
-        }
-        Ok(())
+            .map(|_| ())
     }
 
     async fn get_once(
         &self,
         job: &JobResponse,
-        strategy: Strategy,
+        fetch: bool,
         depth: u32,
         trace: &mut Trace,
     ) -> Result<Sources, String> {
@@ -200,51 +209,43 @@ impl GitSources {
             0 => trace.message("Fetching changes..."),
             d => trace.message(&format!("Fetching changes with git depth set to {d}...")),
         }
-        match strategy {
-            Strategy::Fetch => {
-                let dir = self.root.join(match job.job_info.project_id {
-                    0 => format!("job-{}", job.id),
-                    p => format!("project-{p}"),
-                });
-                let lock = {
-                    let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-                    locks.entry(dir.clone()).or_default().clone()
-                };
-                let _held = lock.lock().await;
-                self.make_root().await?;
-                let result =
-                    checkout(job, &dir, depth, true, self.clone_url.as_deref(), trace).await;
-                if result.is_err() {
-                    // A broken working copy is not reused: the next job starts afresh.
-                    let _ = tokio::fs::remove_dir_all(&dir).await;
-                }
-                result
+        if fetch {
+            let dir = self.root.join(match job.job_info.project_id {
+                0 => format!("job-{}", job.id),
+                p => format!("project-{p}"),
+            });
+            let lock = {
+                let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+                locks.entry(dir.clone()).or_default().clone()
+            };
+            let _held = lock.lock().await;
+            self.make_root().await?;
+            let result = checkout(job, &dir, depth, true, self.clone_url.as_deref(), trace).await;
+            if result.is_err() {
+                // A broken working copy is not reused: the next job starts afresh.
+                let _ = tokio::fs::remove_dir_all(&dir).await;
             }
-            Strategy::Clone | Strategy::None => {
-                let tmp = self.root.join("tmp");
-                self.make_root().await?;
-                tokio::fs::create_dir_all(&tmp)
-                    .await
-                    .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
-                let dir = tempfile::Builder::new()
-                    .prefix(&format!("job-{}-", job.id))
-                    .tempdir_in(&tmp)
-                    .map_err(|e| format!("creating a directory in {}: {e}", tmp.display()))?;
-                let result = checkout(
-                    job,
-                    dir.path(),
-                    depth,
-                    false,
-                    self.clone_url.as_deref(),
-                    trace,
-                )
-                .await;
-                let path = dir.keep();
-                // Removing a whole tree blocks: off the runtime's threads.
-                let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
-                result
-            }
+            return result;
         }
+        let tmp = self.root.join("tmp");
+        self.make_root().await?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("job-{}-", job.id))
+            .tempdir_in(&tmp)
+            .map_err(|e| format!("creating a directory in {}: {e}", tmp.display()))?;
+        let result = checkout(
+            job,
+            dir.path(),
+            depth,
+            false,
+            self.clone_url.as_deref(),
+            trace,
+        )
+        .await;
+        let path = dir.keep();
+        // Removing a whole tree blocks: off the runtime's threads.
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+        result
     }
 }
 
