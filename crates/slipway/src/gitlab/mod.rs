@@ -466,29 +466,14 @@ async fn redeliver(
             _ = stop.cancelled() => return Some(update),
             _ = tokio::time::sleep(delay) => {}
         }
-        let update_id = update.job_id;
-        match source
-            .client
-            .finish_job(update, UpdateRetryPolicy::default(), &stop)
-            .await
-        {
-            FinishOutcome::Accepted => {
-                tracing::info!(runner = %source.runner.name, job = update_id,
+        let id = update.job_id;
+        match source.deliver(update, &stop).await {
+            None => {
+                tracing::info!(runner = %source.runner.name, job = id,
                     "final job state delivered after retries");
-                source.settle(update_id).await;
                 return None;
             }
-            FinishOutcome::JobGone { .. } => {
-                source.settle(update_id).await;
-                return None;
-            }
-            FinishOutcome::Undelivered {
-                update: u,
-                last_error,
-            } => {
-                log_undelivered(&source.runner.name, &u, last_error.as_ref());
-                update = u;
-            }
+            Some(u) => update = u,
         }
     }
 }
@@ -551,6 +536,32 @@ async fn reserve_provisional(
 }
 
 impl Source {
+    /// Sends a final state (retried per [`UpdateRetryPolicy`]); once GitLab has it, or no longer
+    /// wants it, the job leaves the outbox. Hands the update back when it was not delivered.
+    async fn deliver(&self, update: PendingUpdate, stop: &CancellationToken) -> Leftover {
+        let id = update.job_id;
+        match self
+            .client
+            .finish_job(update, UpdateRetryPolicy::default(), stop)
+            .await
+        {
+            FinishOutcome::Accepted => {
+                self.settle(id).await;
+                None
+            }
+            FinishOutcome::JobGone { status } => {
+                tracing::info!(runner = %self.runner.name, job = id, status,
+                    "GitLab no longer has the job; its final state is not needed");
+                self.settle(id).await;
+                None
+            }
+            FinishOutcome::Undelivered { update, last_error } => {
+                log_undelivered(&self.runner.name, &update, last_error.as_ref());
+                Some(update)
+            }
+        }
+    }
+
     /// Drops job `id` from the outbox: GitLab has its final state.
     async fn settle(&self, id: u64) {
         if let Err(e) = self.outbox.settled(id).await {
@@ -763,30 +774,14 @@ async fn run_job(
     let update = PendingUpdate::new(&job, state, reason, exit_code, output);
     tracing::info!(runner = %runner.name, job = job.id, ?state,
         failure_reason = ?update.failure_reason, ?exit_code, "job finished");
-    match source
-        .client
-        .finish_job(update, UpdateRetryPolicy::default(), &stop)
-        .await
+    let left = source.deliver(update, &stop).await;
+    if let Some(update) = &left
+        && let Err(e) = source.outbox.pending(update).await
     {
-        FinishOutcome::Accepted => {
-            source.settle(job.id).await;
-            None
-        }
-        FinishOutcome::JobGone { status } => {
-            tracing::info!(runner = %runner.name, job = job.id, status,
-                "GitLab no longer has the job; its final state is not needed");
-            source.settle(job.id).await;
-            None
-        }
-        FinishOutcome::Undelivered { update, last_error } => {
-            log_undelivered(&runner.name, &update, last_error.as_ref());
-            if let Err(e) = source.outbox.pending(&update).await {
-                tracing::error!(runner = %runner.name, job = job.id, error = %e,
-                    "cannot keep the final job state in the outbox; it is retried until shutdown only");
-            }
-            Some(update)
-        }
+        tracing::error!(runner = %runner.name, job = job.id, error = %e,
+            "cannot keep the final job state in the outbox; it is retried until shutdown only");
     }
+    left
 }
 
 /// Admission (isolation and resource request), reservation under the job's key, slot, run.
