@@ -107,6 +107,13 @@ fn assert_no_token(run: &Run, token: &str) {
     );
 }
 
+/// `slipway register -c config --url url` with `args`.
+fn run_register(w: &World, config: &str, url: &str, args: &[&str]) -> Run {
+    let mut all = vec!["register", "-c", config, "--url", url];
+    all.extend_from_slice(args);
+    slipway(w, &all)
+}
+
 fn verify_clean(w: &World, config: &str) -> Run {
     let run = slipway(w, &["verify-config", "-c", config]);
     assert_eq!(run.code, Some(0), "{}", run.explain());
@@ -121,14 +128,11 @@ fn legacy_registration_creates_a_private_config() {
     let (url, seen) = gitlab();
     let config = w.path().join("config.toml");
     let cfg = config.display().to_string();
-    let run = slipway(
+    let run = run_register(
         &w,
+        &cfg,
+        &url,
         &[
-            "register",
-            "-c",
-            &cfg,
-            "--url",
-            &url,
             "--registration-token",
             REGISTRATION_TOKEN,
             "--name",
@@ -183,14 +187,11 @@ fn token_registration_appends_and_keeps_the_file() {
     let config = w.write("config.toml", original);
     let cfg = config.display().to_string();
     for name in ["ui-1", "ui-2"] {
-        let run = slipway(
+        let run = run_register(
             &w,
+            &cfg,
+            &url,
             &[
-                "register",
-                "-c",
-                &cfg,
-                "--url",
-                &url,
                 "--token",
                 UI_TOKEN,
                 "--name",
@@ -244,19 +245,9 @@ fn refused_tokens_say_so_and_write_nothing() {
     let config = w.path().join("config.toml");
     let cfg = config.display().to_string();
     let register = |flag: &str, token: &str, extra: &[&str]| {
-        let mut args = vec![
-            "register",
-            "-c",
-            &cfg,
-            "--url",
-            &url,
-            flag,
-            token,
-            "--executor",
-            "shell",
-        ];
+        let mut args = vec![flag, token, "--executor", "shell"];
         args.extend_from_slice(extra);
-        slipway(&w, &args)
+        run_register(&w, &cfg, &url, &args)
     };
     let refused = |run: &Run, says: &str, token: &str| {
         assert_ne!(run.code, Some(0), "{}", run.explain());
