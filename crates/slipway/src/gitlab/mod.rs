@@ -84,7 +84,7 @@ pub fn key_of(id: u64) -> String {
 pub struct SourceOptions {
     /// The manager's state directory: its `system_id` is there ([`system_id_path`]), and each
     /// runner keeps its outbox and git working copies in
-    /// `gitlab/<runner id or short token>-<URL hash>/` there.
+    /// `gitlab/<dir>/` there, named from `URL|runner id` (or the short token).
     pub state_dir: PathBuf,
     /// Pause after a job request without a job (global `check_interval`).
     pub check_interval: Duration,
