@@ -1,0 +1,1 @@
+//! Guest agent wire frames (in progress).

@@ -1,0 +1,1 @@
+//! cloud_hypervisor backend (in progress).

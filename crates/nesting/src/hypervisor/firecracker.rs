@@ -1,0 +1,1 @@
+//! firecracker backend (in progress).

@@ -1,0 +1,1 @@
+//! qemu backend (in progress).

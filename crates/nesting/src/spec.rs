@@ -1,0 +1,150 @@
+//! The declarative description of one VM, rendered by each backend into its own form (a QEMU
+//! argv, Firecracker API calls, a Cloud Hypervisor `vm.create` body).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Isolation level of a VM: a microVM (minimal machine, initramfs root) or a general VM (a
+/// standard machine type booting a disk image).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// `-M microvm`, Firecracker, Cloud Hypervisor: virtio-mmio devices, direct kernel boot.
+    Microvm,
+    /// A general machine (QEMU q35) with a root disk image.
+    Vm,
+}
+
+impl Level {
+    /// The level's name as written in configs and image manifests.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Microvm => "microvm",
+            Level::Vm => "vm",
+        }
+    }
+}
+
+/// Which accelerator runs the guest's CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// QEMU's software emulation (10–50× slower).
+    Tcg,
+}
+
+impl Accel {
+    /// The accelerator's name as QEMU spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// Disk image format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskFormat {
+    /// A plain file (Firecracker and Cloud Hypervisor read only this).
+    Raw,
+    /// QEMU copy-on-write format (backing files make branches cheap).
+    Qcow2,
+}
+
+/// One block device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disk {
+    /// Device id (`rootfs`, `work`).
+    pub id: String,
+    /// File on the host.
+    pub path: PathBuf,
+    /// Its format.
+    pub format: DiskFormat,
+    /// Mounted as the guest's root file system.
+    pub root: bool,
+    /// Guest may not write.
+    pub read_only: bool,
+}
+
+/// How the host talks to the guest agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AgentChannel {
+    /// A virtio-serial port named `name`, exposed on the host as a unix socket the hypervisor
+    /// listens on (QEMU `-chardev socket,server=on`).
+    VirtioSerial {
+        /// Port name the agent looks for in `/sys/class/virtio-ports/*/name`.
+        name: String,
+        /// Host socket.
+        socket: PathBuf,
+    },
+    /// Firecracker / Cloud Hypervisor hybrid vsock: a host unix socket; the host writes
+    /// `CONNECT <port>\n` to reach the guest's listener on `port`.
+    Vsock {
+        /// Guest context id (≥ 3).
+        cid: u32,
+        /// Guest port the agent listens on.
+        port: u32,
+        /// Host socket.
+        socket: PathBuf,
+    },
+}
+
+impl AgentChannel {
+    /// The host-side unix socket.
+    pub fn socket(&self) -> &std::path::Path {
+        match self {
+            AgentChannel::VirtioSerial { socket, .. } | AgentChannel::Vsock { socket, .. } => {
+                socket
+            }
+        }
+    }
+}
+
+/// Everything a backend needs to start (or restore) one VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmSpec {
+    /// The VM's id (also names its process, e.g. `slipway-vm-<id>`).
+    pub id: String,
+    /// microvm or vm.
+    pub level: Level,
+    /// Virtual CPUs.
+    pub vcpus: u32,
+    /// Guest memory in MiB.
+    pub memory_mib: u32,
+    /// Kernel image.
+    pub kernel: PathBuf,
+    /// Initial ramdisk, if any.
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    pub cmdline: String,
+    /// Block devices, in guest order (`/dev/vda`, `/dev/vdb`, …).
+    pub disks: Vec<Disk>,
+    /// The guest agent's channel.
+    pub agent: AgentChannel,
+    /// Accelerator.
+    pub accel: Accel,
+    /// Directory for the VM's sockets, pid file and console log (short: unix socket paths are
+    /// limited to about 108 bytes).
+    pub run_dir: PathBuf,
+}
+
+/// What a backend can do; a caller checks before asking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Snapshot to files and restore in a new process.
+    pub snapshot: bool,
+    /// Host↔guest vsock.
+    pub vsock: bool,
+    /// Pause and resume vCPUs.
+    pub pause: bool,
+    /// Runs without KVM (software emulation).
+    pub without_kvm: bool,
+    /// Restores memory lazily (page faults served from the snapshot file).
+    pub lazy_restore: bool,
+}
