@@ -20,6 +20,19 @@ if [ "$what" = test ]; then
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 fi
 
+# microvm / vm isolation: QEMU, the guest kernel and the image tools (`slipway image build`).
+vm_missing=()
+if [ "$what" = test ]; then
+  have qemu-system-x86_64 || vm_missing+=(qemu-system-x86)
+  have qemu-img || vm_missing+=(qemu-utils)
+  # The guest needs a static busybox (no libc in its initramfs).
+  { ldd /bin/busybox 2>&1 || true; } | grep -q 'not a dynamic' || vm_missing+=(busybox-static)
+  have cpio || vm_missing+=(cpio)
+  have debootstrap || vm_missing+=(debootstrap)
+  have mke2fs || vm_missing+=(e2fsprogs)
+  ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || vm_missing+=(linux-image-cloud-amd64)
+fi
+
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "deps: installing ${missing[*]}"
@@ -28,6 +41,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "deps: missing Debian packages: ${missing[*]}" >&2
     echo "deps: install them with: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+if [ ${#vm_missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "deps: installing ${vm_missing[*]}"
+    apt-get update -qq
+    # One at a time: busybox-static replaces busybox, which apt refuses inside a larger request
+    # on some systems ("held broken packages").
+    for p in "${vm_missing[@]}"; do
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null
+    done
+  else
+    echo "deps: missing Debian packages: ${vm_missing[*]}" >&2
+    echo "deps: install them with: sudo apt-get install ${vm_missing[*]}" >&2
     exit 1
   fi
 fi

@@ -1,4 +1,4 @@
-//! The SSH client: dial, authenticate, run commands with streamed output.
+//! The SSH client: dial, authenticate, run commands with streamed output, reach unix sockets.
 
 use std::fmt;
 use std::future::Future;
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use russh::client::{Config, Handle};
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
-use russh::{ChannelMsg, Disconnect, Sig};
+use russh::{ChannelMsg, ChannelOpenFailure, Disconnect, Sig};
 use slipway_fleeting::ConnectInfo;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::error::{ConnectError, HostKeyStoreError};
 use crate::hostkeys::{Check, HostKeyStore, fingerprint};
-use crate::stream::ExecStream;
+use crate::stream::{ExecStream, ForwardedStream};
 use crate::{DEFAULT_KEEPALIVE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT, KEEPALIVE_MAX};
 
 /// Runner-side dial settings (GitLab's `connector.DialOptions`).
@@ -305,6 +305,26 @@ impl Client {
         Ok(ExecStream::new(channel.into_stream(), command.to_string()))
     }
 
+    /// Connect to the unix socket at `path` on the instance, through its sshd (OpenSSH's
+    /// `direct-streamlocal@openssh.com` channel), and hand back the connection as a byte
+    /// stream. Several may be open at once on one client, next to running commands.
+    pub async fn open_unix(&self, path: &str) -> Result<ForwardedStream, ConnectError> {
+        let channel = self
+            .handle
+            .channel_open_direct_streamlocal(path)
+            .await
+            .map_err(|e| match e {
+                russh::Error::ChannelOpenFailure(why) => ConnectError::UnixSocketRefused {
+                    instance: self.instance.clone(),
+                    addr: self.addr.clone(),
+                    path: path.to_owned(),
+                    reason: open_failure_reason(&why),
+                },
+                e => self.channel_error(e),
+            })?;
+        Ok(ForwardedStream::new(channel.into_stream(), path.to_owned()))
+    }
+
     /// Run a command and collect its whole output: `(status, stdout, stderr)`.
     pub async fn run_capture(
         &self,
@@ -416,6 +436,26 @@ async fn collect(
                 });
             }
         }
+    }
+}
+
+/// What a refused `direct-streamlocal` channel most likely means; OpenSSH sends only the code.
+fn open_failure_reason(why: &ChannelOpenFailure) -> String {
+    match why {
+        ChannelOpenFailure::AdministrativelyProhibited => {
+            "administratively prohibited (is AllowStreamLocalForwarding disabled in sshd_config?)"
+                .into()
+        }
+        // OpenSSH sends this one both when the socket cannot be connected to and when
+        // forwarding is disabled.
+        ChannelOpenFailure::ConnectFailed => "connect failed (no socket at that path, nothing \
+            listening on it, or AllowStreamLocalForwarding disabled in sshd_config)"
+            .into(),
+        ChannelOpenFailure::UnknownChannelType => {
+            "the server does not support unix socket forwarding".into()
+        }
+        ChannelOpenFailure::ResourceShortage => "the server is short of resources".into(),
+        ChannelOpenFailure::Other { code, reason } => format!("code {code}: {reason}"),
     }
 }
 

@@ -103,6 +103,19 @@ pub enum ConnectError {
         /// What the server said.
         reason: String,
     },
+    /// The instance's sshd would not connect to a unix socket there: nothing listens at the
+    /// path, or stream-local forwarding is disabled (`AllowStreamLocalForwarding no`).
+    #[error("instance {instance} at {addr}: cannot open unix socket {path}: {reason}")]
+    UnixSocketRefused {
+        /// Instance id.
+        instance: String,
+        /// Address dialled.
+        addr: String,
+        /// Socket path on the instance.
+        path: String,
+        /// What the server said, with the likely cause.
+        reason: String,
+    },
     /// The command did not finish within its timeout; its channel was closed.
     #[error("instance {instance} at {addr}: command timed out after {timeout:?}")]
     Timeout {

@@ -5,7 +5,9 @@
 //! plugin handed out. [`Client::run`] executes one command per SSH channel and streams its
 //! stdout/stderr live; several runs may share one connection. [`Client::open_stream`] turns a
 //! command's stdin/stdout into a byte stream ([`ExecStream`]) for tunnels such as
-//! `docker system dial-stdio`.
+//! `docker system dial-stdio`. [`Client::open_unix`] connects to a unix socket on the instance
+//! through its sshd ([`ForwardedStream`]), for agents that listen on one (the nesting daemon's
+//! gRPC socket, a VM agent's socket).
 //!
 //! [`ConnectInfo`]: slipway_fleeting::ConnectInfo
 
@@ -17,7 +19,7 @@ mod stream;
 pub use client::{Client, DialOptions, ExitStatus, Output, RunOptions};
 pub use error::{ConnectError, HostKeyStoreError};
 pub use hostkeys::HostKeyStore;
-pub use stream::ExecStream;
+pub use stream::{ExecStream, ForwardedStream};
 
 /// Dial timeout used when the connector config leaves it at zero.
 pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use slipway_connector::{Client, ConnectError, DialOptions, HostKeyStore, Output, RunOptions};
+use slipway_connector::{
+    Client, ConnectError, DialOptions, ForwardedStream, HostKeyStore, Output, RunOptions,
+};
 use slipway_fleeting::{ConnectInfo, ConnectorConfig};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -50,10 +52,17 @@ struct Sshd {
     dir: tempfile::TempDir,
     port: u16,
     child: Option<Child>,
+    /// Extra sshd_config lines.
+    extra: String,
 }
 
 impl Sshd {
     async fn start() -> Sshd {
+        Sshd::start_with("").await
+    }
+
+    /// Start with `extra` appended to the sshd_config.
+    async fn start_with(extra: &str) -> Sshd {
         ensure_sshd();
         std::fs::create_dir_all("/run/sshd").unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -65,6 +74,7 @@ impl Sshd {
             dir,
             port: 0,
             child: None,
+            extra: extra.to_owned(),
         };
         sshd.spawn(None).await;
         sshd
@@ -92,7 +102,8 @@ impl Sshd {
                      AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\n\
                      StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
                      PermitRootLogin prohibit-password\nMaxSessions 64\nMaxStartups 64:30:128\n\
-                     LogLevel ERROR\n"
+                     LogLevel ERROR\n{}",
+                    self.extra
                 ),
             )
             .unwrap();
@@ -492,4 +503,200 @@ async fn a_command_as_a_byte_stream_carries_data_both_ways() {
     n.unwrap();
     assert!(back == big);
     client.close().await;
+}
+
+/// A unix socket echo server in its own temp dir: each connection gets back what it sends,
+/// then EOF once it has sent EOF.
+struct EchoSocket {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EchoSocket {
+    fn start() -> EchoSocket {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("echo.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let (mut r, mut w) = conn.into_split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    // Our EOF after theirs: the client's reader must see it.
+                    let _ = tokio::io::AsyncWriteExt::shutdown(&mut w).await;
+                });
+            }
+        });
+        EchoSocket {
+            _dir: dir,
+            path,
+            task,
+        }
+    }
+
+    fn path(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+}
+
+impl Drop for EchoSocket {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Send `line` and read until the echoed line is back.
+async fn echo_line(stream: &mut ForwardedStream, line: &str) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    stream.write_all(line.as_bytes()).await.unwrap();
+    stream.flush().await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while got.len() < line.len() {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got, line.as_bytes());
+}
+
+#[test]
+fn a_forwarded_stream_can_carry_grpc() {
+    // What tonic's connector and hyper's TokioIo ask of a transport.
+    fn transport<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static>() {}
+    transport::<ForwardedStream>();
+}
+
+#[tokio::test]
+async fn a_unix_socket_through_sshd_carries_data_both_ways_and_eof() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let sshd = Sshd::start().await;
+    let echo = EchoSocket::start();
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+
+    let mut stream = client.open_unix(echo.path()).await.unwrap();
+    assert_eq!(stream.path(), echo.path());
+    for line in ["{\"ping\":1}\n", "{\"ping\":2}\n"] {
+        echo_line(&mut stream, line).await;
+    }
+    // Our EOF reaches the server, whose EOF then reaches us.
+    stream.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest))
+        .await
+        .expect("EOF did not come back")
+        .unwrap();
+    assert!(rest.is_empty());
+
+    // Bulk data both ways at once: flow control in both directions.
+    let stream = client.open_unix(echo.path()).await.unwrap();
+    let big: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut r, mut w) = tokio::io::split(stream);
+    let send = async {
+        w.write_all(&big).await.unwrap();
+        w.shutdown().await.unwrap();
+    };
+    let mut back = Vec::new();
+    let recv = r.read_to_end(&mut back);
+    let (_, n) = tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(send, recv) })
+        .await
+        .expect("bulk echo hung");
+    n.unwrap();
+    assert!(back == big);
+
+    // The connection still runs commands next to forwarded sockets.
+    let (st, out, _) = client.run_capture("echo ok", Vec::new()).await.unwrap();
+    assert!(st.success());
+    assert_eq!(out, b"ok\n");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn the_far_side_closing_a_unix_socket_reaches_the_reader() {
+    use tokio::io::AsyncReadExt as _;
+    let sshd = Sshd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bye.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    // A server that says one thing and hangs up without reading.
+    let server = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut conn, b"bye\n")
+            .await
+            .unwrap();
+    });
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let mut stream = client.open_unix(path.to_str().unwrap()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut got))
+        .await
+        .expect("the server's close did not reach the reader")
+        .unwrap();
+    assert_eq!(got, b"bye\n");
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn two_unix_streams_at_once_stay_apart() {
+    let sshd = Sshd::start().await;
+    let echo = EchoSocket::start();
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let mut a = client.open_unix(echo.path()).await.unwrap();
+    let mut b = client.open_unix(echo.path()).await.unwrap();
+    // Interleaved: each stream gets back only its own bytes.
+    for i in 0..5 {
+        echo_line(&mut a, &format!("a{i}\n")).await;
+        echo_line(&mut b, &format!("b{i}\n")).await;
+    }
+    tokio::join!(
+        echo_line(&mut a, "together a\n"),
+        echo_line(&mut b, "together b\n")
+    );
+    drop(a);
+    // Closing one leaves the other working.
+    echo_line(&mut b, "still here\n").await;
+}
+
+#[tokio::test]
+async fn a_missing_unix_socket_is_an_error_naming_the_path() {
+    let sshd = Sshd::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nobody-listens.sock");
+    let missing = missing.to_str().unwrap();
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let err = client.open_unix(missing).await.unwrap_err();
+    match &err {
+        ConnectError::UnixSocketRefused { instance, path, .. } => {
+            assert_eq!(instance, "inst-1");
+            assert_eq!(path, missing);
+        }
+        other => panic!("expected UnixSocketRefused, got {other}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains(missing) && msg.contains("inst-1"), "{msg}");
+    // The refusal is per channel: the connection carries on.
+    let echo = EchoSocket::start();
+    let mut ok = client.open_unix(echo.path()).await.unwrap();
+    echo_line(&mut ok, "after\n").await;
+}
+
+#[tokio::test]
+async fn forwarding_disabled_in_sshd_is_an_error_naming_the_path() {
+    let sshd = Sshd::start_with("AllowStreamLocalForwarding no\n").await;
+    let echo = EchoSocket::start();
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    let err = client.open_unix(echo.path()).await.unwrap_err();
+    assert!(
+        matches!(&err, ConnectError::UnixSocketRefused { path, .. } if path == echo.path()),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains(echo.path()) && msg.contains("AllowStreamLocalForwarding"),
+        "{msg}"
+    );
 }

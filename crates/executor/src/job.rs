@@ -44,6 +44,10 @@ pub struct JobRunner {
     /// The runner's cache directory on the host (under `$HOME` unless absolute); `None`: the
     /// job's `cache:` entries are skipped with a warning.
     pub cache_dir: Option<String>,
+    /// Leave the job's directory in place after the job (a VM that is deleted or kept as a
+    /// snapshot afterwards: removing files first would only cost time, or lose the state a
+    /// developer wants to debug).
+    pub keep_files: bool,
 }
 
 /// Prefix of the lines a teardown script prints for the job's trace.
@@ -58,6 +62,7 @@ impl Default for JobRunner {
             prepare: String::new(),
             teardown: String::new(),
             cache_dir: None,
+            keep_files: false,
         }
     }
 }
@@ -478,6 +483,9 @@ impl JobRunner {
     }
 
     async fn cleanup(&self, host: &dyn Host, dirs: &JobDirs, trace: &mut Trace) {
+        if self.keep_files {
+            return;
+        }
         if let Err(msg) = housekeeping(
             host,
             &script::cleanup_script(dirs),

@@ -9,6 +9,8 @@
 //!   by alias on a per-job network, everything removed after the job.
 //! - [`custom`]: GitLab's `custom` executor — user-supplied driver executables per stage.
 //! - [`instance`]: GitLab's `instance` executor — bash over SSH on an autoscaled instance.
+//! - [`nesting`]: the `microvm` and `vm` levels — a VM per job from the instance's nesting
+//!   daemon, kept as a snapshot when the job asks.
 //! - [`isolation`]: the isolation level a job gets, within what its runner allows.
 //! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
 //! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
@@ -22,6 +24,7 @@ pub mod host;
 pub mod instance;
 pub mod isolation;
 pub mod job;
+pub mod nesting;
 pub mod outcome;
 pub mod script;
 pub mod trace;
@@ -36,5 +39,6 @@ pub use host::{Host, LocalHost, SshHost};
 pub use instance::{InstanceExecutor, RunContext};
 pub use isolation::{Isolation, IsolationPolicy};
 pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
+pub use nesting::{GuestHost, NestingConfig, NestingExecutor};
 pub use outcome::{FailureReason, JobOutcome};
 pub use trace::{Masker, Trace};

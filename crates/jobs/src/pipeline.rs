@@ -1,11 +1,38 @@
 //! Local pipeline files: a subset of `.gitlab-ci.yml`, read strictly.
 //!
 //! Supported: top-level `stages`, `default` (`before_script`, `after_script`, `timeout`, `image`,
-//! `tags`, `isolation`), `variables`, the deprecated global `image` / `before_script` /
-//! `after_script`, hidden templates (keys starting with `.`), and jobs with `stage`, `variables`,
-//! `before_script`, `script`, `after_script`, `needs`, `when`, `allow_failure`, `extends`,
-//! `artifacts` (`paths`, `when`), `timeout`, `image`, `isolation` (a Slipway extension) and
-//! `tags`. YAML anchors, aliases and `<<` merge keys work.
+//! `tags`, `services`, `isolation`, `snapshot: on_failure`), `variables`, the deprecated global
+//! `image` / `before_script` / `after_script`, hidden templates (keys starting with `.`), and jobs
+//! with `stage`, `variables`, `before_script`, `script`, `after_script`, `needs`, `when`,
+//! `allow_failure`, `extends`, `artifacts` (`paths`, `when`), `timeout`, `image`, `services`,
+//! `tags`, `parallel` and the Slipway extensions below. YAML anchors, aliases and `<<` merge keys
+//! work.
+//!
+//! `parallel:` expands a job as GitLab does, into at most 200 jobs, each with `CI_NODE_INDEX`
+//! (1-based) and `CI_NODE_TOTAL`:
+//!
+//! - `parallel: N` (2 to 200): jobs `name 1/N` ... `name N/N`.
+//! - `parallel: matrix: [{VAR: value or [values], ...}, ...]`: one job per combination of values
+//!   within each entry (the first variable varying slowest), entries one after the other, named
+//!   `name: [v1, v2]` with the values in the order the variables are written, and the variables
+//!   set on the job (over its own of the same name).
+//!
+//! `needs: [name]` naming a parallel job waits for all of its jobs; a single one can be named in
+//! full (`needs: ["test 2/3"]`).
+//!
+//! Slipway extensions, which travel to the executor as job variables (a variable the job sets
+//! itself wins):
+//!
+//! - `isolation: LEVEL` → `SLIPWAY_ISOLATION` ([`ISOLATION_VARIABLE`]).
+//! - `snapshot: on_failure` → `SLIPWAY_SNAPSHOT=on_failure` ([`SNAPSHOT_VARIABLE`]): keep the
+//!   instance's state when the job fails. Also allowed in `default:`.
+//! - `snapshot: {save: NAME}` → `SLIPWAY_SNAPSHOT_SAVE=NAME` ([`SNAPSHOT_SAVE_VARIABLE`]): save
+//!   the state under `NAME` when the job ends.
+//! - `restore: NAME` → `SLIPWAY_RESTORE=NAME` ([`RESTORE_VARIABLE`]): start from a saved state.
+//!
+//! A snapshot `NAME` is 1 to 64 of `A-Z a-z 0-9 . _ -` (not `.` or `..`), after `$VAR` and
+//! `${VAR}` are replaced with the job's variables (its own, global ones, matrix values and
+//! `CI_NODE_INDEX`), so each job of a matrix can save its own; an undefined variable is an error.
 //!
 //! Nothing is silently dropped: a GitLab keyword this reader does not implement is an error
 //! (listing all of them, with file, line and key path) unless
@@ -28,6 +55,19 @@ pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
 /// The stages a pipeline has when it does not list its own (GitLab's defaults).
 pub const DEFAULT_STAGES: [&str; 5] = [".pre", "build", "test", "deploy", ".post"];
 
+/// Variable that carries `isolation:` to the executor.
+pub const ISOLATION_VARIABLE: &str = "SLIPWAY_ISOLATION";
+/// Variable that carries `snapshot: on_failure` to the executor (value `on_failure`).
+pub const SNAPSHOT_VARIABLE: &str = "SLIPWAY_SNAPSHOT";
+/// Variable that carries `snapshot: {save: NAME}` to the executor (value `NAME`).
+pub const SNAPSHOT_SAVE_VARIABLE: &str = "SLIPWAY_SNAPSHOT_SAVE";
+/// Variable that carries `restore: NAME` to the executor (value `NAME`).
+pub const RESTORE_VARIABLE: &str = "SLIPWAY_RESTORE";
+/// Most jobs one `parallel:` may make, and the largest `parallel: N` (GitLab's limit).
+pub const MAX_PARALLEL: u32 = 200;
+
+/// Longest snapshot name accepted.
+const MAX_SNAPSHOT_NAME: usize = 64;
 /// Deepest `extends` chain accepted (GitLab's limit).
 const MAX_EXTENDS_DEPTH: usize = 11;
 /// Deepest nesting of script lists accepted (GitLab's limit).
@@ -50,6 +90,9 @@ const JOB_KEYS: &[&str] = &[
     "isolation",
     "services",
     "tags",
+    "parallel",
+    "snapshot",
+    "restore",
 ];
 /// GitLab job keywords this reader does not implement (yet).
 const JOB_KEYS_UNSUPPORTED: &[&str] = &[
@@ -67,7 +110,6 @@ const JOB_KEYS_UNSUPPORTED: &[&str] = &[
     "manual_confirmation",
     "only",
     "pages",
-    "parallel",
     "release",
     "resource_group",
     "retry",
@@ -86,6 +128,7 @@ const DEFAULT_KEYS: &[&str] = &[
     "tags",
     "isolation",
     "services",
+    "snapshot",
 ];
 /// GitLab `default:` keywords this reader does not implement (yet).
 const DEFAULT_KEYS_UNSUPPORTED: &[&str] = &[
@@ -205,8 +248,34 @@ pub struct PipelineJob {
     pub services: Vec<Image>,
     /// Runner tags.
     pub tags: Vec<String>,
+    /// Which job of a `parallel:` expansion this is; `None` for a job without `parallel:`.
+    pub parallel: Option<ParallelInstance>,
+    /// `snapshot:` (Slipway extension), with `$VAR`s in a save name already replaced.
+    pub snapshot: Option<Snapshot>,
+    /// `restore:` (Slipway extension): the snapshot to start from, `$VAR`s replaced.
+    pub restore: Option<String>,
     /// Line of the job's key in the file.
     pub line: usize,
+}
+
+/// One job of a `parallel:` expansion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParallelInstance {
+    /// The job's name as written in the file (without ` 1/3` or `: [a, b]`).
+    pub job: String,
+    /// 1-based position among the expansion's jobs (`CI_NODE_INDEX`).
+    pub index: u32,
+    /// Number of jobs in the expansion (`CI_NODE_TOTAL`).
+    pub total: u32,
+}
+
+/// What `snapshot:` asks the executor to keep of the instance's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Snapshot {
+    /// `on_failure`: keep it when the job fails ([`SNAPSHOT_VARIABLE`]).
+    OnFailure,
+    /// `{save: NAME}`: save it under this name when the job ends ([`SNAPSHOT_SAVE_VARIABLE`]).
+    Save(String),
 }
 
 /// A parsed pipeline file.
@@ -317,12 +386,24 @@ impl PipelineJob {
         ];
         variables.extend(self.variables.iter().cloned());
         variables.extend(extra_variables.iter().cloned());
-        // `isolation:` travels as the variable a GitLab job would set; a variable of the job's
-        // own wins.
-        if let Some(level) = &self.isolation
-            && !variables.iter().any(|v| v.key == "SLIPWAY_ISOLATION")
-        {
-            variables.push(Variable::new("SLIPWAY_ISOLATION", level.clone()));
+        // Slipway's keys travel as the variables a GitLab job would set; a variable of the
+        // job's own wins.
+        let mut extensions = Vec::new();
+        if let Some(level) = &self.isolation {
+            extensions.push((ISOLATION_VARIABLE, level.as_str()));
+        }
+        match &self.snapshot {
+            Some(Snapshot::OnFailure) => extensions.push((SNAPSHOT_VARIABLE, "on_failure")),
+            Some(Snapshot::Save(name)) => extensions.push((SNAPSHOT_SAVE_VARIABLE, name.as_str())),
+            None => {}
+        }
+        if let Some(name) = &self.restore {
+            extensions.push((RESTORE_VARIABLE, name.as_str()));
+        }
+        for (key, value) in extensions {
+            if !variables.iter().any(|v| v.key == key) {
+                variables.push(Variable::new(key, value));
+            }
         }
 
         let mut steps = vec![Step {
@@ -489,9 +570,30 @@ struct Defaults {
     tags: Option<Vec<String>>,
     isolation: Option<String>,
     services: Option<Vec<Image>>,
+    /// Only ever `on_failure`: a saved snapshot is named per job.
+    snapshot: Option<SnapshotSpec>,
+}
+
+/// The variables one `parallel: matrix:` job gets, in the order they are written.
+type MatrixVars = Vec<(String, String)>;
+
+/// `parallel:` as read.
+enum ParallelSpec {
+    /// `parallel: N`.
+    Count(u32),
+    /// `parallel: matrix:`: each job's variables, in job order.
+    Matrix(Vec<MatrixVars>),
+}
+
+/// `snapshot:` as written: a save name may still hold `$VAR`s, replaced per job.
+#[derive(Clone)]
+enum SnapshotSpec {
+    OnFailure,
+    Save { name: String, line: usize },
 }
 
 /// A need as written, with its line, checked once all jobs are known.
+#[derive(Clone)]
 struct RawNeed {
     job: String,
     artifacts: bool,
@@ -667,8 +769,8 @@ impl Reader<'_> {
             let Some(node) = self.resolve(&e.key, &defs, &mut memo, &mut stack) else {
                 continue;
             };
-            if let Some(job) = self.job(&e.key, e.key_line, &node, &defaults, &global_vars) {
-                raw_jobs.push(job);
+            if let Some(jobs) = self.job(&e.key, e.key_line, &node, &defaults, &global_vars) {
+                raw_jobs.extend(jobs);
             }
         }
 
@@ -680,7 +782,33 @@ impl Reader<'_> {
         let stage_list = stages.join(", ");
         let mut jobs: Vec<PipelineJob> = Vec::new();
         let mut needs_raw: Vec<Option<Vec<RawNeed>>> = Vec::new();
+        let mut taken: HashMap<String, Option<String>> = HashMap::new();
         for mut raw in raw_jobs {
+            // YAML already refuses duplicate keys, but a `parallel:` expansion can make a name
+            // that is taken (by a job, by another expansion, or twice by a matrix).
+            let origin = raw.job.parallel.as_ref().map(|p| p.job.clone());
+            if let Some(first) = taken.get(&raw.job.name) {
+                let name = &raw.job.name;
+                let msg = match (&origin, first) {
+                    (Some(me), Some(other)) if me == other => format!(
+                        "{}: parallel:matrix: makes the job \"{name}\" twice",
+                        ctx_for(me)
+                    ),
+                    (Some(me), _) => format!(
+                        "{}: parallel: makes a job named \"{name}\", a name already taken",
+                        ctx_for(me)
+                    ),
+                    (None, Some(other)) => format!(
+                        "{}: the name is already taken by a job of parallel job \"{other}\"",
+                        ctx_for(name)
+                    ),
+                    // Unreachable (duplicate keys are YAML errors); said plainly all the same.
+                    (None, None) => format!("{}: duplicate job name", ctx_for(name)),
+                };
+                self.error(raw.job.line, msg);
+                continue;
+            }
+            taken.insert(raw.job.name.clone(), origin);
             match stages.iter().position(|s| *s == raw.job.stage) {
                 Some(i) => raw.job.stage_index = i,
                 None => self.error(
@@ -695,18 +823,28 @@ impl Reader<'_> {
             jobs.push(raw.job);
             needs_raw.push(raw.needs);
         }
-        let index: HashMap<String, usize> = jobs
-            .iter()
-            .enumerate()
-            .map(|(i, j)| (j.name.clone(), i))
-            .collect();
+        // A need names a job, or else a parallel job as written: then all the jobs it made.
+        let mut by_name: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut by_parallel: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, j) in jobs.iter().enumerate() {
+            by_name.insert(j.name.as_str(), vec![i]);
+            if let Some(p) = &j.parallel {
+                by_parallel.entry(p.job.as_str()).or_default().push(i);
+            }
+        }
         let mut edges: Vec<Vec<(usize, usize)>> = vec![Vec::new(); jobs.len()];
+        let mut resolved: Vec<Option<Vec<Need>>> = vec![None; jobs.len()];
         for (i, raw) in needs_raw.into_iter().enumerate() {
             let Some(raw) = raw else { continue };
             let ctx = ctx_for(&jobs[i].name);
-            let mut needs = Vec::new();
+            let mut needs: Vec<Need> = Vec::new();
+            let mut written: HashSet<String> = HashSet::new();
             for n in raw {
-                match index.get(&n.job) {
+                let targets = by_name
+                    .get(n.job.as_str())
+                    .or_else(|| by_parallel.get(n.job.as_str()))
+                    .map_or(&[][..], Vec::as_slice);
+                match targets.first() {
                     None if n.optional => {}
                     None => self.error(n.line, format!("{ctx}: needs: unknown job \"{}\"", n.job)),
                     Some(&t) if jobs[t].stage_index > jobs[i].stage_index => self.error(
@@ -716,23 +854,34 @@ impl Reader<'_> {
                             n.job, jobs[t].stage, jobs[i].stage
                         ),
                     ),
-                    Some(&t) => {
-                        if needs.iter().any(|x: &Need| x.job == n.job) {
+                    Some(_) => {
+                        if !written.insert(n.job.clone()) {
                             self.error(
                                 n.line,
                                 format!("{ctx}: needs: \"{}\" is listed twice", n.job),
                             );
                             continue;
                         }
-                        edges[i].push((t, n.line));
-                        needs.push(Need {
-                            job: n.job,
-                            artifacts: n.artifacts,
-                        });
+                        for &t in targets {
+                            // A job named both alone and through its parallel job counts once.
+                            if needs.iter().any(|x| x.job == jobs[t].name) {
+                                continue;
+                            }
+                            edges[i].push((t, n.line));
+                            needs.push(Need {
+                                job: jobs[t].name.clone(),
+                                artifacts: n.artifacts,
+                            });
+                        }
                     }
                 }
             }
-            jobs[i].needs = Some(needs);
+            resolved[i] = Some(needs);
+        }
+        for (job, needs) in jobs.iter_mut().zip(resolved) {
+            if needs.is_some() {
+                job.needs = needs;
+            }
         }
         self.check_need_cycles(&jobs, &edges);
         Pipeline {
@@ -921,6 +1070,19 @@ impl Reader<'_> {
                 "tags" => d.tags = self.string_list("default: tags", v),
                 "isolation" => d.isolation = self.string("default: isolation", v),
                 "services" => d.services = self.services("default: services", v),
+                "snapshot" => match self.snapshot("default", v) {
+                    Some(SnapshotSpec::Save { line, .. }) => self.error(
+                        line,
+                        "default: snapshot: only on_failure is allowed here \
+                         (a saved snapshot is named on each job)",
+                    ),
+                    spec => d.snapshot = spec,
+                },
+                // Not a GitLab keyword, so "unknown key" would mislead: say why it is refused.
+                "restore" => self.error(
+                    e.key_line,
+                    "default: restore: not allowed here (name the snapshot to restore on each job)",
+                ),
                 k if DEFAULT_KEYS_UNSUPPORTED.contains(&k) => {
                     self.unsupported(e.key_line, "default", k)
                 }
@@ -942,7 +1104,7 @@ impl Reader<'_> {
         node: &Node,
         defaults: &Defaults,
         global_vars: &[Variable],
-    ) -> Option<RawJob> {
+    ) -> Option<Vec<RawJob>> {
         let ctx = ctx_for(name);
         let entries = node.as_map()?;
         let mut job = PipelineJob {
@@ -963,6 +1125,9 @@ impl Reader<'_> {
             isolation: None,
             services: Vec::new(),
             tags: Vec::new(),
+            parallel: None,
+            snapshot: None,
+            restore: None,
             line,
         };
         let mut stage_line = line;
@@ -970,6 +1135,7 @@ impl Reader<'_> {
         let (mut before, mut after, mut script) = (None, None, None);
         let (mut timeout, mut image, mut tags, mut isolation) = (None, None, None, None);
         let mut services = None;
+        let (mut parallel, mut snapshot, mut restore) = (None, None, None);
         let mut own_vars = Vec::new();
         let mut failed = false;
         for e in entries {
@@ -1020,6 +1186,17 @@ impl Reader<'_> {
                 "isolation" => isolation = self.string(&what, v),
                 "services" => services = self.services(&what, v),
                 "tags" => tags = self.string_list(&what, v),
+                // A bad `parallel:` is reported and the job kept whole, so that jobs needing it
+                // do not add "unknown job" errors.
+                "parallel" => parallel = self.parallel(&ctx, v),
+                "snapshot" => snapshot = self.snapshot(&ctx, v),
+                "restore" => match v.as_scalar() {
+                    Some(name) => restore = Some((name.to_string(), v.line)),
+                    None => self.error(
+                        v.line,
+                        format!("{what}: expected a snapshot name, found {}", v.describe()),
+                    ),
+                },
                 k if JOB_KEYS_UNSUPPORTED.contains(&k) => self.unsupported(e.key_line, &ctx, k),
                 k => self.unknown(e.key_line, &ctx, k, &[JOB_KEYS, JOB_KEYS_UNSUPPORTED]),
             }
@@ -1054,11 +1231,320 @@ impl Reader<'_> {
             .cloned()
             .collect();
         job.variables.extend(own_vars);
-        Some(RawJob {
+        let snapshot = snapshot.or_else(|| defaults.snapshot.clone());
+        let base = RawJob {
             job,
             stage_line,
             needs,
-        })
+        };
+        Some(self.instances(base, parallel, snapshot, restore))
+    }
+
+    /// The jobs `base` stands for: one per `parallel:` combination (or just itself), each with
+    /// its variables and its snapshot names resolved.
+    fn instances(
+        &mut self,
+        base: RawJob,
+        parallel: Option<ParallelSpec>,
+        snapshot: Option<SnapshotSpec>,
+        restore: Option<(String, usize)>,
+    ) -> Vec<RawJob> {
+        let name = base.job.name.clone();
+        // (job name, CI_NODE_INDEX, matrix variables)
+        let plan: Vec<(String, u32, MatrixVars)> = match parallel {
+            None => vec![(name.clone(), 0, Vec::new())],
+            Some(ParallelSpec::Count(n)) => (1..=n)
+                .map(|i| (format!("{name} {i}/{n}"), i, Vec::new()))
+                .collect(),
+            Some(ParallelSpec::Matrix(sets)) => (1u32..)
+                .zip(sets)
+                .map(|(i, vars)| {
+                    let values: Vec<&str> = vars.iter().map(|(_, v)| v.as_str()).collect();
+                    (format!("{name}: [{}]", values.join(", ")), i, vars)
+                })
+                .collect(),
+        };
+        let total = u32::try_from(plan.len()).unwrap_or(u32::MAX);
+        let mut out = Vec::with_capacity(plan.len());
+        // One report per key of the job as written, not one per job it expands to.
+        let (mut bad_snapshot, mut bad_restore) = (false, false);
+        for (instance_name, index, matrix_vars) in plan {
+            let mut raw = RawJob {
+                job: base.job.clone(),
+                stage_line: base.stage_line,
+                needs: base.needs.as_ref().map(|n| n.to_vec()),
+            };
+            let job = &mut raw.job;
+            if index > 0 {
+                job.name = instance_name;
+                job.parallel = Some(ParallelInstance {
+                    job: name.clone(),
+                    index,
+                    total,
+                });
+                // Matrix values replace the job's variables of the same name, as in GitLab.
+                for (key, value) in matrix_vars {
+                    job.variables.retain(|v| v.key != key);
+                    job.variables.push(Variable::new(key, value));
+                }
+                // Predefined, so a variable of the job's own of the same name wins.
+                let mut node_vars = Vec::new();
+                for (key, value) in [("CI_NODE_INDEX", index), ("CI_NODE_TOTAL", total)] {
+                    if !job.variables.iter().any(|v| v.key == key) {
+                        node_vars.push(Variable::new(key, value.to_string()));
+                    }
+                }
+                job.variables.splice(0..0, node_vars);
+            }
+            let ctx = ctx_for(&job.name);
+            job.snapshot = match &snapshot {
+                None => None,
+                Some(SnapshotSpec::OnFailure) => Some(Snapshot::OnFailure),
+                Some(SnapshotSpec::Save { name, line }) => {
+                    match snapshot_name(name, &job.variables) {
+                        Ok(n) => Some(Snapshot::Save(n)),
+                        Err(why) => {
+                            if !bad_snapshot {
+                                self.error(*line, format!("{ctx}: snapshot:save: {why}"));
+                            }
+                            bad_snapshot = true;
+                            None
+                        }
+                    }
+                }
+            };
+            job.restore = match &restore {
+                None => None,
+                Some((name, line)) => match snapshot_name(name, &job.variables) {
+                    Ok(n) => Some(n),
+                    Err(why) => {
+                        if !bad_restore {
+                            self.error(*line, format!("{ctx}: restore: {why}"));
+                        }
+                        bad_restore = true;
+                        None
+                    }
+                },
+            };
+            out.push(raw);
+        }
+        out
+    }
+
+    /// `parallel: N` or `parallel: matrix: [...]`.
+    fn parallel(&mut self, ctx: &str, node: &Node) -> Option<ParallelSpec> {
+        let expected =
+            format!("a whole number from 2 to {MAX_PARALLEL} or a mapping with \"matrix\"");
+        if let Some(text) = node.as_scalar() {
+            if node.as_bool().is_none()
+                && let Ok(n) = text.parse::<u64>()
+            {
+                if (2..=u64::from(MAX_PARALLEL)).contains(&n) {
+                    return u32::try_from(n).ok().map(ParallelSpec::Count);
+                }
+                self.error(
+                    node.line,
+                    format!("{ctx}: parallel: {n} is out of range (2 to {MAX_PARALLEL})"),
+                );
+                return None;
+            }
+            self.error(
+                node.line,
+                format!("{ctx}: parallel: expected {expected}, found {text:?}"),
+            );
+            return None;
+        }
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: parallel: expected {expected}, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let mut matrix = None;
+        for e in entries {
+            match e.key.as_str() {
+                "matrix" => matrix = self.matrix(ctx, e.key_line, &e.value),
+                k => self.error(
+                    e.key_line,
+                    format!("{ctx}: parallel: unknown key \"{k}\" (expected matrix)"),
+                ),
+            }
+        }
+        if node.get("matrix").is_none() {
+            self.error(node.line, format!("{ctx}: parallel: missing \"matrix\""));
+        }
+        matrix.map(ParallelSpec::Matrix)
+    }
+
+    /// `parallel: matrix:`: the variables of each job it makes, GitLab's order (entries in turn;
+    /// within one, the cartesian product with the first variable varying slowest). `key_line`:
+    /// where `matrix:` is, for problems of the whole list.
+    fn matrix(&mut self, ctx: &str, key_line: usize, node: &Node) -> Option<Vec<MatrixVars>> {
+        let what = format!("{ctx}: parallel:matrix");
+        let Some(items) = node.as_list() else {
+            self.error(
+                node.line,
+                format!(
+                    "{what}: expected a list of mappings of variables to values, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        if items.is_empty() {
+            self.error(node.line, format!("{what}: expected at least one entry"));
+            return None;
+        }
+        let mut ok = true;
+        let mut axes_per_entry = Vec::new();
+        for (i, item) in (1usize..).zip(items) {
+            let Some(vars) = item.as_map() else {
+                self.error(
+                    item.line,
+                    format!(
+                        "{what}: entry {i}: expected a mapping of variables to values, found {}",
+                        item.describe()
+                    ),
+                );
+                ok = false;
+                continue;
+            };
+            if vars.is_empty() {
+                self.error(
+                    item.line,
+                    format!("{what}: entry {i}: expected at least one variable"),
+                );
+                ok = false;
+                continue;
+            }
+            let mut axes: Vec<(String, Vec<String>)> = Vec::new();
+            for v in vars {
+                let values: Option<Vec<String>> = match &v.value.kind {
+                    Kind::Seq(list) => list
+                        .iter()
+                        .map(|x| x.as_scalar().map(str::to_string))
+                        .collect(),
+                    _ => v.value.as_scalar().map(|x| vec![x.to_string()]),
+                };
+                match values {
+                    Some(values) if values.is_empty() => {
+                        self.error(
+                            v.key_line,
+                            format!("{what}: entry {i}: {} must not be an empty list", v.key),
+                        );
+                        ok = false;
+                    }
+                    Some(values) => axes.push((v.key.clone(), values)),
+                    None => {
+                        self.error(
+                            v.key_line,
+                            format!(
+                                "{what}: entry {i}: {} must be a string or a list of strings",
+                                v.key
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            axes_per_entry.push(axes);
+        }
+        if !ok {
+            return None;
+        }
+        // Count before building: a few long lists multiply into a huge number of jobs.
+        let count = axes_per_entry.iter().fold(0usize, |sum, axes| {
+            let product = axes
+                .iter()
+                .fold(1usize, |p, (_, values)| p.saturating_mul(values.len()));
+            sum.saturating_add(product)
+        });
+        if count > MAX_PARALLEL as usize {
+            let shown = if count == usize::MAX {
+                "too many".to_string()
+            } else {
+                count.to_string()
+            };
+            self.error(
+                key_line,
+                format!("{what}: makes {shown} jobs, more than the limit of {MAX_PARALLEL}"),
+            );
+            return None;
+        }
+        let mut jobs = Vec::with_capacity(count);
+        for axes in axes_per_entry {
+            let mut combos: Vec<MatrixVars> = vec![Vec::new()];
+            for (key, values) in axes {
+                let mut next = Vec::with_capacity(combos.len() * values.len());
+                for combo in &combos {
+                    for v in &values {
+                        let mut c = combo.clone();
+                        c.push((key.clone(), v.clone()));
+                        next.push(c);
+                    }
+                }
+                combos = next;
+            }
+            jobs.extend(combos);
+        }
+        Some(jobs)
+    }
+
+    /// `snapshot: on_failure` or `snapshot: {save: NAME}`; `ctx` names the job or `default`.
+    fn snapshot(&mut self, ctx: &str, node: &Node) -> Option<SnapshotSpec> {
+        let expected = "on_failure or {save: NAME}";
+        if let Some(text) = node.as_scalar() {
+            if text == "on_failure" {
+                return Some(SnapshotSpec::OnFailure);
+            }
+            self.error(
+                node.line,
+                format!("{ctx}: snapshot: unknown value {text:?} (expected {expected})"),
+            );
+            return None;
+        }
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: snapshot: expected {expected}, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let mut spec = None;
+        for e in entries {
+            match e.key.as_str() {
+                "save" => match e.value.as_scalar() {
+                    Some(name) => {
+                        spec = Some(SnapshotSpec::Save {
+                            name: name.to_string(),
+                            line: e.value.line,
+                        })
+                    }
+                    None => self.error(
+                        e.value.line,
+                        format!(
+                            "{ctx}: snapshot:save: expected a snapshot name, found {}",
+                            e.value.describe()
+                        ),
+                    ),
+                },
+                k => self.error(
+                    e.key_line,
+                    format!("{ctx}: snapshot: unknown key \"{k}\" (expected save)"),
+                ),
+            }
+        }
+        if node.get("save").is_none() {
+            self.error(node.line, format!("{ctx}: snapshot: missing \"save\""));
+        }
+        spec
     }
 
     fn artifacts(&mut self, ctx: &str, node: &Node, job: &mut PipelineJob) {
@@ -1500,6 +1986,70 @@ impl Reader<'_> {
         }
         out
     }
+}
+
+/// A snapshot name from `template`, with `$VAR` and `${VAR}` replaced by `vars` (the last of a
+/// name wins), checked: 1 to 64 of `A-Z a-z 0-9 . _ -`, and not `.` or `..` (it may become a
+/// file name). The error says what is wrong, naming the template.
+fn snapshot_name(template: &str, vars: &[Variable]) -> Result<String, String> {
+    let name = expand_vars(template, vars)
+        .map_err(|var| format!("variable \"{var}\" in {template:?} is not defined for this job"))?;
+    let valid = (1..=MAX_SNAPSHOT_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && name != "."
+        && name != "..";
+    if valid {
+        return Ok(name);
+    }
+    let from = if name == template {
+        String::new()
+    } else {
+        format!(" (from {template:?})")
+    };
+    Err(format!(
+        "invalid snapshot name {name:?}{from}: expected 1 to {MAX_SNAPSHOT_NAME} letters, \
+         digits, \".\", \"_\" or \"-\" (not \".\" or \"..\")"
+    ))
+}
+
+/// Replaces `$VAR` and `${VAR}` in `text` with the value of the last variable of that name in
+/// `vars` (one level: values are not expanded again). A `$` not starting a name stays as it is.
+/// `Err` carries the first name that is not defined.
+fn expand_vars(text: &str, vars: &[Variable]) -> Result<String, String> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (var, consumed) = if let Some(braced) = after.strip_prefix('{') {
+            match braced.find('}') {
+                Some(end) if end > 0 && braced[..end].chars().all(is_name) => {
+                    (&braced[..end], end + 2)
+                }
+                _ => ("", 0),
+            }
+        } else {
+            let end = after.find(|c: char| !is_name(c)).unwrap_or(after.len());
+            (&after[..end], end)
+        };
+        if var.is_empty() {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        let value = vars
+            .iter()
+            .rev()
+            .find(|v| v.key == var)
+            .ok_or_else(|| var.to_string())?;
+        out.push_str(&value.value);
+        rest = &after[consumed..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Splits `job "x": image` into (`job "x"`, `image`); a bare key has context `top level`.

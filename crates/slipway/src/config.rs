@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+use slipway_executor::NestingConfig;
 
 /// The configuration Slipway uses when none is given (`slipway exec` without `-c`).
 pub const EMBEDDED: &str = include_str!("embedded.toml");
@@ -202,7 +203,8 @@ pub struct InstanceConfig {
     pub use_common_build_dir: bool,
 }
 
-/// `[runners.autoscaler.vm_isolation]`: parsed; nesting VMs are not supported yet.
+/// `[runners.autoscaler.vm_isolation]`: a nesting VM per job (the `microvm` and `vm` levels of
+/// the `instance` executor).
 #[derive(Clone, Deserialize, Default)]
 #[serde(default)]
 pub struct VmIsolationConfig {
@@ -214,6 +216,12 @@ pub struct VmIsolationConfig {
     pub nesting_config: toml::Table,
     /// VM image of jobs that name none.
     pub image: String,
+    /// Slipway: VM image of `microvm` jobs that name none (default: `image`).
+    pub microvm_image: String,
+    /// Slipway: VM image of `vm` jobs that name none (default: `image`).
+    pub vm_image: String,
+    /// Slipway: builds directory inside VMs.
+    pub builds_dir: String,
     /// `[runners.autoscaler.vm_isolation.connector_config]`: how to reach the nested VM.
     pub connector_config: ConnectorConfigToml,
 }
@@ -250,13 +258,46 @@ pub fn supported_isolation(executor: &str) -> &'static [slipway_executor::Isolat
 }
 
 impl RunnerConfig {
+    /// The executor's settings for the `microvm` and `vm` levels, when `vm_isolation` is
+    /// enabled.
+    pub fn nesting_config(&self) -> Option<NestingConfig> {
+        let v = self
+            .autoscaler
+            .as_ref()
+            .and_then(|a| a.vm_isolation.as_ref())
+            .filter(|v| v.enabled)?;
+        let pick = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        Some(NestingConfig {
+            socket: v
+                .nesting_host
+                .strip_prefix("unix://")
+                .unwrap_or(&v.nesting_host)
+                .to_string(),
+            init_config: serde_json::to_vec(&v.nesting_config).unwrap_or_else(|_| b"{}".to_vec()),
+            image: pick(&v.image),
+            microvm_image: pick(&v.microvm_image),
+            vm_image: pick(&v.vm_image),
+            allowed_images: self
+                .instance
+                .as_ref()
+                .map(|i| i.allowed_images.clone())
+                .unwrap_or_default(),
+            builds_dir: pick(&v.builds_dir).unwrap_or_else(|| "/work/builds".into()),
+            cache_dir: "/work/cache".into(),
+        })
+    }
+
     /// What jobs of this runner may ask for, and get when they ask for nothing; an error
     /// names the key and the problem.
     pub fn isolation_policy(
         &self,
     ) -> Result<slipway_executor::IsolationPolicy, (&'static str, String)> {
         use slipway_executor::Isolation;
-        let supported = supported_isolation(&self.executor);
+        let mut supported = supported_isolation(&self.executor).to_vec();
+        if self.executor == "instance" && self.nesting_config().is_some() {
+            supported.extend([Isolation::Microvm, Isolation::Vm]);
+        }
+        let supported = supported.as_slice();
         let allowed: Vec<Isolation> = match &self.allowed_isolation {
             None => supported.to_vec(),
             Some(names) => {
@@ -288,6 +329,10 @@ impl RunnerConfig {
             Some(n) => n.parse().map_err(|e| ("isolation", format!("{e}")))?,
             None if matches!(self.executor.as_str(), "docker" | "docker-autoscaler") => {
                 Isolation::Docker
+            }
+            // GitLab's vm_isolation puts every job in a VM.
+            None if self.executor == "instance" && self.nesting_config().is_some() => {
+                Isolation::Microvm
             }
             None if self.use_slot_cgroups => Isolation::Cgroup,
             None => Isolation::None,
@@ -1225,12 +1270,27 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
             );
         }
         if let Some(v) = &a.vm_isolation {
-            if v.enabled {
+            if v.enabled && r.executor != "instance" {
                 report(
                     at(&["autoscaler", "vm_isolation", "enabled"]),
-                    "VM isolation (nesting) is not supported yet; jobs run directly on the instance"
-                        .into(),
+                    format!(
+                        "VM isolation is supported with the instance executor only; {} jobs run without a VM",
+                        r.executor
+                    ),
                     false,
+                );
+            }
+            if v.enabled
+                && !v.nesting_host.starts_with("unix://")
+                && !v.nesting_host.starts_with('/')
+            {
+                report(
+                    at(&["autoscaler", "vm_isolation", "nesting_host"]),
+                    format!(
+                        "expected unix:///path/to/nesting.sock on the instance, got {:?}",
+                        v.nesting_host
+                    ),
+                    true,
                 );
             }
             missing_file(

@@ -3,7 +3,7 @@
 
 use slipway_executor::{
     CollectedArtifacts, CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner,
-    JobSlot, LocalHost, RunResult, SshHost, Steps, Trace, cgroup, isolation,
+    JobSlot, LocalHost, NestingExecutor, RunResult, SshHost, Steps, Trace, cgroup, isolation,
 };
 use slipway_jobs::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
@@ -259,7 +259,19 @@ async fn execute_on_instance(
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
-    let exec: Box<dyn Executor + '_> = if level == Isolation::Docker {
+    let exec: Box<dyn Executor + '_> = if matches!(level, Isolation::Microvm | Isolation::Vm) {
+        let Some(nesting) = runner.nesting.clone() else {
+            return no_result(config_error(format!(
+                "isolation {level} needs [runners.autoscaler.vm_isolation] enabled = true"
+            )));
+        };
+        Box::new(NestingExecutor {
+            client: client.clone(),
+            instance: acq.instance_id.clone(),
+            config: nesting,
+            level,
+        })
+    } else if level == Isolation::Docker {
         trace.message("Using isolation docker through the instance's Docker Engine");
         match runner
             .docker_executor(Some((&acq.instance_id, client.clone())))

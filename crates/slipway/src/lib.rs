@@ -8,6 +8,7 @@
 //! - [`git`]: a GitLab job's repository, fetched on the manager and shipped to the job.
 //! - [`gitlab`]: `slipway run`'s GitLab job source (runners with a `url` and a `token`).
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
+//! - [`vm`]: `slipway nesting`, `slipway image build` and `slipway debug`.
 //! - [`register`]: `slipway register`, GitLab's registration flows appending to config.toml.
 
 pub mod config;
@@ -22,3 +23,4 @@ pub mod register;
 pub mod request;
 pub mod runner;
 pub mod server;
+pub mod vm;

@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use slipway::config::{self, Loaded, RunnerConfig};
-use slipway::{consume, exec, gitlab, runner};
+use slipway::{consume, exec, gitlab, runner, vm};
 use slipway_jobs::queue::{Entry, JobState, Queue};
 
 #[derive(Debug, Parser)]
@@ -163,6 +163,117 @@ enum Command {
         #[arg(long)]
         maintenance_note: Option<String>,
     },
+    /// The nesting daemon (one VM per slot on an instance) and calls to it.
+    Nesting {
+        /// The daemon's unix socket.
+        #[arg(long, global = true, env = "SLIPWAY_NESTING_SOCKET", default_value = vm::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[command(subcommand)]
+        command: NestingCommand,
+    },
+    /// Guest images for the microvm and vm isolation levels.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// Step into a failed job's VM: restore the snapshot `snapshot: on_failure` kept, on this
+    /// machine, and open a shell in the job's directory (or run COMMAND there).
+    Debug {
+        /// The failed job's id (its snapshot is `job-<id>`), or a snapshot name.
+        job: String,
+        /// The nesting daemon's socket.
+        #[arg(long, env = "SLIPWAY_NESTING_SOCKET", default_value = vm::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// `nesting_config` JSON file, for a daemon not initialised yet.
+        #[arg(long)]
+        nesting_config: Option<PathBuf>,
+        /// Command to run instead of an interactive shell.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NestingCommand {
+    /// Serve nesting.v1 on the socket until SIGTERM; VMs outlive the daemon.
+    Serve {
+        /// VM records, disk layers and snapshots.
+        #[arg(long, default_value = vm::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Where images are found when the Init config names none.
+        #[arg(long, default_value = vm::DEFAULT_IMAGES_DIR)]
+        images_dir: PathBuf,
+    },
+    /// Configure the daemon with a nesting_config JSON file.
+    Init {
+        /// JSON file (`-`: stdin).
+        config: PathBuf,
+    },
+    /// Start a VM from an image.
+    Create {
+        /// Image name.
+        image: String,
+        /// Slot (a VM already there is stomped).
+        #[arg(long)]
+        slot: Option<i32>,
+    },
+    /// Delete a VM.
+    Delete {
+        /// VM id.
+        id: String,
+    },
+    /// List the running VMs.
+    List,
+    /// Delete every VM and forget the configuration.
+    Shutdown,
+    /// Save a VM as a snapshot (the VM stops).
+    Snapshot {
+        /// VM id.
+        vm: String,
+        /// Snapshot name.
+        name: String,
+    },
+    /// Start a VM from a snapshot.
+    Restore {
+        /// Snapshot name.
+        snapshot: String,
+        /// Slot (a VM already there is stomped).
+        #[arg(long)]
+        slot: Option<i32>,
+    },
+    /// List the snapshots.
+    Snapshots,
+    /// Delete a snapshot.
+    DeleteSnapshot {
+        /// Snapshot name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ImageCommand {
+    /// Build a bootable guest: Debian's cloud kernel, a busybox initramfs with the guest agent,
+    /// and a disk (an empty work disk for microvm, a debootstrap root for vm).
+    Build {
+        /// Image name.
+        #[arg(long)]
+        name: String,
+        /// `microvm` or `vm`.
+        #[arg(long, default_value = "microvm")]
+        level: String,
+        /// Images directory.
+        #[arg(long, default_value = vm::DEFAULT_IMAGES_DIR)]
+        images_dir: PathBuf,
+        /// The guest agent binary (default: slipway-guest-agent beside this binary).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// Kernel (default: the newest /boot/vmlinuz-*-cloud-amd64).
+        #[arg(long)]
+        kernel: Option<PathBuf>,
+        /// Cache for the debootstrap tree of vm images.
+        #[arg(long, default_value = "/var/cache/slipway/debootstrap")]
+        cache_dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -285,6 +396,29 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
             Ok(ExitCode::SUCCESS)
         }
         Command::Sim { .. } => Ok(ExitCode::SUCCESS),
+        Command::Nesting { socket, command } => nesting_command(&socket, command).await,
+        Command::Image { command } => image_command(command).await,
+        Command::Debug {
+            job,
+            socket,
+            nesting_config,
+            command,
+        } => {
+            let init_config = match nesting_config {
+                Some(p) => tokio::fs::read(&p)
+                    .await
+                    .with_context(|| format!("reading {}", p.display()))?,
+                None => b"{}".to_vec(),
+            };
+            let code = vm::debug(vm::DebugOptions {
+                job,
+                socket,
+                init_config,
+                command,
+            })
+            .await?;
+            Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+        }
         Command::VerifyConfig { config, plugin_dir } => verify_config(&config, plugin_dir).await,
         Command::Register {
             config,
@@ -725,4 +859,103 @@ async fn reload_policies(path: &Path, runners: &[Arc<runner::Runner>]) {
             Err(e) => tracing::warn!(runner = %r.name, error = %e, "reloaded policies refused"),
         }
     }
+}
+
+async fn nesting_command(
+    socket: &std::path::Path,
+    command: NestingCommand,
+) -> anyhow::Result<ExitCode> {
+    if let NestingCommand::Serve {
+        state_dir,
+        images_dir,
+    } = command
+    {
+        let stop = shutdown_signal()?;
+        let opts = slipway_nesting::daemon::DaemonOptions {
+            state_dir,
+            images_dir,
+        };
+        vm::serve(socket, opts, stop).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut client = vm::connect(socket).await?;
+    match command {
+        NestingCommand::Serve { .. } => {}
+        NestingCommand::Init { config } => {
+            let bytes = if config.as_os_str() == "-" {
+                let mut b = Vec::new();
+                tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut b).await?;
+                b
+            } else {
+                tokio::fs::read(&config)
+                    .await
+                    .with_context(|| format!("reading {}", config.display()))?
+            };
+            client.init(&bytes).await?;
+        }
+        NestingCommand::Create { image, slot } => {
+            let (vm, stomped) = client.create(&image, slot).await?;
+            if let Some(id) = stomped {
+                eprintln!("stomped VM {id}");
+            }
+            vm::print_vms(&[vm]);
+        }
+        NestingCommand::Delete { id } => client.delete(&id).await?,
+        NestingCommand::List => vm::print_vms(&client.list().await?),
+        NestingCommand::Shutdown => client.shutdown().await?,
+        NestingCommand::Snapshot { vm, name } => {
+            let (snap, expired) = client.snapshot(&vm, &name, Default::default()).await?;
+            vm::print_snapshots(&[snap]);
+            for e in expired {
+                eprintln!("removed snapshot {e}: retention limit exceeded");
+            }
+        }
+        NestingCommand::Restore { snapshot, slot } => {
+            let (vm, stomped) = client.restore(&snapshot, slot).await?;
+            if let Some(id) = stomped {
+                eprintln!("stomped VM {id}");
+            }
+            vm::print_vms(&[vm]);
+        }
+        NestingCommand::Snapshots => vm::print_snapshots(&client.list_snapshots().await?),
+        NestingCommand::DeleteSnapshot { name } => client.delete_snapshot(&name).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
+    let ImageCommand::Build {
+        name,
+        level,
+        images_dir,
+        agent,
+        kernel,
+        cache_dir,
+    } = command;
+    let level = match level.as_str() {
+        "microvm" => slipway_nesting::Level::Microvm,
+        "vm" => slipway_nesting::Level::Vm,
+        other => anyhow::bail!("--level: expected microvm or vm, got {other:?}"),
+    };
+    let agent = match agent {
+        Some(a) => a,
+        None => std::env::current_exe()
+            .context("locating this binary")?
+            .with_file_name("slipway-guest-agent"),
+    };
+    let mut opts = slipway_nesting::image::BuildOptions::new(name, level, images_dir, agent);
+    opts.kernel = kernel;
+    opts.cache_dir = cache_dir;
+    let manifest = slipway_nesting::image::build(&opts, &mut |p| {
+        eprintln!("{}", slipway_nesting::image::render_progress(&p));
+    })
+    .await?;
+    println!(
+        "built {} image {:?} in {} (kernel {})",
+        manifest.level.as_str(),
+        manifest.name,
+        opts.out_dir.join(&manifest.name).display(),
+        manifest.kernel_version
+    );
+    Ok(ExitCode::SUCCESS)
 }

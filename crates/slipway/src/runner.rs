@@ -16,7 +16,7 @@ use slipway_taskscaler::{
 
 use slipway_executor::cgroup::SlotCgroups;
 use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError};
-use slipway_executor::{CustomConfig, IsolationPolicy};
+use slipway_executor::{CustomConfig, IsolationPolicy, NestingConfig};
 
 use crate::localhost::LocalGroup;
 
@@ -47,6 +47,8 @@ pub struct Runner {
     pub docker: DockerConfig,
     /// `[runners.custom]`.
     pub custom: Option<CustomConfig>,
+    /// `[runners.autoscaler.vm_isolation]` for the `microvm` and `vm` levels.
+    pub nesting: Option<NestingConfig>,
     /// Its instance groups (one per shape) and where each job goes.
     pub placement: Placement,
     /// One plugin process per shape, in the placement's order.
@@ -143,6 +145,7 @@ impl Runner {
             local: false,
             docker,
             custom: cfg.custom.clone(),
+            nesting: cfg.nesting_config(),
             placement: Placement::new(shapes),
             plugins,
             pool,
@@ -318,6 +321,7 @@ fn start_local(
         local: true,
         docker,
         custom: cfg.custom.clone(),
+        nesting: None,
         placement: Placement::new(vec![Shape {
             name: "default".into(),
             scaler,

@@ -5,9 +5,11 @@
 //! - [`ensure_docker_engine`]: Docker Engine running and the local `slipway-busybox` image
 //!   built, through `scripts/docker-engine.sh`.
 //! - [`kill_tree`]: kill a process and every descendant.
+//! - [`guest::guest_image`]: QEMU and the image tools installed, a guest image built once.
 //! - [`gitlab::FakeGitlab`]: a stateful mock GitLab runner API on 127.0.0.1, with fault injection.
 
 pub mod gitlab;
+pub mod guest;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

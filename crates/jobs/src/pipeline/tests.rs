@@ -697,3 +697,593 @@ job:
         "{e:?}"
     );
 }
+
+fn names(p: &Pipeline) -> Vec<&str> {
+    p.jobs.iter().map(|j| j.name.as_str()).collect()
+}
+
+fn needs_of<'a>(p: &'a Pipeline, job: &str) -> Vec<(&'a str, bool)> {
+    p.job(job)
+        .unwrap()
+        .needs
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|n| (n.job.as_str(), n.artifacts))
+        .collect()
+}
+
+#[test]
+fn parallel_count_makes_numbered_jobs() {
+    let p = parse(
+        "\
+variables:
+  G: g
+build:
+  stage: build
+  script: make
+test:
+  parallel: 3
+  variables:
+    OWN: o
+  script: ./shard $CI_NODE_INDEX
+",
+    )
+    .unwrap();
+    assert_eq!(names(&p), ["build", "test 1/3", "test 2/3", "test 3/3"]);
+    for (i, name) in (1u32..).zip(["test 1/3", "test 2/3", "test 3/3"]) {
+        let j = p.job(name).unwrap();
+        assert_eq!(
+            j.parallel,
+            Some(ParallelInstance {
+                job: "test".into(),
+                index: i,
+                total: 3
+            })
+        );
+        assert_eq!(j.line, 6, "every job points at the job as written");
+        assert_eq!(j.script, ["./shard $CI_NODE_INDEX"]);
+        let vars: Vec<(&str, &str)> = j
+            .variables
+            .iter()
+            .map(|v| (v.key.as_str(), v.value.as_str()))
+            .collect();
+        let index = i.to_string();
+        assert_eq!(
+            vars,
+            [
+                ("CI_NODE_INDEX", index.as_str()),
+                ("CI_NODE_TOTAL", "3"),
+                ("G", "g"),
+                ("OWN", "o"),
+            ]
+        );
+        let payload = j.to_job_response(u64::from(i), 1, &[]);
+        assert_eq!(payload.job_info.name, name);
+        assert_eq!(payload.variable("CI_JOB_NAME"), Some(name));
+        assert_eq!(payload.variable("CI_NODE_INDEX"), Some(index.as_str()));
+        assert_eq!(payload.variable("CI_NODE_TOTAL"), Some("3"));
+    }
+    assert_eq!(p.job("build").unwrap().parallel, None);
+    assert_eq!(
+        p.job("build").unwrap().variable_value("CI_NODE_INDEX"),
+        None
+    );
+
+    // The limits: 2 and 200.
+    let p = parse("t: {parallel: 2, script: x}\n").unwrap();
+    assert_eq!(names(&p), ["t 1/2", "t 2/2"]);
+    let p = parse("t: {parallel: 200, script: x}\n").unwrap();
+    assert_eq!(p.jobs.len(), 200);
+    assert_eq!(p.jobs[199].name, "t 200/200");
+}
+
+#[test]
+fn parallel_matrix_names_and_variables_as_gitlab_does() {
+    let p = parse(
+        r#"
+deploy:
+  variables:
+    PROVIDER: own
+    KEEP: k
+  script: ./deploy
+  parallel:
+    matrix:
+      - PROVIDER: aws
+        STACK: [monitoring, app1]
+        PY: ["3.12", 3.13]
+      - PROVIDER: ovh
+      - PROVIDER: [gcp, vultr]
+        STACK: data
+"#,
+    )
+    .unwrap();
+    // Entries in turn; within one, the first variable varies slowest (Ruby's Array#product).
+    assert_eq!(
+        names(&p),
+        [
+            "deploy: [aws, monitoring, 3.12]",
+            "deploy: [aws, monitoring, 3.13]",
+            "deploy: [aws, app1, 3.12]",
+            "deploy: [aws, app1, 3.13]",
+            "deploy: [ovh]",
+            "deploy: [gcp, data]",
+            "deploy: [vultr, data]",
+        ]
+    );
+    let j = p.job("deploy: [aws, app1, 3.13]").unwrap();
+    assert_eq!(
+        j.parallel,
+        Some(ParallelInstance {
+            job: "deploy".into(),
+            index: 4,
+            total: 7
+        })
+    );
+    let vars: Vec<(&str, &str)> = j
+        .variables
+        .iter()
+        .map(|v| (v.key.as_str(), v.value.as_str()))
+        .collect();
+    // The matrix value replaces the job's own PROVIDER; no duplicates.
+    assert_eq!(
+        vars,
+        [
+            ("CI_NODE_INDEX", "4"),
+            ("CI_NODE_TOTAL", "7"),
+            ("KEEP", "k"),
+            ("PROVIDER", "aws"),
+            ("STACK", "app1"),
+            ("PY", "3.13"),
+        ]
+    );
+    let ovh = p.job("deploy: [ovh]").unwrap();
+    assert_eq!(ovh.variable_value("PROVIDER"), Some("ovh"));
+    assert_eq!(ovh.variable_value("STACK"), None);
+    assert_eq!(ovh.variable_value("CI_NODE_INDEX"), Some("5"));
+    let last = p.jobs[6].to_job_response(7, 1, &[]);
+    assert_eq!(last.variable("PROVIDER"), Some("vultr"));
+    assert_eq!(last.variable("STACK"), Some("data"));
+    assert_eq!(last.variable("CI_NODE_TOTAL"), Some("7"));
+}
+
+#[test]
+fn parallel_comes_through_extends_and_node_variables_yield_to_the_jobs_own() {
+    let p = parse(
+        "\
+.sharded:
+  parallel: 2
+t:
+  extends: .sharded
+  variables:
+    CI_NODE_TOTAL: mine
+  script: x
+",
+    )
+    .unwrap();
+    assert_eq!(names(&p), ["t 1/2", "t 2/2"]);
+    let t = p.job("t 2/2").unwrap();
+    assert_eq!(t.variable_value("CI_NODE_INDEX"), Some("2"));
+    assert_eq!(t.variable_value("CI_NODE_TOTAL"), Some("mine"));
+    assert_eq!(
+        t.variables
+            .iter()
+            .filter(|v| v.key == "CI_NODE_TOTAL")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn needs_on_a_parallel_job_means_all_of_its_jobs() {
+    let text = "\
+stages: [build, test, deploy]
+build:
+  stage: build
+  parallel:
+    matrix:
+      - ARCH: [amd64, arm64]
+  script: make
+test:
+  stage: test
+  parallel: 2
+  needs: [build]
+  script: make test
+one:
+  stage: test
+  needs: [\"build: [arm64]\"]
+  script: x
+both:
+  stage: deploy
+  needs:
+    - job: test
+      artifacts: false
+    - test 2/2
+  script: y
+later:
+  stage: deploy
+  script: z
+";
+    let p = parse(text).unwrap();
+    let builds = [("build: [amd64]", true), ("build: [arm64]", true)];
+    assert_eq!(needs_of(&p, "test 1/2"), builds);
+    assert_eq!(needs_of(&p, "test 2/2"), builds, "each job gets the needs");
+    assert_eq!(needs_of(&p, "one"), [("build: [arm64]", true)]);
+    // A job named alone as well as through its parallel job is needed once.
+    assert_eq!(
+        needs_of(&p, "both"),
+        [("test 1/2", false), ("test 2/2", false)]
+    );
+    assert_eq!(p.job("later").unwrap().needs, None);
+
+    // The run waits for every job of the parallel job.
+    let mut run = crate::run::PipelineRun::new(&p, None).unwrap();
+    let idx = |n: &str| p.job_index(n).unwrap();
+    let ready = |run: &crate::run::PipelineRun| -> Vec<String> {
+        run.ready()
+            .into_iter()
+            .map(|i| p.jobs[i].name.clone())
+            .collect()
+    };
+    assert_eq!(ready(&run), ["build: [amd64]", "build: [arm64]"]);
+    for n in ["build: [amd64]", "build: [arm64]"] {
+        run.start(idx(n)).unwrap();
+    }
+    run.finish(idx("build: [arm64]"), crate::run::JobStatus::Success)
+        .unwrap();
+    assert_eq!(ready(&run), ["one"], "test waits for both builds");
+    run.finish(idx("build: [amd64]"), crate::run::JobStatus::Success)
+        .unwrap();
+    assert_eq!(ready(&run), ["test 1/2", "test 2/2", "one"]);
+    run.start(idx("test 1/2")).unwrap();
+    run.finish(idx("test 1/2"), crate::run::JobStatus::Success)
+        .unwrap();
+    assert!(!ready(&run).contains(&"both".to_string()));
+    run.start(idx("test 2/2")).unwrap();
+    run.finish(idx("test 2/2"), crate::run::JobStatus::Success)
+        .unwrap();
+    assert!(ready(&run).contains(&"both".to_string()));
+
+    // A cycle through a parallel job is still found.
+    let e = errors("a:\n  parallel: 2\n  needs: [b]\n  script: x\nb:\n  needs: [a]\n  script: y\n");
+    assert!(
+        e.iter().any(|l| l.contains("needs: circular dependency")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn snapshot_and_restore_travel_as_variables() {
+    let p = parse(
+        r#"
+variables:
+  BASE: base
+default:
+  snapshot: on_failure
+plain:
+  script: x
+saver:
+  snapshot:
+    save: warm-$BASE.v1
+  restore: ${BASE}_0
+  script: x
+restorer:
+  restore: warm-base.v1
+  script: x
+own:
+  snapshot: {save: mine}
+  variables:
+    SLIPWAY_SNAPSHOT_SAVE: theirs
+  script: x
+matrix:
+  parallel:
+    matrix:
+      - DISTRO: [debian, alpine]
+  snapshot: {save: "cache-$DISTRO-${CI_NODE_INDEX}"}
+  restore: base-$DISTRO
+  script: x
+"#,
+    )
+    .unwrap();
+    let var = |job: &str, key: &str| {
+        p.job(job)
+            .unwrap()
+            .to_job_response(1, 1, &[])
+            .variable(key)
+            .map(str::to_string)
+    };
+
+    let plain = p.job("plain").unwrap();
+    assert_eq!(plain.snapshot, Some(Snapshot::OnFailure), "from default");
+    assert_eq!(plain.restore, None);
+    assert_eq!(
+        var("plain", SNAPSHOT_VARIABLE).as_deref(),
+        Some("on_failure")
+    );
+    assert_eq!(var("plain", SNAPSHOT_SAVE_VARIABLE), None);
+    assert_eq!(var("plain", RESTORE_VARIABLE), None);
+
+    let saver = p.job("saver").unwrap();
+    assert_eq!(saver.snapshot, Some(Snapshot::Save("warm-base.v1".into())));
+    assert_eq!(saver.restore.as_deref(), Some("base_0"));
+    assert_eq!(var("saver", SNAPSHOT_VARIABLE), None, "the job's own wins");
+    assert_eq!(
+        var("saver", SNAPSHOT_SAVE_VARIABLE).as_deref(),
+        Some("warm-base.v1")
+    );
+    assert_eq!(var("saver", RESTORE_VARIABLE).as_deref(), Some("base_0"));
+
+    assert_eq!(
+        var("restorer", RESTORE_VARIABLE).as_deref(),
+        Some("warm-base.v1")
+    );
+    assert_eq!(
+        var("restorer", SNAPSHOT_VARIABLE).as_deref(),
+        Some("on_failure")
+    );
+
+    // A variable the job sets itself wins, and is not doubled.
+    let own = p.job("own").unwrap().to_job_response(1, 1, &[]);
+    assert_eq!(own.variable(SNAPSHOT_SAVE_VARIABLE), Some("theirs"));
+    assert_eq!(
+        own.variables
+            .iter()
+            .filter(|v| v.key == SNAPSHOT_SAVE_VARIABLE)
+            .count(),
+        1
+    );
+
+    // Each job of a matrix saves and restores its own.
+    let debian = p.job("matrix: [debian]").unwrap();
+    assert_eq!(
+        debian.snapshot,
+        Some(Snapshot::Save("cache-debian-1".into()))
+    );
+    assert_eq!(debian.restore.as_deref(), Some("base-debian"));
+    assert_eq!(
+        var("matrix: [alpine]", SNAPSHOT_SAVE_VARIABLE).as_deref(),
+        Some("cache-alpine-2")
+    );
+    assert_eq!(
+        var("matrix: [alpine]", RESTORE_VARIABLE).as_deref(),
+        Some("base-alpine")
+    );
+
+    // The names the executor reads.
+    assert_eq!(SNAPSHOT_VARIABLE, "SLIPWAY_SNAPSHOT");
+    assert_eq!(SNAPSHOT_SAVE_VARIABLE, "SLIPWAY_SNAPSHOT_SAVE");
+    assert_eq!(RESTORE_VARIABLE, "SLIPWAY_RESTORE");
+    assert_eq!(ISOLATION_VARIABLE, "SLIPWAY_ISOLATION");
+}
+
+#[test]
+fn snapshot_names_expand_variables() {
+    let vars = [
+        Variable::new("A", "one"),
+        Variable::new("B_2", "two"),
+        Variable::new("A", "last"),
+    ];
+    let ok = [
+        ("plain", "plain"),
+        ("$A", "last"),
+        ("x-${B_2}-y", "x-two-y"),
+        ("$A$B_2", "lasttwo"),
+        ("$A.$B_2", "last.two"),
+        ("a$", "a$"),
+        ("a$-b", "a$-b"),
+        ("${}", "${}"),
+        ("${A", "${A"),
+    ];
+    for (text, want) in ok {
+        assert_eq!(expand_vars(text, &vars).as_deref(), Ok(want), "{text}");
+    }
+    assert_eq!(expand_vars("x-$NOPE", &vars), Err("NOPE".to_string()));
+    assert_eq!(expand_vars("${NOPE}", &vars), Err("NOPE".to_string()));
+
+    assert_eq!(snapshot_name("a.B_c-9", &[]).as_deref(), Ok("a.B_c-9"));
+    assert_eq!(
+        snapshot_name(&"x".repeat(64), &[]).as_deref(),
+        Ok("x".repeat(64).as_str())
+    );
+    for bad in ["", ".", "..", "a b", "a/b", "ü", "a$"] {
+        assert!(snapshot_name(bad, &[]).is_err(), "{bad:?}");
+    }
+    assert!(snapshot_name(&"x".repeat(65), &[]).is_err());
+    // An empty value makes an empty, invalid name.
+    assert!(snapshot_name("$E", &[Variable::new("E", "")]).is_err());
+}
+
+#[test]
+fn parallel_snapshot_and_restore_error_messages() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "test:\n  script: x\n  parallel: 1\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: 1 is out of range (2 to 200)",
+        ),
+        (
+            "test:\n  script: x\n  parallel: 201\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: 201 is out of range (2 to 200)",
+        ),
+        (
+            "test:\n  script: x\n  parallel: 2.5\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: expected a whole number from 2 to 200 or a mapping with \"matrix\", found \"2.5\"",
+        ),
+        (
+            "test:\n  script: x\n  parallel: [2]\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: expected a whole number from 2 to 200 or a mapping with \"matrix\", found a list",
+        ),
+        (
+            "test:\n  script: x\n  parallel: {count: 2}\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: unknown key \"count\" (expected matrix)",
+        ),
+        (
+            "test:\n  script: x\n  parallel: {count: 2}\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: missing \"matrix\"",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix: {A: b}\n",
+            ".gitlab-ci.yml:4: job \"test\": parallel:matrix: expected a list of mappings of variables to values, found a mapping",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix: []\n",
+            ".gitlab-ci.yml:4: job \"test\": parallel:matrix: expected at least one entry",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - A: [1]\n      - b\n",
+            ".gitlab-ci.yml:6: job \"test\": parallel:matrix: entry 2: expected a mapping of variables to values, found a string",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - {}\n",
+            ".gitlab-ci.yml:5: job \"test\": parallel:matrix: entry 1: expected at least one variable",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - VAR: {a: b}\n",
+            ".gitlab-ci.yml:5: job \"test\": parallel:matrix: entry 1: VAR must be a string or a list of strings",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - A: x\n      - VAR: [a, [b]]\n",
+            ".gitlab-ci.yml:6: job \"test\": parallel:matrix: entry 2: VAR must be a string or a list of strings",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - VAR:\n",
+            ".gitlab-ci.yml:5: job \"test\": parallel:matrix: entry 1: VAR must be a string or a list of strings",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - VAR: []\n",
+            ".gitlab-ci.yml:5: job \"test\": parallel:matrix: entry 1: VAR must not be an empty list",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - A: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]\n        B: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]\n",
+            ".gitlab-ci.yml:4: job \"test\": parallel:matrix: makes 210 jobs, more than the limit of 200",
+        ),
+        (
+            "test:\n  script: x\n  parallel:\n    matrix:\n      - A: [a, b]\n      - A: b\n",
+            ".gitlab-ci.yml:1: job \"test\": parallel:matrix: makes the job \"test: [b]\" twice",
+        ),
+        (
+            "test:\n  script: x\n  parallel: 2\n\"test 2/2\":\n  script: y\n",
+            ".gitlab-ci.yml:4: job \"test 2/2\": the name is already taken by a job of parallel job \"test\"",
+        ),
+        (
+            "\"test 2/2\":\n  script: y\ntest:\n  script: x\n  parallel: 2\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: makes a job named \"test 2/2\", a name already taken",
+        ),
+        (
+            "a:\n  stage: build\n  script: x\n  needs: [b]\nb:\n  parallel: 2\n  script: y\n",
+            ".gitlab-ci.yml:4: job \"a\": needs: \"b\" is in a later stage (test) than this job (build)",
+        ),
+        (
+            "a:\n  script: x\n  needs: [b, \"b 1/2\", b]\nb:\n  parallel: 2\n  script: y\n",
+            ".gitlab-ci.yml:3: job \"a\": needs: \"b\" is listed twice",
+        ),
+        (
+            "a:\n  script: x\n  needs: [\"b 3/2\"]\nb:\n  parallel: 2\n  script: y\n",
+            ".gitlab-ci.yml:3: job \"a\": needs: unknown job \"b 3/2\"",
+        ),
+        (
+            "a:\n  script: x\n  snapshot: always\n",
+            ".gitlab-ci.yml:3: job \"a\": snapshot: unknown value \"always\" (expected on_failure or {save: NAME})",
+        ),
+        (
+            "a:\n  script: x\n  snapshot: [on_failure]\n",
+            ".gitlab-ci.yml:3: job \"a\": snapshot: expected on_failure or {save: NAME}, found a list",
+        ),
+        (
+            "a:\n  script: x\n  snapshot: {keep: x}\n",
+            ".gitlab-ci.yml:3: job \"a\": snapshot: unknown key \"keep\" (expected save)",
+        ),
+        (
+            "a:\n  script: x\n  snapshot: {keep: x}\n",
+            ".gitlab-ci.yml:3: job \"a\": snapshot: missing \"save\"",
+        ),
+        (
+            "a:\n  script: x\n  snapshot:\n    save: [x]\n",
+            ".gitlab-ci.yml:4: job \"a\": snapshot:save: expected a snapshot name, found a list",
+        ),
+        (
+            "a:\n  script: x\n  snapshot:\n    save: my snap\n",
+            ".gitlab-ci.yml:4: job \"a\": snapshot:save: invalid snapshot name \"my snap\": expected 1 to 64 letters, digits, \".\", \"_\" or \"-\" (not \".\" or \"..\")",
+        ),
+        (
+            "a:\n  script: x\n  variables: {V: \"a/b\"}\n  snapshot:\n    save: s-$V\n",
+            ".gitlab-ci.yml:5: job \"a\": snapshot:save: invalid snapshot name \"s-a/b\" (from \"s-$V\"): expected 1 to 64 letters, digits, \".\", \"_\" or \"-\" (not \".\" or \"..\")",
+        ),
+        (
+            "a:\n  script: x\n  snapshot: {save: \"s-$NOPE\"}\n",
+            ".gitlab-ci.yml:3: job \"a\": snapshot:save: variable \"NOPE\" in \"s-$NOPE\" is not defined for this job",
+        ),
+        (
+            "a:\n  script: x\n  parallel: 2\n  snapshot: {save: \"s-$NOPE\"}\n",
+            ".gitlab-ci.yml:4: job \"a 1/2\": snapshot:save: variable \"NOPE\" in \"s-$NOPE\" is not defined for this job",
+        ),
+        (
+            "a:\n  script: x\n  restore: {save: x}\n",
+            ".gitlab-ci.yml:3: job \"a\": restore: expected a snapshot name, found a mapping",
+        ),
+        (
+            "a:\n  script: x\n  restore: ..\n",
+            ".gitlab-ci.yml:3: job \"a\": restore: invalid snapshot name \"..\": expected 1 to 64 letters, digits, \".\", \"_\" or \"-\" (not \".\" or \"..\")",
+        ),
+        (
+            "a:\n  script: x\n  restore: r-$X\n",
+            ".gitlab-ci.yml:3: job \"a\": restore: variable \"X\" in \"r-$X\" is not defined for this job",
+        ),
+        (
+            "default:\n  snapshot: {save: x}\na:\n  script: x\n",
+            ".gitlab-ci.yml:2: default: snapshot: only on_failure is allowed here (a saved snapshot is named on each job)",
+        ),
+        (
+            "default:\n  snapshot: sometimes\na:\n  script: x\n",
+            ".gitlab-ci.yml:2: default: snapshot: unknown value \"sometimes\" (expected on_failure or {save: NAME})",
+        ),
+        (
+            "default:\n  restore: x\na:\n  script: x\n",
+            ".gitlab-ci.yml:2: default: restore: not allowed here (name the snapshot to restore on each job)",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = errors(text);
+        assert!(
+            got.iter().any(|g| g == want),
+            "for {text:?}\n want: {want}\n  got: {got:#?}"
+        );
+    }
+    // One report per job as written, not one per job a bad name would have made.
+    let e = errors(
+        "a:\n  script: x\n  parallel: 5\n  snapshot: {save: \"$NOPE\"}\n  restore: \"$NOPE\"\n",
+    );
+    assert_eq!(e.len(), 2, "{e:?}");
+    // A huge product is refused without being built.
+    let axis = format!(
+        "[{}]",
+        (0..1000)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let e = errors(&format!(
+        "a:\n  script: x\n  parallel:\n    matrix:\n      - {{A: {axis}, B: {axis}, C: {axis}, D: {axis}, E: {axis}, F: {axis}, G: {axis}}}\n"
+    ));
+    assert!(
+        e.iter()
+            .any(|l| l.contains("parallel:matrix: makes too many jobs")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn parallel_is_no_longer_an_unsupported_key() {
+    let p = parse("a:\n  script: x\n  parallel: 2\n").unwrap();
+    assert!(p.warnings.is_empty());
+    // A typo still gets a hint.
+    let e = errors("a:\n  script: x\n  paralel: 2\n");
+    assert_eq!(
+        e,
+        [".gitlab-ci.yml:3: job \"a\": unknown key \"paralel\" (did you mean \"parallel\"?)"]
+    );
+    let e = errors("a:\n  script: x\n  snapshots: on_failure\n");
+    assert_eq!(
+        e,
+        [".gitlab-ci.yml:3: job \"a\": unknown key \"snapshots\" (did you mean \"snapshot\"?)"]
+    );
+}

@@ -1,1 +1,552 @@
-//! cloud_hypervisor backend (in progress).
+//! Cloud Hypervisor backend: one `cloud-hypervisor --api-socket path=<run_dir>/ch.sock` process
+//! per VM, given its whole configuration in one `vm.create` body, then `vm.boot`.
+//!
+//! Request rendering is pure ([`vm_config`], [`boot_requests`], [`restore_requests`], …) so it is
+//! tested without a process.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::Method;
+use serde_json::{Value, json};
+
+pub use super::http::ApiCall;
+pub use super::vsock::connect_vsock;
+
+use super::http::{
+    self as api, absolute, answers, binary_version, host_cpu_model, normalize_version, path_str,
+    remove_stale_socket, wait_ready,
+};
+use super::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess};
+use crate::process::{kill_now, spawn_detached, stop_with};
+use crate::spec::{Accel, AgentChannel, Capabilities, DiskFormat, VmSpec};
+
+const KIND: &str = "cloud-hypervisor";
+
+/// Name of the API socket in the VM's run directory.
+pub const API_SOCKET: &str = "ch.sock";
+/// Name of the process's log (stdout and stderr) in the VM's run directory.
+pub const LOG_FILE: &str = "cloud-hypervisor.log";
+/// Prefix of every API path.
+pub const API_PREFIX: &str = "/api/v1";
+/// Device-state file Cloud Hypervisor writes into a snapshot directory.
+pub const STATE_FILE: &str = "state.json";
+/// Guest-memory file Cloud Hypervisor writes into a snapshot directory.
+pub const MEMORY_FILE: &str = "memory-ranges";
+
+/// How long a new process may take to answer on its API socket.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one ordinary API call.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on writing or restoring a snapshot (all guest memory is copied).
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The Cloud Hypervisor backend.
+#[derive(Debug, Clone)]
+pub struct CloudHypervisor {
+    /// The `cloud-hypervisor` binary (looked up on `PATH` when not a path).
+    pub binary: PathBuf,
+}
+
+impl Default for CloudHypervisor {
+    fn default() -> Self {
+        Self {
+            binary: PathBuf::from("cloud-hypervisor"),
+        }
+    }
+}
+
+impl CloudHypervisor {
+    fn binary_name(&self) -> String {
+        self.binary.to_string_lossy().into_owned()
+    }
+
+    async fn call(
+        &self,
+        socket: &Path,
+        call: &ApiCall,
+        timeout: Duration,
+    ) -> Result<api::Reply, HypervisorError> {
+        api::request(KIND, socket, call, timeout).await
+    }
+
+    /// Start a VMM for `spec` (no VM yet) and wait until its API answers.
+    async fn start(&self, spec: &VmSpec) -> Result<VmProcess, HypervisorError> {
+        let args = argv(spec)?;
+        tokio::fs::create_dir_all(&spec.run_dir)
+            .await
+            .map_err(|source| HypervisorError::Io {
+                context: format!("cannot create run dir {}", spec.run_dir.display()),
+                source,
+            })?;
+        let socket = api_socket(spec);
+        // The socket path is unique per VM (its run dir) and sits in the command line.
+        let marker = path_str(KIND, &socket, "API socket")?.to_string();
+        // The VMM binds both sockets itself and fails on a leftover file.
+        remove_stale_socket(&socket).await?;
+        remove_stale_socket(spec.agent.socket()).await?;
+        let log = spec.run_dir.join(LOG_FILE);
+        let binary = self.binary_name();
+        let mut child = spawn_detached(&binary, &args, &log)?;
+        let Some(pid) = child.id() else {
+            return Err(HypervisorError::Exited {
+                binary,
+                status: "exited immediately".to_string(),
+                log: crate::process::log_tail(&log, 20),
+            });
+        };
+        let vm = VmProcess {
+            pid,
+            control: socket,
+            marker,
+        };
+        let probe = api_call(Method::GET, "vmm.ping", None);
+        if let Err(e) =
+            wait_ready(KIND, &binary, &mut child, &vm, &probe, &log, START_TIMEOUT).await
+        {
+            let _ = kill_now(&vm).await;
+            return Err(e);
+        }
+        Ok(vm)
+    }
+
+    /// Send `calls` in order; on the first failure the process is killed.
+    async fn configure(
+        &self,
+        vm: &VmProcess,
+        calls: &[ApiCall],
+        timeout: Duration,
+    ) -> Result<(), HypervisorError> {
+        for call in calls {
+            if let Err(e) = self.call(&vm.control, call, timeout).await {
+                let _ = kill_now(vm).await;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn version(&self, spec: &VmSpec) -> Result<String, HypervisorError> {
+        let socket = api_socket(spec);
+        if answers(&socket).await {
+            let reply = self
+                .call(
+                    &socket,
+                    &api_call(Method::GET, "vmm.ping", None),
+                    API_TIMEOUT,
+                )
+                .await?;
+            if let Some(v) = reply.json()["version"].as_str() {
+                return Ok(normalize_version(v));
+            }
+        }
+        // No VMM for this spec yet: the binary reports the same build (`cloud-hypervisor v48.0.0`).
+        let out = binary_version(&self.binary_name(), API_TIMEOUT).await?;
+        out.split_whitespace()
+            .find(|w| w.starts_with('v') || w.starts_with(|c: char| c.is_ascii_digit()))
+            .map(normalize_version)
+            .ok_or_else(|| HypervisorError::Api {
+                hypervisor: KIND,
+                request: "--version".to_string(),
+                message: format!("no version in {out:?}"),
+            })
+    }
+}
+
+#[async_trait]
+impl Hypervisor for CloudHypervisor {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            snapshot: true,
+            vsock: true,
+            pause: true,
+            without_kvm: false,
+            // Restores use the default `Copy` mode (the `OnDemand` mode needs userfaultfd).
+            lazy_restore: false,
+        }
+    }
+
+    async fn identity(&self, spec: &VmSpec) -> Result<Identity, HypervisorError> {
+        Ok(Identity {
+            hypervisor: KIND.to_string(),
+            version: self.version(spec).await?,
+            machine: KIND.to_string(),
+            cpu_model: format!("host:{}", host_cpu_model()),
+        })
+    }
+
+    async fn boot(&self, spec: &VmSpec) -> Result<VmProcess, HypervisorError> {
+        // Rendered first: a spec Cloud Hypervisor cannot run fails before any process starts.
+        let calls = boot_requests(spec)?;
+        let vm = self.start(spec).await?;
+        self.configure(&vm, &calls, API_TIMEOUT).await?;
+        Ok(vm)
+    }
+
+    async fn pause(&self, vm: &VmProcess) -> Result<(), HypervisorError> {
+        self.call(
+            &vm.control,
+            &api_call(Method::PUT, "vm.pause", None),
+            API_TIMEOUT,
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn resume(&self, vm: &VmProcess) -> Result<(), HypervisorError> {
+        self.call(
+            &vm.control,
+            &api_call(Method::PUT, "vm.resume", None),
+            API_TIMEOUT,
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn snapshot(&self, vm: &VmProcess, dir: &Path) -> Result<SnapshotFiles, HypervisorError> {
+        let dir = absolute(dir)?;
+        // Cloud Hypervisor writes into the directory but does not create it.
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|source| HypervisorError::Io {
+                context: format!("cannot create snapshot dir {}", dir.display()),
+                source,
+            })?;
+        let (call, files) = snapshot_request(&dir)?;
+        self.pause(vm).await?;
+        self.call(&vm.control, &call, SNAPSHOT_TIMEOUT).await?;
+        Ok(files)
+    }
+
+    async fn restore(
+        &self,
+        spec: &VmSpec,
+        snapshot: &SnapshotFiles,
+    ) -> Result<VmProcess, HypervisorError> {
+        // The devices come from the snapshot's config.json; the spec is still checked so that a
+        // spec this backend could not have booted is refused the same way.
+        boot_requests(spec)?;
+        let calls = restore_requests(snapshot)?;
+        let vm = self.start(spec).await?;
+        self.configure(&vm, &calls, SNAPSHOT_TIMEOUT).await?;
+        Ok(vm)
+    }
+
+    async fn stop(&self, vm: &VmProcess, grace: Duration) -> Result<(), HypervisorError> {
+        let polite = async {
+            // A VM that never booted refuses vm.shutdown; the VMM still has to go.
+            let _ = self
+                .call(
+                    &vm.control,
+                    &api_call(Method::PUT, "vm.shutdown", None),
+                    API_TIMEOUT,
+                )
+                .await;
+            self.call(
+                &vm.control,
+                &api_call(Method::PUT, "vmm.shutdown", None),
+                API_TIMEOUT,
+            )
+            .await
+            .map(drop)
+        };
+        stop_with(vm, grace, polite).await
+    }
+}
+
+/// The API socket of `spec`'s process.
+pub fn api_socket(spec: &VmSpec) -> PathBuf {
+    spec.run_dir.join(API_SOCKET)
+}
+
+/// The process's arguments: `--api-socket path=<run_dir>/ch.sock`.
+pub fn argv(spec: &VmSpec) -> Result<Vec<String>, HypervisorError> {
+    Ok(vec![
+        "--api-socket".to_string(),
+        format!("path={}", path_str(KIND, &api_socket(spec), "API socket")?),
+    ])
+}
+
+/// `METHOD /api/v1/<endpoint>`.
+pub fn api_call(method: Method, endpoint: &str, body: Option<Value>) -> ApiCall {
+    ApiCall {
+        method,
+        path: format!("{API_PREFIX}/{endpoint}"),
+        body,
+    }
+}
+
+/// The `vm.create` body (`VmConfig`) for `spec`.
+pub fn vm_config(spec: &VmSpec) -> Result<Value, HypervisorError> {
+    if spec.accel != Accel::Kvm {
+        return Err(spec_error(format!(
+            "accelerator {} is not available: Cloud Hypervisor runs on KVM (or MSHV) only",
+            spec.accel.as_str()
+        )));
+    }
+    if spec.vcpus == 0 {
+        return Err(spec_error("at least one vCPU is needed".to_string()));
+    }
+    if spec.memory_mib == 0 {
+        return Err(spec_error("memory must be at least 1 MiB".to_string()));
+    }
+
+    let mut disks = Vec::new();
+    let mut root = None;
+    for (index, disk) in spec.disks.iter().enumerate() {
+        // Cloud Hypervisor could open qcow2, but snapshots and branching here assume the raw
+        // images Firecracker also reads.
+        if disk.format != DiskFormat::Raw {
+            return Err(spec_error(format!(
+                "disk {:?} is qcow2: use a raw image (convert with `qemu-img convert -O raw`)",
+                disk.id
+            )));
+        }
+        if disk.root {
+            if root.is_some() {
+                return Err(spec_error("more than one root disk".to_string()));
+            }
+            root = Some((index, disk.read_only));
+        }
+        disks.push(json!({
+            "path": path_str(KIND, &disk.path, "disk")?,
+            "readonly": disk.read_only,
+        }));
+    }
+
+    let mut payload = serde_json::Map::new();
+    payload.insert(
+        "kernel".into(),
+        path_str(KIND, &spec.kernel, "kernel")?.into(),
+    );
+    let cmdline = cmdline_with_root(&spec.cmdline, root)?;
+    if !cmdline.is_empty() {
+        payload.insert("cmdline".into(), cmdline.into());
+    }
+    if let Some(initrd) = &spec.initrd {
+        payload.insert("initramfs".into(), path_str(KIND, initrd, "initrd")?.into());
+    }
+
+    let mut config = json!({
+        "cpus": { "boot_vcpus": spec.vcpus, "max_vcpus": spec.vcpus },
+        "memory": { "size": u64::from(spec.memory_mib) * 1024 * 1024 },
+        "payload": Value::Object(payload),
+    });
+    let Value::Object(map) = &mut config else {
+        return Err(spec_error(
+            "internal: VmConfig is not an object".to_string(),
+        ));
+    };
+    if !disks.is_empty() {
+        map.insert("disks".into(), Value::Array(disks));
+    }
+    match &spec.agent {
+        AgentChannel::Vsock { cid, socket, .. } => {
+            if *cid < 3 {
+                return Err(spec_error(format!(
+                    "vsock guest CID {cid} is reserved (use 3 or more)"
+                )));
+            }
+            map.insert(
+                "vsock".into(),
+                json!({ "cid": cid, "socket": path_str(KIND, socket, "vsock socket")? }),
+            );
+        }
+        AgentChannel::VirtioSerial { .. } => {
+            return Err(spec_error(
+                "the agent channel is virtio-serial, which this backend does not offer: use a \
+                 vsock channel (guest agent `--vsock PORT`)"
+                    .to_string(),
+            ));
+        }
+    }
+    Ok(config)
+}
+
+/// Cloud Hypervisor has no notion of a root drive: name it on the kernel command line
+/// (`root=/dev/vdX rw|ro`, as Firecracker adds for its root drive) unless the line already does.
+fn cmdline_with_root(
+    cmdline: &str,
+    root: Option<(usize, bool)>,
+) -> Result<String, HypervisorError> {
+    let Some((index, read_only)) = root else {
+        return Ok(cmdline.to_string());
+    };
+    if cmdline.split_whitespace().any(|w| w.starts_with("root=")) {
+        return Ok(cmdline.to_string());
+    }
+    let letter = u8::try_from(index)
+        .ok()
+        .filter(|i| *i < 26)
+        .map(|i| char::from(b'a' + i))
+        .ok_or_else(|| {
+            spec_error(format!(
+                "root disk at position {index} has no /dev/vdX name"
+            ))
+        })?;
+    let mode = if read_only { "ro" } else { "rw" };
+    let root = format!("root=/dev/vd{letter} {mode}");
+    Ok(if cmdline.is_empty() {
+        root
+    } else {
+        format!("{cmdline} {root}")
+    })
+}
+
+/// The calls that create and boot the VM in a fresh VMM: `vm.create` then `vm.boot`.
+pub fn boot_requests(spec: &VmSpec) -> Result<Vec<ApiCall>, HypervisorError> {
+    Ok(vec![
+        api_call(Method::PUT, "vm.create", Some(vm_config(spec)?)),
+        api_call(Method::PUT, "vm.boot", None),
+    ])
+}
+
+/// The `vm.snapshot` call writing into `dir`, and the files it produces.
+pub fn snapshot_request(dir: &Path) -> Result<(ApiCall, SnapshotFiles), HypervisorError> {
+    let call = api_call(
+        Method::PUT,
+        "vm.snapshot",
+        Some(json!({ "destination_url": format!("file://{}", path_str(KIND, dir, "snapshot")?) })),
+    );
+    let files = SnapshotFiles {
+        dir: dir.to_path_buf(),
+        state: dir.join(STATE_FILE),
+        memory: Some(dir.join(MEMORY_FILE)),
+    };
+    Ok((call, files))
+}
+
+/// The calls that restore `snapshot` in a fresh VMM and run it: `vm.restore` (the VM comes back
+/// paused) then `vm.resume`.
+pub fn restore_requests(snapshot: &SnapshotFiles) -> Result<Vec<ApiCall>, HypervisorError> {
+    let url = format!("file://{}", path_str(KIND, &snapshot.dir, "snapshot")?);
+    Ok(vec![
+        api_call(
+            Method::PUT,
+            "vm.restore",
+            Some(json!({ "source_url": url })),
+        ),
+        api_call(Method::PUT, "vm.resume", None),
+    ])
+}
+
+fn spec_error(message: String) -> HypervisorError {
+    HypervisorError::Spec {
+        hypervisor: KIND,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{Disk, Level};
+
+    fn spec() -> VmSpec {
+        VmSpec {
+            id: "job-1".into(),
+            level: Level::Microvm,
+            vcpus: 2,
+            memory_mib: 512,
+            kernel: "/img/vmlinux".into(),
+            initrd: None,
+            cmdline: "console=hvc0".into(),
+            disks: vec![Disk {
+                id: "rootfs".into(),
+                path: "/img/rootfs.ext4".into(),
+                format: DiskFormat::Raw,
+                root: true,
+                read_only: false,
+            }],
+            agent: AgentChannel::Vsock {
+                cid: 3,
+                port: 1024,
+                socket: "/run/vm/v.sock".into(),
+            },
+            accel: Accel::Kvm,
+            run_dir: "/run/vm".into(),
+        }
+    }
+
+    fn spec_message(err: HypervisorError) -> String {
+        match err {
+            HypervisorError::Spec {
+                hypervisor,
+                message,
+            } => {
+                assert_eq!(hypervisor, "cloud-hypervisor");
+                message
+            }
+            other => panic!("expected a spec error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn argv_names_the_api_socket() {
+        assert_eq!(
+            argv(&spec()).unwrap(),
+            ["--api-socket", "path=/run/vm/ch.sock"]
+        );
+    }
+
+    #[test]
+    fn vm_config_renders_cpus_memory_payload_disks_vsock() {
+        assert_eq!(
+            vm_config(&spec()).unwrap(),
+            json!({
+                "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+                "memory": {"size": 536_870_912u64},
+                "payload": {"kernel": "/img/vmlinux", "cmdline": "console=hvc0 root=/dev/vda rw"},
+                "disks": [{"path": "/img/rootfs.ext4", "readonly": false}],
+                "vsock": {"cid": 3, "socket": "/run/vm/v.sock"}
+            })
+        );
+        let mut s = spec();
+        s.cmdline = "root=/dev/vdb".into();
+        s.initrd = Some("/img/initrd".into());
+        let config = vm_config(&s).unwrap();
+        assert_eq!(config["payload"]["cmdline"], "root=/dev/vdb");
+        assert_eq!(config["payload"]["initramfs"], "/img/initrd");
+    }
+
+    #[test]
+    fn qcow2_disk_and_virtio_serial_are_spec_errors() {
+        let mut s = spec();
+        s.disks[0].format = DiskFormat::Qcow2;
+        assert!(spec_message(vm_config(&s).unwrap_err()).contains("qcow2"));
+        let mut s = spec();
+        s.agent = AgentChannel::VirtioSerial {
+            name: "slipway.agent".into(),
+            socket: "/run/vm/agent.sock".into(),
+        };
+        let message = spec_message(vm_config(&s).unwrap_err());
+        assert!(message.contains("virtio-serial"), "{message}");
+        let mut s = spec();
+        s.accel = Accel::Tcg;
+        assert!(spec_message(vm_config(&s).unwrap_err()).contains("KVM"));
+    }
+
+    #[test]
+    fn snapshot_and_restore_requests() {
+        let (call, files) = snapshot_request(Path::new("/snap/a")).unwrap();
+        assert_eq!(call.describe(), "PUT /api/v1/vm.snapshot");
+        assert_eq!(
+            call.body,
+            Some(json!({"destination_url": "file:///snap/a"}))
+        );
+        assert_eq!(files.state, Path::new("/snap/a/state.json"));
+        assert_eq!(
+            files.memory.as_deref(),
+            Some(Path::new("/snap/a/memory-ranges"))
+        );
+        let calls = restore_requests(&files).unwrap();
+        assert_eq!(calls[0].describe(), "PUT /api/v1/vm.restore");
+        assert_eq!(calls[0].body, Some(json!({"source_url": "file:///snap/a"})));
+        assert_eq!(calls[1], api_call(Method::PUT, "vm.resume", None));
+    }
+}

@@ -9,6 +9,8 @@ pub mod cloud_hypervisor;
 pub mod firecracker;
 mod http;
 pub mod qemu;
+mod qmp;
+pub mod vsock;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -165,8 +167,7 @@ pub fn is_running(vm: &VmProcess) -> bool {
     match std::fs::read(format!("/proc/{}/cmdline", vm.pid)) {
         Ok(cmdline) => {
             let marker = vm.marker.as_bytes();
-            cmdline.windows(marker.len()).any(|w| w == marker)
-                && !is_zombie(vm.pid)
+            cmdline.windows(marker.len()).any(|w| w == marker) && !is_zombie(vm.pid)
         }
         Err(_) => false,
     }

@@ -1,0 +1,148 @@
+//! The daemon's configuration: the JSON a runner's `vm_isolation.nesting_config` table becomes,
+//! sent with `Init`.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::accel::AccelChoice;
+
+/// Which hypervisor backend runs the VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HypervisorKind {
+    /// QEMU (KVM or TCG).
+    #[default]
+    Qemu,
+    /// Firecracker (KVM only).
+    Firecracker,
+    /// Cloud Hypervisor (KVM only).
+    CloudHypervisor,
+}
+
+impl HypervisorKind {
+    /// The name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HypervisorKind::Qemu => "qemu",
+            HypervisorKind::Firecracker => "firecracker",
+            HypervisorKind::CloudHypervisor => "cloud-hypervisor",
+        }
+    }
+}
+
+/// How many snapshots are kept and for how long; the oldest go first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    /// At most this many snapshots (0: no limit).
+    #[serde(default = "default_max_count")]
+    pub max_count: usize,
+    /// Snapshots older than this many seconds are removed (0: no limit).
+    #[serde(default = "default_max_age_secs")]
+    pub max_age_secs: u64,
+}
+
+fn default_max_count() -> usize {
+    20
+}
+
+fn default_max_age_secs() -> u64 {
+    7 * 24 * 3600
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            max_count: default_max_count(),
+            max_age_secs: default_max_age_secs(),
+        }
+    }
+}
+
+/// The `Init` configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The backend.
+    #[serde(default)]
+    pub hypervisor: HypervisorKind,
+    /// Where images built by `slipway image build` live (`<images_dir>/<name>/image.json`);
+    /// default: the daemon's `--images-dir`.
+    #[serde(default)]
+    pub images_dir: Option<PathBuf>,
+    /// `auto` (probe KVM), `kvm` or `tcg`.
+    #[serde(default)]
+    pub accel: AccelChoice,
+    /// vCPUs per VM (default: the image's).
+    #[serde(default)]
+    pub vcpus: Option<u32>,
+    /// Memory per VM in MiB (default: the image's).
+    #[serde(default)]
+    pub memory_mib: Option<u32>,
+    /// Seconds a VM may take from start to its agent's first answer (default: 30 with KVM,
+    /// 120 under TCG).
+    #[serde(default)]
+    pub boot_timeout_secs: Option<u64>,
+    /// Snapshot retention.
+    #[serde(default)]
+    pub snapshots: Retention,
+    /// Path of the hypervisor binary (default: by name on PATH).
+    #[serde(default)]
+    pub binary: Option<PathBuf>,
+}
+
+impl Config {
+    /// Parse the `Init` bytes; an empty body is the default configuration.
+    pub fn parse(bytes: &[u8]) -> Result<Config, String> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Config::default());
+        }
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                format!("nesting config: {}", e.inner())
+            } else {
+                format!("nesting config: {path}: {}", e.inner())
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_config_is_the_default() {
+        assert_eq!(Config::parse(b"").unwrap(), Config::default());
+        assert_eq!(
+            Config::parse(b"{}").unwrap().hypervisor,
+            HypervisorKind::Qemu
+        );
+    }
+
+    #[test]
+    fn keys_parse() {
+        let c = Config::parse(
+            br#"{"hypervisor":"cloud-hypervisor","accel":"tcg","memory_mib":512,
+                 "snapshots":{"max_count":3,"max_age_secs":60}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.hypervisor, HypervisorKind::CloudHypervisor);
+        assert_eq!(c.accel, AccelChoice::Tcg);
+        assert_eq!(c.memory_mib, Some(512));
+        assert_eq!(c.snapshots.max_count, 3);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = Config::parse(br#"{"snapshots":{"max_count":"many"}}"#).unwrap_err();
+        assert!(e.contains("snapshots.max_count"), "{e}");
+        let e = Config::parse(br#"{"hypervisr":"qemu"}"#).unwrap_err();
+        assert!(e.contains("unknown field `hypervisr`"), "{e}");
+        let e = Config::parse(br#"{"hypervisor":"xen"}"#).unwrap_err();
+        assert!(e.contains("hypervisor") && e.contains("xen"), "{e}");
+    }
+}

@@ -1,0 +1,873 @@
+//! The nesting daemon: the `nesting.v1` service over a unix socket on an instance. One VM per
+//! slot (a new VM stomps the one left in its slot), snapshots kept under the state directory,
+//! VMs that outlive a daemon restart found again from their records.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::accel;
+use crate::agent;
+use crate::config::{Config, HypervisorKind};
+use crate::disk;
+use crate::error::{DaemonError, check_name};
+use crate::hypervisor::cloud_hypervisor::CloudHypervisor;
+use crate::hypervisor::firecracker::{self, Firecracker};
+use crate::hypervisor::qemu::Qemu;
+use crate::hypervisor::{Hypervisor, HypervisorError, VmProcess, is_running};
+use crate::image::{self, ImageManifest};
+use crate::process;
+use crate::proto::{self, nesting_server};
+use crate::snapshot::{self, SnapshotMeta};
+use crate::spec::{Accel, AgentChannel, Disk, DiskFormat, Level, VmSpec};
+use crate::store::{self, VmRecord};
+
+/// How long a stopped VM gets to quit before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The guest CID Firecracker / Cloud Hypervisor VMs get (one VM per process, so one CID).
+const GUEST_CID: u32 = 3;
+
+/// Where the daemon keeps its state and finds images.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    /// VM records, disk layers, sockets and snapshots.
+    pub state_dir: PathBuf,
+    /// Images when the `Init` config names no `images_dir`.
+    pub images_dir: PathBuf,
+}
+
+#[derive(Debug)]
+struct Active {
+    config: Config,
+    hv: Arc<dyn Hypervisor>,
+    accel: Accel,
+    images_dir: PathBuf,
+    boot_timeout: Duration,
+}
+
+/// The daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    opts: DaemonOptions,
+    active: Mutex<Option<Arc<Active>>>,
+    /// Serialises changes to the records (never held across a boot).
+    records: Mutex<()>,
+    /// Slots with a VM being started.
+    starting: Mutex<HashSet<i32>>,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn new_id() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}
+
+/// The backend for `kind`, with `binary` or the default name.
+pub fn backend(kind: HypervisorKind, binary: Option<PathBuf>) -> Arc<dyn Hypervisor> {
+    match kind {
+        HypervisorKind::Qemu => Arc::new(Qemu {
+            binary: binary.unwrap_or_else(|| PathBuf::from("qemu-system-x86_64")),
+        }),
+        HypervisorKind::Firecracker => Arc::new(Firecracker {
+            binary: binary.unwrap_or_else(|| PathBuf::from("firecracker")),
+        }),
+        HypervisorKind::CloudHypervisor => Arc::new(CloudHypervisor {
+            binary: binary.unwrap_or_else(|| PathBuf::from("cloud-hypervisor")),
+        }),
+    }
+}
+
+impl Daemon {
+    /// A daemon over `opts`; finds the VMs a previous run left (see [`Daemon::reconcile`]).
+    pub async fn new(opts: DaemonOptions) -> Result<Arc<Daemon>, DaemonError> {
+        for d in [
+            store::vms_dir(&opts.state_dir),
+            snapshot::dir(&opts.state_dir),
+        ] {
+            std::fs::create_dir_all(&d)
+                .map_err(DaemonError::io(format!("creating {}", d.display())))?;
+        }
+        let daemon = Arc::new(Daemon {
+            opts,
+            active: Mutex::new(None),
+            records: Mutex::new(()),
+            starting: Mutex::new(HashSet::new()),
+        });
+        daemon.reconcile().await;
+        Ok(daemon)
+    }
+
+    /// The state directory.
+    pub fn state_dir(&self) -> &Path {
+        &self.opts.state_dir
+    }
+
+    async fn active(&self) -> Result<Arc<Active>, DaemonError> {
+        self.active
+            .lock()
+            .await
+            .clone()
+            .ok_or(DaemonError::NotInitialized)
+    }
+
+    /// Remove what no running VM backs: records whose process is gone, directories without a
+    /// record, hypervisor processes under the state directory that no record claims. VMs being
+    /// started right now are left alone.
+    pub async fn reconcile(&self) -> Vec<VmRecord> {
+        let _g = self.records.lock().await;
+        let (recs, orphans) = store::load_all(&self.opts.state_dir);
+        let mut alive = Vec::new();
+        let mut known = HashSet::new();
+        for rec in recs {
+            known.insert(rec.id.clone());
+            match &rec.process {
+                Some(p) if is_running(p) => alive.push(rec),
+                Some(_) => {
+                    tracing::info!(vm = %rec.id, "VM process is gone; removing its files");
+                    let _ = std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
+                }
+                // Being started (its slot is marked) or left half-started by a crash.
+                None => {
+                    let starting = rec.slot.is_some_and(|s| {
+                        self.starting
+                            .try_lock()
+                            .map(|g| g.contains(&s))
+                            .unwrap_or(true)
+                    });
+                    if !starting && now() - rec.created > 10 {
+                        self.kill_strays(&rec.id).await;
+                        let _ =
+                            std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
+                    }
+                }
+            }
+        }
+        for dir in orphans {
+            let id = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            let fresh = std::fs::metadata(&dir)
+                .and_then(|m| m.modified())
+                .map(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(10))
+                .unwrap_or(false);
+            if !fresh {
+                self.kill_strays(&id).await;
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        for (pid, id) in store::processes_under(&self.opts.state_dir) {
+            if !known.contains(&id) && !store::vm_dir(&self.opts.state_dir, &id).exists() {
+                tracing::warn!(pid, vm = %id, "killing a hypervisor process no record claims");
+                let _ = process::kill_now(&VmProcess {
+                    pid,
+                    control: PathBuf::new(),
+                    marker: format!("{}/{id}/", store::vms_dir(&self.opts.state_dir).display()),
+                })
+                .await;
+            }
+        }
+        alive
+    }
+
+    async fn kill_strays(&self, id: &str) {
+        for (pid, pid_id) in store::processes_under(&self.opts.state_dir) {
+            if pid_id == id {
+                let _ = process::kill_now(&VmProcess {
+                    pid,
+                    control: PathBuf::new(),
+                    marker: format!("{}/{id}/", store::vms_dir(&self.opts.state_dir).display()),
+                })
+                .await;
+            }
+        }
+    }
+
+    /// `Init`.
+    pub async fn init(&self, bytes: &[u8]) -> Result<(), DaemonError> {
+        let mut active = self.active.lock().await;
+        if active.is_some() {
+            return Err(DaemonError::AlreadyInitialized);
+        }
+        let config = Config::parse(bytes).map_err(DaemonError::Config)?;
+        let hv = backend(config.hypervisor, config.binary.clone());
+        let binary = config
+            .binary
+            .clone()
+            .map(|b| b.display().to_string())
+            .unwrap_or_else(|| "qemu-system-x86_64".into());
+        let images_dir = config
+            .images_dir
+            .clone()
+            .unwrap_or_else(|| self.opts.images_dir.clone());
+        let probe = if config.hypervisor == HypervisorKind::Qemu {
+            let kernel = probe_kernel(&images_dir);
+            accel::resolve(config.accel, &binary, kernel.as_deref()).await
+        } else {
+            // Firecracker and Cloud Hypervisor run on KVM only.
+            accel::Probe {
+                accel: Accel::Kvm,
+                reason: format!("{} needs KVM", config.hypervisor.as_str()),
+            }
+        };
+        tracing::info!(
+            hypervisor = config.hypervisor.as_str(),
+            accel = probe.accel.as_str(),
+            reason = %probe.reason,
+            "nesting initialised"
+        );
+        let boot_timeout =
+            Duration::from_secs(config.boot_timeout_secs.unwrap_or(match probe.accel {
+                Accel::Kvm => 30,
+                Accel::Tcg => 120,
+            }));
+        *active = Some(Arc::new(Active {
+            config,
+            hv,
+            accel: probe.accel,
+            images_dir,
+            boot_timeout,
+        }));
+        Ok(())
+    }
+
+    /// The accelerator VMs run under (once initialised).
+    pub async fn accel(&self) -> Option<Accel> {
+        self.active.lock().await.as_ref().map(|a| a.accel)
+    }
+
+    fn image(&self, active: &Active, name: &str) -> Result<(PathBuf, ImageManifest), DaemonError> {
+        check_name("image name", name)?;
+        let dir = active.images_dir.join(name);
+        let manifest = image::load(&dir).map_err(|e| DaemonError::NoImage {
+            name: name.to_string(),
+            dir: active.images_dir.display().to_string(),
+            why: e.to_string(),
+        })?;
+        Ok((dir, manifest))
+    }
+
+    fn spec(
+        &self,
+        active: &Active,
+        id: &str,
+        image_dir: &Path,
+        m: &ImageManifest,
+        size: Option<(u32, u32)>,
+    ) -> VmSpec {
+        let run_dir = store::vm_dir(&self.opts.state_dir, id);
+        let (vcpus, memory_mib) = size.unwrap_or((
+            active.config.vcpus.unwrap_or(m.vcpus),
+            active.config.memory_mib.unwrap_or(m.memory_mib),
+        ));
+        let qemu = active.hv.kind() == "qemu";
+        VmSpec {
+            id: id.to_string(),
+            level: m.level,
+            vcpus,
+            memory_mib,
+            kernel: image_dir.join(&m.kernel),
+            initrd: Some(image_dir.join(&m.initrd)),
+            cmdline: host_cmdline(&m.cmdline, active.accel),
+            disks: vec![Disk {
+                id: "disk".into(),
+                path: run_dir.join(if qemu { "disk.qcow2" } else { "disk.raw" }),
+                format: if qemu {
+                    DiskFormat::Qcow2
+                } else {
+                    DiskFormat::Raw
+                },
+                root: m.level == Level::Vm,
+                read_only: false,
+            }],
+            agent: if qemu {
+                AgentChannel::VirtioSerial {
+                    name: m.agent_port.clone(),
+                    socket: run_dir.join("agent.sock"),
+                }
+            } else {
+                AgentChannel::Vsock {
+                    cid: GUEST_CID,
+                    port: m.vsock_port,
+                    socket: run_dir.join("vsock.sock"),
+                }
+            },
+            accel: active.accel,
+            run_dir,
+        }
+    }
+
+    /// Mark `slot` as being started and stomp the VM in it; the stomped VM's id.
+    async fn take_slot(&self, slot: Option<i32>) -> Result<Option<String>, DaemonError> {
+        let Some(slot) = slot else { return Ok(None) };
+        if !self.starting.lock().await.insert(slot) {
+            return Err(DaemonError::Conflict(format!(
+                "a VM is already being started in slot {slot}"
+            )));
+        }
+        let (recs, _) = store::load_all(&self.opts.state_dir);
+        let mut stomped = None;
+        for rec in recs.into_iter().filter(|r| r.slot == Some(slot)) {
+            tracing::info!(vm = %rec.id, slot, "stomping the VM left in the slot");
+            if let Err(e) = self.remove(&rec).await {
+                self.starting.lock().await.remove(&slot);
+                return Err(e);
+            }
+            stomped = Some(rec.id);
+        }
+        Ok(stomped)
+    }
+
+    async fn release_slot(&self, slot: Option<i32>) {
+        if let Some(s) = slot {
+            self.starting.lock().await.remove(&s);
+        }
+    }
+
+    async fn remove(&self, rec: &VmRecord) -> Result<(), DaemonError> {
+        if let Some(p) = &rec.process {
+            let hv = backend(rec.hypervisor, None);
+            hv.stop(p, STOP_GRACE).await?;
+        } else {
+            self.kill_strays(&rec.id).await;
+        }
+        let dir = store::vm_dir(&self.opts.state_dir, &rec.id);
+        let _g = self.records.lock().await;
+        std::fs::remove_dir_all(&dir)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(DaemonError::io(format!("removing {}", dir.display())))
+    }
+
+    /// Start `spec` (from `snapshot` if given), wait for its agent, record it.
+    async fn start(
+        &self,
+        active: &Active,
+        mut rec: VmRecord,
+        base: &Path,
+        snapshot: Option<&SnapshotMeta>,
+    ) -> Result<VmRecord, DaemonError> {
+        let spec = rec.spec.clone();
+        let layer = &spec.disks[0].path;
+        std::fs::create_dir_all(&spec.run_dir).map_err(DaemonError::io(format!(
+            "creating {}",
+            spec.run_dir.display()
+        )))?;
+        store::save(&self.opts.state_dir, &rec)?;
+        let started = async {
+            match spec.disks[0].format {
+                DiskFormat::Qcow2 => disk::create_layer(base, layer).await?,
+                DiskFormat::Raw => disk::raw_copy(base, layer).await?,
+            }
+            let process = match snapshot {
+                None => active.hv.boot(&spec).await?,
+                Some(meta) => {
+                    let files =
+                        crate::hypervisor::SnapshotFiles {
+                            dir: snapshot::dir(&self.opts.state_dir).join(&meta.name),
+                            state: snapshot::dir(&self.opts.state_dir)
+                                .join(&meta.name)
+                                .join(&meta.files.state),
+                            memory: meta.files.memory.as_ref().map(|m| {
+                                snapshot::dir(&self.opts.state_dir).join(&meta.name).join(m)
+                            }),
+                        };
+                    active.hv.restore(&spec, &files).await?
+                }
+            };
+            rec.process = Some(process.clone());
+            store::save(&self.opts.state_dir, &rec)?;
+            wait_agent(&spec.agent, active.boot_timeout)
+                .await
+                .map_err(|e| {
+                    let console = process::log_tail(&spec.run_dir.join("console.log"), 8);
+                    DaemonError::Agent(format!("{e}; the guest console ends with: {console}"))
+                })?;
+            Ok::<_, DaemonError>(())
+        }
+        .await;
+        match started {
+            Ok(()) => Ok(rec),
+            Err(e) => {
+                let _ = self.remove(&rec).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// `Create`.
+    pub async fn create(
+        &self,
+        image_name: &str,
+        slot: Option<i32>,
+    ) -> Result<(VmRecord, Option<String>), DaemonError> {
+        let active = self.active().await?;
+        let (image_dir, manifest) = self.image(&active, image_name)?;
+        let stomped = self.take_slot(slot).await?;
+        let id = new_id();
+        let spec = self.spec(&active, &id, &image_dir, &manifest, None);
+        let base = image_dir.join(&manifest.disk);
+        let rec = VmRecord {
+            id: id.clone(),
+            name: format!("slipway-{id}"),
+            slot,
+            image: image_name.to_string(),
+            snapshot: String::new(),
+            hypervisor: active.config.hypervisor,
+            spec,
+            process: None,
+            base_disk: base.clone(),
+            created: now(),
+        };
+        let result = self.start(&active, rec, &base, None).await;
+        self.release_slot(slot).await;
+        result.map(|r| (r, stomped))
+    }
+
+    /// `Delete`.
+    pub async fn delete(&self, id: &str) -> Result<(), DaemonError> {
+        let (recs, _) = store::load_all(&self.opts.state_dir);
+        let rec = recs
+            .into_iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| DaemonError::NoVm(id.to_string()))?;
+        self.remove(&rec).await
+    }
+
+    /// `List`: the VMs whose processes run (the others are cleaned up on the way).
+    pub async fn list(&self) -> Vec<VmRecord> {
+        self.reconcile().await
+    }
+
+    /// `Shutdown`: every VM deleted, the configuration forgotten.
+    pub async fn shutdown(&self) -> Result<(), DaemonError> {
+        let (recs, _) = store::load_all(&self.opts.state_dir);
+        for rec in &recs {
+            self.remove(rec).await?;
+        }
+        *self.active.lock().await = None;
+        Ok(())
+    }
+
+    fn in_use(&self, name: &str) -> bool {
+        let (recs, _) = store::load_all(&self.opts.state_dir);
+        recs.iter().any(|r| r.snapshot == name)
+            || snapshot::list(&self.opts.state_dir)
+                .iter()
+                .any(|m| m.labels.get(PARENT_LABEL).map(String::as_str) == Some(name))
+    }
+
+    /// `Snapshot`: save the VM as `name` (replacing an unused snapshot of that name); the VM
+    /// stops. Returns the snapshot and the names retention removed.
+    pub async fn snapshot(
+        &self,
+        vm: &str,
+        name: &str,
+        labels: BTreeMap<String, String>,
+    ) -> Result<(SnapshotMeta, Vec<String>), DaemonError> {
+        let active = self.active().await?;
+        check_name("snapshot name", name)?;
+        let (recs, _) = store::load_all(&self.opts.state_dir);
+        let rec = recs
+            .into_iter()
+            .find(|r| r.id == vm)
+            .ok_or_else(|| DaemonError::NoVm(vm.to_string()))?;
+        let Some(process) = rec.process.clone().filter(is_running) else {
+            return Err(DaemonError::Conflict(format!("VM {vm} is not running")));
+        };
+        if !active.hv.capabilities().snapshot {
+            return Err(HypervisorError::Unsupported {
+                hypervisor: active.hv.kind(),
+                what: "snapshots",
+            }
+            .into());
+        }
+        let root = snapshot::dir(&self.opts.state_dir);
+        let target = root.join(name);
+        if target.exists() && self.in_use(name) {
+            return Err(DaemonError::Conflict(format!(
+                "snapshot {name:?} exists and a VM or snapshot still uses it; delete those first"
+            )));
+        }
+        let tmp = root.join(format!(".new-{name}-{}", new_id()));
+        std::fs::create_dir_all(&tmp)
+            .map_err(DaemonError::io(format!("creating {}", tmp.display())))?;
+        let made = async {
+            let identity = active.hv.identity(&rec.spec).await?;
+            let files = active.hv.snapshot(&process, &tmp).await?;
+            active.hv.stop(&process, STOP_GRACE).await?;
+            let layer = &rec.spec.disks[0].path;
+            let disk_name = layer
+                .file_name()
+                .map(|n| n.to_os_string())
+                .unwrap_or_default();
+            std::fs::rename(layer, tmp.join(&disk_name)).map_err(DaemonError::io(format!(
+                "moving {} into the snapshot",
+                layer.display()
+            )))?;
+            // The memory image and the frozen disk are shared by every restore: read-only.
+            for f in std::fs::read_dir(&tmp)
+                .map_err(DaemonError::io("reading the snapshot"))?
+                .flatten()
+            {
+                use std::os::unix::fs::PermissionsExt as _;
+                let _ = std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o444));
+            }
+            let (base_len, base_mtime) = snapshot::file_stamp(&rec.base_disk).map_err(
+                DaemonError::io(format!("reading {}", rec.base_disk.display())),
+            )?;
+            let rel = |p: &Path| {
+                p.strip_prefix(&tmp)
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|_| p.to_path_buf())
+            };
+            let mut labels = labels;
+            if !rec.snapshot.is_empty() {
+                labels.insert(PARENT_LABEL.into(), rec.snapshot.clone());
+            }
+            let memory_bytes = disk::allocated_bytes(&files.state)
+                + files
+                    .memory
+                    .as_deref()
+                    .map(disk::allocated_bytes)
+                    .unwrap_or(0);
+            let meta = SnapshotMeta {
+                name: name.to_string(),
+                source_vm: rec.id.clone(),
+                image: rec.image.clone(),
+                level: rec.spec.level,
+                identity,
+                accel: rec.spec.accel,
+                vcpus: rec.spec.vcpus,
+                memory_mib: rec.spec.memory_mib,
+                created: now(),
+                files: crate::hypervisor::SnapshotFiles {
+                    dir: PathBuf::from("."),
+                    state: rel(&files.state),
+                    memory: files.memory.as_deref().map(rel),
+                },
+                base_disk: rec.base_disk.clone(),
+                base_disk_len: base_len,
+                base_disk_mtime: base_mtime,
+                labels,
+                memory_bytes,
+                disk_bytes: disk::allocated_bytes(&tmp.join(&disk_name)),
+            };
+            let bytes = serde_json::to_vec_pretty(&meta).map_err(|e| DaemonError::Io {
+                context: "encoding snapshot metadata".into(),
+                source: std::io::Error::other(e),
+            })?;
+            std::fs::write(tmp.join("meta.json"), bytes)
+                .map_err(DaemonError::io("writing snapshot metadata"))?;
+            Ok::<_, DaemonError>(meta)
+        }
+        .await;
+        let meta = match made {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                // A VM whose snapshot failed half-way is no use to anyone.
+                let _ = self.remove(&rec).await;
+                return Err(e);
+            }
+        };
+        {
+            let _g = self.records.lock().await;
+            if target.exists() {
+                let old = root.join(format!(".old-{name}-{}", new_id()));
+                std::fs::rename(&target, &old)
+                    .map_err(DaemonError::io(format!("replacing {}", target.display())))?;
+                let _ = remove_tree(&old);
+            }
+            std::fs::rename(&tmp, &target)
+                .map_err(DaemonError::io(format!("publishing {}", target.display())))?;
+            let _ = std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
+        }
+        let expired = self.enforce_retention(&active, Some(name)).await;
+        Ok((meta, expired))
+    }
+
+    async fn enforce_retention(&self, active: &Active, keep: Option<&str>) -> Vec<String> {
+        let all = snapshot::list(&self.opts.state_dir);
+        let gone = snapshot::expired(&all, active.config.snapshots, now(), &|n| {
+            Some(n) == keep || self.in_use(n)
+        });
+        for name in &gone {
+            tracing::info!(snapshot = %name, "retention limit exceeded: removing snapshot");
+            let _ = remove_tree(&snapshot::dir(&self.opts.state_dir).join(name));
+        }
+        gone
+    }
+
+    /// `Restore`.
+    pub async fn restore(
+        &self,
+        name: &str,
+        slot: Option<i32>,
+    ) -> Result<(VmRecord, Option<String>), DaemonError> {
+        let active = self.active().await?;
+        check_name("snapshot name", name)?;
+        let meta = snapshot::load(&self.opts.state_dir, name)?;
+        let (image_dir, manifest) = self.image(&active, &meta.image)?;
+        let id = new_id();
+        let spec = self.spec(
+            &active,
+            &id,
+            &image_dir,
+            &manifest,
+            Some((meta.vcpus, meta.memory_mib)),
+        );
+        let here = active.hv.identity(&spec).await?;
+        meta.check_compatible(&here, active.accel)?;
+        meta.check_base()?;
+        let stomped = self.take_slot(slot).await?;
+        let snap_dir = snapshot::dir(&self.opts.state_dir).join(name);
+        let frozen = snap_dir.join(spec.disks[0].path.file_name().unwrap_or_default());
+        let rec = VmRecord {
+            id: id.clone(),
+            name: format!("slipway-{id}"),
+            slot,
+            image: meta.image.clone(),
+            snapshot: name.to_string(),
+            hypervisor: active.config.hypervisor,
+            spec,
+            process: None,
+            base_disk: meta.base_disk.clone(),
+            created: now(),
+        };
+        let result = self.start(&active, rec, &frozen, Some(&meta)).await;
+        self.release_slot(slot).await;
+        result.map(|r| (r, stomped))
+    }
+
+    /// `ListSnapshots`.
+    pub fn snapshots(&self) -> Vec<SnapshotMeta> {
+        snapshot::list(&self.opts.state_dir)
+    }
+
+    /// `DeleteSnapshot`.
+    pub async fn delete_snapshot(&self, name: &str) -> Result<(), DaemonError> {
+        check_name("snapshot name", name)?;
+        snapshot::load(&self.opts.state_dir, name)?;
+        if self.in_use(name) {
+            return Err(DaemonError::Conflict(format!(
+                "snapshot {name:?} is in use by a VM restored from it or a snapshot taken of one"
+            )));
+        }
+        remove_tree(&snapshot::dir(&self.opts.state_dir).join(name))
+            .map_err(DaemonError::io(format!("removing snapshot {name}")))
+    }
+
+    /// Serve `nesting.v1` on `socket` (mode 0600) until `stop` fires. VMs keep running when
+    /// the daemon stops; `Shutdown` is what deletes them.
+    pub async fn serve(
+        self: Arc<Self>,
+        socket: &Path,
+        stop: CancellationToken,
+    ) -> Result<(), DaemonError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        if socket.exists() {
+            // A live daemon answers; a stale socket from a dead one is replaced.
+            if tokio::net::UnixStream::connect(socket).await.is_ok() {
+                return Err(DaemonError::Conflict(format!(
+                    "another nesting daemon is listening on {}",
+                    socket.display()
+                )));
+            }
+            let _ = std::fs::remove_file(socket);
+        }
+        if let Some(parent) = socket.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(DaemonError::io(format!("creating {}", parent.display())))?;
+        }
+        let listener = tokio::net::UnixListener::bind(socket).map_err(DaemonError::io(format!(
+            "listening on {}",
+            socket.display()
+        )))?;
+        let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600));
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let service = nesting_server::NestingServer::new(Service(self.clone()));
+        let result = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, stop.cancelled())
+            .await;
+        let _ = std::fs::remove_file(socket);
+        result.map_err(|e| DaemonError::Io {
+            context: format!("serving on {}", socket.display()),
+            source: std::io::Error::other(e),
+        })
+    }
+}
+
+/// The image's command line for this host: under TCG the kernel's TSC calibration against the
+/// PIT fails in about one boot of six, so `tsc_early_khz` is set from this host's TSC (an image
+/// built elsewhere carries the builder's).
+fn host_cmdline(image: &str, accel: Accel) -> String {
+    let kept = image
+        .split_whitespace()
+        .filter(|w| !w.starts_with("tsc_early_khz="));
+    let mut words: Vec<String> = kept.map(str::to_string).collect();
+    if accel == Accel::Tcg
+        && let Some(khz) = image::host_tsc_khz()
+    {
+        words.push(format!("tsc_early_khz={khz}"));
+    }
+    words.join(" ")
+}
+
+/// A kernel to probe KVM with: an image's, else the newest Debian cloud kernel in /boot.
+fn probe_kernel(images_dir: &Path) -> Option<PathBuf> {
+    let from_image = std::fs::read_dir(images_dir).ok().and_then(|rd| {
+        rd.flatten().find_map(|e| {
+            let m = image::load(&e.path()).ok()?;
+            Some(e.path().join(&m.kernel))
+        })
+    });
+    from_image.or_else(|| {
+        let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
+            })
+            .collect();
+        kernels.sort();
+        kernels.pop()
+    })
+}
+
+/// The label that names the snapshot a snapshot's disk layer sits on.
+pub const PARENT_LABEL: &str = "slipway.parent";
+
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    // Read-only files in a writable directory are removable; the directory itself may not be.
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+    std::fs::remove_dir_all(dir)
+}
+
+/// Wait until the guest agent behind `channel` answers.
+pub async fn wait_agent(channel: &AgentChannel, limit: Duration) -> Result<Duration, String> {
+    let started = tokio::time::Instant::now();
+    match channel {
+        AgentChannel::VirtioSerial { socket, .. } => agent::wait_ready(socket, limit)
+            .await
+            .map(|(_, _, took)| took)
+            .map_err(|e| format!("the guest agent did not answer within {limit:?}: {e}")),
+        AgentChannel::Vsock { port, socket, .. } => loop {
+            let left = limit.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(format!(
+                    "the guest agent did not answer on vsock port {port} within {limit:?}"
+                ));
+            }
+            if let Ok(stream) =
+                firecracker::connect_vsock(socket, *port, Duration::from_secs(1)).await
+            {
+                let client = agent::AgentClient::new(stream);
+                if client.hello(Duration::from_secs(1).min(left)).await.is_ok() {
+                    return Ok(started.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        },
+    }
+}
+
+/// The gRPC face of a [`Daemon`].
+#[derive(Debug, Clone)]
+pub struct Service(pub Arc<Daemon>);
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl nesting_server::Nesting for Service {
+    async fn init(&self, r: Request<proto::InitRequest>) -> Reply<proto::InitResponse> {
+        self.0.init(&r.into_inner().config).await?;
+        Ok(Response::new(proto::InitResponse {}))
+    }
+
+    async fn create(&self, r: Request<proto::CreateRequest>) -> Reply<proto::CreateResponse> {
+        let r = r.into_inner();
+        let (vm, stomped) = self.0.create(&r.image, r.slot).await?;
+        Ok(Response::new(proto::CreateResponse {
+            vm: Some(vm.to_proto()),
+            stomped_vm_id: stomped,
+        }))
+    }
+
+    async fn delete(&self, r: Request<proto::DeleteRequest>) -> Reply<proto::DeleteResponse> {
+        self.0.delete(&r.into_inner().id).await?;
+        Ok(Response::new(proto::DeleteResponse {}))
+    }
+
+    async fn list(&self, _: Request<proto::ListRequest>) -> Reply<proto::ListResponse> {
+        let vms = self.0.list().await.iter().map(VmRecord::to_proto).collect();
+        Ok(Response::new(proto::ListResponse { vms }))
+    }
+
+    async fn shutdown(&self, _: Request<proto::ShutdownRequest>) -> Reply<proto::ShutdownResponse> {
+        self.0.shutdown().await?;
+        Ok(Response::new(proto::ShutdownResponse {}))
+    }
+
+    async fn snapshot(&self, r: Request<proto::SnapshotRequest>) -> Reply<proto::SnapshotResponse> {
+        let r = r.into_inner();
+        let (meta, expired) = self
+            .0
+            .snapshot(&r.vm, &r.name, r.labels.into_iter().collect())
+            .await?;
+        Ok(Response::new(proto::SnapshotResponse {
+            snapshot: Some(meta.to_proto()),
+            expired,
+        }))
+    }
+
+    async fn restore(&self, r: Request<proto::RestoreRequest>) -> Reply<proto::RestoreResponse> {
+        let r = r.into_inner();
+        let (vm, stomped) = self.0.restore(&r.snapshot, r.slot).await?;
+        Ok(Response::new(proto::RestoreResponse {
+            vm: Some(vm.to_proto()),
+            stomped_vm_id: stomped,
+        }))
+    }
+
+    async fn list_snapshots(
+        &self,
+        _: Request<proto::ListSnapshotsRequest>,
+    ) -> Reply<proto::ListSnapshotsResponse> {
+        let snapshots = self
+            .0
+            .snapshots()
+            .iter()
+            .map(SnapshotMeta::to_proto)
+            .collect();
+        Ok(Response::new(proto::ListSnapshotsResponse { snapshots }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        r: Request<proto::DeleteSnapshotRequest>,
+    ) -> Reply<proto::DeleteSnapshotResponse> {
+        self.0.delete_snapshot(&r.into_inner().name).await?;
+        Ok(Response::new(proto::DeleteSnapshotResponse {}))
+    }
+}

@@ -1,0 +1,90 @@
+//! Host side of Firecracker-style hybrid vsock (Firecracker and Cloud Hypervisor): the guest's
+//! AF_VSOCK port is reached through the VMM's unix socket by writing `CONNECT <port>\n` and
+//! reading back `OK <host port>\n`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::HypervisorError;
+
+/// Longest acknowledgement line accepted (`OK 4294967295\n` is 14 bytes).
+const MAX_ACK: usize = 64;
+
+/// Connect to guest port `port` through the hybrid-vsock socket `uds`; the returned stream
+/// carries the guest connection's bytes, nothing of the handshake.
+pub async fn connect_vsock(
+    uds: &Path,
+    port: u32,
+    timeout: Duration,
+) -> Result<UnixStream, HypervisorError> {
+    match tokio::time::timeout(timeout, handshake(uds, port)).await {
+        Ok(result) => result,
+        Err(_) => Err(HypervisorError::Timeout {
+            what: format!("vsock CONNECT {port} via {}", uds.display()),
+            after: timeout,
+        }),
+    }
+}
+
+async fn handshake(uds: &Path, port: u32) -> Result<UnixStream, HypervisorError> {
+    let io = |what: &str, source: std::io::Error| HypervisorError::Io {
+        context: format!("vsock {what} (port {port} via {})", uds.display()),
+        source,
+    };
+    let mut stream = UnixStream::connect(uds)
+        .await
+        .map_err(|e| io("connect", e))?;
+    stream
+        .write_all(format!("CONNECT {port}\n").as_bytes())
+        .await
+        .map_err(|e| io("CONNECT", e))?;
+    // Byte by byte: anything after the newline already belongs to the guest's stream.
+    let mut line = Vec::with_capacity(16);
+    loop {
+        let mut byte = [0u8; 1];
+        let n = stream
+            .read(&mut byte)
+            .await
+            .map_err(|e| io("acknowledgement", e))?;
+        if n == 0 {
+            // The VMM closes the connection when nothing listens on the guest port.
+            return Err(io(
+                "acknowledgement",
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "closed before OK (nothing listens on guest port {port}?); got {:?}",
+                        String::from_utf8_lossy(&line)
+                    ),
+                ),
+            ));
+        }
+        if byte[0] == b'\n' {
+            break;
+        }
+        line.push(byte[0]);
+        if line.len() > MAX_ACK {
+            return Err(io(
+                "acknowledgement",
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "line too long"),
+            ));
+        }
+    }
+    if line.starts_with(b"OK ") {
+        Ok(stream)
+    } else {
+        Err(io(
+            "acknowledgement",
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "expected `OK <port>`, got {:?}",
+                    String::from_utf8_lossy(&line)
+                ),
+            ),
+        ))
+    }
+}

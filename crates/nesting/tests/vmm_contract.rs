@@ -1,0 +1,930 @@
+//! Contract tests of the Firecracker and Cloud Hypervisor backends without KVM: the real spawn
+//! path runs a fake VMM (a shell loop carrying the real argv), and the API socket is served by
+//! [`contract::ContractServer`], which checks every request against the published API
+//! description in `../shared/specs`. Also the hybrid-vsock dialer and the checker itself.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod contract;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use contract::{ApiSpec, ContractServer, Exchange};
+use serde_json::{Value, json};
+use slipway_nesting::hypervisor::cloud_hypervisor::CloudHypervisor;
+use slipway_nesting::hypervisor::firecracker::Firecracker;
+use slipway_nesting::hypervisor::is_running;
+use slipway_nesting::hypervisor::vsock::connect_vsock;
+use slipway_nesting::{
+    Accel, AgentChannel, Disk, DiskFormat, Hypervisor, HypervisorError, Level, VmProcess, VmSpec,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const GRACE: Duration = Duration::from_millis(300);
+
+/// A temp dir with a fake VMM binary and a spec whose run dir is inside it.
+struct Setup {
+    dir: tempfile::TempDir,
+    fake: PathBuf,
+    spec: VmSpec,
+}
+
+impl Setup {
+    /// `version` is what the fake prints for `--version`.
+    fn new(version: &str) -> Setup {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("fake-vmm");
+        // The shell itself stays the process (no exec), so its command line keeps the argv the
+        // backend gave it: the marker check of `is_running` sees the real thing.
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\nif [ \"$1\" = --version ]; then echo '{version}'; exit 0; fi\n\
+                 while :; do sleep 0.2; done\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        // Another test thread forking while the script was open for writing would make exec
+        // fail with ETXTBSY until that child execs: give it a moment.
+        std::thread::sleep(Duration::from_millis(50));
+        let id = format!(
+            "t{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let spec = vm_spec(&id, &dir.path().join("run"));
+        Setup { dir, fake, spec }
+    }
+
+    /// The same VM in another run dir (a branch restored beside the original).
+    fn branch(&self, name: &str) -> VmSpec {
+        let mut spec = vm_spec(
+            &format!("{}-{name}", self.spec.id),
+            &self.dir.path().join(name),
+        );
+        spec.agent = self.spec.agent.clone();
+        spec
+    }
+}
+
+fn vm_spec(id: &str, run_dir: &Path) -> VmSpec {
+    VmSpec {
+        id: id.to_string(),
+        level: Level::Microvm,
+        vcpus: 2,
+        memory_mib: 256,
+        kernel: "/images/vmlinux".into(),
+        initrd: None,
+        cmdline: "console=ttyS0 reboot=k panic=1".into(),
+        disks: vec![
+            Disk {
+                id: "rootfs".into(),
+                path: "/images/rootfs.ext4".into(),
+                format: DiskFormat::Raw,
+                root: true,
+                read_only: true,
+            },
+            Disk {
+                id: "work".into(),
+                path: run_dir.join("work.img"),
+                format: DiskFormat::Raw,
+                root: false,
+                read_only: false,
+            },
+        ],
+        agent: AgentChannel::Vsock {
+            cid: 3,
+            port: 1024,
+            socket: run_dir.join("v.sock"),
+        },
+        accel: Accel::Kvm,
+        run_dir: run_dir.to_path_buf(),
+    }
+}
+
+/// A process's argv.
+fn argv_of(pid: u32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    raw.split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// Wait (up to 2 s) until no live process carries `marker`. The fake shell forks for each
+/// `sleep`, and a child killed-around between fork and exec still shows the shell's command line
+/// for a moment; real VMMs do not fork, so only the settled state is asserted.
+async fn assert_none_left(marker: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = processes_with(marker);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "processes left running: {:?}",
+            left.iter().map(|p| argv_of(*p)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Pids of live processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            is_running(&VmProcess {
+                pid: *pid,
+                control: PathBuf::new(),
+                marker: marker.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The exchanges after the readiness probes (`GET` of the probe path at the start).
+fn after_probes(exchanges: Vec<Exchange>, probe: &str) -> Vec<Exchange> {
+    let first = exchanges
+        .iter()
+        .position(|e| e.call() != probe)
+        .unwrap_or(exchanges.len());
+    assert!(first >= 1, "no readiness probe {probe} before configuring");
+    exchanges.into_iter().skip(first).collect()
+}
+
+fn calls(exchanges: &[Exchange]) -> Vec<String> {
+    exchanges.iter().map(Exchange::call).collect()
+}
+
+fn body(exchange: &Exchange) -> Value {
+    exchange.body.clone().unwrap_or(Value::Null)
+}
+
+async fn stop_and_check_gone(backend: &dyn Hypervisor, vm: &VmProcess) {
+    backend.stop(vm, GRACE).await.unwrap();
+    assert!(!is_running(vm), "process {} survived stop", vm.pid);
+    assert_none_left(&vm.marker).await;
+    // Stopping twice is not an error.
+    backend.stop(vm, GRACE).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Firecracker
+
+#[tokio::test]
+async fn firecracker_boot_sends_the_documented_requests_in_order() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let t = Setup::new("Firecracker v1.17.0-dev");
+    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
+    let fc = Firecracker {
+        binary: t.fake.clone(),
+    };
+
+    let vm = fc.boot(&t.spec).await.unwrap();
+    assert!(is_running(&vm));
+    assert_eq!(vm.marker, t.spec.id);
+    assert_eq!(vm.control, t.spec.run_dir.join("fc.sock"));
+    let argv = argv_of(vm.pid);
+    let sock = t.spec.run_dir.join("fc.sock").display().to_string();
+    assert_eq!(
+        argv[argv.len() - 4..],
+        ["--api-sock", sock.as_str(), "--id", t.spec.id.as_str()]
+    );
+
+    server.assert_conforms();
+    let exchanges = after_probes(server.exchanges(), "GET /");
+    assert_eq!(
+        calls(&exchanges),
+        [
+            "PUT /machine-config",
+            "PUT /boot-source",
+            "PUT /drives/rootfs",
+            "PUT /drives/work",
+            "PUT /vsock",
+            "PUT /actions",
+        ]
+    );
+    let work = t.spec.run_dir.join("work.img").display().to_string();
+    let vsock = t.spec.run_dir.join("v.sock").display().to_string();
+    let expected = [
+        json!({"vcpu_count": 2, "mem_size_mib": 256}),
+        json!({"kernel_image_path": "/images/vmlinux", "boot_args": "console=ttyS0 reboot=k panic=1"}),
+        json!({"drive_id": "rootfs", "path_on_host": "/images/rootfs.ext4", "is_root_device": true, "is_read_only": true}),
+        json!({"drive_id": "work", "path_on_host": work, "is_root_device": false, "is_read_only": false}),
+        json!({"guest_cid": 3, "uds_path": vsock}),
+        json!({"action_type": "InstanceStart"}),
+    ];
+    for (exchange, expected) in exchanges.iter().zip(expected) {
+        assert_eq!(body(exchange), expected, "{}", exchange.call());
+        assert_eq!(exchange.header("content-type"), Some("application/json"));
+        assert_eq!(exchange.header("host"), Some("localhost"));
+        assert_eq!(exchange.status, 204);
+    }
+
+    stop_and_check_gone(&fc, &vm).await;
+}
+
+#[tokio::test]
+async fn firecracker_pause_and_resume_patch_the_vm_state() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let t = Setup::new("Firecracker v1.17.0-dev");
+    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
+    let fc = Firecracker {
+        binary: t.fake.clone(),
+    };
+    let vm = fc.boot(&t.spec).await.unwrap();
+    server.take();
+
+    fc.pause(&vm).await.unwrap();
+    fc.resume(&vm).await.unwrap();
+
+    server.assert_conforms();
+    let exchanges = server.exchanges();
+    assert_eq!(calls(&exchanges), ["PATCH /vm", "PATCH /vm"]);
+    assert_eq!(body(&exchanges[0]), json!({"state": "Paused"}));
+    assert_eq!(body(&exchanges[1]), json!({"state": "Resumed"}));
+    stop_and_check_gone(&fc, &vm).await;
+}
+
+#[tokio::test]
+async fn firecracker_snapshot_pauses_then_creates_a_full_snapshot() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let t = Setup::new("Firecracker v1.17.0-dev");
+    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
+    let fc = Firecracker {
+        binary: t.fake.clone(),
+    };
+    let vm = fc.boot(&t.spec).await.unwrap();
+    server.take();
+
+    let dir = t.dir.path().join("snap");
+    let files = fc.snapshot(&vm, &dir).await.unwrap();
+    assert!(dir.is_dir(), "snapshot dir is created");
+    assert_eq!(files.dir, dir);
+    assert_eq!(files.state, dir.join("vmstate"));
+    assert_eq!(files.memory, Some(dir.join("memory")));
+
+    server.assert_conforms();
+    let exchanges = server.exchanges();
+    assert_eq!(calls(&exchanges), ["PATCH /vm", "PUT /snapshot/create"]);
+    assert_eq!(body(&exchanges[0]), json!({"state": "Paused"}));
+    assert_eq!(
+        body(&exchanges[1]),
+        json!({
+            "snapshot_type": "Full",
+            "snapshot_path": dir.join("vmstate").display().to_string(),
+            "mem_file_path": dir.join("memory").display().to_string(),
+        })
+    );
+    stop_and_check_gone(&fc, &vm).await;
+}
+
+#[tokio::test]
+async fn firecracker_restore_loads_the_snapshot_first_in_a_new_process() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let t = Setup::new("Firecracker v1.17.0-dev");
+    let original = ContractServer::start(api.clone(), &t.spec.run_dir.join("fc.sock"));
+    let fc = Firecracker {
+        binary: t.fake.clone(),
+    };
+    let vm = fc.boot(&t.spec).await.unwrap();
+    let files = fc.snapshot(&vm, &t.dir.path().join("snap")).await.unwrap();
+    original.take();
+
+    // Restored beside the original (a branch): its own run dir, API socket and process.
+    let branch = t.branch("branch");
+    let server = ContractServer::start(api, &branch.run_dir.join("fc.sock"));
+    let restored = fc.restore(&branch, &files).await.unwrap();
+    assert_ne!(restored.pid, vm.pid);
+    assert!(is_running(&restored) && is_running(&vm));
+    assert_eq!(restored.control, branch.run_dir.join("fc.sock"));
+    assert!(argv_of(restored.pid).contains(&branch.id));
+
+    server.assert_conforms();
+    assert!(
+        original.exchanges().is_empty(),
+        "nothing went to the original"
+    );
+    let exchanges = after_probes(server.exchanges(), "GET /");
+    assert_eq!(
+        calls(&exchanges),
+        ["PUT /snapshot/load"],
+        "load is the first configuring call"
+    );
+    assert_eq!(
+        body(&exchanges[0]),
+        json!({
+            "snapshot_path": files.state.display().to_string(),
+            "mem_backend": {
+                "backend_type": "File",
+                "backend_path": files.memory.as_ref().unwrap().display().to_string(),
+            },
+            "resume_vm": true,
+        })
+    );
+
+    stop_and_check_gone(&fc, &restored).await;
+    assert!(is_running(&vm), "stopping the branch leaves the original");
+    stop_and_check_gone(&fc, &vm).await;
+}
+
+#[tokio::test]
+async fn firecracker_identity_reads_the_version() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let t = Setup::new("Firecracker v1.16.1");
+    let fc = Firecracker {
+        binary: t.fake.clone(),
+    };
+    // No process yet: the binary's `--version`.
+    let id = fc.identity(&t.spec).await.unwrap();
+    assert_eq!(id.hypervisor, "firecracker");
+    assert_eq!(id.version, "1.16.1");
+    assert_eq!(id.machine, "firecracker");
+    assert!(id.cpu_model.starts_with("host:"), "{}", id.cpu_model);
+
+    // A running VM for the spec: `GET /version`.
+    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
+    let id = fc.identity(&t.spec).await.unwrap();
+    assert_eq!(id.version, "1.17.0-dev");
+    assert_eq!(server.calls(), ["GET /version"]);
+    server.assert_conforms();
+    assert_eq!(
+        fc.capabilities(),
+        slipway_nesting::Capabilities {
+            snapshot: true,
+            vsock: true,
+            pause: true,
+            without_kvm: false,
+            lazy_restore: true,
+        }
+    );
+}
+
+#[tokio::test]
+async fn firecracker_refusal_carries_the_fault_message_and_leaves_no_process() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let t = Setup::new("Firecracker v1.17.0-dev");
+    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
+    server.force(
+        "PUT",
+        "/drives/work",
+        400,
+        r#"{"fault_message":"Unable to create the block device: No such file"}"#,
+    );
+    let fc = Firecracker {
+        binary: t.fake.clone(),
+    };
+    let err = fc.boot(&t.spec).await.unwrap_err();
+    match &err {
+        HypervisorError::Api {
+            hypervisor,
+            request,
+            message,
+        } => {
+            assert_eq!(*hypervisor, "firecracker");
+            assert_eq!(request, "PUT /drives/work");
+            assert!(
+                message.contains("Unable to create the block device"),
+                "{message}"
+            );
+            assert!(message.contains("400"), "{message}");
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+    // A half-configured VM is not left running.
+    assert_none_left(&t.spec.id).await;
+    assert!(!server.calls().contains(&"PUT /actions".to_string()));
+    server.assert_conforms();
+}
+
+#[tokio::test]
+async fn firecracker_refuses_unrunnable_specs_before_spawning() {
+    let t = Setup::new("Firecracker v1.17.0-dev");
+    let fc = Firecracker {
+        binary: t.fake.clone(),
+    };
+    let mut qcow = t.spec.clone();
+    qcow.disks[0].format = DiskFormat::Qcow2;
+    let mut serial = t.spec.clone();
+    serial.agent = AgentChannel::VirtioSerial {
+        name: "slipway.agent".into(),
+        socket: t.spec.run_dir.join("agent.sock"),
+    };
+    for (spec, needle) in [(qcow, "qcow2"), (serial, "virtio-serial")] {
+        match fc.boot(&spec).await {
+            Err(HypervisorError::Spec { message, .. }) => {
+                assert!(message.contains(needle), "{message}")
+            }
+            other => panic!("expected a spec error, got {other:?}"),
+        }
+    }
+    assert_none_left(&t.spec.id).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cloud Hypervisor
+
+const PING: &str = "GET /api/v1/vmm.ping";
+
+#[tokio::test]
+async fn cloud_hypervisor_boot_creates_then_boots() {
+    let Some(api) = ApiSpec::cloud_hypervisor() else {
+        return;
+    };
+    let t = Setup::new("cloud-hypervisor v48.0.0");
+    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
+    let ch = CloudHypervisor {
+        binary: t.fake.clone(),
+    };
+
+    let vm = ch.boot(&t.spec).await.unwrap();
+    assert!(is_running(&vm));
+    let sock = t.spec.run_dir.join("ch.sock");
+    assert_eq!(vm.control, sock);
+    assert_eq!(vm.marker, sock.display().to_string());
+    let argv = argv_of(vm.pid);
+    assert_eq!(
+        argv[argv.len() - 2..],
+        [
+            "--api-socket".to_string(),
+            format!("path={}", sock.display())
+        ]
+    );
+
+    server.assert_conforms();
+    let exchanges = after_probes(server.exchanges(), PING);
+    assert_eq!(
+        calls(&exchanges),
+        ["PUT /api/v1/vm.create", "PUT /api/v1/vm.boot"]
+    );
+    assert_eq!(
+        body(&exchanges[0]),
+        json!({
+            "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+            "memory": {"size": 256u64 * 1024 * 1024},
+            "payload": {
+                "kernel": "/images/vmlinux",
+                "cmdline": "console=ttyS0 reboot=k panic=1 root=/dev/vda ro",
+            },
+            "disks": [
+                {"path": "/images/rootfs.ext4", "readonly": true},
+                {"path": t.spec.run_dir.join("work.img").display().to_string(), "readonly": false},
+            ],
+            "vsock": {"cid": 3, "socket": t.spec.run_dir.join("v.sock").display().to_string()},
+        })
+    );
+    assert_eq!(exchanges[1].body, None, "vm.boot takes no body");
+    stop_and_check_gone(&ch, &vm).await;
+}
+
+#[tokio::test]
+async fn cloud_hypervisor_pause_resume_and_snapshot() {
+    let Some(api) = ApiSpec::cloud_hypervisor() else {
+        return;
+    };
+    let t = Setup::new("cloud-hypervisor v48.0.0");
+    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
+    let ch = CloudHypervisor {
+        binary: t.fake.clone(),
+    };
+    let vm = ch.boot(&t.spec).await.unwrap();
+    server.take();
+
+    ch.pause(&vm).await.unwrap();
+    ch.resume(&vm).await.unwrap();
+    assert_eq!(
+        server.calls(),
+        ["PUT /api/v1/vm.pause", "PUT /api/v1/vm.resume"]
+    );
+    server.take();
+
+    let dir = t.dir.path().join("snap");
+    let files = ch.snapshot(&vm, &dir).await.unwrap();
+    assert!(dir.is_dir(), "snapshot dir is created");
+    assert_eq!(files.state, dir.join("state.json"));
+    assert_eq!(files.memory, Some(dir.join("memory-ranges")));
+    let exchanges = server.exchanges();
+    assert_eq!(
+        calls(&exchanges),
+        ["PUT /api/v1/vm.pause", "PUT /api/v1/vm.snapshot"]
+    );
+    assert_eq!(
+        body(&exchanges[1]),
+        json!({"destination_url": format!("file://{}", dir.display())})
+    );
+    server.assert_conforms();
+    stop_and_check_gone(&ch, &vm).await;
+}
+
+#[tokio::test]
+async fn cloud_hypervisor_restore_then_resume_in_a_new_process() {
+    let Some(api) = ApiSpec::cloud_hypervisor() else {
+        return;
+    };
+    let t = Setup::new("cloud-hypervisor v48.0.0");
+    let original = ContractServer::start(api.clone(), &t.spec.run_dir.join("ch.sock"));
+    let ch = CloudHypervisor {
+        binary: t.fake.clone(),
+    };
+    let vm = ch.boot(&t.spec).await.unwrap();
+    let dir = t.dir.path().join("snap");
+    let files = ch.snapshot(&vm, &dir).await.unwrap();
+    original.take();
+
+    let branch = t.branch("branch");
+    let server = ContractServer::start(api, &branch.run_dir.join("ch.sock"));
+    let restored = ch.restore(&branch, &files).await.unwrap();
+    assert_ne!(restored.pid, vm.pid);
+    assert!(is_running(&restored));
+
+    server.assert_conforms();
+    assert!(original.exchanges().is_empty());
+    let exchanges = after_probes(server.exchanges(), PING);
+    assert_eq!(
+        calls(&exchanges),
+        ["PUT /api/v1/vm.restore", "PUT /api/v1/vm.resume"]
+    );
+    assert_eq!(
+        body(&exchanges[0]),
+        json!({"source_url": format!("file://{}", dir.display())})
+    );
+    stop_and_check_gone(&ch, &restored).await;
+    stop_and_check_gone(&ch, &vm).await;
+}
+
+#[tokio::test]
+async fn cloud_hypervisor_stop_asks_vm_then_vmm_to_shut_down() {
+    let Some(api) = ApiSpec::cloud_hypervisor() else {
+        return;
+    };
+    let t = Setup::new("cloud-hypervisor v48.0.0");
+    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
+    let ch = CloudHypervisor {
+        binary: t.fake.clone(),
+    };
+    let vm = ch.boot(&t.spec).await.unwrap();
+    server.take();
+
+    // The fake does not exit on vmm.shutdown: stop must fall back to SIGKILL after the grace.
+    ch.stop(&vm, GRACE).await.unwrap();
+    assert!(!is_running(&vm));
+    assert_eq!(
+        server.calls(),
+        ["PUT /api/v1/vm.shutdown", "PUT /api/v1/vmm.shutdown"]
+    );
+    server.assert_conforms();
+}
+
+#[tokio::test]
+async fn cloud_hypervisor_identity_and_plain_text_errors() {
+    let Some(api) = ApiSpec::cloud_hypervisor() else {
+        return;
+    };
+    let t = Setup::new("cloud-hypervisor v47.0.1");
+    let ch = CloudHypervisor {
+        binary: t.fake.clone(),
+    };
+    let id = ch.identity(&t.spec).await.unwrap();
+    assert_eq!(id.hypervisor, "cloud-hypervisor");
+    assert_eq!(id.version, "47.0.1");
+    assert_eq!(id.machine, "cloud-hypervisor");
+    assert!(!ch.capabilities().lazy_restore && ch.capabilities().snapshot);
+
+    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
+    assert_eq!(ch.identity(&t.spec).await.unwrap().version, "48.0.0");
+    assert_eq!(server.calls(), [PING]);
+
+    server.force(
+        "PUT",
+        "/api/v1/vm.boot",
+        500,
+        "Error booting VM: kernel not found",
+    );
+    let err = ch.boot(&t.spec).await.unwrap_err();
+    match &err {
+        HypervisorError::Api {
+            request, message, ..
+        } => {
+            assert_eq!(request, "PUT /api/v1/vm.boot");
+            assert!(message.contains("kernel not found"), "{message}");
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+    assert_none_left(&t.spec.run_dir.join("ch.sock").display().to_string()).await;
+    server.assert_conforms();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker catches bad requests
+
+#[test]
+fn checker_reports_firecracker_contract_violations() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let json_ct = Some("application/json");
+    let check =
+        |method: &str, path: &str, body: Value| api.check(method, path, json_ct, Some(&body));
+
+    assert!(
+        check(
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": 2, "mem_size_mib": 128})
+        )
+        .is_empty()
+    );
+    let unknown = check(
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 2, "mem_size_mib": 128, "memory_mib": 128}),
+    );
+    assert!(
+        unknown
+            .iter()
+            .any(|v| v.contains("unknown field `memory_mib`")),
+        "{unknown:?}"
+    );
+    let missing = check("PUT", "/boot-source", json!({"boot_args": "console=ttyS0"}));
+    assert!(
+        missing
+            .iter()
+            .any(|v| v.contains("`kernel_image_path` is missing")),
+        "{missing:?}"
+    );
+    let wrong_type = check(
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": "2", "mem_size_mib": 128}),
+    );
+    assert!(
+        wrong_type.iter().any(|v| v.contains("expected an integer")),
+        "{wrong_type:?}"
+    );
+    let out_of_range = check(
+        "PUT",
+        "/machine-config",
+        json!({"vcpu_count": 64, "mem_size_mib": 128}),
+    );
+    assert!(
+        out_of_range.iter().any(|v| v.contains("maximum")),
+        "{out_of_range:?}"
+    );
+    let bad_enum = check("PUT", "/actions", json!({"action_type": "Start"}));
+    assert!(
+        bad_enum.iter().any(|v| v.contains("is not one of")),
+        "{bad_enum:?}"
+    );
+    // Through a $ref with a sibling description (SnapshotLoadParams.mem_backend).
+    let nested = check(
+        "PUT",
+        "/snapshot/load",
+        json!({"snapshot_path": "/s", "mem_backend": {"backend_type": "Mmap", "backend_path": "/m"}}),
+    );
+    assert!(
+        nested
+            .iter()
+            .any(|v| v.contains("body.mem_backend.backend_type")),
+        "{nested:?}"
+    );
+    let mismatch = check(
+        "PUT",
+        "/drives/rootfs",
+        json!({"drive_id": "other", "is_root_device": true, "path_on_host": "/r", "is_read_only": false}),
+    );
+    assert!(
+        mismatch.iter().any(|v| v.contains("drive_id")),
+        "{mismatch:?}"
+    );
+    assert!(
+        !api.check("PUT", "/drive/rootfs", json_ct, None).is_empty(),
+        "unknown path"
+    );
+    assert!(
+        !api.check("DELETE", "/vm", json_ct, None).is_empty(),
+        "unknown method"
+    );
+    assert!(
+        !api.check("PUT", "/actions", json_ct, None).is_empty(),
+        "missing required body"
+    );
+    let plain = api.check(
+        "PATCH",
+        "/vm",
+        Some("text/plain"),
+        Some(&json!({"state": "Paused"})),
+    );
+    assert!(
+        plain.iter().any(|v| v.contains("Content-Type")),
+        "{plain:?}"
+    );
+}
+
+#[test]
+fn checker_reports_cloud_hypervisor_contract_violations() {
+    let Some(api) = ApiSpec::cloud_hypervisor() else {
+        return;
+    };
+    let json_ct = Some("application/json");
+    let ok = json!({"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 1, "max_vcpus": 1}});
+    assert!(
+        api.check("PUT", "/api/v1/vm.create", json_ct, Some(&ok))
+            .is_empty()
+    );
+    let missing = api.check(
+        "PUT",
+        "/api/v1/vm.create",
+        json_ct,
+        Some(&json!({"cpus": {"boot_vcpus": 1}})),
+    );
+    assert!(
+        missing.iter().any(|v| v.contains("`payload` is missing")),
+        "{missing:?}"
+    );
+    assert!(
+        missing.iter().any(|v| v.contains("`max_vcpus` is missing")),
+        "{missing:?}"
+    );
+    let typed = api.check(
+        "PUT",
+        "/api/v1/vm.create",
+        json_ct,
+        Some(&json!({"payload": {"kernel": 7}, "disks": [{"path": "/d", "readonly": "yes"}]})),
+    );
+    assert!(
+        typed.iter().any(|v| v.contains("body.payload.kernel")),
+        "{typed:?}"
+    );
+    assert!(
+        typed.iter().any(|v| v.contains("body.disks[0].readonly")),
+        "{typed:?}"
+    );
+    let cid = api.check(
+        "PUT",
+        "/api/v1/vm.create",
+        json_ct,
+        Some(&json!({"payload": {}, "vsock": {"cid": 2, "socket": "/v"}})),
+    );
+    assert!(cid.iter().any(|v| v.contains("minimum")), "{cid:?}");
+    assert!(
+        !api.check("PUT", "/api/v1/vm.boot", json_ct, Some(&json!({})))
+            .is_empty(),
+        "vm.boot has no body"
+    );
+    assert!(
+        !api.check("PUT", "/vm.boot", json_ct, None).is_empty(),
+        "outside /api/v1"
+    );
+    assert!(
+        !api.check("PUT", "/api/v1/vm.restore", json_ct, Some(&json!({})))
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn contract_server_answers_a_violation_with_400_and_records_it() {
+    let Some(api) = ApiSpec::firecracker() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("fc.sock");
+    let server = ContractServer::start(api, &socket);
+
+    let body = r#"{"vcpu_count":2,"mem_size_mib":128,"smt_enabled":true}"#;
+    let mut stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    stream
+        .write_all(
+            format!(
+                "PUT /machine-config HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(
+        reply.contains("fault_message") && reply.contains("smt_enabled"),
+        "{reply}"
+    );
+
+    let violations = server.violations();
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(violations[0].contains("unknown field `smt_enabled`"));
+    let panicked =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.assert_conforms()));
+    assert!(
+        panicked.is_err(),
+        "assert_conforms must fail on a violation"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hybrid vsock
+
+/// A listener playing the VMM's side of hybrid vsock: reads `CONNECT <port>\n`, answers
+/// `reply`, then (after `OK`) sends `hello` as the guest would.
+async fn vsock_peer(
+    reply: &'static [u8],
+) -> (tempfile::TempDir, PathBuf, tokio::task::JoinHandle<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let listener = tokio::net::UnixListener::bind(&uds).unwrap();
+    let task = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while s.read_exact(&mut byte).await.is_ok() && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        if !reply.is_empty() {
+            // The acknowledgement and the guest's first bytes in one write: the dialer must
+            // not swallow what follows the newline.
+            let _ = s.write_all(reply).await;
+        }
+        if reply.is_empty() {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        String::from_utf8(line).unwrap()
+    });
+    (dir, uds, task)
+}
+
+#[tokio::test]
+async fn connect_vsock_sends_connect_and_accepts_ok() {
+    let (_dir, uds, peer) = vsock_peer(b"OK 1073741824\nhello").await;
+    let mut stream = connect_vsock(&uds, 1024, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut guest = [0u8; 5];
+    stream.read_exact(&mut guest).await.unwrap();
+    assert_eq!(&guest, b"hello");
+    assert_eq!(peer.await.unwrap(), "CONNECT 1024");
+}
+
+#[tokio::test]
+async fn connect_vsock_refusals_are_errors() {
+    let (_dir, uds, _peer) = vsock_peer(b"NO\n").await;
+    let err = connect_vsock(&uds, 52, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HypervisorError::Io { .. }), "{err:?}");
+    assert!(err.to_string().contains("OK"), "{err}");
+
+    // A peer that never answers: the timeout.
+    let (silent_dir, silent, _silent_peer) = vsock_peer(b"").await;
+    let err = connect_vsock(&silent, 52, Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HypervisorError::Timeout { .. }), "{err:?}");
+
+    // Nothing at the path.
+    let err = connect_vsock(
+        &silent_dir.path().join("none.sock"),
+        52,
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, HypervisorError::Io { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn connect_vsock_reports_a_closed_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("v.sock");
+    let listener = tokio::net::UnixListener::bind(&uds).unwrap();
+    let peer = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 32];
+        let _ = s.read(&mut buf).await;
+        // Dropped without an answer, as Firecracker does for a port nobody listens on.
+    });
+    let err = connect_vsock(&uds, 1024, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    peer.await.unwrap();
+    assert!(err.to_string().contains("nothing listens"), "{err}");
+}

@@ -1,0 +1,251 @@
+//! `slipway nesting …`, `slipway image build` and `slipway debug`: the nesting daemon and its
+//! client on an instance, guest images, and stepping into a failed job's VM.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use slipway_nesting::agent::{AgentClient, Exec, ExecEvent};
+use slipway_nesting::client::{AgentAddr, NestingClient};
+use slipway_nesting::daemon::{Daemon, DaemonOptions};
+use slipway_nesting::proto;
+use tokio::io::AsyncReadExt as _;
+use tokio_util::sync::CancellationToken;
+
+/// Default socket of the nesting daemon.
+pub const DEFAULT_SOCKET: &str = "/run/slipway/nesting.sock";
+/// Default state directory of the nesting daemon.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/slipway/nesting";
+/// Default images directory.
+pub const DEFAULT_IMAGES_DIR: &str = "/var/lib/slipway/images";
+
+/// Run the daemon until `stop` fires; VMs keep running after it stops.
+pub async fn serve(
+    socket: &Path,
+    opts: DaemonOptions,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let daemon = Daemon::new(opts.clone()).await.with_context(|| {
+        format!(
+            "starting the nesting daemon in {}",
+            opts.state_dir.display()
+        )
+    })?;
+    let running = daemon.list().await;
+    tracing::info!(
+        socket = %socket.display(),
+        state_dir = %opts.state_dir.display(),
+        vms = running.len(),
+        "nesting daemon listening"
+    );
+    daemon.serve(socket, stop).await?;
+    Ok(())
+}
+
+/// A client of the daemon at `socket`.
+pub async fn connect(socket: &Path) -> anyhow::Result<NestingClient> {
+    Ok(NestingClient::connect_unix(socket).await?)
+}
+
+/// Print VMs as a table.
+pub fn print_vms(vms: &[proto::VirtualMachine]) {
+    println!(
+        "{:<10} {:<18} {:>4}  {:<8} {:<16} {:<16} ADDR",
+        "ID", "NAME", "SLOT", "LEVEL", "IMAGE", "SNAPSHOT"
+    );
+    for v in vms {
+        println!(
+            "{:<10} {:<18} {:>4}  {:<8} {:<16} {:<16} {}",
+            v.id,
+            v.name,
+            v.slot.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+            v.level,
+            v.image,
+            if v.snapshot.is_empty() {
+                "-"
+            } else {
+                &v.snapshot
+            },
+            v.addr
+        );
+    }
+}
+
+/// Print snapshots as a table.
+pub fn print_snapshots(snaps: &[proto::Snapshot]) {
+    println!(
+        "{:<24} {:<16} {:<8} {:<28} {:>10} {:>10}  LABELS",
+        "NAME", "IMAGE", "LEVEL", "HYPERVISOR", "MEMORY", "DISK"
+    );
+    for s in snaps {
+        let mut labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.sort();
+        println!(
+            "{:<24} {:<16} {:<8} {:<28} {:>8}Mi {:>8}Mi  {}",
+            s.name,
+            s.image,
+            s.level,
+            format!(
+                "{} {} {}/{}",
+                s.hypervisor, s.hypervisor_version, s.machine, s.accel
+            ),
+            s.memory_bytes >> 20,
+            s.disk_bytes >> 20,
+            labels.join(",")
+        );
+    }
+}
+
+/// Options of `slipway debug`.
+#[derive(Debug)]
+pub struct DebugOptions {
+    /// The failed job's id, or a snapshot name.
+    pub job: String,
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// `nesting_config` JSON for a daemon not yet initialised.
+    pub init_config: Vec<u8>,
+    /// A command to run instead of an interactive shell.
+    pub command: Vec<String>,
+}
+
+/// Restore the failed job's snapshot into a new VM on this machine, run a shell (or
+/// `command`) in the job's directory, delete the VM; the exit code of the shell.
+pub async fn debug(opts: DebugOptions) -> anyhow::Result<i32> {
+    let mut nesting = connect(&opts.socket).await?;
+    let name = if opts.job.chars().all(|c| c.is_ascii_digit()) {
+        slipway_executor::nesting::failure_snapshot_name(opts.job.parse().unwrap_or(0))
+    } else {
+        opts.job.clone()
+    };
+    let snaps = nesting.list_snapshots().await?;
+    let Some(snap) = snaps.iter().find(|s| s.name == name) else {
+        let known: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
+        bail!(
+            "no snapshot {name:?} on this machine's nesting daemon ({}); snapshots: {}",
+            opts.socket.display(),
+            if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            }
+        );
+    };
+    let workdir = snap.labels.get("workdir").cloned();
+    eprintln!(
+        "Restoring snapshot {name} ({} {}, taken at unix time {})…",
+        snap.level, snap.image, snap.created
+    );
+    let started = std::time::Instant::now();
+    let (vm, _) = nesting
+        .restore_initialized(&name, None, &opts.init_config)
+        .await
+        .with_context(|| format!("restoring snapshot {name}"))?;
+    eprintln!(
+        "VM {} ready in {:.1} s",
+        vm.id,
+        started.elapsed().as_secs_f64()
+    );
+    let code = shell(&vm, workdir.as_deref(), &opts.command).await;
+    if let Err(e) = nesting.delete(&vm.id).await {
+        eprintln!("warning: deleting VM {}: {e}", vm.id);
+    }
+    code
+}
+
+async fn shell(
+    vm: &proto::VirtualMachine,
+    workdir: Option<&str>,
+    command: &[String],
+) -> anyhow::Result<i32> {
+    let addr = AgentAddr::parse(&vm.addr).with_context(|| format!("VM address {:?}", vm.addr))?;
+    let agent = std::sync::Arc::new(match &addr {
+        AgentAddr::Unix(path) => slipway_nesting::agent::connect_unix(Path::new(path)).await?,
+        AgentAddr::Vsock { port, socket } => AgentClient::new(
+            slipway_nesting::hypervisor::vsock::connect_vsock(
+                Path::new(socket),
+                *port,
+                Duration::from_secs(5),
+            )
+            .await?,
+        ),
+    });
+    agent.hello(Duration::from_secs(10)).await?;
+    let cd = workdir
+        .map(|w| format!("cd {w} 2>/dev/null || cd /work 2>/dev/null; "))
+        .unwrap_or_default();
+    let interactive = command.is_empty();
+    let body = if interactive {
+        format!(
+            "{cd}echo \"slipway debug: in $(pwd) of the failed job's VM; exit to leave\" >&2; exec bash --noprofile --norc -i"
+        )
+    } else {
+        format!("{cd}{}", command.join(" "))
+    };
+    let mut exec = agent
+        .exec(Exec {
+            argv: vec![
+                "bash".into(),
+                "--noprofile".into(),
+                "--norc".into(),
+                "-c".into(),
+                body,
+            ],
+            env: vec![("PS1".into(), "(slipway debug) \\w# ".into())],
+            cwd: None,
+            stdin: None,
+            keep_stdin: interactive,
+        })
+        .await?;
+    let id = exec.id;
+    let pump = interactive.then(|| {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut stdin = tokio::io::stdin();
+            let mut buf = vec![0u8; 4096];
+            loop {
+                match stdin.read(&mut buf).await {
+                    Ok(0) | Err(_) => {
+                        let _ = agent.stdin(id, None, true).await;
+                        break;
+                    }
+                    Ok(n) => {
+                        if agent
+                            .stdin(id, Some(buf[..n].to_vec()), false)
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+    });
+    let mut code = 1;
+    while let Some(ev) = exec.events.recv().await {
+        match ev {
+            ExecEvent::Started(_) => {}
+            ExecEvent::Stdout(b) => {
+                let mut out = std::io::stdout();
+                let _ = out.write_all(&b);
+                let _ = out.flush();
+            }
+            ExecEvent::Stderr(b) => {
+                let mut err = std::io::stderr();
+                let _ = err.write_all(&b);
+                let _ = err.flush();
+            }
+            ExecEvent::Exit { code: c, signal } => {
+                code = c.unwrap_or(128 + signal.unwrap_or(0));
+                break;
+            }
+            ExecEvent::Error(e) => bail!("the VM's agent: {e}"),
+        }
+    }
+    if let Some(p) = pump {
+        p.abort();
+    }
+    Ok(code)
+}

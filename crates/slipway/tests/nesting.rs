@@ -1,0 +1,483 @@
+//! The `microvm` and `vm` isolation levels end to end, with real QEMU guests (emulated here):
+//! `slipway exec` on `fleeting-plugin-local` instances whose nesting daemon (`slipway nesting
+//! serve`) starts a VM per job, reached through the instance's SSH connection. Snapshots kept on
+//! failure and stepped into with `slipway debug`, saved and restored, branched four ways; a hung
+//! VM killed at the job's timeout; a daemon killed and restarted.
+
+// Integration tests: a failed fixture step should stop the test at once.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{World, wait_until, wait_with_timeout};
+use slipway_testkit::guest::{MICROVM_IMAGE, VM_IMAGE, guest_image};
+
+/// A nesting daemon process of this test's world.
+struct Nest {
+    child: Option<Child>,
+    socket: PathBuf,
+    state: PathBuf,
+    images: PathBuf,
+}
+
+impl Nest {
+    fn start(w: &World, images: &Path) -> Nest {
+        let mut n = Nest {
+            child: None,
+            socket: w.path().join("n.sock"),
+            state: w.path().join("ns"),
+            images: images.to_path_buf(),
+        };
+        n.spawn(w);
+        n
+    }
+
+    fn spawn(&mut self, w: &World) {
+        let child = w
+            .slipway(&["nesting", "--socket"])
+            .arg(&self.socket)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&self.state)
+            .arg("--images-dir")
+            .arg(&self.images)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+            }),
+            "the nesting daemon did not listen on {}",
+            self.socket.display()
+        );
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `slipway nesting <args>` against this daemon.
+    fn cli(&self, w: &World, args: &[&str]) -> common::Run {
+        let child = w
+            .slipway(&["nesting", "--socket"])
+            .arg(&self.socket)
+            .args(args)
+            .spawn()
+            .unwrap();
+        common::Run::from(wait_with_timeout(child, Duration::from_secs(240)))
+    }
+
+    /// QEMU processes of this daemon's VMs.
+    fn qemus(&self) -> Vec<String> {
+        common::processes_matching(&format!("{}/vms/", self.state.display()))
+            .into_iter()
+            .filter(|p| p.contains("qemu-system"))
+            .collect()
+    }
+}
+
+impl Drop for Nest {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn images() -> PathBuf {
+    guest_image(MICROVM_IMAGE, "microvm").unwrap();
+    guest_image(VM_IMAGE, "vm").unwrap()
+}
+
+fn config(w: &World, nest: &Nest, extra_runner: &str) -> PathBuf {
+    let text = format!(
+        r#"
+concurrent = 4
+[[runners]]
+  name = "vms"
+  executor = "instance"
+  {extra_runner}
+  [runners.instance]
+    allowed_images = ["test-*"]
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 4
+    max_instances = 1
+    instance_acquire_timeout = "2m"
+    update_interval = "5s"
+    update_interval_when_expecting = "200ms"
+    delete_instances_on_shutdown = true
+    shutdown_deletion_interval = "1s"
+    [runners.autoscaler.plugin_config]
+      dir = "{plugin}"
+    [runners.autoscaler.vm_isolation]
+      enabled = true
+      nesting_host = "unix://{socket}"
+      microvm_image = "{MICROVM_IMAGE}"
+      vm_image = "{VM_IMAGE}"
+      [runners.autoscaler.vm_isolation.nesting_config]
+        accel = "tcg"
+        images_dir = "{images}"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "5m"
+"#,
+        plugin = w.path().join("plugin-state").display(),
+        socket = nest.socket.display(),
+        images = nest.images.display(),
+    );
+    w.write("config.toml", &text)
+}
+
+fn exec(w: &World, cfg: &Path, pipeline: &str) -> common::Run {
+    let file = w.write("pipeline.yml", pipeline);
+    w.run(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
+}
+
+fn status(run: &common::Run, job: &str) -> String {
+    run.summary()
+        .into_iter()
+        .find(|r| r.job == job)
+        .unwrap_or_else(|| panic!("no row for {job}: {}", run.explain()))
+        .status
+}
+
+#[test]
+fn microvm_and_vm_jobs_each_run_in_a_vm_of_their_own() {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = config(&w, &nest, "");
+    let run = exec(
+        &w,
+        &cfg,
+        r#"
+stages: [test]
+micro:
+  stage: test
+  isolation: microvm
+  script:
+    - echo "kernel $(uname -r)"
+    - grep -q slipway.root /proc/cmdline && echo "root disk" || echo "initramfs root"
+    - echo "pwd $PWD"
+    - echo data > here.txt && cat here.txt
+full:
+  stage: test
+  isolation: vm
+  script:
+    - echo "kernel $(uname -r)"
+    - grep -q slipway.root /proc/cmdline && echo "root disk" || echo "initramfs root"
+    - test -f /etc/debian_version && echo "debian $(cat /etc/debian_version)"
+"#,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    let micro = run.job_lines("micro").join("\n");
+    let full = run.job_lines("full").join("\n");
+    assert!(
+        micro.contains("Creating a microvm VM from image test-microvm in slot"),
+        "{micro}"
+    );
+    assert!(
+        micro.contains("cloud-amd64") && micro.contains("initramfs root"),
+        "{micro}"
+    );
+    assert!(micro.contains("pwd /work/builds/"), "{micro}");
+    assert!(
+        full.contains("Creating a vm VM from image test-vm in slot"),
+        "{full}"
+    );
+    assert!(
+        full.contains("root disk") && full.contains("debian 12"),
+        "{full}"
+    );
+    assert!(nest.qemus().is_empty(), "VMs left: {:?}", nest.qemus());
+    let list = nest.cli(&w, &["list"]);
+    assert_eq!(
+        list.stdout.lines().count(),
+        1,
+        "only the header: {}",
+        list.explain()
+    );
+}
+
+#[test]
+fn a_failed_microvm_job_leaves_a_snapshot_that_slipway_debug_steps_into() {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = config(&w, &nest, "");
+    let run = exec(
+        &w,
+        &cfg,
+        r#"
+broken:
+  isolation: microvm
+  snapshot: on_failure
+  script:
+    - echo "half-way state" > progress.txt
+    - echo "in memory too" > /tmp/notes
+    - echo failing now
+    - exit 4
+"#,
+    );
+    assert_eq!(run.code, Some(1), "{}", run.explain());
+    assert_eq!(status(&run, "broken"), "failed");
+    let lines = run.job_lines("broken").join("\n");
+    assert!(lines.contains("Saved the VM as snapshot job-"), "{lines}");
+    let hint = lines
+        .lines()
+        .find_map(|l| l.split("run `slipway debug ").nth(1))
+        .unwrap_or_else(|| panic!("no debug hint: {lines}"));
+    let job_id: String = hint.chars().take_while(char::is_ascii_digit).collect();
+    assert!(nest.qemus().is_empty(), "the snapshot consumed the VM");
+    let snaps = nest.cli(&w, &["snapshots"]);
+    assert!(
+        snaps.stdout.contains(&format!("job-{job_id}")),
+        "{}",
+        snaps.explain()
+    );
+
+    let debug = w
+        .slipway(&["debug", &job_id, "--socket"])
+        .arg(&nest.socket)
+        .args(["--", "cat progress.txt /tmp/notes; pwd"])
+        .spawn()
+        .unwrap();
+    let out = common::Run::from(wait_with_timeout(debug, Duration::from_secs(240)));
+    assert_eq!(out.code, Some(0), "{}", out.explain());
+    assert!(
+        out.stdout.contains("half-way state\nin memory too\n"),
+        "{}",
+        out.explain()
+    );
+    assert!(
+        out.stdout.contains(&format!("/job-{job_id}")),
+        "in the job's directory: {}",
+        out.explain()
+    );
+    assert!(
+        nest.qemus().is_empty(),
+        "the debug VM is deleted afterwards"
+    );
+
+    let missing = w
+        .slipway(&["debug", "999999", "--socket"])
+        .arg(&nest.socket)
+        .spawn()
+        .unwrap();
+    let missing = common::Run::from(wait_with_timeout(missing, Duration::from_secs(60)));
+    assert_ne!(missing.code, Some(0));
+    assert!(
+        missing.stderr.contains("no snapshot \"job-999999\""),
+        "{}",
+        missing.explain()
+    );
+}
+
+#[test]
+fn a_saved_snapshot_is_restored_and_branched_four_ways() {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = config(&w, &nest, "");
+    let run = exec(
+        &w,
+        &cfg,
+        r#"
+stages: [prepare, test]
+deps:
+  stage: prepare
+  isolation: microvm
+  snapshot:
+    save: deps
+  script:
+    - mkdir -p /work/deps && echo "libfoo 1.2" > /work/deps/installed
+test:
+  stage: test
+  isolation: microvm
+  restore: deps
+  parallel:
+    matrix:
+      - BRANCH: [a, b, c, d]
+  script:
+    - cat /work/deps/installed
+    - echo $BRANCH > /work/deps/branch-$BRANCH
+    - sleep 3
+    - ls /work/deps | tr '\n' ' '; echo
+"#,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    assert!(
+        run.job_lines("deps")
+            .join("\n")
+            .contains("Saved the VM as snapshot deps"),
+        "{}",
+        run.explain()
+    );
+    for b in ["a", "b", "c", "d"] {
+        let job = format!("test: [{b}]");
+        let lines = run.job_lines(&job).join("\n");
+        assert!(
+            lines.contains("Restoring a microvm VM from snapshot deps"),
+            "{job}: {lines}"
+        );
+        assert!(lines.contains("libfoo 1.2"), "{job}: {lines}");
+        let listing = lines
+            .lines()
+            .find(|l| l.starts_with("branch-") || l.contains(" branch-"))
+            .unwrap_or_default()
+            .to_string();
+        assert!(listing.contains(&format!("branch-{b}")), "{job}: {lines}");
+        for other in ["a", "b", "c", "d"].iter().filter(|o| **o != b) {
+            assert!(
+                !listing.contains(&format!("branch-{other}")),
+                "{job} sees branch {other}: {lines}"
+            );
+        }
+    }
+    assert!(nest.qemus().is_empty(), "VMs left: {:?}", nest.qemus());
+}
+
+#[test]
+fn a_hung_vm_is_killed_at_the_job_timeout_and_leaves_no_qemu() {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = config(&w, &nest, "");
+    let file = w.write(
+        "pipeline.yml",
+        r#"
+hang:
+  isolation: microvm
+  timeout: 30s
+  script:
+    - echo started
+    - sleep 600
+"#,
+    );
+    let child = w
+        .slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    // Freeze the guest's vCPUs once its agent runs: from then on nothing inside answers.
+    let vms = nest.state.join("vms");
+    let mut qmp = None;
+    assert!(wait_until(Duration::from_secs(180), || {
+        let Ok(rd) = std::fs::read_dir(&vms) else {
+            return false;
+        };
+        for e in rd.flatten() {
+            let console = std::fs::read_to_string(e.path().join("console.log")).unwrap_or_default();
+            if console.contains("agent started") {
+                qmp = Some(e.path().join("qmp.sock"));
+                return true;
+            }
+        }
+        false
+    }));
+    std::thread::sleep(Duration::from_secs(3));
+    let qmp = qmp.unwrap();
+    {
+        use std::io::{BufRead as _, BufReader, Write as _};
+        let mut s = std::os::unix::net::UnixStream::connect(&qmp).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        s.write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"stop\"}\n")
+            .unwrap();
+        // Two replies (capabilities, stop), with events such as STOP in between.
+        let mut returns = 0;
+        for _ in 0..10 {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            returns += usize::from(line.contains("\"return\""));
+            if returns == 2 {
+                break;
+            }
+        }
+        assert_eq!(returns, 2, "stop: {line}");
+    }
+    let run = common::Run::from(wait_with_timeout(child, Duration::from_secs(240)));
+    assert_eq!(run.code, Some(1), "{}", run.explain());
+    assert_eq!(status(&run, "hang"), "failed");
+    let lines = run.job_lines("hang").join("\n");
+    assert!(lines.contains("job execution timeout"), "{lines}");
+    assert!(
+        nest.qemus().is_empty(),
+        "qemu left after the timeout: {:?}",
+        nest.qemus()
+    );
+}
+
+#[test]
+fn a_killed_daemon_restarted_lists_its_vms_and_cleans_them_later() {
+    let w = World::new();
+    let mut nest = Nest::start(&w, &images());
+    let init = w.write(
+        "nesting.json",
+        &format!(
+            r#"{{"accel":"tcg","images_dir":"{}"}}"#,
+            nest.images.display()
+        ),
+    );
+    let r = nest.cli(&w, &["init", init.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let a = nest.cli(&w, &["create", MICROVM_IMAGE, "--slot", "0"]);
+    assert_eq!(a.code, Some(0), "{}", a.explain());
+    let b = nest.cli(&w, &["create", MICROVM_IMAGE, "--slot", "1"]);
+    assert_eq!(b.code, Some(0), "{}", b.explain());
+    let id = |r: &common::Run| {
+        r.stdout
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (a_id, b_id) = (id(&a), id(&b));
+    assert_eq!(nest.qemus().len(), 2);
+
+    nest.kill();
+    assert_eq!(nest.qemus().len(), 2, "VMs outlive their daemon");
+    // One VM dies while the daemon is down.
+    let b_qemu = nest
+        .qemus()
+        .into_iter()
+        .find(|p| p.contains(&b_id))
+        .unwrap();
+    let pid: u32 = b_qemu.split_whitespace().next().unwrap().parse().unwrap();
+    Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || nest.qemus().len() == 1));
+
+    nest.spawn(&w);
+    let list = nest.cli(&w, &["list"]);
+    assert!(list.stdout.contains(&a_id), "{}", list.explain());
+    assert!(!list.stdout.contains(&b_id), "{}", list.explain());
+    assert!(
+        !nest.state.join("vms").join(&b_id).exists(),
+        "the dead VM's files are removed"
+    );
+
+    // The restarted daemon is uninitialised: GitLab's client initialises on demand; here by hand.
+    let r = nest.cli(&w, &["init", init.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    let c = nest.cli(&w, &["create", MICROVM_IMAGE, "--slot", "0"]);
+    assert_eq!(c.code, Some(0), "{}", c.explain());
+    assert!(
+        c.stderr.contains(&format!("stomped VM {a_id}")),
+        "{}",
+        c.explain()
+    );
+    let r = nest.cli(&w, &["shutdown"]);
+    assert_eq!(r.code, Some(0), "{}", r.explain());
+    assert!(nest.qemus().is_empty(), "{:?}", nest.qemus());
+}
