@@ -47,7 +47,8 @@ fn keygen(path: &Path) {
 }
 
 /// A real sshd in the foreground (`-D -e`) with its own host key, killed with its session
-/// processes when dropped.
+/// processes when dropped. `SetEnv SHLVL=1`, as in slipway_testkit, keeps login shells from
+/// sourcing the user's `~/.bashrc` (slow, and lock-taking, on some machines).
 struct Sshd {
     dir: tempfile::TempDir,
     port: u16,
@@ -102,7 +103,7 @@ impl Sshd {
                      AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\n\
                      StrictModes no\nUsePAM no\nPasswordAuthentication no\n\
                      PermitRootLogin prohibit-password\nMaxSessions 64\nMaxStartups 64:30:128\n\
-                     LogLevel ERROR\n{}",
+                     LogLevel ERROR\nSetEnv SHLVL=1\n{}",
                     self.extra
                 ),
             )

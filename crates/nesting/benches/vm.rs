@@ -74,7 +74,7 @@ async fn build_agent(repo: &Path) -> anyhow::Result<PathBuf> {
 
 async fn flattened_bytes(layer: &Path, out: &Path) -> anyhow::Result<u64> {
     let st = tokio::process::Command::new("qemu-img")
-        .args(["convert", "-q", "-O", "qcow2"])
+        .args(["convert", "-q", "-U", "-O", "qcow2"])
         .arg(layer)
         .arg(out)
         .status()

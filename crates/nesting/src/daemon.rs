@@ -95,8 +95,12 @@ impl Daemon {
             store::vms_dir(&opts.state_dir),
             snapshot::dir(&opts.state_dir),
         ] {
+            use std::os::unix::fs::PermissionsExt as _;
             std::fs::create_dir_all(&d)
                 .map_err(DaemonError::io(format!("creating {}", d.display())))?;
+            // Snapshots hold what jobs held in memory, their variables included: owner only.
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
+                .map_err(DaemonError::io(format!("restricting {}", d.display())))?;
         }
         let daemon = Arc::new(Daemon {
             opts,

@@ -481,3 +481,52 @@ fn a_killed_daemon_restarted_lists_its_vms_and_cleans_them_later() {
     assert_eq!(r.code, Some(0), "{}", r.explain());
     assert!(nest.qemus().is_empty(), "{:?}", nest.qemus());
 }
+
+#[test]
+fn a_canceled_job_deletes_its_vm() {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = config(&w, &nest, "");
+    let file = w.write(
+        "pipeline.yml",
+        r#"
+long:
+  isolation: microvm
+  snapshot: on_failure
+  script:
+    - echo started
+    - sleep 600
+"#,
+    );
+    let child = w
+        .slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let vms = nest.state.join("vms");
+    assert!(wait_until(Duration::from_secs(180), || {
+        std::fs::read_dir(&vms).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                std::fs::read_to_string(e.path().join("console.log"))
+                    .unwrap_or_default()
+                    .contains("agent started")
+            })
+        })
+    }));
+    std::thread::sleep(Duration::from_secs(3));
+    common::signal(child.id(), "TERM");
+    let run = common::Run::from(wait_with_timeout(child, Duration::from_secs(120)));
+    assert!(
+        nest.qemus().is_empty(),
+        "VM left after the cancel: {:?}\n{}",
+        nest.qemus(),
+        run.explain()
+    );
+    // A canceled job is not a failure to keep.
+    let snaps = nest.cli(&w, &["snapshots"]);
+    assert_eq!(
+        snaps.stdout.lines().count(),
+        1,
+        "no snapshot: {}",
+        snaps.explain()
+    );
+}
