@@ -80,31 +80,68 @@ pub async fn probe_kvm(qemu: &str, kernel: Option<&std::path::Path>) -> Result<(
     {
         return Err("/dev/kvm cannot be opened".into());
     }
-    probe_firmware(qemu).await?;
+    // A few instructions of firmware first: the cheap check.
+    let dir = tempfile_dir().map_err(|e| format!("cannot write the probe firmware: {e}"))?;
+    let fw = dir.join("probe.bin");
+    std::fs::write(&fw, firmware()).map_err(|e| format!("cannot write the probe firmware: {e}"))?;
+    let firmware_ran = first_output(
+        qemu,
+        &["-M", "pc", "-m", "16", "-bios", &fw.display().to_string()],
+        b"K",
+        Duration::from_secs(3),
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    match firmware_ran? {
+        Some(true) => {}
+        Some(false) => return Err("a KVM probe guest exited without running".into()),
+        None => return Err("/dev/kvm opens but a probe guest did not run within 3 s".into()),
+    }
     let Some(kernel) = kernel else {
         return Err("no guest kernel to probe KVM with".into());
     };
+    let args = [
+        "-M",
+        "microvm,x-option-roms=off,rtc=on",
+        "-m",
+        "128",
+        "-no-reboot",
+        "-kernel",
+        &kernel.display().to_string(),
+        "-append",
+        "console=ttyS0 panic=-1 reboot=t",
+    ];
+    match first_output(qemu, &args, b"Linux version", KERNEL_PROBE).await? {
+        Some(true) => Ok(()),
+        Some(false) => Err(
+            "a guest kernel under KVM exited without printing (the CPU model is refused?)".into(),
+        ),
+        None => Err(format!(
+            "/dev/kvm opens but a guest kernel under KVM printed nothing within {KERNEL_PROBE:?} \
+             (broken nested virtualisation?)"
+        )),
+    }
+}
+
+/// Run QEMU under KVM with `args` and its serial console on stdout until `needle` shows:
+/// `Some(true)` when it did, `Some(false)` when QEMU ended first, `None` after `limit`.
+async fn first_output(
+    qemu: &str,
+    args: &[&str],
+    needle: &[u8],
+    limit: Duration,
+) -> Result<Option<bool>, String> {
     let mut child = tokio::process::Command::new(qemu)
         .args([
-            "-M",
-            "microvm,x-option-roms=off,rtc=on,acpi=off",
             "-accel",
             "kvm",
             "-cpu",
             "host",
-        ])
-        .args([
-            "-m",
-            "128",
             "-nodefaults",
             "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
         ])
-        .args(["-serial", "stdio", "-kernel"])
-        .arg(kernel)
-        .args(["-append", "console=ttyS0 panic=-1 reboot=t"])
+        .args(["-display", "none", "-serial", "stdio"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -113,14 +150,14 @@ pub async fn probe_kvm(qemu: &str, kernel: Option<&std::path::Path>) -> Result<(
         .map_err(|e| format!("cannot start {qemu}: {e}"))?;
     let mut out = child.stdout.take().ok_or("no stdout")?;
     let mut seen = Vec::new();
-    let got = tokio::time::timeout(KERNEL_PROBE, async {
+    let got = tokio::time::timeout(limit, async {
         let mut buf = [0u8; 256];
         loop {
             match out.read(&mut buf).await {
                 Ok(0) | Err(_) => return false,
                 Ok(n) => {
                     seen.extend_from_slice(&buf[..n]);
-                    if seen.windows(13).any(|w| w == b"Linux version") {
+                    if seen.windows(needle.len()).any(|w| w == needle) {
                         return true;
                     }
                 }
@@ -129,43 +166,7 @@ pub async fn probe_kvm(qemu: &str, kernel: Option<&std::path::Path>) -> Result<(
     })
     .await;
     let _ = child.kill().await;
-    match got {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(
-            "a guest kernel under KVM exited without printing (the CPU model is refused?)".into(),
-        ),
-        Err(_) => Err(format!(
-            "/dev/kvm opens but a guest kernel under KVM printed nothing within {KERNEL_PROBE:?} (broken nested virtualisation?)"
-        )),
-    }
-}
-
-/// A few instructions of firmware under KVM: the cheap first check.
-async fn probe_firmware(qemu: &str) -> Result<(), String> {
-    let dir = tempfile_dir().map_err(|e| format!("cannot write the probe firmware: {e}"))?;
-    let fw = dir.join("probe.bin");
-    std::fs::write(&fw, firmware()).map_err(|e| format!("cannot write the probe firmware: {e}"))?;
-    let mut child = tokio::process::Command::new(qemu)
-        .args(["-M", "pc", "-accel", "kvm", "-cpu", "host", "-m", "16"])
-        .args(["-nodefaults", "-no-user-config", "-display", "none"])
-        .args(["-serial", "stdio", "-bios"])
-        .arg(&fw)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start {qemu}: {e}"))?;
-    let mut out = child.stdout.take().ok_or("no stdout")?;
-    let mut byte = [0u8; 1];
-    let got = tokio::time::timeout(Duration::from_secs(3), out.read(&mut byte)).await;
-    let _ = child.kill().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    match got {
-        Ok(Ok(1)) if byte[0] == b'K' => Ok(()),
-        Ok(_) => Err("a KVM probe guest exited without running".into()),
-        Err(_) => Err("/dev/kvm opens but a probe guest did not run within 3 s".into()),
-    }
+    Ok(got.ok())
 }
 
 fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {

@@ -8,10 +8,39 @@ use crate::error::DaemonError;
 
 /// Create `layer` as a qcow2 file backed by `base` (absolute path, qcow2).
 pub async fn create_layer(base: &Path, layer: &Path) -> Result<(), DaemonError> {
+    qemu_img(
+        &["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"],
+        base,
+        layer,
+        || {
+            format!(
+                "qemu-img create {} over {}",
+                layer.display(),
+                base.display()
+            )
+        },
+    )
+    .await
+}
+
+/// A raw copy of `base` at `dest` (Firecracker and Cloud Hypervisor read raw images only).
+pub async fn raw_copy(base: &Path, dest: &Path) -> Result<(), DaemonError> {
+    qemu_img(&["convert", "-q", "-O", "raw"], base, dest, || {
+        format!("qemu-img convert {} to raw", base.display())
+    })
+    .await
+}
+
+async fn qemu_img(
+    args: &[&str],
+    from: &Path,
+    to: &Path,
+    what: impl FnOnce() -> String,
+) -> Result<(), DaemonError> {
     let out = tokio::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(base)
-        .arg(layer)
+        .args(args)
+        .arg(from)
+        .arg(to)
         .output()
         .await
         .map_err(|e| DaemonError::Disk(format!("cannot run qemu-img (install qemu-utils): {e}")))?;
@@ -19,9 +48,8 @@ pub async fn create_layer(base: &Path, layer: &Path) -> Result<(), DaemonError> 
         Ok(())
     } else {
         Err(DaemonError::Disk(format!(
-            "qemu-img create {} over {} failed: {}",
-            layer.display(),
-            base.display(),
+            "{} failed: {}",
+            what(),
             String::from_utf8_lossy(&out.stderr).trim()
         )))
     }
@@ -51,24 +79,4 @@ pub fn allocated_bytes_under(dir: &Path) -> u64 {
             }
         })
         .sum()
-}
-
-/// A raw copy of `base` at `dest` (Firecracker and Cloud Hypervisor read raw images only).
-pub async fn raw_copy(base: &Path, dest: &Path) -> Result<(), DaemonError> {
-    let out = tokio::process::Command::new("qemu-img")
-        .args(["convert", "-q", "-O", "raw"])
-        .arg(base)
-        .arg(dest)
-        .output()
-        .await
-        .map_err(|e| DaemonError::Disk(format!("cannot run qemu-img (install qemu-utils): {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(DaemonError::Disk(format!(
-            "qemu-img convert {} to raw failed: {}",
-            base.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
 }

@@ -77,6 +77,24 @@ impl Nest {
         common::Run::from(wait_with_timeout(child, Duration::from_secs(240)))
     }
 
+    /// The directory of the first VM whose guest agent has started (its console says so).
+    fn wait_for_guest(&self) -> PathBuf {
+        let vms = self.state.join("vms");
+        let mut found = None;
+        let started = wait_until(Duration::from_secs(180), || {
+            found = std::fs::read_dir(&vms).ok().and_then(|rd| {
+                rd.flatten().map(|e| e.path()).find(|dir| {
+                    std::fs::read_to_string(dir.join("console.log"))
+                        .unwrap_or_default()
+                        .contains("agent started")
+                })
+            });
+            found.is_some()
+        });
+        assert!(started, "no guest agent started under {}", vms.display());
+        found.unwrap()
+    }
+
     /// QEMU processes of this daemon's VMs.
     fn qemus(&self) -> Vec<String> {
         common::processes_matching(&format!("{}/vms/", self.state.display()))
@@ -364,23 +382,8 @@ hang:
         .spawn()
         .unwrap();
     // Freeze the guest's vCPUs once its agent runs: from then on nothing inside answers.
-    let vms = nest.state.join("vms");
-    let mut qmp = None;
-    assert!(wait_until(Duration::from_secs(180), || {
-        let Ok(rd) = std::fs::read_dir(&vms) else {
-            return false;
-        };
-        for e in rd.flatten() {
-            let console = std::fs::read_to_string(e.path().join("console.log")).unwrap_or_default();
-            if console.contains("agent started") {
-                qmp = Some(e.path().join("qmp.sock"));
-                return true;
-            }
-        }
-        false
-    }));
+    let qmp = nest.wait_for_guest().join("qmp.sock");
     std::thread::sleep(Duration::from_secs(3));
-    let qmp = qmp.unwrap();
     {
         use std::io::{BufRead as _, BufReader, Write as _};
         let mut s = std::os::unix::net::UnixStream::connect(&qmp).unwrap();
@@ -502,16 +505,7 @@ long:
         .slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
         .spawn()
         .unwrap();
-    let vms = nest.state.join("vms");
-    assert!(wait_until(Duration::from_secs(180), || {
-        std::fs::read_dir(&vms).is_ok_and(|rd| {
-            rd.flatten().any(|e| {
-                std::fs::read_to_string(e.path().join("console.log"))
-                    .unwrap_or_default()
-                    .contains("agent started")
-            })
-        })
-    }));
+    nest.wait_for_guest();
     std::thread::sleep(Duration::from_secs(3));
     common::signal(child.id(), "TERM");
     let run = common::Run::from(wait_with_timeout(child, Duration::from_secs(120)));
