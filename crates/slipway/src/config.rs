@@ -1293,6 +1293,25 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                     true,
                 );
             }
+            if v.enabled {
+                let json = serde_json::to_vec(&v.nesting_config).unwrap_or_default();
+                if let Err(e) = slipway_nesting::config::Config::parse(&json) {
+                    report(
+                        at(&["autoscaler", "vm_isolation", "nesting_config"]),
+                        e,
+                        true,
+                    );
+                }
+                if !v.connector_config.username.is_empty()
+                    || !v.connector_config.key_path.is_empty()
+                {
+                    report(
+                        at(&["autoscaler", "vm_isolation", "connector_config"]),
+                        "not used: Slipway reaches a VM through its guest agent over the instance's connection, not SSH into the VM".into(),
+                        false,
+                    );
+                }
+            }
             missing_file(
                 &v.connector_config.key_path,
                 at(&["autoscaler", "vm_isolation", "connector_config", "key_path"]),

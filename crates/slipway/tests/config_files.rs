@@ -124,6 +124,36 @@ fn instance_example_loads_with_expected_warnings() {
 }
 
 #[test]
+fn vm_example_is_clean_and_a_bad_nesting_config_is_an_error() {
+    let w = World::new();
+    let file = example("vm.toml");
+    let run = verify(&w, &file);
+    assert_clean(&run, &file);
+    assert_warnings(&run, &[]);
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("hypervisor = \"qemu\"", "hypervisor = \"xen\"")
+        .replace(
+            "nesting_host = \"unix:///run/slipway/nesting.sock\"",
+            "nesting_host = \"tcp://10.0.0.1:9000\"",
+        );
+    let bad = w.write("vm.toml", &text);
+    let run = verify(&w, &bad);
+    assert_eq!(run.code, Some(1), "{}", run.explain());
+    let errors = lines(&run, "error").join("\n");
+    assert!(
+        errors.contains("runners[0].autoscaler.vm_isolation.nesting_config: nesting config: hypervisor: unknown variant `xen`"),
+        "{}",
+        run.explain()
+    );
+    assert!(
+        errors.contains("runners[0].autoscaler.vm_isolation.nesting_host: expected unix:///path/to/nesting.sock on the instance, got \"tcp://10.0.0.1:9000\""),
+        "{}",
+        run.explain()
+    );
+}
+
+#[test]
 fn an_installed_plugin_is_not_warned_about() {
     let w = World::new();
     let dir = w.path().join("plugins");

@@ -177,15 +177,17 @@ fn microvm_and_vm_jobs_each_run_in_a_vm_of_their_own() {
         &w,
         &cfg,
         r#"
-stages: [test]
+stages: [build, test]
 micro:
-  stage: test
+  stage: build
   isolation: microvm
   script:
     - echo "kernel $(uname -r)"
     - grep -q slipway.root /proc/cmdline && echo "root disk" || echo "initramfs root"
     - echo "pwd $PWD"
-    - echo data > here.txt && cat here.txt
+    - mkdir -p out && echo "built in a microvm" > out/result.txt
+  artifacts:
+    paths: [out/]
 full:
   stage: test
   isolation: vm
@@ -193,6 +195,7 @@ full:
     - echo "kernel $(uname -r)"
     - grep -q slipway.root /proc/cmdline && echo "root disk" || echo "initramfs root"
     - test -f /etc/debian_version && echo "debian $(cat /etc/debian_version)"
+    - echo "artifact says $(cat out/result.txt)"
 "#,
     );
     assert_eq!(run.code, Some(0), "{}", run.explain());
