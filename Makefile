@@ -2,13 +2,19 @@
 CARGO ?= cargo
 PIPELINE ?= examples/pipeline.yml
 
-.PHONY: demo test build lint bench
+.PHONY: demo demo-vm test build lint bench
 
 ## Build everything and run the example pipeline through the whole stack.
 demo:
 	@scripts/deps.sh demo
 	$(CARGO) build --workspace --bins
 	./target/debug/slipway exec $(PIPELINE)
+
+## The VM levels: examples/vm-pipeline.yml with a local nesting daemon (QEMU; KVM when it works).
+demo-vm:
+	@scripts/deps.sh demo
+	$(CARGO) build --workspace --bins
+	scripts/demo-vm.sh
 
 ## Install every test dependency, then run the whole suite.
 test:
