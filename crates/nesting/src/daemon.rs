@@ -102,6 +102,16 @@ impl Daemon {
             std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
                 .map_err(DaemonError::io(format!("restricting {}", d.display())))?;
         }
+        // A snapshot being written or replaced when the daemon died is half a snapshot: gone.
+        if let Ok(rd) = std::fs::read_dir(snapshot::dir(&opts.state_dir)) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with(".new-") || name.starts_with(".old-") {
+                    tracing::info!(dir = %e.path().display(), "removing an unfinished snapshot");
+                    let _ = remove_tree(&e.path());
+                }
+            }
+        }
         let daemon = Arc::new(Daemon {
             opts,
             active: Mutex::new(None),
@@ -873,5 +883,68 @@ impl nesting_server::Nesting for Service {
     ) -> Reply<proto::DeleteSnapshotResponse> {
         self.0.delete_snapshot(&r.into_inner().name).await?;
         Ok(Response::new(proto::DeleteSnapshotResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_restarted_daemon_removes_half_written_snapshots_and_dead_vms() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("s");
+        let snaps = snapshot::dir(&state);
+        std::fs::create_dir_all(snaps.join(".new-deps-1234")).unwrap();
+        std::fs::create_dir_all(snaps.join("kept")).unwrap();
+        // A VM whose hypervisor is long gone (pid 0 is never a VM's).
+        let rec = VmRecord {
+            id: "dead0001".into(),
+            name: "slipway-dead0001".into(),
+            slot: Some(3),
+            image: "img".into(),
+            snapshot: String::new(),
+            hypervisor: HypervisorKind::Qemu,
+            spec: VmSpec {
+                id: "dead0001".into(),
+                level: Level::Microvm,
+                vcpus: 1,
+                memory_mib: 128,
+                kernel: "/k".into(),
+                initrd: None,
+                cmdline: String::new(),
+                disks: Vec::new(),
+                agent: AgentChannel::VirtioSerial {
+                    name: "a".into(),
+                    socket: "/a.sock".into(),
+                },
+                accel: Accel::Tcg,
+                run_dir: store::vm_dir(&state, "dead0001"),
+            },
+            process: Some(VmProcess {
+                pid: 0,
+                control: "/q".into(),
+                marker: "slipway-vm-dead0001".into(),
+            }),
+            base_disk: "/b".into(),
+            created: 0,
+        };
+        store::save(&state, &rec).unwrap();
+        let daemon = Daemon::new(DaemonOptions {
+            state_dir: state.clone(),
+            images_dir: dir.path().join("images"),
+        })
+        .await
+        .unwrap();
+        assert!(!snaps.join(".new-deps-1234").exists());
+        assert!(snaps.join("kept").exists());
+        assert!(daemon.list().await.is_empty());
+        assert!(!store::vm_dir(&state, "dead0001").exists());
+        // Not initialised: creating says so in GitLab's words, listing does not need it.
+        let e = daemon.create("img", Some(0)).await.unwrap_err();
+        assert_eq!(e.to_string(), "not initialized");
+        daemon.init(br#"{"accel":"tcg"}"#).await.unwrap();
+        let e = daemon.init(b"{}").await.unwrap_err();
+        assert_eq!(e.to_string(), "already initialized");
     }
 }
