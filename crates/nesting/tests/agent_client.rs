@@ -8,7 +8,9 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use slipway_nesting::agent::{AgentClient, AgentError, Exec, ExecEvent, connect_unix, wait_ready};
+use slipway_nesting::agent::{
+    AgentClient, AgentError, Exec, ExecEvent, Execution, connect_unix, wait_ready,
+};
 use tokio::process::{Child, Command};
 
 /// Longest any single step may take before the test calls it a hang.
@@ -47,14 +49,21 @@ fn agent_binary() -> PathBuf {
         .clone()
 }
 
+/// `slipway-guest-agent --stdio`, killed when dropped; stdin and stdout are the caller's to set.
+fn agent_command() -> Command {
+    let mut command = Command::new(agent_binary());
+    command
+        .arg("--stdio")
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
 /// A running `--stdio` agent and a client on its stdin/stdout.
 fn start_agent() -> (Child, AgentClient) {
-    let mut agent = Command::new(agent_binary())
-        .arg("--stdio")
+    let mut agent = agent_command()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let stdout = agent.stdout.take().unwrap();
@@ -66,10 +75,54 @@ fn argv(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
-async fn next(execution: &mut slipway_nesting::agent::Execution) -> Option<ExecEvent> {
+/// `args` with the default options.
+fn command(args: &[&str]) -> Exec {
+    Exec {
+        argv: argv(args),
+        ..Exec::default()
+    }
+}
+
+async fn next(execution: &mut Execution) -> Option<ExecEvent> {
     tokio::time::timeout(PATIENCE, execution.events.recv())
         .await
         .expect("no event in time")
+}
+
+/// Start `exec` and take its `Started` event.
+async fn started(client: &AgentClient, exec: Exec) -> Execution {
+    let mut execution = client.exec(exec).await.unwrap();
+    assert!(matches!(next(&mut execution).await, Some(ExecEvent::Started(pid)) if pid > 0));
+    execution
+}
+
+/// What an exec wrote and how it ended.
+#[derive(Debug, PartialEq, Eq)]
+struct Finished {
+    out: Vec<u8>,
+    err: Vec<u8>,
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+/// The events of a started exec up to and including its exit.
+async fn until_exit(execution: &mut Execution) -> Finished {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        match next(execution).await.unwrap() {
+            ExecEvent::Stdout(data) => out.extend(data),
+            ExecEvent::Stderr(data) => err.extend(data),
+            ExecEvent::Exit { code, signal } => {
+                return Finished {
+                    out,
+                    err,
+                    code,
+                    signal,
+                };
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]
@@ -83,29 +136,19 @@ async fn hello_answers_with_version_and_uptime() {
 #[tokio::test]
 async fn exec_streams_output_then_exit() {
     let (_agent, client) = start_agent();
-    let mut execution = client
-        .exec(Exec {
-            argv: argv(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
-            ..Exec::default()
-        })
-        .await
-        .unwrap();
-    assert!(matches!(next(&mut execution).await, Some(ExecEvent::Started(pid)) if pid > 0));
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    loop {
-        match next(&mut execution).await.unwrap() {
-            ExecEvent::Stdout(data) => out.extend(data),
-            ExecEvent::Stderr(data) => err.extend(data),
-            ExecEvent::Exit { code, signal } => {
-                assert_eq!((code, signal), (Some(3), None));
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let mut execution = started(
+        &client,
+        command(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
+    )
+    .await;
     assert_eq!(
-        (out.as_slice(), err.as_slice()),
-        (&b"out\n"[..], &b"err\n"[..])
+        until_exit(&mut execution).await,
+        Finished {
+            out: b"out\n".to_vec(),
+            err: b"err\n".to_vec(),
+            code: Some(3),
+            signal: None
+        }
     );
     assert_eq!(next(&mut execution).await, None, "nothing after the exit");
 }
@@ -122,40 +165,30 @@ async fn run_capture_passes_stdin_and_env_and_cwd() {
         (Some(0), &b"some input"[..], &b""[..])
     );
 
-    let mut execution = client
-        .exec(Exec {
-            argv: argv(&["sh", "-c", "echo \"$WHO\"; pwd"]),
+    let mut execution = started(
+        &client,
+        Exec {
             env: vec![("WHO".into(), "guest".into())],
             cwd: Some("/".into()),
-            ..Exec::default()
-        })
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    while let Some(event) = next(&mut execution).await {
-        if let ExecEvent::Stdout(data) = event {
-            out.extend(data);
-        }
-    }
-    assert_eq!(out, b"guest\n/\n");
+            ..command(&["sh", "-c", "echo \"$WHO\"; pwd"])
+        },
+    )
+    .await;
+    assert_eq!(until_exit(&mut execution).await.out, b"guest\n/\n");
 }
 
 #[tokio::test]
 async fn keep_stdin_takes_more_input_until_eof() {
     let (_agent, client) = start_agent();
-    let mut execution = client
-        .exec(Exec {
-            argv: argv(&["cat"]),
+    let mut execution = started(
+        &client,
+        Exec {
             stdin: Some(b"one ".to_vec()),
             keep_stdin: true,
-            ..Exec::default()
-        })
-        .await
-        .unwrap();
-    assert!(matches!(
-        next(&mut execution).await,
-        Some(ExecEvent::Started(_))
-    ));
+            ..command(&["cat"])
+        },
+    )
+    .await;
     // cat echoes while stdin is still open.
     let mut out = Vec::new();
     while out != b"one " {
@@ -169,33 +202,16 @@ async fn keep_stdin_takes_more_input_until_eof() {
         .await
         .unwrap();
     client.stdin(execution.id, None, true).await.unwrap();
-    loop {
-        match next(&mut execution).await.unwrap() {
-            ExecEvent::Stdout(data) => out.extend(data),
-            ExecEvent::Exit { code, .. } => {
-                assert_eq!(code, Some(0));
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let rest = until_exit(&mut execution).await;
+    assert_eq!((rest.code, rest.err.as_slice()), (Some(0), &b""[..]));
+    out.extend(rest.out);
     assert_eq!(out, b"one two");
 }
 
 #[tokio::test]
 async fn signal_kills_the_process_group() {
     let (_agent, client) = start_agent();
-    let mut execution = client
-        .exec(Exec {
-            argv: argv(&["sh", "-c", "sleep 100 & wait"]),
-            ..Exec::default()
-        })
-        .await
-        .unwrap();
-    assert!(matches!(
-        next(&mut execution).await,
-        Some(ExecEvent::Started(_))
-    ));
+    let mut execution = started(&client, command(&["sh", "-c", "sleep 100 & wait"])).await;
     let started = Instant::now();
     client.signal(execution.id, 15).await.unwrap();
     // Only once the background sleep, holding stdout, is dead too.
@@ -254,17 +270,7 @@ async fn a_missing_program_is_refused() {
 #[tokio::test]
 async fn dropping_the_client_ends_event_streams() {
     let (_agent, client) = start_agent();
-    let mut execution = client
-        .exec(Exec {
-            argv: argv(&["sleep", "100"]),
-            ..Exec::default()
-        })
-        .await
-        .unwrap();
-    assert!(matches!(
-        next(&mut execution).await,
-        Some(ExecEvent::Started(_))
-    ));
+    let mut execution = started(&client, command(&["sleep", "100"])).await;
     drop(client);
     assert_eq!(next(&mut execution).await, None);
 }
@@ -281,17 +287,7 @@ async fn killing_the_agent_fails_pending_requests() {
                 .await
         })
     };
-    let mut execution = client
-        .exec(Exec {
-            argv: argv(&["sleep", "100"]),
-            ..Exec::default()
-        })
-        .await
-        .unwrap();
-    assert!(matches!(
-        next(&mut execution).await,
-        Some(ExecEvent::Started(_))
-    ));
+    let mut execution = started(&client, command(&["sleep", "100"])).await;
     agent.kill().await.unwrap();
     let result = tokio::time::timeout(PATIENCE, pending)
         .await
@@ -304,12 +300,7 @@ async fn killing_the_agent_fails_pending_requests() {
         Err(AgentError::Closed)
     ));
     assert!(matches!(
-        client
-            .exec(Exec {
-                argv: argv(&["true"]),
-                ..Exec::default()
-            })
-            .await,
+        client.exec(command(&["true"])).await,
         Err(AgentError::Closed)
     ));
 }
@@ -341,12 +332,9 @@ async fn wait_ready_waits_for_a_late_agent() {
         let stream = std::os::unix::net::UnixStream::from(stream);
         stream.set_nonblocking(false).unwrap();
         let reader = stream.try_clone().unwrap();
-        Command::new(agent_binary())
-            .arg("--stdio")
+        agent_command()
             .stdin(Stdio::from(OwnedFd::from(reader)))
             .stdout(Stdio::from(OwnedFd::from(stream)))
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
             .spawn()
             .unwrap()
     });

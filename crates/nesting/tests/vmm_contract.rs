@@ -7,6 +7,7 @@
 mod contract;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -17,7 +18,8 @@ use slipway_nesting::hypervisor::firecracker::Firecracker;
 use slipway_nesting::hypervisor::is_running;
 use slipway_nesting::hypervisor::vsock::connect_vsock;
 use slipway_nesting::{
-    Accel, AgentChannel, Disk, DiskFormat, Hypervisor, HypervisorError, Level, VmProcess, VmSpec,
+    Accel, AgentChannel, Disk, DiskFormat, Hypervisor, HypervisorError, Level, SnapshotFiles,
+    VmProcess, VmSpec,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -167,27 +169,109 @@ fn body(exchange: &Exchange) -> Value {
     exchange.body.clone().unwrap_or(Value::Null)
 }
 
-async fn stop_and_check_gone(backend: &dyn Hypervisor, vm: &VmProcess) {
-    backend.stop(vm, GRACE).await.unwrap();
-    assert!(!is_running(vm), "process {} survived stop", vm.pid);
-    assert_none_left(&vm.marker).await;
-    // Stopping twice is not an error.
-    backend.stop(vm, GRACE).await.unwrap();
+/// The hypervisor, request and message of an API refusal; panics on anything else.
+fn api_refusal<T: std::fmt::Debug>(
+    result: Result<T, HypervisorError>,
+) -> (&'static str, String, String) {
+    match result {
+        Err(HypervisorError::Api {
+            hypervisor,
+            request,
+            message,
+        }) => (hypervisor, request, message),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// A backend driving the fake VMM of a [`Setup`], and the API description its contract
+/// servers check.
+struct Rig {
+    t: Setup,
+    api: Arc<ApiSpec>,
+    /// Name of the API socket in a run dir.
+    socket: &'static str,
+    vmm: Box<dyn Hypervisor>,
+}
+
+impl Rig {
+    /// Firecracker over a fake printing `version`; `None` (the test is skipped) without its
+    /// published API description.
+    fn firecracker(version: &str) -> Option<Rig> {
+        let api = ApiSpec::firecracker()?;
+        let t = Setup::new(version);
+        let vmm = Box::new(Firecracker {
+            binary: t.fake.clone(),
+        });
+        Some(Rig {
+            t,
+            api,
+            socket: "fc.sock",
+            vmm,
+        })
+    }
+
+    /// Cloud Hypervisor over a fake printing `version`, as [`Rig::firecracker`].
+    fn cloud_hypervisor(version: &str) -> Option<Rig> {
+        let api = ApiSpec::cloud_hypervisor()?;
+        let t = Setup::new(version);
+        let vmm = Box::new(CloudHypervisor {
+            binary: t.fake.clone(),
+        });
+        Some(Rig {
+            t,
+            api,
+            socket: "ch.sock",
+            vmm,
+        })
+    }
+
+    /// A contract server on the API socket of `spec`'s process.
+    fn serve(&self, spec: &VmSpec) -> ContractServer {
+        ContractServer::start(self.api.clone(), &spec.run_dir.join(self.socket))
+    }
+
+    /// The setup's VM booted against a contract server whose boot exchanges are taken.
+    async fn booted(&self) -> (ContractServer, VmProcess) {
+        let server = self.serve(&self.t.spec);
+        let vm = self.vmm.boot(&self.t.spec).await.unwrap();
+        server.take();
+        (server, vm)
+    }
+
+    /// The setup's VM booted and snapshotted into `snap` (its server's exchanges taken), and the
+    /// spec of a branch to restore it beside the original.
+    async fn snapshot_and_branch(&self) -> (ContractServer, VmProcess, SnapshotFiles, VmSpec) {
+        let (server, vm) = self.booted().await;
+        let files = self
+            .vmm
+            .snapshot(&vm, &self.t.dir.path().join("snap"))
+            .await
+            .unwrap();
+        server.take();
+        (server, vm, files, self.t.branch("branch"))
+    }
+
+    /// Stop `vm` and check that its process is gone; stopping twice is not an error.
+    async fn stop_and_check_gone(&self, vm: &VmProcess) {
+        self.vmm.stop(vm, GRACE).await.unwrap();
+        assert!(!is_running(vm), "process {} survived stop", vm.pid);
+        assert_none_left(&vm.marker).await;
+        self.vmm.stop(vm, GRACE).await.unwrap();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Firecracker
 
+const FC_VERSION: &str = "Firecracker v1.17.0-dev";
+
 #[tokio::test]
 async fn firecracker_boot_sends_the_documented_requests_in_order() {
-    let Some(api) = ApiSpec::firecracker() else {
+    let Some(rig) = Rig::firecracker(FC_VERSION) else {
         return;
     };
-    let t = Setup::new("Firecracker v1.17.0-dev");
-    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
-    let fc = Firecracker {
-        binary: t.fake.clone(),
-    };
+    let (t, fc) = (&rig.t, &rig.vmm);
+    let server = rig.serve(&t.spec);
 
     let vm = fc.boot(&t.spec).await.unwrap();
     assert!(is_running(&vm));
@@ -230,48 +314,36 @@ async fn firecracker_boot_sends_the_documented_requests_in_order() {
         assert_eq!(exchange.status, 204);
     }
 
-    stop_and_check_gone(&fc, &vm).await;
+    rig.stop_and_check_gone(&vm).await;
 }
 
 #[tokio::test]
 async fn firecracker_pause_and_resume_patch_the_vm_state() {
-    let Some(api) = ApiSpec::firecracker() else {
+    let Some(rig) = Rig::firecracker(FC_VERSION) else {
         return;
     };
-    let t = Setup::new("Firecracker v1.17.0-dev");
-    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
-    let fc = Firecracker {
-        binary: t.fake.clone(),
-    };
-    let vm = fc.boot(&t.spec).await.unwrap();
-    server.take();
+    let (server, vm) = rig.booted().await;
 
-    fc.pause(&vm).await.unwrap();
-    fc.resume(&vm).await.unwrap();
+    rig.vmm.pause(&vm).await.unwrap();
+    rig.vmm.resume(&vm).await.unwrap();
 
     server.assert_conforms();
     let exchanges = server.exchanges();
     assert_eq!(calls(&exchanges), ["PATCH /vm", "PATCH /vm"]);
     assert_eq!(body(&exchanges[0]), json!({"state": "Paused"}));
     assert_eq!(body(&exchanges[1]), json!({"state": "Resumed"}));
-    stop_and_check_gone(&fc, &vm).await;
+    rig.stop_and_check_gone(&vm).await;
 }
 
 #[tokio::test]
 async fn firecracker_snapshot_pauses_then_creates_a_full_snapshot() {
-    let Some(api) = ApiSpec::firecracker() else {
+    let Some(rig) = Rig::firecracker(FC_VERSION) else {
         return;
     };
-    let t = Setup::new("Firecracker v1.17.0-dev");
-    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
-    let fc = Firecracker {
-        binary: t.fake.clone(),
-    };
-    let vm = fc.boot(&t.spec).await.unwrap();
-    server.take();
+    let (server, vm) = rig.booted().await;
 
-    let dir = t.dir.path().join("snap");
-    let files = fc.snapshot(&vm, &dir).await.unwrap();
+    let dir = rig.t.dir.path().join("snap");
+    let files = rig.vmm.snapshot(&vm, &dir).await.unwrap();
     assert!(dir.is_dir(), "snapshot dir is created");
     assert_eq!(files.dir, dir);
     assert_eq!(files.state, dir.join("vmstate"));
@@ -289,27 +361,19 @@ async fn firecracker_snapshot_pauses_then_creates_a_full_snapshot() {
             "mem_file_path": dir.join("memory").display().to_string(),
         })
     );
-    stop_and_check_gone(&fc, &vm).await;
+    rig.stop_and_check_gone(&vm).await;
 }
 
 #[tokio::test]
 async fn firecracker_restore_loads_the_snapshot_first_in_a_new_process() {
-    let Some(api) = ApiSpec::firecracker() else {
+    let Some(rig) = Rig::firecracker(FC_VERSION) else {
         return;
     };
-    let t = Setup::new("Firecracker v1.17.0-dev");
-    let original = ContractServer::start(api.clone(), &t.spec.run_dir.join("fc.sock"));
-    let fc = Firecracker {
-        binary: t.fake.clone(),
-    };
-    let vm = fc.boot(&t.spec).await.unwrap();
-    let files = fc.snapshot(&vm, &t.dir.path().join("snap")).await.unwrap();
-    original.take();
+    let (original, vm, files, branch) = rig.snapshot_and_branch().await;
 
     // Restored beside the original (a branch): its own run dir, API socket and process.
-    let branch = t.branch("branch");
-    let server = ContractServer::start(api, &branch.run_dir.join("fc.sock"));
-    let restored = fc.restore(&branch, &files).await.unwrap();
+    let server = rig.serve(&branch);
+    let restored = rig.vmm.restore(&branch, &files).await.unwrap();
     assert_ne!(restored.pid, vm.pid);
     assert!(is_running(&restored) && is_running(&vm));
     assert_eq!(restored.control, branch.run_dir.join("fc.sock"));
@@ -338,30 +402,27 @@ async fn firecracker_restore_loads_the_snapshot_first_in_a_new_process() {
         })
     );
 
-    stop_and_check_gone(&fc, &restored).await;
+    rig.stop_and_check_gone(&restored).await;
     assert!(is_running(&vm), "stopping the branch leaves the original");
-    stop_and_check_gone(&fc, &vm).await;
+    rig.stop_and_check_gone(&vm).await;
 }
 
 #[tokio::test]
 async fn firecracker_identity_reads_the_version() {
-    let Some(api) = ApiSpec::firecracker() else {
+    let Some(rig) = Rig::firecracker("Firecracker v1.16.1") else {
         return;
     };
-    let t = Setup::new("Firecracker v1.16.1");
-    let fc = Firecracker {
-        binary: t.fake.clone(),
-    };
+    let fc = &rig.vmm;
     // No process yet: the binary's `--version`.
-    let id = fc.identity(&t.spec).await.unwrap();
+    let id = fc.identity(&rig.t.spec).await.unwrap();
     assert_eq!(id.hypervisor, "firecracker");
     assert_eq!(id.version, "1.16.1");
     assert_eq!(id.machine, "firecracker");
     assert!(id.cpu_model.starts_with("host:"), "{}", id.cpu_model);
 
     // A running VM for the spec: `GET /version`.
-    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
-    let id = fc.identity(&t.spec).await.unwrap();
+    let server = rig.serve(&rig.t.spec);
+    let id = fc.identity(&rig.t.spec).await.unwrap();
     assert_eq!(id.version, "1.17.0-dev");
     assert_eq!(server.calls(), ["GET /version"]);
     server.assert_conforms();
@@ -379,46 +440,34 @@ async fn firecracker_identity_reads_the_version() {
 
 #[tokio::test]
 async fn firecracker_refusal_carries_the_fault_message_and_leaves_no_process() {
-    let Some(api) = ApiSpec::firecracker() else {
+    let Some(rig) = Rig::firecracker(FC_VERSION) else {
         return;
     };
-    let t = Setup::new("Firecracker v1.17.0-dev");
-    let server = ContractServer::start(api, &t.spec.run_dir.join("fc.sock"));
+    let server = rig.serve(&rig.t.spec);
     server.force(
         "PUT",
         "/drives/work",
         400,
         r#"{"fault_message":"Unable to create the block device: No such file"}"#,
     );
-    let fc = Firecracker {
-        binary: t.fake.clone(),
-    };
-    let err = fc.boot(&t.spec).await.unwrap_err();
-    match &err {
-        HypervisorError::Api {
-            hypervisor,
-            request,
-            message,
-        } => {
-            assert_eq!(*hypervisor, "firecracker");
-            assert_eq!(request, "PUT /drives/work");
-            assert!(
-                message.contains("Unable to create the block device"),
-                "{message}"
-            );
-            assert!(message.contains("400"), "{message}");
-        }
-        other => panic!("expected an API error, got {other:?}"),
-    }
+    let (hypervisor, request, message) = api_refusal(rig.vmm.boot(&rig.t.spec).await);
+    assert_eq!(hypervisor, "firecracker");
+    assert_eq!(request, "PUT /drives/work");
+    assert!(
+        message.contains("Unable to create the block device"),
+        "{message}"
+    );
+    assert!(message.contains("400"), "{message}");
     // A half-configured VM is not left running.
-    assert_none_left(&t.spec.id).await;
+    assert_none_left(&rig.t.spec.id).await;
     assert!(!server.calls().contains(&"PUT /actions".to_string()));
     server.assert_conforms();
 }
 
 #[tokio::test]
 async fn firecracker_refuses_unrunnable_specs_before_spawning() {
-    let t = Setup::new("Firecracker v1.17.0-dev");
+    // No API server involved: runs without the published description too.
+    let t = Setup::new(FC_VERSION);
     let fc = Firecracker {
         binary: t.fake.clone(),
     };
@@ -443,20 +492,18 @@ async fn firecracker_refuses_unrunnable_specs_before_spawning() {
 // ---------------------------------------------------------------------------------------------
 // Cloud Hypervisor
 
+const CH_VERSION: &str = "cloud-hypervisor v48.0.0";
 const PING: &str = "GET /api/v1/vmm.ping";
 
 #[tokio::test]
 async fn cloud_hypervisor_boot_creates_then_boots() {
-    let Some(api) = ApiSpec::cloud_hypervisor() else {
+    let Some(rig) = Rig::cloud_hypervisor(CH_VERSION) else {
         return;
     };
-    let t = Setup::new("cloud-hypervisor v48.0.0");
-    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
-    let ch = CloudHypervisor {
-        binary: t.fake.clone(),
-    };
+    let t = &rig.t;
+    let server = rig.serve(&t.spec);
 
-    let vm = ch.boot(&t.spec).await.unwrap();
+    let vm = rig.vmm.boot(&t.spec).await.unwrap();
     assert!(is_running(&vm));
     let sock = t.spec.run_dir.join("ch.sock");
     assert_eq!(vm.control, sock);
@@ -493,32 +540,26 @@ async fn cloud_hypervisor_boot_creates_then_boots() {
         })
     );
     assert_eq!(exchanges[1].body, None, "vm.boot takes no body");
-    stop_and_check_gone(&ch, &vm).await;
+    rig.stop_and_check_gone(&vm).await;
 }
 
 #[tokio::test]
 async fn cloud_hypervisor_pause_resume_and_snapshot() {
-    let Some(api) = ApiSpec::cloud_hypervisor() else {
+    let Some(rig) = Rig::cloud_hypervisor(CH_VERSION) else {
         return;
     };
-    let t = Setup::new("cloud-hypervisor v48.0.0");
-    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
-    let ch = CloudHypervisor {
-        binary: t.fake.clone(),
-    };
-    let vm = ch.boot(&t.spec).await.unwrap();
-    server.take();
+    let (server, vm) = rig.booted().await;
 
-    ch.pause(&vm).await.unwrap();
-    ch.resume(&vm).await.unwrap();
+    rig.vmm.pause(&vm).await.unwrap();
+    rig.vmm.resume(&vm).await.unwrap();
     assert_eq!(
         server.calls(),
         ["PUT /api/v1/vm.pause", "PUT /api/v1/vm.resume"]
     );
     server.take();
 
-    let dir = t.dir.path().join("snap");
-    let files = ch.snapshot(&vm, &dir).await.unwrap();
+    let dir = rig.t.dir.path().join("snap");
+    let files = rig.vmm.snapshot(&vm, &dir).await.unwrap();
     assert!(dir.is_dir(), "snapshot dir is created");
     assert_eq!(files.state, dir.join("state.json"));
     assert_eq!(files.memory, Some(dir.join("memory-ranges")));
@@ -532,27 +573,18 @@ async fn cloud_hypervisor_pause_resume_and_snapshot() {
         json!({"destination_url": format!("file://{}", dir.display())})
     );
     server.assert_conforms();
-    stop_and_check_gone(&ch, &vm).await;
+    rig.stop_and_check_gone(&vm).await;
 }
 
 #[tokio::test]
 async fn cloud_hypervisor_restore_then_resume_in_a_new_process() {
-    let Some(api) = ApiSpec::cloud_hypervisor() else {
+    let Some(rig) = Rig::cloud_hypervisor(CH_VERSION) else {
         return;
     };
-    let t = Setup::new("cloud-hypervisor v48.0.0");
-    let original = ContractServer::start(api.clone(), &t.spec.run_dir.join("ch.sock"));
-    let ch = CloudHypervisor {
-        binary: t.fake.clone(),
-    };
-    let vm = ch.boot(&t.spec).await.unwrap();
-    let dir = t.dir.path().join("snap");
-    let files = ch.snapshot(&vm, &dir).await.unwrap();
-    original.take();
+    let (original, vm, files, branch) = rig.snapshot_and_branch().await;
 
-    let branch = t.branch("branch");
-    let server = ContractServer::start(api, &branch.run_dir.join("ch.sock"));
-    let restored = ch.restore(&branch, &files).await.unwrap();
+    let server = rig.serve(&branch);
+    let restored = rig.vmm.restore(&branch, &files).await.unwrap();
     assert_ne!(restored.pid, vm.pid);
     assert!(is_running(&restored));
 
@@ -565,27 +597,21 @@ async fn cloud_hypervisor_restore_then_resume_in_a_new_process() {
     );
     assert_eq!(
         body(&exchanges[0]),
-        json!({"source_url": format!("file://{}", dir.display())})
+        json!({"source_url": format!("file://{}", files.dir.display())})
     );
-    stop_and_check_gone(&ch, &restored).await;
-    stop_and_check_gone(&ch, &vm).await;
+    rig.stop_and_check_gone(&restored).await;
+    rig.stop_and_check_gone(&vm).await;
 }
 
 #[tokio::test]
 async fn cloud_hypervisor_stop_asks_vm_then_vmm_to_shut_down() {
-    let Some(api) = ApiSpec::cloud_hypervisor() else {
+    let Some(rig) = Rig::cloud_hypervisor(CH_VERSION) else {
         return;
     };
-    let t = Setup::new("cloud-hypervisor v48.0.0");
-    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
-    let ch = CloudHypervisor {
-        binary: t.fake.clone(),
-    };
-    let vm = ch.boot(&t.spec).await.unwrap();
-    server.take();
+    let (server, vm) = rig.booted().await;
 
     // The fake does not exit on vmm.shutdown: stop must fall back to SIGKILL after the grace.
-    ch.stop(&vm, GRACE).await.unwrap();
+    rig.vmm.stop(&vm, GRACE).await.unwrap();
     assert!(!is_running(&vm));
     assert_eq!(
         server.calls(),
@@ -596,20 +622,17 @@ async fn cloud_hypervisor_stop_asks_vm_then_vmm_to_shut_down() {
 
 #[tokio::test]
 async fn cloud_hypervisor_identity_and_plain_text_errors() {
-    let Some(api) = ApiSpec::cloud_hypervisor() else {
+    let Some(rig) = Rig::cloud_hypervisor("cloud-hypervisor v47.0.1") else {
         return;
     };
-    let t = Setup::new("cloud-hypervisor v47.0.1");
-    let ch = CloudHypervisor {
-        binary: t.fake.clone(),
-    };
+    let (t, ch) = (&rig.t, &rig.vmm);
     let id = ch.identity(&t.spec).await.unwrap();
     assert_eq!(id.hypervisor, "cloud-hypervisor");
     assert_eq!(id.version, "47.0.1");
     assert_eq!(id.machine, "cloud-hypervisor");
     assert!(!ch.capabilities().lazy_restore && ch.capabilities().snapshot);
 
-    let server = ContractServer::start(api, &t.spec.run_dir.join("ch.sock"));
+    let server = rig.serve(&t.spec);
     assert_eq!(ch.identity(&t.spec).await.unwrap().version, "48.0.0");
     assert_eq!(server.calls(), [PING]);
 
@@ -619,22 +642,24 @@ async fn cloud_hypervisor_identity_and_plain_text_errors() {
         500,
         "Error booting VM: kernel not found",
     );
-    let err = ch.boot(&t.spec).await.unwrap_err();
-    match &err {
-        HypervisorError::Api {
-            request, message, ..
-        } => {
-            assert_eq!(request, "PUT /api/v1/vm.boot");
-            assert!(message.contains("kernel not found"), "{message}");
-        }
-        other => panic!("expected an API error, got {other:?}"),
-    }
+    let (_, request, message) = api_refusal(ch.boot(&t.spec).await);
+    assert_eq!(request, "PUT /api/v1/vm.boot");
+    assert!(message.contains("kernel not found"), "{message}");
     assert_none_left(&t.spec.run_dir.join("ch.sock").display().to_string()).await;
     server.assert_conforms();
 }
 
 // ---------------------------------------------------------------------------------------------
 // The checker catches bad requests
+
+/// Assert that one of `violations` mentions `needle`.
+#[track_caller]
+fn assert_mentions(violations: &[String], needle: &str) {
+    assert!(
+        violations.iter().any(|v| v.contains(needle)),
+        "no violation mentions {needle:?}: {violations:?}"
+    );
+}
 
 #[test]
 fn checker_reports_firecracker_contract_violations() {
@@ -653,67 +678,54 @@ fn checker_reports_firecracker_contract_violations() {
         )
         .is_empty()
     );
-    let unknown = check(
-        "PUT",
-        "/machine-config",
-        json!({"vcpu_count": 2, "mem_size_mib": 128, "memory_mib": 128}),
+    assert_mentions(
+        &check(
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": 2, "mem_size_mib": 128, "memory_mib": 128}),
+        ),
+        "unknown field `memory_mib`",
     );
-    assert!(
-        unknown
-            .iter()
-            .any(|v| v.contains("unknown field `memory_mib`")),
-        "{unknown:?}"
+    assert_mentions(
+        &check("PUT", "/boot-source", json!({"boot_args": "console=ttyS0"})),
+        "`kernel_image_path` is missing",
     );
-    let missing = check("PUT", "/boot-source", json!({"boot_args": "console=ttyS0"}));
-    assert!(
-        missing
-            .iter()
-            .any(|v| v.contains("`kernel_image_path` is missing")),
-        "{missing:?}"
+    assert_mentions(
+        &check(
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": "2", "mem_size_mib": 128}),
+        ),
+        "expected an integer",
     );
-    let wrong_type = check(
-        "PUT",
-        "/machine-config",
-        json!({"vcpu_count": "2", "mem_size_mib": 128}),
+    assert_mentions(
+        &check(
+            "PUT",
+            "/machine-config",
+            json!({"vcpu_count": 64, "mem_size_mib": 128}),
+        ),
+        "maximum",
     );
-    assert!(
-        wrong_type.iter().any(|v| v.contains("expected an integer")),
-        "{wrong_type:?}"
-    );
-    let out_of_range = check(
-        "PUT",
-        "/machine-config",
-        json!({"vcpu_count": 64, "mem_size_mib": 128}),
-    );
-    assert!(
-        out_of_range.iter().any(|v| v.contains("maximum")),
-        "{out_of_range:?}"
-    );
-    let bad_enum = check("PUT", "/actions", json!({"action_type": "Start"}));
-    assert!(
-        bad_enum.iter().any(|v| v.contains("is not one of")),
-        "{bad_enum:?}"
+    assert_mentions(
+        &check("PUT", "/actions", json!({"action_type": "Start"})),
+        "is not one of",
     );
     // Through a $ref with a sibling description (SnapshotLoadParams.mem_backend).
-    let nested = check(
-        "PUT",
-        "/snapshot/load",
-        json!({"snapshot_path": "/s", "mem_backend": {"backend_type": "Mmap", "backend_path": "/m"}}),
+    assert_mentions(
+        &check(
+            "PUT",
+            "/snapshot/load",
+            json!({"snapshot_path": "/s", "mem_backend": {"backend_type": "Mmap", "backend_path": "/m"}}),
+        ),
+        "body.mem_backend.backend_type",
     );
-    assert!(
-        nested
-            .iter()
-            .any(|v| v.contains("body.mem_backend.backend_type")),
-        "{nested:?}"
-    );
-    let mismatch = check(
-        "PUT",
-        "/drives/rootfs",
-        json!({"drive_id": "other", "is_root_device": true, "path_on_host": "/r", "is_read_only": false}),
-    );
-    assert!(
-        mismatch.iter().any(|v| v.contains("drive_id")),
-        "{mismatch:?}"
+    assert_mentions(
+        &check(
+            "PUT",
+            "/drives/rootfs",
+            json!({"drive_id": "other", "is_root_device": true, "path_on_host": "/r", "is_read_only": false}),
+        ),
+        "drive_id",
     );
     assert!(
         !api.check("PUT", "/drive/rootfs", json_ct, None).is_empty(),
@@ -727,15 +739,14 @@ fn checker_reports_firecracker_contract_violations() {
         !api.check("PUT", "/actions", json_ct, None).is_empty(),
         "missing required body"
     );
-    let plain = api.check(
-        "PATCH",
-        "/vm",
-        Some("text/plain"),
-        Some(&json!({"state": "Paused"})),
-    );
-    assert!(
-        plain.iter().any(|v| v.contains("Content-Type")),
-        "{plain:?}"
+    assert_mentions(
+        &api.check(
+            "PATCH",
+            "/vm",
+            Some("text/plain"),
+            Some(&json!({"state": "Paused"})),
+        ),
+        "Content-Type",
     );
 }
 
@@ -745,46 +756,22 @@ fn checker_reports_cloud_hypervisor_contract_violations() {
         return;
     };
     let json_ct = Some("application/json");
-    let ok = json!({"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 1, "max_vcpus": 1}});
+    let create = |body: Value| api.check("PUT", "/api/v1/vm.create", json_ct, Some(&body));
     assert!(
-        api.check("PUT", "/api/v1/vm.create", json_ct, Some(&ok))
+        create(json!({"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 1, "max_vcpus": 1}}))
             .is_empty()
     );
-    let missing = api.check(
-        "PUT",
-        "/api/v1/vm.create",
-        json_ct,
-        Some(&json!({"cpus": {"boot_vcpus": 1}})),
+    let missing = create(json!({"cpus": {"boot_vcpus": 1}}));
+    assert_mentions(&missing, "`payload` is missing");
+    assert_mentions(&missing, "`max_vcpus` is missing");
+    let typed =
+        create(json!({"payload": {"kernel": 7}, "disks": [{"path": "/d", "readonly": "yes"}]}));
+    assert_mentions(&typed, "body.payload.kernel");
+    assert_mentions(&typed, "body.disks[0].readonly");
+    assert_mentions(
+        &create(json!({"payload": {}, "vsock": {"cid": 2, "socket": "/v"}})),
+        "minimum",
     );
-    assert!(
-        missing.iter().any(|v| v.contains("`payload` is missing")),
-        "{missing:?}"
-    );
-    assert!(
-        missing.iter().any(|v| v.contains("`max_vcpus` is missing")),
-        "{missing:?}"
-    );
-    let typed = api.check(
-        "PUT",
-        "/api/v1/vm.create",
-        json_ct,
-        Some(&json!({"payload": {"kernel": 7}, "disks": [{"path": "/d", "readonly": "yes"}]})),
-    );
-    assert!(
-        typed.iter().any(|v| v.contains("body.payload.kernel")),
-        "{typed:?}"
-    );
-    assert!(
-        typed.iter().any(|v| v.contains("body.disks[0].readonly")),
-        "{typed:?}"
-    );
-    let cid = api.check(
-        "PUT",
-        "/api/v1/vm.create",
-        json_ct,
-        Some(&json!({"payload": {}, "vsock": {"cid": 2, "socket": "/v"}})),
-    );
-    assert!(cid.iter().any(|v| v.contains("minimum")), "{cid:?}");
     assert!(
         !api.check("PUT", "/api/v1/vm.boot", json_ct, Some(&json!({})))
             .is_empty(),

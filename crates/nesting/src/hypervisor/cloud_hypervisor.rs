@@ -14,12 +14,10 @@ use serde_json::{Value, json};
 pub use super::http::ApiCall;
 pub use super::vsock::connect_vsock;
 
-use super::http::{
-    self as api, absolute, answers, binary_version, host_cpu_model, normalize_version, path_str,
-    remove_stale_socket, wait_ready,
-};
+use super::http::path_str;
+use super::rest::{API_TIMEOUT, RestVmm, SNAPSHOT_TIMEOUT};
 use super::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess};
-use crate::process::{kill_now, spawn_detached, stop_with};
+use crate::process::stop_with;
 use crate::spec::{Accel, AgentChannel, Capabilities, DiskFormat, VmSpec};
 
 const KIND: &str = "cloud-hypervisor";
@@ -35,12 +33,18 @@ pub const STATE_FILE: &str = "state.json";
 /// Guest-memory file Cloud Hypervisor writes into a snapshot directory.
 pub const MEMORY_FILE: &str = "memory-ranges";
 
-/// How long a new process may take to answer on its API socket.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on one ordinary API call.
-const API_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on writing or restoring a snapshot (all guest memory is copied).
-const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Cloud Hypervisor's VMM process (no VM until `vm.create`): marked by its API socket path,
+/// ready once `vmm.ping` answers, which also carries the version.
+const VMM: RestVmm = RestVmm {
+    kind: KIND,
+    api_socket: API_SOCKET,
+    log_file: LOG_FILE,
+    argv,
+    // The socket path is unique per VM (its run dir) and sits in the command line.
+    marker: |spec| Ok(path_str(KIND, &api_socket(spec), "API socket")?.to_string()),
+    probe: ping,
+    version: (ping, "version"),
+};
 
 /// The Cloud Hypervisor backend.
 #[derive(Debug, Clone)]
@@ -54,103 +58,6 @@ impl Default for CloudHypervisor {
         Self {
             binary: PathBuf::from("cloud-hypervisor"),
         }
-    }
-}
-
-impl CloudHypervisor {
-    fn binary_name(&self) -> String {
-        self.binary.to_string_lossy().into_owned()
-    }
-
-    async fn call(
-        &self,
-        socket: &Path,
-        call: &ApiCall,
-        timeout: Duration,
-    ) -> Result<api::Reply, HypervisorError> {
-        api::request(KIND, socket, call, timeout).await
-    }
-
-    /// Start a VMM for `spec` (no VM yet) and wait until its API answers.
-    async fn start(&self, spec: &VmSpec) -> Result<VmProcess, HypervisorError> {
-        let args = argv(spec)?;
-        tokio::fs::create_dir_all(&spec.run_dir)
-            .await
-            .map_err(|source| HypervisorError::Io {
-                context: format!("cannot create run dir {}", spec.run_dir.display()),
-                source,
-            })?;
-        let socket = api_socket(spec);
-        // The socket path is unique per VM (its run dir) and sits in the command line.
-        let marker = path_str(KIND, &socket, "API socket")?.to_string();
-        // The VMM binds both sockets itself and fails on a leftover file.
-        remove_stale_socket(&socket).await?;
-        remove_stale_socket(spec.agent.socket()).await?;
-        let log = spec.run_dir.join(LOG_FILE);
-        let binary = self.binary_name();
-        let mut child = spawn_detached(&binary, &args, &log)?;
-        let Some(pid) = child.id() else {
-            return Err(HypervisorError::Exited {
-                binary,
-                status: "exited immediately".to_string(),
-                log: crate::process::log_tail(&log, 20),
-            });
-        };
-        let vm = VmProcess {
-            pid,
-            control: socket,
-            marker,
-        };
-        let probe = api_call(Method::GET, "vmm.ping", None);
-        if let Err(e) =
-            wait_ready(KIND, &binary, &mut child, &vm, &probe, &log, START_TIMEOUT).await
-        {
-            let _ = kill_now(&vm).await;
-            return Err(e);
-        }
-        Ok(vm)
-    }
-
-    /// Send `calls` in order; on the first failure the process is killed.
-    async fn configure(
-        &self,
-        vm: &VmProcess,
-        calls: &[ApiCall],
-        timeout: Duration,
-    ) -> Result<(), HypervisorError> {
-        for call in calls {
-            if let Err(e) = self.call(&vm.control, call, timeout).await {
-                let _ = kill_now(vm).await;
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    async fn version(&self, spec: &VmSpec) -> Result<String, HypervisorError> {
-        let socket = api_socket(spec);
-        if answers(&socket).await {
-            let reply = self
-                .call(
-                    &socket,
-                    &api_call(Method::GET, "vmm.ping", None),
-                    API_TIMEOUT,
-                )
-                .await?;
-            if let Some(v) = reply.json()["version"].as_str() {
-                return Ok(normalize_version(v));
-            }
-        }
-        // No VMM for this spec yet: the binary reports the same build (`cloud-hypervisor v48.0.0`).
-        let out = binary_version(&self.binary_name(), API_TIMEOUT).await?;
-        out.split_whitespace()
-            .find(|w| w.starts_with('v') || w.starts_with(|c: char| c.is_ascii_digit()))
-            .map(normalize_version)
-            .ok_or_else(|| HypervisorError::Api {
-                hypervisor: KIND,
-                request: "--version".to_string(),
-                message: format!("no version in {out:?}"),
-            })
     }
 }
 
@@ -172,55 +79,27 @@ impl Hypervisor for CloudHypervisor {
     }
 
     async fn identity(&self, spec: &VmSpec) -> Result<Identity, HypervisorError> {
-        Ok(Identity {
-            hypervisor: KIND.to_string(),
-            version: self.version(spec).await?,
-            machine: KIND.to_string(),
-            cpu_model: format!("host:{}", host_cpu_model()),
-        })
+        VMM.identity(&self.binary, spec).await
     }
 
     async fn boot(&self, spec: &VmSpec) -> Result<VmProcess, HypervisorError> {
         // Rendered first: a spec Cloud Hypervisor cannot run fails before any process starts.
         let calls = boot_requests(spec)?;
-        let vm = self.start(spec).await?;
-        self.configure(&vm, &calls, API_TIMEOUT).await?;
-        Ok(vm)
+        VMM.launch(&self.binary, spec, &calls, API_TIMEOUT).await
     }
 
     async fn pause(&self, vm: &VmProcess) -> Result<(), HypervisorError> {
-        self.call(
-            &vm.control,
-            &api_call(Method::PUT, "vm.pause", None),
-            API_TIMEOUT,
-        )
-        .await
-        .map(drop)
+        VMM.send(vm, &pause_request()).await
     }
 
     async fn resume(&self, vm: &VmProcess) -> Result<(), HypervisorError> {
-        self.call(
-            &vm.control,
-            &api_call(Method::PUT, "vm.resume", None),
-            API_TIMEOUT,
-        )
-        .await
-        .map(drop)
+        VMM.send(vm, &api_call(Method::PUT, "vm.resume", None))
+            .await
     }
 
     async fn snapshot(&self, vm: &VmProcess, dir: &Path) -> Result<SnapshotFiles, HypervisorError> {
-        let dir = absolute(dir)?;
-        // Cloud Hypervisor writes into the directory but does not create it.
-        tokio::fs::create_dir_all(&dir)
+        VMM.snapshot(vm, dir, &pause_request(), snapshot_request)
             .await
-            .map_err(|source| HypervisorError::Io {
-                context: format!("cannot create snapshot dir {}", dir.display()),
-                source,
-            })?;
-        let (call, files) = snapshot_request(&dir)?;
-        self.pause(vm).await?;
-        self.call(&vm.control, &call, SNAPSHOT_TIMEOUT).await?;
-        Ok(files)
     }
 
     async fn restore(
@@ -232,28 +111,18 @@ impl Hypervisor for CloudHypervisor {
         // spec this backend could not have booted is refused the same way.
         boot_requests(spec)?;
         let calls = restore_requests(snapshot)?;
-        let vm = self.start(spec).await?;
-        self.configure(&vm, &calls, SNAPSHOT_TIMEOUT).await?;
-        Ok(vm)
+        VMM.launch(&self.binary, spec, &calls, SNAPSHOT_TIMEOUT)
+            .await
     }
 
     async fn stop(&self, vm: &VmProcess, grace: Duration) -> Result<(), HypervisorError> {
         let polite = async {
             // A VM that never booted refuses vm.shutdown; the VMM still has to go.
-            let _ = self
-                .call(
-                    &vm.control,
-                    &api_call(Method::PUT, "vm.shutdown", None),
-                    API_TIMEOUT,
-                )
+            let _ = VMM
+                .send(vm, &api_call(Method::PUT, "vm.shutdown", None))
                 .await;
-            self.call(
-                &vm.control,
-                &api_call(Method::PUT, "vmm.shutdown", None),
-                API_TIMEOUT,
-            )
-            .await
-            .map(drop)
+            VMM.send(vm, &api_call(Method::PUT, "vmm.shutdown", None))
+                .await
         };
         stop_with(vm, grace, polite).await
     }
@@ -261,7 +130,17 @@ impl Hypervisor for CloudHypervisor {
 
 /// The API socket of `spec`'s process.
 pub fn api_socket(spec: &VmSpec) -> PathBuf {
-    spec.run_dir.join(API_SOCKET)
+    VMM.api_socket(spec)
+}
+
+/// `GET /api/v1/vmm.ping`: answers as soon as the VMM runs, with its version.
+fn ping() -> ApiCall {
+    api_call(Method::GET, "vmm.ping", None)
+}
+
+/// `PUT /api/v1/vm.pause`.
+fn pause_request() -> ApiCall {
+    api_call(Method::PUT, "vm.pause", None)
 }
 
 /// The process's arguments: `--api-socket path=<run_dir>/ch.sock`.
@@ -445,45 +324,10 @@ fn spec_error(message: String) -> HypervisorError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{Disk, Level};
-
-    fn spec() -> VmSpec {
-        VmSpec {
-            id: "job-1".into(),
-            level: Level::Microvm,
-            vcpus: 2,
-            memory_mib: 512,
-            kernel: "/img/vmlinux".into(),
-            initrd: None,
-            cmdline: "console=hvc0".into(),
-            disks: vec![Disk {
-                id: "rootfs".into(),
-                path: "/img/rootfs.ext4".into(),
-                format: DiskFormat::Raw,
-                root: true,
-                read_only: false,
-            }],
-            agent: AgentChannel::Vsock {
-                cid: 3,
-                port: 1024,
-                socket: "/run/vm/v.sock".into(),
-            },
-            accel: Accel::Kvm,
-            run_dir: "/run/vm".into(),
-        }
-    }
+    use crate::hypervisor::rest::fixtures::spec;
 
     fn spec_message(err: HypervisorError) -> String {
-        match err {
-            HypervisorError::Spec {
-                hypervisor,
-                message,
-            } => {
-                assert_eq!(hypervisor, "cloud-hypervisor");
-                message
-            }
-            other => panic!("expected a spec error, got {other:?}"),
-        }
+        crate::hypervisor::rest::fixtures::spec_message(KIND, err)
     }
 
     #[test]
@@ -501,17 +345,30 @@ mod tests {
             json!({
                 "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
                 "memory": {"size": 536_870_912u64},
-                "payload": {"kernel": "/img/vmlinux", "cmdline": "console=hvc0 root=/dev/vda rw"},
-                "disks": [{"path": "/img/rootfs.ext4", "readonly": false}],
+                "payload": {
+                    "kernel": "/img/vmlinux",
+                    "cmdline": "console=ttyS0 panic=1 root=/dev/vda ro",
+                    "initramfs": "/img/initrd"
+                },
+                "disks": [
+                    {"path": "/img/rootfs.ext4", "readonly": true},
+                    {"path": "/run/vm/work.img", "readonly": false}
+                ],
                 "vsock": {"cid": 3, "socket": "/run/vm/v.sock"}
             })
         );
         let mut s = spec();
+        s.initrd = None;
+        s.disks[0].read_only = false;
+        assert_eq!(
+            vm_config(&s).unwrap()["payload"],
+            json!({"kernel": "/img/vmlinux", "cmdline": "console=ttyS0 panic=1 root=/dev/vda rw"})
+        );
         s.cmdline = "root=/dev/vdb".into();
-        s.initrd = Some("/img/initrd".into());
-        let config = vm_config(&s).unwrap();
-        assert_eq!(config["payload"]["cmdline"], "root=/dev/vdb");
-        assert_eq!(config["payload"]["initramfs"], "/img/initrd");
+        assert_eq!(
+            vm_config(&s).unwrap()["payload"]["cmdline"],
+            "root=/dev/vdb"
+        );
     }
 
     #[test]

@@ -15,12 +15,10 @@ use serde_json::{Value, json};
 pub use super::http::ApiCall;
 pub use super::vsock::connect_vsock;
 
-use super::http::{
-    self as api, absolute, answers, binary_version, host_cpu_model, normalize_version, path_str,
-    remove_stale_socket, wait_ready,
-};
+use super::http::path_str;
+use super::rest::{API_TIMEOUT, RestVmm, SNAPSHOT_TIMEOUT};
 use super::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess, is_running};
-use crate::process::{kill_now, spawn_detached, stop_with};
+use crate::process::stop_with;
 use crate::spec::{Accel, AgentChannel, Capabilities, DiskFormat, Level, VmSpec};
 
 const KIND: &str = "firecracker";
@@ -39,13 +37,19 @@ const MAX_VCPUS: u32 = 32;
 /// Firecracker's limit on `--id` (the jailer's too).
 const MAX_ID_LEN: usize = 64;
 
-/// How long a new process may take to answer on its API socket.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on one ordinary API call.
-const API_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on creating or loading a snapshot (a full snapshot writes all guest memory: about 8 s
-/// for 4 GiB).
-const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Firecracker's process: marked by its `--id`, ready once `GET /` answers.
+const VMM: RestVmm = RestVmm {
+    kind: KIND,
+    api_socket: API_SOCKET,
+    log_file: LOG_FILE,
+    argv,
+    marker: |spec| Ok(spec.id.clone()),
+    probe: || ApiCall::bare(Method::GET, "/"),
+    version: (
+        || ApiCall::bare(Method::GET, "/version"),
+        "firecracker_version",
+    ),
+};
 
 /// The Firecracker backend.
 #[derive(Debug, Clone)]
@@ -59,102 +63,6 @@ impl Default for Firecracker {
         Self {
             binary: PathBuf::from("firecracker"),
         }
-    }
-}
-
-impl Firecracker {
-    fn binary_name(&self) -> String {
-        self.binary.to_string_lossy().into_owned()
-    }
-
-    async fn call(
-        &self,
-        socket: &Path,
-        call: &ApiCall,
-        timeout: Duration,
-    ) -> Result<api::Reply, HypervisorError> {
-        api::request(KIND, socket, call, timeout).await
-    }
-
-    /// Start a process for `spec` and wait until its API answers.
-    async fn start(&self, spec: &VmSpec) -> Result<VmProcess, HypervisorError> {
-        let args = argv(spec)?;
-        tokio::fs::create_dir_all(&spec.run_dir)
-            .await
-            .map_err(|source| HypervisorError::Io {
-                context: format!("cannot create run dir {}", spec.run_dir.display()),
-                source,
-            })?;
-        let socket = api_socket(spec);
-        // Firecracker binds both sockets itself and fails on a leftover file.
-        remove_stale_socket(&socket).await?;
-        remove_stale_socket(spec.agent.socket()).await?;
-        let log = spec.run_dir.join(LOG_FILE);
-        let binary = self.binary_name();
-        let mut child = spawn_detached(&binary, &args, &log)?;
-        let Some(pid) = child.id() else {
-            return Err(HypervisorError::Exited {
-                binary,
-                status: "exited immediately".to_string(),
-                log: crate::process::log_tail(&log, 20),
-            });
-        };
-        let vm = VmProcess {
-            pid,
-            control: socket,
-            marker: spec.id.clone(),
-        };
-        let probe = ApiCall::bare(Method::GET, "/");
-        if let Err(e) =
-            wait_ready(KIND, &binary, &mut child, &vm, &probe, &log, START_TIMEOUT).await
-        {
-            let _ = kill_now(&vm).await;
-            return Err(e);
-        }
-        Ok(vm)
-    }
-
-    /// Send `calls` in order; on the first failure the process is killed (a half-configured
-    /// Firecracker is of no use).
-    async fn configure(
-        &self,
-        vm: &VmProcess,
-        calls: &[ApiCall],
-        timeout: Duration,
-    ) -> Result<(), HypervisorError> {
-        for call in calls {
-            if let Err(e) = self.call(&vm.control, call, timeout).await {
-                let _ = kill_now(vm).await;
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    async fn version(&self, spec: &VmSpec) -> Result<String, HypervisorError> {
-        let socket = api_socket(spec);
-        if answers(&socket).await {
-            let reply = self
-                .call(
-                    &socket,
-                    &ApiCall::bare(Method::GET, "/version"),
-                    API_TIMEOUT,
-                )
-                .await?;
-            if let Some(v) = reply.json()["firecracker_version"].as_str() {
-                return Ok(normalize_version(v));
-            }
-        }
-        // No process for this spec yet: the binary reports the same build.
-        let out = binary_version(&self.binary_name(), API_TIMEOUT).await?;
-        out.split_whitespace()
-            .find(|w| w.starts_with('v') || w.starts_with(|c: char| c.is_ascii_digit()))
-            .map(normalize_version)
-            .ok_or_else(|| HypervisorError::Api {
-                hypervisor: KIND,
-                request: "--version".to_string(),
-                message: format!("no version in {out:?}"),
-            })
     }
 }
 
@@ -175,46 +83,26 @@ impl Hypervisor for Firecracker {
     }
 
     async fn identity(&self, spec: &VmSpec) -> Result<Identity, HypervisorError> {
-        Ok(Identity {
-            hypervisor: KIND.to_string(),
-            version: self.version(spec).await?,
-            machine: KIND.to_string(),
-            cpu_model: format!("host:{}", host_cpu_model()),
-        })
+        VMM.identity(&self.binary, spec).await
     }
 
     async fn boot(&self, spec: &VmSpec) -> Result<VmProcess, HypervisorError> {
         // Rendered first: a spec Firecracker cannot run fails before any process starts.
         let calls = boot_requests(spec)?;
-        let vm = self.start(spec).await?;
-        self.configure(&vm, &calls, API_TIMEOUT).await?;
-        Ok(vm)
+        VMM.launch(&self.binary, spec, &calls, API_TIMEOUT).await
     }
 
     async fn pause(&self, vm: &VmProcess) -> Result<(), HypervisorError> {
-        self.call(&vm.control, &vm_state_request(true), API_TIMEOUT)
-            .await
-            .map(drop)
+        VMM.send(vm, &vm_state_request(true)).await
     }
 
     async fn resume(&self, vm: &VmProcess) -> Result<(), HypervisorError> {
-        self.call(&vm.control, &vm_state_request(false), API_TIMEOUT)
-            .await
-            .map(drop)
+        VMM.send(vm, &vm_state_request(false)).await
     }
 
     async fn snapshot(&self, vm: &VmProcess, dir: &Path) -> Result<SnapshotFiles, HypervisorError> {
-        let dir = absolute(dir)?;
-        tokio::fs::create_dir_all(&dir)
+        VMM.snapshot(vm, dir, &vm_state_request(true), snapshot_request)
             .await
-            .map_err(|source| HypervisorError::Io {
-                context: format!("cannot create snapshot dir {}", dir.display()),
-                source,
-            })?;
-        let (call, files) = snapshot_request(&dir)?;
-        self.pause(vm).await?;
-        self.call(&vm.control, &call, SNAPSHOT_TIMEOUT).await?;
-        Ok(files)
     }
 
     async fn restore(
@@ -226,10 +114,9 @@ impl Hypervisor for Firecracker {
         // backend could not have booted is refused the same way.
         boot_requests(spec)?;
         let load = load_request(snapshot)?;
-        let vm = self.start(spec).await?;
         // `/snapshot/load` must be the first configuring call of the new process.
-        self.configure(&vm, &[load], SNAPSHOT_TIMEOUT).await?;
-        Ok(vm)
+        VMM.launch(&self.binary, spec, &[load], SNAPSHOT_TIMEOUT)
+            .await
     }
 
     async fn stop(&self, vm: &VmProcess, grace: Duration) -> Result<(), HypervisorError> {
@@ -241,7 +128,7 @@ impl Hypervisor for Firecracker {
 
 /// The API socket of `spec`'s process.
 pub fn api_socket(spec: &VmSpec) -> PathBuf {
-    spec.run_dir.join(API_SOCKET)
+    VMM.api_socket(spec)
 }
 
 /// The process's arguments: `--api-sock <run_dir>/fc.sock --id <id>` (the id is the process's
@@ -469,54 +356,10 @@ fn spec_error(message: String) -> HypervisorError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Disk;
-
-    fn spec() -> VmSpec {
-        VmSpec {
-            id: "job-1".into(),
-            level: Level::Microvm,
-            vcpus: 2,
-            memory_mib: 512,
-            kernel: "/img/vmlinux".into(),
-            initrd: Some("/img/initrd".into()),
-            cmdline: "console=ttyS0 panic=1".into(),
-            disks: vec![
-                Disk {
-                    id: "rootfs".into(),
-                    path: "/img/rootfs.ext4".into(),
-                    format: DiskFormat::Raw,
-                    root: true,
-                    read_only: true,
-                },
-                Disk {
-                    id: "work".into(),
-                    path: "/run/vm/work.img".into(),
-                    format: DiskFormat::Raw,
-                    root: false,
-                    read_only: false,
-                },
-            ],
-            agent: AgentChannel::Vsock {
-                cid: 3,
-                port: 1024,
-                socket: "/run/vm/v.sock".into(),
-            },
-            accel: Accel::Kvm,
-            run_dir: "/run/vm".into(),
-        }
-    }
+    use crate::hypervisor::rest::fixtures::spec;
 
     fn spec_message(err: HypervisorError) -> String {
-        match err {
-            HypervisorError::Spec {
-                hypervisor,
-                message,
-            } => {
-                assert_eq!(hypervisor, "firecracker");
-                message
-            }
-            other => panic!("expected a spec error, got {other:?}"),
-        }
+        crate::hypervisor::rest::fixtures::spec_message(KIND, err)
     }
 
     #[test]
@@ -646,11 +489,5 @@ mod tests {
                 "resume_vm": true
             }))
         );
-    }
-
-    #[test]
-    fn versions_are_normalized() {
-        assert_eq!(normalize_version("v1.10.1"), "1.10.1");
-        assert_eq!(normalize_version("1.17.0-dev"), "1.17.0-dev");
     }
 }

@@ -1,7 +1,8 @@
 //! A tiny HTTP/1.1 client over a unix socket, for the REST APIs of Firecracker and Cloud
 //! Hypervisor: one connection per request (both servers are local and cheap to dial, and a
-//! fresh connection never inherits a half-read response). Also the plumbing both REST-driven
-//! backends share: waiting for the API socket, stale sockets, versions, paths.
+//! fresh connection never inherits a half-read response). Also the small pieces the REST-driven
+//! backends' process handling (`rest`) builds on: waiting for the API socket, stale
+//! sockets, versions, paths.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -306,5 +307,11 @@ mod tests {
         );
         assert_eq!(fault_message(b"VM is not created\n"), "VM is not created");
         assert_eq!(fault_message(b""), "(no message)");
+    }
+
+    #[test]
+    fn versions_are_normalized() {
+        assert_eq!(normalize_version("v1.10.1"), "1.10.1");
+        assert_eq!(normalize_version("1.17.0-dev"), "1.17.0-dev");
     }
 }

@@ -10,6 +10,7 @@ pub mod firecracker;
 mod http;
 pub mod qemu;
 mod qmp;
+mod rest;
 pub mod vsock;
 
 use std::path::{Path, PathBuf};

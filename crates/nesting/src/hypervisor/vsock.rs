@@ -41,6 +41,10 @@ async fn handshake(uds: &Path, port: u32) -> Result<UnixStream, HypervisorError>
         .write_all(format!("CONNECT {port}\n").as_bytes())
         .await
         .map_err(|e| io("CONNECT", e))?;
+    // Every failure from here on is about the acknowledgement line.
+    let bad_ack = |kind: std::io::ErrorKind, message: String| {
+        io("acknowledgement", std::io::Error::new(kind, message))
+    };
     // Byte by byte: anything after the newline already belongs to the guest's stream.
     let mut line = Vec::with_capacity(16);
     loop {
@@ -51,14 +55,11 @@ async fn handshake(uds: &Path, port: u32) -> Result<UnixStream, HypervisorError>
             .map_err(|e| io("acknowledgement", e))?;
         if n == 0 {
             // The VMM closes the connection when nothing listens on the guest port.
-            return Err(io(
-                "acknowledgement",
-                std::io::Error::new(
-                    std::io::ErrorKind::ConnectionRefused,
-                    format!(
-                        "closed before OK (nothing listens on guest port {port}?); got {:?}",
-                        String::from_utf8_lossy(&line)
-                    ),
+            return Err(bad_ack(
+                std::io::ErrorKind::ConnectionRefused,
+                format!(
+                    "closed before OK (nothing listens on guest port {port}?); got {:?}",
+                    String::from_utf8_lossy(&line)
                 ),
             ));
         }
@@ -67,23 +68,20 @@ async fn handshake(uds: &Path, port: u32) -> Result<UnixStream, HypervisorError>
         }
         line.push(byte[0]);
         if line.len() > MAX_ACK {
-            return Err(io(
-                "acknowledgement",
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "line too long"),
+            return Err(bad_ack(
+                std::io::ErrorKind::InvalidData,
+                "line too long".to_string(),
             ));
         }
     }
     if line.starts_with(b"OK ") {
         Ok(stream)
     } else {
-        Err(io(
-            "acknowledgement",
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "expected `OK <port>`, got {:?}",
-                    String::from_utf8_lossy(&line)
-                ),
+        Err(bad_ack(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "expected `OK <port>`, got {:?}",
+                String::from_utf8_lossy(&line)
             ),
         ))
     }
