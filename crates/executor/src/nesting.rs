@@ -195,24 +195,48 @@ impl Executor for NestingExecutor {
         };
         let slot_no = i32::try_from(slot.slot).ok();
         let started = Instant::now();
-        let created = match &restore {
-            Some(name) => {
-                trace.message(&format!(
-                    "Restoring a {} VM from snapshot {name} in slot {} on instance {}",
-                    self.level, slot.slot, self.instance
-                ));
-                nesting
-                    .restore_initialized(name, slot_no, &self.config.init_config)
-                    .await
+        let starting = {
+            // A clone shares the connection; the original stays free for the delete below.
+            let (mut nesting, restore, image) = (nesting.clone(), &restore, &image);
+            async move {
+                match restore {
+                    Some(name) => {
+                        nesting
+                            .restore_initialized(name, slot_no, &self.config.init_config)
+                            .await
+                    }
+                    None => {
+                        nesting
+                            .create_initialized(image, slot_no, &self.config.init_config)
+                            .await
+                    }
+                }
             }
-            None => {
-                trace.message(&format!(
-                    "Creating a {} VM from image {image} in slot {} on instance {}",
-                    self.level, slot.slot, self.instance
-                ));
-                nesting
-                    .create_initialized(&image, slot_no, &self.config.init_config)
-                    .await
+        };
+        trace.message(&match &restore {
+            Some(name) => format!(
+                "Restoring a {} VM from snapshot {name} in slot {} on instance {}",
+                self.level, slot.slot, self.instance
+            ),
+            None => format!(
+                "Creating a {} VM from image {image} in slot {} on instance {}",
+                self.level, slot.slot, self.instance
+            ),
+        });
+        tokio::pin!(starting);
+        let created = tokio::select! {
+            r = &mut starting => r,
+            _ = slot.cancel.cancelled() => {
+                // Let the start finish (bounded by the daemon's boot timeout), then remove the
+                // VM: dropping the call would leave the daemon to finish it for nobody.
+                trace.message("Job canceled while its VM was starting; removing the VM");
+                if let Ok((vm, _)) = starting.await {
+                    let _ = tokio::time::timeout(DELETE_TIMEOUT, nesting.delete(&vm.id)).await;
+                }
+                return RunResult {
+                    outcome: JobOutcome::failed(FailureReason::JobCanceled, None, "job canceled"),
+                    artifacts: Vec::new(),
+                };
             }
         };
         let (vm, stomped) = match created {

@@ -806,6 +806,17 @@ pub async fn wait_agent(channel: &AgentChannel, limit: Duration) -> Result<Durat
     }
 }
 
+/// Run `work` to its end even if the caller goes away: a client that drops a call half-way
+/// (a canceled job) must not leave a VM half-started, a slot marked busy or half a snapshot.
+async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, DaemonError>> + Send + 'static,
+) -> Result<T, Status> {
+    match tokio::spawn(work).await {
+        Ok(r) => r.map_err(Status::from),
+        Err(e) => Err(Status::internal(format!("nesting request failed: {e}"))),
+    }
+}
+
 /// The gRPC face of a [`Daemon`].
 #[derive(Debug, Clone)]
 pub struct Service(pub Arc<Daemon>);
@@ -821,7 +832,8 @@ impl nesting_server::Nesting for Service {
 
     async fn create(&self, r: Request<proto::CreateRequest>) -> Reply<proto::CreateResponse> {
         let r = r.into_inner();
-        let (vm, stomped) = self.0.create(&r.image, r.slot).await?;
+        let d = self.0.clone();
+        let (vm, stomped) = detached(async move { d.create(&r.image, r.slot).await }).await?;
         Ok(Response::new(proto::CreateResponse {
             vm: Some(vm.to_proto()),
             stomped_vm_id: stomped,
@@ -829,7 +841,8 @@ impl nesting_server::Nesting for Service {
     }
 
     async fn delete(&self, r: Request<proto::DeleteRequest>) -> Reply<proto::DeleteResponse> {
-        self.0.delete(&r.into_inner().id).await?;
+        let d = self.0.clone();
+        detached(async move { d.delete(&r.into_inner().id).await }).await?;
         Ok(Response::new(proto::DeleteResponse {}))
     }
 
@@ -845,10 +858,12 @@ impl nesting_server::Nesting for Service {
 
     async fn snapshot(&self, r: Request<proto::SnapshotRequest>) -> Reply<proto::SnapshotResponse> {
         let r = r.into_inner();
-        let (meta, expired) = self
-            .0
-            .snapshot(&r.vm, &r.name, r.labels.into_iter().collect())
-            .await?;
+        let d = self.0.clone();
+        let (meta, expired) = detached(async move {
+            d.snapshot(&r.vm, &r.name, r.labels.into_iter().collect())
+                .await
+        })
+        .await?;
         Ok(Response::new(proto::SnapshotResponse {
             snapshot: Some(meta.to_proto()),
             expired,
@@ -857,7 +872,8 @@ impl nesting_server::Nesting for Service {
 
     async fn restore(&self, r: Request<proto::RestoreRequest>) -> Reply<proto::RestoreResponse> {
         let r = r.into_inner();
-        let (vm, stomped) = self.0.restore(&r.snapshot, r.slot).await?;
+        let d = self.0.clone();
+        let (vm, stomped) = detached(async move { d.restore(&r.snapshot, r.slot).await }).await?;
         Ok(Response::new(proto::RestoreResponse {
             vm: Some(vm.to_proto()),
             stomped_vm_id: stomped,

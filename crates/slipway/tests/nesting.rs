@@ -527,3 +527,41 @@ long:
         snaps.explain()
     );
 }
+
+#[test]
+fn a_job_canceled_while_its_vm_boots_leaves_no_vm_and_a_usable_slot() {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = config(&w, &nest, "");
+    let file = w.write(
+        "pipeline.yml",
+        "boot:\n  isolation: vm\n  script:\n    - echo never seen\n",
+    );
+    let child = w
+        .slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    // Cancel as soon as the daemon has started the VM's process, long before its agent answers.
+    let vms = nest.state.join("vms");
+    assert!(wait_until(Duration::from_secs(120), || {
+        std::fs::read_dir(&vms)
+            .is_ok_and(|rd| rd.flatten().any(|e| e.path().join("qmp.sock").exists()))
+    }));
+    common::signal(child.id(), "TERM");
+    let run = common::Run::from(wait_with_timeout(child, Duration::from_secs(180)));
+    assert!(!run.stdout.contains("never seen"), "{}", run.explain());
+    assert!(
+        wait_until(Duration::from_secs(15), || nest.qemus().is_empty()),
+        "VM left after a cancel during boot: {:?}\n{}",
+        nest.qemus(),
+        run.explain()
+    );
+    // The slot is not left marked busy: the next job gets a VM in it.
+    let again = exec(
+        &w,
+        &cfg,
+        "next:\n  isolation: microvm\n  script:\n    - echo fine\n",
+    );
+    assert_eq!(again.code, Some(0), "{}", again.explain());
+    assert!(nest.qemus().is_empty());
+}
