@@ -66,8 +66,9 @@ pub async fn wait_gone(vm: &VmProcess, limit: Duration) -> bool {
     }
 }
 
-/// SIGKILL `vm`'s process (after checking it is still ours) and wait for it to go.
-pub async fn kill_now(vm: &VmProcess) -> Result<(), HypervisorError> {
+/// Send `signal` to `vm`'s process if it is still ours (its pid runs with the marker); a
+/// process that is already gone is not an error.
+pub fn signal(vm: &VmProcess, signal: Signal) -> Result<(), HypervisorError> {
     if !is_running(vm) {
         return Ok(());
     }
@@ -75,8 +76,19 @@ pub async fn kill_now(vm: &VmProcess) -> Result<(), HypervisorError> {
         context: format!("pid {} out of range", vm.pid),
         source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
     })?;
-    // ESRCH: it exited between the check and the signal.
-    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    match kill(Pid::from_raw(pid), signal) {
+        // ESRCH: it exited between the check and the signal.
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+        Err(errno) => Err(HypervisorError::Io {
+            context: format!("cannot signal process {}", vm.pid),
+            source: std::io::Error::from(errno),
+        }),
+    }
+}
+
+/// SIGKILL `vm`'s process (after checking it is still ours) and wait for it to go.
+pub async fn kill_now(vm: &VmProcess) -> Result<(), HypervisorError> {
+    signal(vm, Signal::SIGKILL)?;
     if wait_gone(vm, Duration::from_secs(10)).await {
         Ok(())
     } else {

@@ -17,8 +17,8 @@ pub use super::vsock::connect_vsock;
 
 use super::http::path_str;
 use super::rest::{API_TIMEOUT, RestVmm, SNAPSHOT_TIMEOUT};
-use super::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess, is_running};
-use crate::process::stop_with;
+use super::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess};
+use crate::process::{self, stop_with};
 use crate::spec::{Accel, AgentChannel, Capabilities, DiskFormat, Level, VmSpec};
 
 const KIND: &str = "firecracker";
@@ -122,7 +122,10 @@ impl Hypervisor for Firecracker {
     async fn stop(&self, vm: &VmProcess, grace: Duration) -> Result<(), HypervisorError> {
         // No polite API shutdown: `SendCtrlAltDel` depends on the guest (x86 only, needs an
         // i8042 driver) and the VM's state is worthless once stopped, so SIGTERM, then SIGKILL.
-        stop_with(vm, grace, terminate(vm)).await
+        stop_with(vm, grace, async {
+            process::signal(vm, nix::sys::signal::Signal::SIGTERM)
+        })
+        .await
     }
 }
 
@@ -325,25 +328,6 @@ pub fn load_request(snapshot: &SnapshotFiles) -> Result<ApiCall, HypervisorError
         "resume_vm": true,
     });
     Ok(ApiCall::new(Method::PUT, "/snapshot/load", body))
-}
-
-/// SIGTERM `vm`'s process if it is still ours.
-async fn terminate(vm: &VmProcess) -> Result<(), HypervisorError> {
-    if !is_running(vm) {
-        return Ok(());
-    }
-    let pid = i32::try_from(vm.pid).map_err(|_| HypervisorError::Io {
-        context: format!("pid {} out of range", vm.pid),
-        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-    })?;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .map_err(|errno| HypervisorError::Io {
-        context: format!("cannot signal process {}", vm.pid),
-        source: std::io::Error::from(errno),
-    })
 }
 
 fn spec_error(message: String) -> HypervisorError {
