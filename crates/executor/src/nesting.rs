@@ -244,7 +244,11 @@ impl Executor for NestingExecutor {
             Err(e) => {
                 let msg = format!("starting the VM: {e}");
                 trace.message(&format!("ERROR: {msg}"));
-                let reason = if e.is_not_found() {
+                if e.is_transport() {
+                    // The daemon finishes a start whose caller went away: remove what it made.
+                    self.delete_slot(slot_no).await;
+                }
+                let reason = if e.is_configuration() {
                     FailureReason::RunnerConfigurationError
                 } else {
                     FailureReason::RunnerSystemFailure
@@ -316,6 +320,26 @@ impl Executor for NestingExecutor {
 }
 
 impl NestingExecutor {
+    /// Delete whatever VM holds `slot` (a start whose answer was lost), on a new connection.
+    async fn delete_slot(&self, slot: Option<i32>) {
+        let Some(slot) = slot else { return };
+        let cleanup = async {
+            let mut nesting = self.nesting().await.ok()?;
+            // The daemon may still be starting it: wait until a VM shows up in the slot (or
+            // the start's own limit passed) before deleting.
+            for _ in 0..120 {
+                let vms = nesting.list().await.ok()?;
+                if let Some(vm) = vms.into_iter().find(|v| v.slot == Some(slot)) {
+                    let _ = nesting.delete(&vm.id).await;
+                    return Some(());
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Some(())
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(150), cleanup).await;
+    }
+
     async fn agent(&self, addr: &str) -> Result<AgentClient, String> {
         let parsed = AgentAddr::parse(addr)
             .ok_or_else(|| format!("the VM's address {addr:?} is not unix:// or vsock://"))?;
@@ -402,9 +426,10 @@ impl NestingExecutor {
                 ("workdir".to_string(), self.workdir(job, slot_no)),
             ]);
             let started = Instant::now();
+            // Longer than the daemon's own limit on saving a VM (600 s), so its answer arrives.
             match tokio::time::timeout(
-                Duration::from_secs(600),
-                nesting.snapshot(vm, &name, labels),
+                Duration::from_secs(660),
+                nesting.snapshot_initialized(vm, &name, labels, &self.config.init_config),
             )
             .await
             {

@@ -51,6 +51,34 @@ impl ClientError {
         )
     }
 
+    /// The request itself is wrong for this daemon (no such image or snapshot, a bad name, a
+    /// snapshot taken on another hypervisor build): a configuration problem, not a system one.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            ClientError::Status { code, message, .. } => match code {
+                Code::NotFound | Code::InvalidArgument => true,
+                Code::FailedPrecondition => {
+                    message.contains("cannot be restored on this host")
+                        || message.contains("has been rebuilt since")
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// The call may have reached the daemon and gone on there without an answer reaching us
+    /// (the connection broke): what it started may exist.
+    pub fn is_transport(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Status {
+                code: Code::Unavailable | Code::Unknown | Code::Cancelled,
+                ..
+            }
+        )
+    }
+
     fn status(op: &'static str) -> impl FnOnce(Status) -> ClientError {
         move |s| ClientError::Status {
             op,
@@ -216,6 +244,24 @@ impl NestingClient {
             .map_err(ClientError::status("snapshot"))?
             .into_inner();
         Ok((r.snapshot.ok_or(ClientError::Empty("snapshot"))?, r.expired))
+    }
+
+    /// `Snapshot`, initialising the daemon first if it says it is not (a daemon restarted
+    /// while the VM ran).
+    pub async fn snapshot_initialized(
+        &mut self,
+        vm: &str,
+        name: &str,
+        labels: HashMap<String, String>,
+        config: &[u8],
+    ) -> Result<(proto::Snapshot, Vec<String>), ClientError> {
+        match self.snapshot(vm, name, labels.clone()).await {
+            Err(e) if e.is(Code::FailedPrecondition, "not initialized") => {
+                self.ensure_init(config).await?;
+                self.snapshot(vm, name, labels).await
+            }
+            other => other,
+        }
     }
 
     /// `Delete`.

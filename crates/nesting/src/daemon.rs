@@ -2,7 +2,7 @@
 //! slot (a new VM stomps the one left in its slot), snapshots kept under the state directory,
 //! VMs that outlive a daemon restart found again from their records.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,10 +56,34 @@ struct Active {
 pub struct Daemon {
     opts: DaemonOptions,
     active: Mutex<Option<Arc<Active>>>,
-    /// Serialises changes to the records (never held across a boot).
+    /// Serialises changes to the records and snapshots (never held across a boot).
     records: Mutex<()>,
+    /// Work in progress (a std mutex, never held across an await, so guards release it on drop).
+    busy: std::sync::Mutex<Busy>,
+}
+
+/// What is being worked on right now, so that reconciling, deleting, stomping and retention
+/// keep their hands off it.
+#[derive(Debug, Default)]
+struct Busy {
     /// Slots with a VM being started.
-    starting: Mutex<HashSet<i32>>,
+    slots: HashSet<i32>,
+    /// VMs being started or snapshotted.
+    vms: HashSet<String>,
+    /// Snapshots being restored from, by how many restores.
+    claims: HashMap<String, usize>,
+}
+
+/// Releases one piece of [`Busy`] when dropped (also when the work panics).
+struct Held<'a> {
+    daemon: &'a Daemon,
+    release: Box<dyn Fn(&mut Busy) + Send + Sync + 'a>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        (self.release)(&mut self.daemon.busy());
+    }
 }
 
 fn now() -> i64 {
@@ -90,7 +114,9 @@ pub fn backend(kind: HypervisorKind, binary: Option<PathBuf>) -> Arc<dyn Hypervi
 
 impl Daemon {
     /// A daemon over `opts`; finds the VMs a previous run left (see [`Daemon::reconcile`]).
-    pub async fn new(opts: DaemonOptions) -> Result<Arc<Daemon>, DaemonError> {
+    pub async fn new(mut opts: DaemonOptions) -> Result<Arc<Daemon>, DaemonError> {
+        opts.state_dir = check_state_dir(&opts.state_dir)?;
+        opts.images_dir = absolute(&opts.images_dir)?;
         for d in [
             store::vms_dir(&opts.state_dir),
             snapshot::dir(&opts.state_dir),
@@ -116,7 +142,7 @@ impl Daemon {
             opts,
             active: Mutex::new(None),
             records: Mutex::new(()),
-            starting: Mutex::new(HashSet::new()),
+            busy: std::sync::Mutex::new(Busy::default()),
         });
         daemon.reconcile().await;
         Ok(daemon)
@@ -125,6 +151,43 @@ impl Daemon {
     /// The state directory.
     pub fn state_dir(&self) -> &Path {
         &self.opts.state_dir
+    }
+
+    fn busy(&self) -> std::sync::MutexGuard<'_, Busy> {
+        self.busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Mark VM `id` as being worked on; `None` if it already is.
+    fn hold_vm(&self, id: &str) -> Option<Held<'_>> {
+        if !self.busy().vms.insert(id.to_string()) {
+            return None;
+        }
+        let id = id.to_string();
+        Some(Held {
+            daemon: self,
+            release: Box::new(move |b| {
+                b.vms.remove(&id);
+            }),
+        })
+    }
+
+    /// Claim snapshot `name` for a restore: neither deleted nor replaced while held.
+    fn claim(&self, name: &str) -> Held<'_> {
+        *self.busy().claims.entry(name.to_string()).or_default() += 1;
+        let name = name.to_string();
+        Held {
+            daemon: self,
+            release: Box::new(move |b| {
+                if let Some(n) = b.claims.get_mut(&name) {
+                    *n -= 1;
+                    if *n == 0 {
+                        b.claims.remove(&name);
+                    }
+                }
+            }),
+        }
     }
 
     async fn active(&self) -> Result<Arc<Active>, DaemonError> {
@@ -143,27 +206,26 @@ impl Daemon {
         let (recs, orphans) = store::load_all(&self.opts.state_dir);
         let mut alive = Vec::new();
         let mut known = HashSet::new();
+        let busy = self.busy().vms.clone();
         for rec in recs {
             known.insert(rec.id.clone());
+            if busy.contains(&rec.id) {
+                // Being started or snapshotted: its process may be missing or stopped on purpose.
+                if rec.process.as_ref().is_some_and(is_running) {
+                    alive.push(rec);
+                }
+                continue;
+            }
             match &rec.process {
                 Some(p) if is_running(p) => alive.push(rec),
                 Some(_) => {
                     tracing::info!(vm = %rec.id, "VM process is gone; removing its files");
                     let _ = std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
                 }
-                // Being started (its slot is marked) or left half-started by a crash.
+                // Left half-started by a crash (VMs being started are skipped above).
                 None => {
-                    let starting = rec.slot.is_some_and(|s| {
-                        self.starting
-                            .try_lock()
-                            .map(|g| g.contains(&s))
-                            .unwrap_or(true)
-                    });
-                    if !starting && now() - rec.created > 10 {
-                        self.kill_strays(&rec.id).await;
-                        let _ =
-                            std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
-                    }
+                    self.kill_strays(&rec.id).await;
+                    let _ = std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
                 }
             }
         }
@@ -172,11 +234,7 @@ impl Daemon {
                 .file_name()
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_default();
-            let fresh = std::fs::metadata(&dir)
-                .and_then(|m| m.modified())
-                .map(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(10))
-                .unwrap_or(false);
-            if !fresh {
+            if !busy.contains(&id) {
                 self.kill_strays(&id).await;
                 let _ = std::fs::remove_dir_all(&dir);
             }
@@ -221,10 +279,10 @@ impl Daemon {
             .clone()
             .map(|b| b.display().to_string())
             .unwrap_or_else(|| "qemu-system-x86_64".into());
-        let images_dir = config
-            .images_dir
-            .clone()
-            .unwrap_or_else(|| self.opts.images_dir.clone());
+        let images_dir = match &config.images_dir {
+            Some(d) => absolute(d).map_err(|e| DaemonError::Config(format!("images_dir: {e}")))?,
+            None => self.opts.images_dir.clone(),
+        };
         let probe = if config.hypervisor == HypervisorKind::Qemu {
             let kernel = probe_kernel(&images_dir);
             accel::resolve(config.accel, &binary, kernel.as_deref()).await
@@ -322,31 +380,40 @@ impl Daemon {
         }
     }
 
-    /// Mark `slot` as being started and stomp the VM in it; the stomped VM's id.
-    async fn take_slot(&self, slot: Option<i32>) -> Result<Option<String>, DaemonError> {
-        let Some(slot) = slot else { return Ok(None) };
-        if !self.starting.lock().await.insert(slot) {
+    /// Mark `slot` as being started (released when the guard drops) and stomp the VM in it;
+    /// the stomped VM's id.
+    async fn take_slot(
+        &self,
+        slot: Option<i32>,
+    ) -> Result<(Option<Held<'_>>, Option<String>), DaemonError> {
+        let Some(slot) = slot else {
+            return Ok((None, None));
+        };
+        if !self.busy().slots.insert(slot) {
             return Err(DaemonError::Conflict(format!(
                 "a VM is already being started in slot {slot}"
             )));
         }
+        let held = Held {
+            daemon: self,
+            release: Box::new(move |b| {
+                b.slots.remove(&slot);
+            }),
+        };
         let (recs, _) = store::load_all(&self.opts.state_dir);
         let mut stomped = None;
         for rec in recs.into_iter().filter(|r| r.slot == Some(slot)) {
+            let Some(_vm) = self.hold_vm(&rec.id) else {
+                return Err(DaemonError::Conflict(format!(
+                    "VM {} in slot {slot} is being snapshotted",
+                    rec.id
+                )));
+            };
             tracing::info!(vm = %rec.id, slot, "stomping the VM left in the slot");
-            if let Err(e) = self.remove(&rec).await {
-                self.starting.lock().await.remove(&slot);
-                return Err(e);
-            }
+            self.remove(&rec).await?;
             stomped = Some(rec.id);
         }
-        Ok(stomped)
-    }
-
-    async fn release_slot(&self, slot: Option<i32>) {
-        if let Some(s) = slot {
-            self.starting.lock().await.remove(&s);
-        }
+        Ok((Some(held), stomped))
     }
 
     async fn remove(&self, rec: &VmRecord) -> Result<(), DaemonError> {
@@ -379,12 +446,16 @@ impl Daemon {
     ) -> Result<VmRecord, DaemonError> {
         let spec = rec.spec.clone();
         let layer = &spec.disks[0].path;
-        std::fs::create_dir_all(&spec.run_dir).map_err(DaemonError::io(format!(
-            "creating {}",
-            spec.run_dir.display()
-        )))?;
-        store::save(&self.opts.state_dir, &rec)?;
+        // Held until the agent answers: reconcile leaves a VM being started alone.
+        let _starting = self
+            .hold_vm(&rec.id)
+            .ok_or_else(|| DaemonError::Conflict(format!("VM {} already exists", rec.id)))?;
         let started = async {
+            std::fs::create_dir_all(&spec.run_dir).map_err(DaemonError::io(format!(
+                "creating {}",
+                spec.run_dir.display()
+            )))?;
+            store::save(&self.opts.state_dir, &rec)?;
             match spec.disks[0].format {
                 DiskFormat::Qcow2 => disk::create_layer(base, layer).await?,
                 DiskFormat::Raw => disk::raw_copy(base, layer).await?,
@@ -433,7 +504,7 @@ impl Daemon {
     ) -> Result<(VmRecord, Option<String>), DaemonError> {
         let active = self.active().await?;
         let (image_dir, manifest) = self.image(&active, image_name)?;
-        let stomped = self.take_slot(slot).await?;
+        let (_slot, stomped) = self.take_slot(slot).await?;
         let id = new_id();
         let spec = self.spec(&active, &id, &image_dir, &manifest, None);
         let base = image_dir.join(&manifest.disk);
@@ -449,9 +520,8 @@ impl Daemon {
             base_disk: base.clone(),
             created: now(),
         };
-        let result = self.start(&active, rec, &base, None).await;
-        self.release_slot(slot).await;
-        result.map(|r| (r, stomped))
+        let rec = self.start(&active, rec, &base, None).await?;
+        Ok((rec, stomped))
     }
 
     /// `Delete`.
@@ -461,6 +531,11 @@ impl Daemon {
             .into_iter()
             .find(|r| r.id == id)
             .ok_or_else(|| DaemonError::NoVm(id.to_string()))?;
+        let Some(_vm) = self.hold_vm(id) else {
+            return Err(DaemonError::Conflict(format!(
+                "VM {id} is being started or snapshotted"
+            )));
+        };
         self.remove(&rec).await
     }
 
@@ -473,13 +548,19 @@ impl Daemon {
     pub async fn shutdown(&self) -> Result<(), DaemonError> {
         let (recs, _) = store::load_all(&self.opts.state_dir);
         for rec in &recs {
+            // Shutdown wins over work in progress: the VM goes whatever was being done to it.
             self.remove(rec).await?;
         }
         *self.active.lock().await = None;
         Ok(())
     }
 
+    /// Whether a VM runs on snapshot `name`'s files, a snapshot's disk sits on it, or a restore
+    /// of it is under way. Decisions on it are taken holding `records`.
     fn in_use(&self, name: &str) -> bool {
+        if self.busy().claims.contains_key(name) {
+            return true;
+        }
         let (recs, _) = store::load_all(&self.opts.state_dir);
         recs.iter().any(|r| r.snapshot == name)
             || snapshot::list(&self.opts.state_dir)
@@ -504,6 +585,12 @@ impl Daemon {
             .ok_or_else(|| DaemonError::NoVm(vm.to_string()))?;
         let Some(process) = rec.process.clone().filter(is_running) else {
             return Err(DaemonError::Conflict(format!("VM {vm} is not running")));
+        };
+        // Held until the VM's record is gone: no reconcile, delete or stomp meanwhile.
+        let Some(_vm) = self.hold_vm(vm) else {
+            return Err(DaemonError::Conflict(format!(
+                "VM {vm} is being started or snapshotted"
+            )));
         };
         if !active.hv.capabilities().snapshot {
             return Err(HypervisorError::Unsupported {
@@ -601,23 +688,36 @@ impl Daemon {
                 return Err(e);
             }
         };
-        {
+        let published = {
             let _g = self.records.lock().await;
-            if target.exists() {
-                let old = root.join(format!(".old-{name}-{}", new_id()));
-                std::fs::rename(&target, &old)
-                    .map_err(DaemonError::io(format!("replacing {}", target.display())))?;
-                let _ = remove_tree(&old);
+            // Checked again under the lock: a restore may have started on the old one.
+            if target.exists() && self.in_use(name) {
+                Err(DaemonError::Conflict(format!(
+                    "snapshot {name:?} came into use while the VM was saved; the new state was not kept"
+                )))
+            } else {
+                let replace = || -> std::io::Result<()> {
+                    if target.exists() {
+                        let old = root.join(format!(".old-{name}-{}", new_id()));
+                        std::fs::rename(&target, &old)?;
+                        let _ = remove_tree(&old);
+                    }
+                    std::fs::rename(&tmp, &target)
+                };
+                replace().map_err(DaemonError::io(format!("publishing {}", target.display())))
             }
-            std::fs::rename(&tmp, &target)
-                .map_err(DaemonError::io(format!("publishing {}", target.display())))?;
-            let _ = std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
+        };
+        let _ = std::fs::remove_dir_all(store::vm_dir(&self.opts.state_dir, &rec.id));
+        if let Err(e) = published {
+            let _ = remove_tree(&tmp);
+            return Err(e);
         }
         let expired = self.enforce_retention(&active, Some(name)).await;
         Ok((meta, expired))
     }
 
     async fn enforce_retention(&self, active: &Active, keep: Option<&str>) -> Vec<String> {
+        let _g = self.records.lock().await;
         let all = snapshot::list(&self.opts.state_dir);
         let gone = snapshot::expired(&all, active.config.snapshots, now(), &|n| {
             Some(n) == keep || self.in_use(n)
@@ -637,6 +737,11 @@ impl Daemon {
     ) -> Result<(VmRecord, Option<String>), DaemonError> {
         let active = self.active().await?;
         check_name("snapshot name", name)?;
+        // Claimed before anything is read: the snapshot cannot be deleted or replaced under us.
+        let _claim = {
+            let _g = self.records.lock().await;
+            self.claim(name)
+        };
         let meta = snapshot::load(&self.opts.state_dir, name)?;
         let (image_dir, manifest) = self.image(&active, &meta.image)?;
         let id = new_id();
@@ -650,7 +755,7 @@ impl Daemon {
         let here = active.hv.identity(&spec).await?;
         meta.check_compatible(&here, active.accel)?;
         meta.check_base()?;
-        let stomped = self.take_slot(slot).await?;
+        let (_slot, stomped) = self.take_slot(slot).await?;
         let snap_dir = snapshot::dir(&self.opts.state_dir).join(name);
         let frozen = snap_dir.join(spec.disks[0].path.file_name().unwrap_or_default());
         let rec = VmRecord {
@@ -665,9 +770,8 @@ impl Daemon {
             base_disk: meta.base_disk.clone(),
             created: now(),
         };
-        let result = self.start(&active, rec, &frozen, Some(&meta)).await;
-        self.release_slot(slot).await;
-        result.map(|r| (r, stomped))
+        let rec = self.start(&active, rec, &frozen, Some(&meta)).await?;
+        Ok((rec, stomped))
     }
 
     /// `ListSnapshots`.
@@ -678,6 +782,7 @@ impl Daemon {
     /// `DeleteSnapshot`.
     pub async fn delete_snapshot(&self, name: &str) -> Result<(), DaemonError> {
         check_name("snapshot name", name)?;
+        let _g = self.records.lock().await;
         snapshot::load(&self.opts.state_dir, name)?;
         if self.in_use(name) {
             return Err(DaemonError::Conflict(format!(
@@ -766,6 +871,36 @@ fn probe_kernel(images_dir: &Path) -> Option<PathBuf> {
         kernels.sort();
         kernels.pop()
     })
+}
+
+/// `dir` made absolute (qcow2 backing paths and sockets must not depend on the working
+/// directory).
+fn absolute(dir: &Path) -> Result<PathBuf, DaemonError> {
+    std::path::absolute(dir).map_err(DaemonError::io(format!("resolving {}", dir.display())))
+}
+
+/// The longest path of a unix socket the daemon makes under the state directory:
+/// `vms/<8 hex>/vsock.sock_<port>`.
+const LONGEST_SOCKET_SUFFIX: usize = "/vms/01234567/vsock.sock_4294967295".len();
+
+/// A usable state directory: absolute, no comma (QEMU's option separator), short enough for
+/// the VMs' unix sockets (108 bytes on Linux).
+fn check_state_dir(dir: &Path) -> Result<PathBuf, DaemonError> {
+    let dir = absolute(dir)?;
+    let text = dir.display().to_string();
+    if text.contains(',') {
+        return Err(DaemonError::Config(format!(
+            "state directory {text}: a comma cannot be passed to QEMU's options; choose another path"
+        )));
+    }
+    if text.len() + LONGEST_SOCKET_SUFFIX > 107 {
+        return Err(DaemonError::Config(format!(
+            "state directory {text} is too long: VM sockets under it would pass the 108-byte limit of \
+             unix socket paths; use one of at most {} bytes",
+            107 - LONGEST_SOCKET_SUFFIX
+        )));
+    }
+    Ok(dir)
 }
 
 /// The label that names the snapshot a snapshot's disk layer sits on.
@@ -905,6 +1040,23 @@ impl nesting_server::Nesting for Service {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_directories_that_would_break_vms_are_refused() {
+        let long = PathBuf::from(format!("/tmp/{}", "d".repeat(80)));
+        let e = check_state_dir(&long).unwrap_err().to_string();
+        assert!(e.contains("108-byte limit"), "{e}");
+        let e = check_state_dir(Path::new("/tmp/a,b"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("comma"), "{e}");
+        let rel = check_state_dir(Path::new("state")).unwrap();
+        assert!(
+            rel.is_absolute() && rel.ends_with("state"),
+            "{}",
+            rel.display()
+        );
+    }
 
     #[tokio::test]
     async fn a_restarted_daemon_removes_half_written_snapshots_and_dead_vms() {

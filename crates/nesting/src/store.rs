@@ -118,8 +118,8 @@ pub fn load_all(state: &Path) -> (Vec<VmRecord>, Vec<PathBuf>) {
     (recs, orphans)
 }
 
-/// Processes whose command line names a VM directory under `state` (a hypervisor started by
-/// this daemon), with the VM id.
+/// Hypervisor processes (QEMU, Firecracker, Cloud Hypervisor) whose command line names a VM
+/// directory under `state` (started by this daemon), with the VM id.
 pub fn processes_under(state: &Path) -> Vec<(u32, String)> {
     let needle = format!("{}/", vms_dir(state).display());
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -134,6 +134,15 @@ pub fn processes_under(state: &Path) -> Vec<(u32, String)> {
             continue;
         };
         let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        // Only hypervisors: a `tail -f` of a VM's console names the directory too.
+        let program = text.split(' ').next().unwrap_or_default();
+        let program = program.rsplit('/').next().unwrap_or_default();
+        let hypervisor = program.starts_with("qemu-system")
+            || program == "firecracker"
+            || program == "cloud-hypervisor";
+        if !hypervisor {
+            continue;
+        }
         if let Some(at) = text.find(&needle) {
             let id: String = text[at + needle.len()..]
                 .chars()

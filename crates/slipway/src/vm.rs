@@ -223,8 +223,29 @@ async fn shell(
             }
         })
     });
+    // Ctrl-C goes to what runs in the guest; SIGTERM or a closed terminal ends the session,
+    // and the caller still deletes the VM.
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut code = 1;
-    while let Some(ev) = exec.events.recv().await {
+    loop {
+        let ev = tokio::select! {
+            ev = exec.events.recv() => ev,
+            _ = int.recv() => {
+                let _ = agent.signal(id, 2).await;
+                continue;
+            }
+            _ = term.recv() => {
+                code = 143;
+                break;
+            }
+            _ = hup.recv() => {
+                code = 129;
+                break;
+            }
+        };
+        let Some(ev) = ev else { break };
         match ev {
             ExecEvent::Started(_) => {}
             ExecEvent::Stdout(b) => {
