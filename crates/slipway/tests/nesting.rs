@@ -115,14 +115,21 @@ fn images() -> PathBuf {
     guest_image(VM_IMAGE, "vm").unwrap()
 }
 
-fn config(w: &World, nest: &Nest, extra_runner: &str) -> PathBuf {
+/// A world with a nesting daemon and a config.toml whose runner uses it.
+fn vm_world() -> (World, Nest, PathBuf) {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = config(&w, &nest);
+    (w, nest, cfg)
+}
+
+fn config(w: &World, nest: &Nest) -> PathBuf {
     let text = format!(
         r#"
 concurrent = 4
 [[runners]]
   name = "vms"
   executor = "instance"
-  {extra_runner}
   [runners.instance]
     allowed_images = ["test-*"]
   [runners.autoscaler]
@@ -155,6 +162,24 @@ concurrent = 4
     w.write("config.toml", &text)
 }
 
+/// `slipway exec` of `pipeline` in the background (for tests that act while it runs).
+fn spawn_exec(w: &World, cfg: &Path, pipeline: &str) -> Child {
+    let file = w.write("pipeline.yml", pipeline);
+    w.slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
+        .spawn()
+        .unwrap()
+}
+
+/// Only the header of a `slipway nesting list|snapshots` table.
+fn assert_empty_table(run: &common::Run) {
+    assert_eq!(
+        run.stdout.lines().count(),
+        1,
+        "only the header: {}",
+        run.explain()
+    );
+}
+
 fn exec(w: &World, cfg: &Path, pipeline: &str) -> common::Run {
     let file = w.write("pipeline.yml", pipeline);
     w.run(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
@@ -170,9 +195,7 @@ fn status(run: &common::Run, job: &str) -> String {
 
 #[test]
 fn microvm_and_vm_jobs_each_run_in_a_vm_of_their_own() {
-    let w = World::new();
-    let nest = Nest::start(&w, &images());
-    let cfg = config(&w, &nest, "");
+    let (w, nest, cfg) = vm_world();
     let run = exec(
         &w,
         &cfg,
@@ -220,19 +243,12 @@ full:
     );
     assert!(nest.qemus().is_empty(), "VMs left: {:?}", nest.qemus());
     let list = nest.cli(&w, &["list"]);
-    assert_eq!(
-        list.stdout.lines().count(),
-        1,
-        "only the header: {}",
-        list.explain()
-    );
+    assert_empty_table(&list);
 }
 
 #[test]
 fn a_failed_microvm_job_leaves_a_snapshot_that_slipway_debug_steps_into() {
-    let w = World::new();
-    let nest = Nest::start(&w, &images());
-    let cfg = config(&w, &nest, "");
+    let (w, nest, cfg) = vm_world();
     let run = exec(
         &w,
         &cfg,
@@ -303,9 +319,7 @@ broken:
 
 #[test]
 fn a_saved_snapshot_is_restored_and_branched_four_ways() {
-    let w = World::new();
-    let nest = Nest::start(&w, &images());
-    let cfg = config(&w, &nest, "");
+    let (w, nest, cfg) = vm_world();
     let run = exec(
         &w,
         &cfg,
@@ -366,11 +380,10 @@ test:
 
 #[test]
 fn a_hung_vm_is_killed_at_the_job_timeout_and_leaves_no_qemu() {
-    let w = World::new();
-    let nest = Nest::start(&w, &images());
-    let cfg = config(&w, &nest, "");
-    let file = w.write(
-        "pipeline.yml",
+    let (w, nest, cfg) = vm_world();
+    let child = spawn_exec(
+        &w,
+        &cfg,
         r#"
 hang:
   isolation: microvm
@@ -380,10 +393,6 @@ hang:
     - sleep 600
 "#,
     );
-    let child = w
-        .slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
-        .spawn()
-        .unwrap();
     // Freeze the guest's vCPUs once its agent runs: from then on nothing inside answers.
     let qmp = nest.wait_for_guest().join("qmp.sock");
     std::thread::sleep(Duration::from_secs(3));
@@ -490,11 +499,10 @@ fn a_killed_daemon_restarted_lists_its_vms_and_cleans_them_later() {
 
 #[test]
 fn a_canceled_job_deletes_its_vm() {
-    let w = World::new();
-    let nest = Nest::start(&w, &images());
-    let cfg = config(&w, &nest, "");
-    let file = w.write(
-        "pipeline.yml",
+    let (w, nest, cfg) = vm_world();
+    let child = spawn_exec(
+        &w,
+        &cfg,
         r#"
 long:
   isolation: microvm
@@ -504,10 +512,6 @@ long:
     - sleep 600
 "#,
     );
-    let child = w
-        .slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
-        .spawn()
-        .unwrap();
     nest.wait_for_guest();
     std::thread::sleep(Duration::from_secs(3));
     common::signal(child.id(), "TERM");
@@ -520,27 +524,17 @@ long:
     );
     // A canceled job is not a failure to keep.
     let snaps = nest.cli(&w, &["snapshots"]);
-    assert_eq!(
-        snaps.stdout.lines().count(),
-        1,
-        "no snapshot: {}",
-        snaps.explain()
-    );
+    assert_empty_table(&snaps);
 }
 
 #[test]
 fn a_job_canceled_while_its_vm_boots_leaves_no_vm_and_a_usable_slot() {
-    let w = World::new();
-    let nest = Nest::start(&w, &images());
-    let cfg = config(&w, &nest, "");
-    let file = w.write(
-        "pipeline.yml",
+    let (w, nest, cfg) = vm_world();
+    let child = spawn_exec(
+        &w,
+        &cfg,
         "boot:\n  isolation: vm\n  script:\n    - echo never seen\n",
     );
-    let child = w
-        .slipway(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()])
-        .spawn()
-        .unwrap();
     // Cancel as soon as the daemon has started the VM's process, long before its agent answers.
     let vms = nest.state.join("vms");
     assert!(wait_until(Duration::from_secs(120), || {

@@ -46,22 +46,7 @@ pub fn ensure_vm_tools() -> Result<(), FixtureError> {
         missing.push("linux-image-cloud-amd64");
     }
     for pkg in missing {
-        let install = || {
-            std::process::Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends", pkg])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !install() {
-            let _ = std::process::Command::new("apt-get").arg("update").status();
-            if !install() {
-                return Err(err(
-                    "installing VM test packages",
-                    format!("apt-get install {pkg} failed"),
-                ));
-            }
-        }
+        crate::apt_install(pkg)?;
     }
     Ok(())
 }

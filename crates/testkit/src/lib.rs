@@ -42,9 +42,15 @@ pub fn ensure_sshd() -> Result<(), FixtureError> {
     if Path::new(SSHD).exists() {
         return Ok(());
     }
+    apt_install("openssh-server")
+}
+
+/// `apt-get install` one Debian package, updating the package lists once if the first try
+/// fails.
+pub fn apt_install(package: &str) -> Result<(), FixtureError> {
     let install = || {
         std::process::Command::new("apt-get")
-            .args(["install", "-y", "-q", "openssh-server"])
+            .args(["install", "-y", "-q", "--no-install-recommends", package])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .is_ok_and(|s| s.success())
@@ -52,7 +58,10 @@ pub fn ensure_sshd() -> Result<(), FixtureError> {
     if !install() {
         let _ = std::process::Command::new("apt-get").arg("update").status();
         if !install() {
-            return Err(err("installing openssh-server", "apt-get install failed"));
+            return Err(err(
+                "installing a Debian package",
+                format!("apt-get install {package} failed"),
+            ));
         }
     }
     Ok(())
