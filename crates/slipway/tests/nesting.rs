@@ -124,12 +124,19 @@ fn vm_world() -> (World, Nest, PathBuf) {
 }
 
 fn config(w: &World, nest: &Nest) -> PathBuf {
+    config_with(w, nest, "")
+}
+
+/// The VM runner's config.toml; `source` adds keys to `[[runners]]` (a GitLab url and token).
+fn config_with(w: &World, nest: &Nest, source: &str) -> PathBuf {
     let text = format!(
         r#"
 concurrent = 4
+check_interval = 1
 [[runners]]
   name = "vms"
   executor = "instance"
+  {source}
   [runners.instance]
     allowed_images = ["test-*"]
   [runners.autoscaler]
@@ -558,4 +565,75 @@ fn a_job_canceled_while_its_vm_boots_leaves_no_vm_and_a_usable_slot() {
     );
     assert_eq!(again.code, Some(0), "{}", again.explain());
     assert!(nest.qemus().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
+    use slipway_testkit::gitlab::{FakeGitlab, job_payload_with_vars};
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let gl = FakeGitlab::start().await;
+    let source = format!(
+        "url = \"{}\"\n  token = \"{}\"",
+        gl.url(),
+        gl.runner_token()
+    );
+    let cfg = config_with(&w, &nest, &source);
+    let vars = [("GIT_STRATEGY", "none"), ("SLIPWAY_ISOLATION", "microvm")];
+    let ok = gl.enqueue(job_payload_with_vars(
+        "in-a-vm",
+        &["echo guest $(uname -r)"],
+        &vars,
+    ));
+    let long = gl.enqueue(job_payload_with_vars(
+        "canceled-in-a-vm",
+        &["echo started-in-vm", "sleep 600"],
+        &vars,
+    ));
+    let child = w
+        .slipway(&["run", "-c", cfg.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let done = gl
+        .wait_for_state(ok, "success", Duration::from_secs(240))
+        .await;
+    let trace = gl.job(ok).map(|j| j.trace_text()).unwrap_or_default();
+    assert!(done.is_some(), "{trace}");
+    assert!(
+        trace.contains("Creating a microvm VM from image test-microvm"),
+        "{trace}"
+    );
+    assert!(
+        trace.contains("guest 6.1.0") && trace.contains("cloud-amd64"),
+        "{trace}"
+    );
+
+    assert!(wait_until(Duration::from_secs(180), || {
+        gl.job(long)
+            .is_some_and(|j| j.trace_text().contains("started-in-vm"))
+    }));
+    gl.cancel(long, true);
+    let canceled = gl
+        .wait_for_state(long, "canceled", Duration::from_secs(120))
+        .await;
+    assert!(
+        canceled.is_some(),
+        "{:?}",
+        gl.job(long).map(|j| j.trace_text())
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || nest.qemus().is_empty()),
+        "VM left after GitLab's cancel: {:?}",
+        nest.qemus()
+    );
+    // The manager stops cleanly; the daemon (this world's, outliving it) keeps no VM.
+    common::signal(child.id(), "TERM");
+    let out = wait_with_timeout(child, Duration::from_secs(60));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(nest.qemus().is_empty(), "{:?}", nest.qemus());
 }
