@@ -170,7 +170,8 @@ fn exit_status(st: std::process::ExitStatus) -> ExitStatus {
     }
 }
 
-fn signal_name(sig: i32) -> String {
+/// A signal number as GitLab's traces name it (`KILL`, `TERM`; others by number).
+pub(crate) fn signal_name(sig: i32) -> String {
     match sig {
         1 => "HUP",
         2 => "INT",

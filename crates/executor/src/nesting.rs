@@ -13,6 +13,7 @@ use slipway_connector::{Client, ExitStatus, Output};
 use slipway_jobs::JobResponse;
 use slipway_nesting::agent::{AgentClient, Exec, ExecEvent};
 use slipway_nesting::client::{AgentAddr, NestingClient};
+use slipway_nesting::hypervisor::vsock;
 use tokio::sync::mpsc;
 
 use crate::executor::{Executor, JobSlot};
@@ -343,36 +344,19 @@ impl NestingExecutor {
     async fn agent(&self, addr: &str) -> Result<AgentClient, String> {
         let parsed = AgentAddr::parse(addr)
             .ok_or_else(|| format!("the VM's address {addr:?} is not unix:// or vsock://"))?;
-        let mut stream = self
+        let stream = self
             .client
             .open_unix(parsed.socket())
             .await
             .map_err(|e| format!("reaching the VM's agent: {e}"))?;
-        if let AgentAddr::Vsock { port, .. } = parsed {
-            use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-            stream
-                .write_all(format!("CONNECT {port}\n").as_bytes())
-                .await
-                .map_err(|e| format!("reaching the VM's agent: {e}"))?;
-            let mut reader = tokio::io::BufReader::new(stream);
-            let mut line = String::new();
-            reader
-                .read_line(&mut line)
-                .await
-                .map_err(|e| format!("reaching the VM's agent: {e}"))?;
-            if !line.starts_with("OK ") {
-                return Err(format!(
-                    "the VM's vsock refused port {port}: {}",
-                    line.trim()
-                ));
+        let stream = match parsed {
+            AgentAddr::Vsock { port, socket } => {
+                vsock::connect_over(stream, port, &format!("{}:{socket}", self.instance))
+                    .await
+                    .map_err(|e| format!("reaching the VM's agent: {e}"))?
             }
-            let agent = AgentClient::new(reader.into_inner());
-            agent
-                .hello(Duration::from_secs(10))
-                .await
-                .map_err(|e| format!("the VM's agent: {e}"))?;
-            return Ok(agent);
-        }
+            AgentAddr::Unix(_) => stream,
+        };
         let agent = AgentClient::new(stream);
         agent
             .hello(Duration::from_secs(10))
@@ -556,11 +540,7 @@ impl Host for GuestHost {
 fn exit_status(code: Option<i32>, signal: Option<i32>) -> ExitStatus {
     ExitStatus {
         code: code.and_then(|c| u32::try_from(c).ok()),
-        signal: signal.map(|s| {
-            nix::sys::signal::Signal::try_from(s)
-                .map(|s| s.as_str().trim_start_matches("SIG").to_string())
-                .unwrap_or_else(|_| s.to_string())
-        }),
+        signal: signal.map(crate::host::signal_name),
     }
 }
 

@@ -148,11 +148,6 @@ impl Daemon {
         Ok(daemon)
     }
 
-    /// The state directory.
-    pub fn state_dir(&self) -> &Path {
-        &self.opts.state_dir
-    }
-
     fn busy(&self) -> std::sync::MutexGuard<'_, Busy> {
         self.busy
             .lock()
@@ -314,11 +309,6 @@ impl Daemon {
         Ok(())
     }
 
-    /// The accelerator VMs run under (once initialised).
-    pub async fn accel(&self) -> Option<Accel> {
-        self.active.lock().await.as_ref().map(|a| a.accel)
-    }
-
     fn image(&self, active: &Active, name: &str) -> Result<(PathBuf, ImageManifest), DaemonError> {
         check_name("image name", name)?;
         let dir = active.images_dir.join(name);
@@ -349,8 +339,8 @@ impl Daemon {
             level: m.level,
             vcpus,
             memory_mib,
-            kernel: image_dir.join(&m.kernel),
-            initrd: Some(image_dir.join(&m.initrd)),
+            kernel: m.kernel_path(image_dir),
+            initrd: Some(m.initrd_path(image_dir)),
             cmdline: host_cmdline(&m.cmdline, active.accel),
             disks: vec![Disk {
                 id: "disk".into(),
@@ -507,7 +497,7 @@ impl Daemon {
         let (_slot, stomped) = self.take_slot(slot).await?;
         let id = new_id();
         let spec = self.spec(&active, &id, &image_dir, &manifest, None);
-        let base = image_dir.join(&manifest.disk);
+        let base = manifest.disk_path(&image_dir);
         let rec = VmRecord {
             id: id.clone(),
             name: format!("slipway-{id}"),
@@ -558,14 +548,26 @@ impl Daemon {
     /// Whether a VM runs on snapshot `name`'s files, a snapshot's disk sits on it, or a restore
     /// of it is under way. Decisions on it are taken holding `records`.
     fn in_use(&self, name: &str) -> bool {
-        if self.busy().claims.contains_key(name) {
-            return true;
-        }
+        self.used_snapshots(&snapshot::list(&self.opts.state_dir))
+            .contains(name)
+    }
+
+    /// Every snapshot in use (see [`Daemon::in_use`]), from one read of the records; `snaps`
+    /// are the snapshots whose parents count.
+    fn used_snapshots(&self, snaps: &[SnapshotMeta]) -> HashSet<String> {
+        let mut used: HashSet<String> = self.busy().claims.keys().cloned().collect();
         let (recs, _) = store::load_all(&self.opts.state_dir);
-        recs.iter().any(|r| r.snapshot == name)
-            || snapshot::list(&self.opts.state_dir)
+        used.extend(
+            recs.into_iter()
+                .map(|r| r.snapshot)
+                .filter(|s| !s.is_empty()),
+        );
+        used.extend(
+            snaps
                 .iter()
-                .any(|m| m.labels.get(PARENT_LABEL).map(String::as_str) == Some(name))
+                .filter_map(|m| m.labels.get(PARENT_LABEL).cloned()),
+        );
+        used
     }
 
     /// `Snapshot`: save the VM as `name` (replacing an unused snapshot of that name); the VM
@@ -719,8 +721,9 @@ impl Daemon {
     async fn enforce_retention(&self, active: &Active, keep: Option<&str>) -> Vec<String> {
         let _g = self.records.lock().await;
         let all = snapshot::list(&self.opts.state_dir);
+        let used = self.used_snapshots(&all);
         let gone = snapshot::expired(&all, active.config.snapshots, now(), &|n| {
-            Some(n) == keep || self.in_use(n)
+            Some(n) == keep || used.contains(n)
         });
         for name in &gone {
             tracing::info!(snapshot = %name, "retention limit exceeded: removing snapshot");
@@ -850,27 +853,16 @@ fn host_cmdline(image: &str, accel: Accel) -> String {
     words.join(" ")
 }
 
-/// A kernel to probe KVM with: an image's, else the newest Debian cloud kernel in /boot.
+/// A kernel to probe KVM with: an image's, else the newest Debian cloud kernel in /boot (the
+/// one `slipway image build` would take).
 fn probe_kernel(images_dir: &Path) -> Option<PathBuf> {
     let from_image = std::fs::read_dir(images_dir).ok().and_then(|rd| {
         rd.flatten().find_map(|e| {
             let m = image::load(&e.path()).ok()?;
-            Some(e.path().join(&m.kernel))
+            Some(m.kernel_path(&e.path()))
         })
     });
-    from_image.or_else(|| {
-        let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
-            .ok()?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
-            })
-            .collect();
-        kernels.sort();
-        kernels.pop()
-    })
+    from_image.or_else(|| image::newest_cloud_kernel(Path::new("/boot")))
 }
 
 /// `dir` made absolute (qcow2 backing paths and sockets must not depend on the working

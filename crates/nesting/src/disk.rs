@@ -62,21 +62,3 @@ pub fn allocated_bytes(path: &Path) -> u64 {
         .map(|m| m.blocks() * 512)
         .unwrap_or(0)
 }
-
-/// Allocated bytes of every file under `dir`.
-pub fn allocated_bytes_under(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| {
-            let p = e.path();
-            if p.is_dir() {
-                allocated_bytes_under(&p)
-            } else {
-                allocated_bytes(&p)
-            }
-        })
-        .sum()
-}

@@ -19,18 +19,16 @@ pub fn spawn_detached(
     args: &[String],
     log: &Path,
 ) -> Result<tokio::process::Child, HypervisorError> {
-    let open = |what: &str| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(|source| HypervisorError::Io {
-                context: format!("cannot open {what} log {}", log.display()),
-                source,
-            })
+    let io = |source| HypervisorError::Io {
+        context: format!("cannot open log {}", log.display()),
+        source,
     };
-    let out = open("stdout")?;
-    let err = open("stderr")?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(io)?;
+    let err = out.try_clone().map_err(io)?;
     tokio::process::Command::new(binary)
         .args(args)
         .stdin(Stdio::null())

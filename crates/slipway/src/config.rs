@@ -1293,9 +1293,8 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                     true,
                 );
             }
-            if v.enabled {
-                let json = serde_json::to_vec(&v.nesting_config).unwrap_or_default();
-                if let Err(e) = slipway_nesting::config::Config::parse(&json) {
+            if let Some(n) = r.nesting_config() {
+                if let Err(e) = slipway_nesting::config::Config::parse(&n.init_config) {
                     report(
                         at(&["autoscaler", "vm_isolation", "nesting_config"]),
                         e,

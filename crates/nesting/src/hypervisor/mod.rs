@@ -183,8 +183,3 @@ fn is_zombie(pid: u32) -> bool {
         })
         .unwrap_or(false)
 }
-
-/// A path for a socket under `dir`.
-pub fn socket_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join(name)
-}

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 
+use super::http::host_cpu_model;
 use super::qmp::Qmp;
 use super::{HypervisorError, Identity, SnapshotFiles, VmProcess};
 use crate::Hypervisor;
@@ -353,19 +354,6 @@ impl Hypervisor for Qemu {
         })
         .await
     }
-}
-
-/// The host CPU's model name (`/proc/cpuinfo`), for snapshot compatibility under KVM.
-pub fn host_cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
 }
 
 #[cfg(test)]

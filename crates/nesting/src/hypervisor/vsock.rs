@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use super::HypervisorError;
@@ -30,13 +30,26 @@ pub async fn connect_vsock(
 }
 
 async fn handshake(uds: &Path, port: u32) -> Result<UnixStream, HypervisorError> {
+    let stream = UnixStream::connect(uds)
+        .await
+        .map_err(|source| HypervisorError::Io {
+            context: format!("vsock connect (port {port} via {})", uds.display()),
+            source,
+        })?;
+    connect_over(stream, port, &uds.display().to_string()).await
+}
+
+/// The `CONNECT <port>` handshake over an already open connection to a hybrid-vsock socket
+/// (a local one, or one forwarded from an instance); `via` names it in errors. The returned
+/// stream carries only the guest connection's bytes.
+pub async fn connect_over<S>(mut stream: S, port: u32, via: &str) -> Result<S, HypervisorError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let io = |what: &str, source: std::io::Error| HypervisorError::Io {
-        context: format!("vsock {what} (port {port} via {})", uds.display()),
+        context: format!("vsock {what} (port {port} via {via})"),
         source,
     };
-    let mut stream = UnixStream::connect(uds)
-        .await
-        .map_err(|e| io("connect", e))?;
     stream
         .write_all(format!("CONNECT {port}\n").as_bytes())
         .await

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::Level;
 
-pub use tools::{MissingPackage, host_tsc_khz};
+pub use tools::{MissingPackage, host_tsc_khz, newest_cloud_kernel};
 
 /// The manifest's file name inside an image directory.
 pub const MANIFEST_FILE: &str = "image.json";

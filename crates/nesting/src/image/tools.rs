@@ -287,7 +287,7 @@ fn explicit_kernel(path: &Path) -> Result<PathBuf, ImageError> {
 }
 
 /// The newest `vmlinuz-*-cloud-amd64` in `boot`, by version order.
-fn newest_cloud_kernel(boot: &Path) -> Option<PathBuf> {
+pub fn newest_cloud_kernel(boot: &Path) -> Option<PathBuf> {
     let entries = std::fs::read_dir(boot).ok()?;
     let mut best: Option<(String, PathBuf)> = None;
     for e in entries.flatten() {
