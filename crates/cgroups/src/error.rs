@@ -55,6 +55,12 @@ pub enum CgroupError {
         /// The I/O error.
         source: io::Error,
     },
+    /// A task entered the cgroup after it was emptied, so it could not be removed.
+    #[error("cannot remove cgroup {}: a task entered it after it was emptied", path.display())]
+    Entered {
+        /// The directory.
+        path: PathBuf,
+    },
     /// Listing a cgroup directory failed.
     #[error("cannot list cgroup {}: {source}", path.display())]
     ListDir {

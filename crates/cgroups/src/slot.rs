@@ -344,10 +344,18 @@ impl SlotCgroup {
         let deadline = Instant::now() + timeout;
         let oom_kills = self.oom_kills();
         let leftover = self.pids()?;
-        self.kill_all(&leftover, timeout, deadline)?;
-        // Killed tasks may still be leaving (rmdir says EBUSY until they have): however long the
-        // kill took, give their exit its own grace.
-        self.remove_dirs(deadline.max(Instant::now() + REMOVE_GRACE))?;
+        loop {
+            self.kill_all(&leftover, timeout, deadline)?;
+            // Killed tasks may still be leaving (rmdir says EBUSY until they have): however long
+            // the kill took, give their exit its own grace.
+            match self.remove_dirs(deadline.max(Instant::now() + REMOVE_GRACE)) {
+                // A task entered after the slot looked empty (a shell that moves itself in as
+                // it starts): kill again, within the same deadline.
+                Err(CgroupError::Entered { .. }) => continue,
+                other => other?,
+            }
+            break;
+        }
         Ok(CleanupReport {
             oom_kills: oom_kills?,
             leftover,
@@ -541,6 +549,11 @@ fn remove_dir_retrying(path: &Path, deadline: Instant) -> Result<()> {
                     source,
                 });
             }
+            Err(e) if e.raw_os_error() == Some(Errno::EBUSY as i32) && has_tasks(path) => {
+                return Err(CgroupError::Entered {
+                    path: path.to_path_buf(),
+                });
+            }
             Err(e) if e.raw_os_error() == Some(Errno::ENOTEMPTY as i32) => {
                 for child in fs::subtree_post_order(path)? {
                     if child != path {
@@ -551,6 +564,11 @@ fn remove_dir_retrying(path: &Path, deadline: Instant) -> Result<()> {
             Err(_) => thread::sleep(ROUND_PAUSE),
         }
     }
+}
+
+/// Whether live tasks are in the cgroup `path` itself.
+fn has_tasks(path: &Path) -> bool {
+    std::fs::read_to_string(path.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty())
 }
 
 /// Clean up every slot of `template` under its parent whose slot number is not in `keep`
