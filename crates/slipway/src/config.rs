@@ -249,7 +249,12 @@ pub fn autoscaled(executor: &str) -> bool {
 pub fn supported_isolation(executor: &str) -> &'static [slipway_executor::Isolation] {
     use slipway_executor::Isolation;
     match executor {
-        "instance" => &[Isolation::None, Isolation::Cgroup, Isolation::Docker],
+        "instance" => &[
+            Isolation::None,
+            Isolation::Cgroup,
+            Isolation::Docker,
+            Isolation::Instance,
+        ],
         "docker-autoscaler" | "docker" => &[Isolation::Docker],
         "shell" => &[Isolation::None, Isolation::Cgroup],
         "custom" => &[Isolation::None],
@@ -299,7 +304,12 @@ impl RunnerConfig {
         }
         let supported = supported.as_slice();
         let allowed: Vec<Isolation> = match &self.allowed_isolation {
-            None => supported.to_vec(),
+            // A whole instance per job costs a machine per job: only when the runner says so.
+            None => supported
+                .iter()
+                .copied()
+                .filter(|l| *l != Isolation::Instance)
+                .collect(),
             Some(names) => {
                 let mut out = Vec::new();
                 for n in names {

@@ -149,9 +149,11 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             .collect();
         let mut trace = Trace::new(secrets, tx);
         let admitted = job::isolation_of(&runner, &payload, &mut trace)
-            .and_then(|_| job::request_of(&payload, &mut trace));
+            .and_then(|level| Ok((level, job::request_of(&payload, &mut trace)?)));
         let reserved = match admitted {
-            Ok(request) => job::reserve(&runner, &key, &request, &mut trace, &stop).await,
+            Ok((level, request)) => {
+                job::reserve(&runner, &key, &request, level, &mut trace, &stop).await
+            }
             Err(no) => Err(no),
         };
         if let Err(no) = &reserved {

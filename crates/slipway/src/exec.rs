@@ -336,9 +336,9 @@ impl JobTask {
     /// Reserve (waiting for capacity: a local pipeline has no queue to leave jobs in) and
     /// acquire a slot.
     async fn acquire(&self, key: &str, trace: &mut Trace) -> Result<Acquisition, job::NoSlot> {
-        job::isolation_of(&self.runner, &self.payload, trace)?;
+        let level = job::isolation_of(&self.runner, &self.payload, trace)?;
         let request = job::request_of(&self.payload, trace)?;
-        job::reserve(&self.runner, key, &request, trace, &self.cancel).await?;
+        job::reserve(&self.runner, key, &request, level, trace, &self.cancel).await?;
         job::acquire(&self.runner, key, trace, &self.cancel).await
     }
 }

@@ -71,11 +71,13 @@ pub fn isolation_of(
         })
 }
 
-/// Reserve capacity for `key`, waiting (with a trace line) while the runner has none free.
+/// Reserve capacity for `key` (a slot's share, or a whole fresh instance for the `instance`
+/// level), waiting (with a trace line) while the runner has none free.
 pub async fn reserve(
     runner: &Runner,
     key: &str,
     request: &Resources,
+    level: Isolation,
     trace: &mut Trace,
     cancel: &CancellationToken,
 ) -> Result<(), NoSlot> {
@@ -91,12 +93,26 @@ pub async fn reserve(
             ..NoSlot::failed(trace, &e)
         }
     };
-    match runner.reserve(key, request) {
+    let whole = level == Isolation::Instance;
+    let first = if whole {
+        trace.message("Using isolation instance: the job gets a fresh instance of its own");
+        runner.reserve_instance(key, request)
+    } else {
+        runner.reserve(key, request)
+    };
+    match first {
         Ok(()) => Ok(()),
         Err(e @ (TsError::NoCapacity(_) | TsError::NoIdleCapacity(_))) => {
             trace.message(&format!("Waiting for capacity: {e}"));
+            let wait = async {
+                if whole {
+                    runner.reserve_wait_instance(key, request).await
+                } else {
+                    runner.reserve_wait(key, request).await
+                }
+            };
             tokio::select! {
-                r = runner.reserve_wait(key, request) => r.map_err(|e| refused(trace, e)),
+                r = wait => r.map_err(|e| refused(trace, e)),
                 _ = cancel.cancelled() => Err(NoSlot::canceled("canceled while waiting for capacity")),
             }
         }
@@ -298,6 +314,12 @@ async fn execute_on_instance(
             && let Err(outcome) = enter_cgroup(runner, acq, job, &mut steps, trace)
         {
             return no_result(outcome);
+        }
+        if level == Isolation::Instance {
+            trace.message(&format!(
+                "Using isolation instance: instance {} is this job's alone and is removed after it",
+                acq.instance_id
+            ));
         }
         Box::new(Steps {
             name: "instance",

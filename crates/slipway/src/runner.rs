@@ -163,6 +163,20 @@ impl Runner {
         self.placement.reserve_wait(key, request).await
     }
 
+    /// Reserve a whole fresh instance for a job at the `instance` isolation level.
+    pub fn reserve_instance(&self, key: &str, request: &Resources) -> Result<(), TsError> {
+        self.placement.reserve_instance(key, request)
+    }
+
+    /// [`Runner::reserve_instance`], waiting while the chosen shape has no capacity.
+    pub async fn reserve_wait_instance(
+        &self,
+        key: &str,
+        request: &Resources,
+    ) -> Result<(), TsError> {
+        self.placement.reserve_wait_instance(key, request).await
+    }
+
     /// Bind a reservation to a slot.
     pub async fn acquire(&self, key: &str) -> Result<Acquisition, TsError> {
         self.placement.acquire(key).await

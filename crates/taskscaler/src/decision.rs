@@ -45,6 +45,8 @@ pub enum RemovalCause {
     Unhealthy,
     /// An accepted deletion that had no effect, asked for again.
     Retry,
+    /// Its job at the `instance` isolation level is done.
+    Exclusive,
 }
 
 impl RemovalCause {
@@ -58,6 +60,7 @@ impl RemovalCause {
             RemovalCause::NotReady => "instance_ready_command",
             RemovalCause::Unhealthy => "failure_threshold",
             RemovalCause::Retry => "deletion_retry",
+            RemovalCause::Exclusive => "isolation_instance",
         }
     }
 }

@@ -105,6 +105,26 @@ impl Placement {
         Ok(())
     }
 
+    /// Reserve a whole fresh instance for `key` ([`crate::Taskscaler::reserve_instance`]) on
+    /// the shape [`Placement::choose`] picks.
+    pub fn reserve_instance(&self, key: &str, request: &Resources) -> Result<(), Error> {
+        let i = self.choose(request)?;
+        self.shapes[i].scaler.reserve_instance(key, request)?;
+        self.lock().insert(key.to_string(), i);
+        Ok(())
+    }
+
+    /// [`Placement::reserve_instance`], waiting while the chosen shape has no capacity.
+    pub async fn reserve_wait_instance(&self, key: &str, request: &Resources) -> Result<(), Error> {
+        let i = self.choose(request)?;
+        self.shapes[i]
+            .scaler
+            .reserve_wait_instance(key, request)
+            .await?;
+        self.lock().insert(key.to_string(), i);
+        Ok(())
+    }
+
     /// Acquire the reservation on its shape.
     pub async fn acquire(&self, key: &str) -> Result<Acquisition, Error> {
         self.route(key)?.scaler.acquire(key).await

@@ -141,6 +141,9 @@ struct Instance {
     counted: Counted,
     /// A ready check is under way.
     checking: bool,
+    /// Taken whole by a job at the `instance` isolation level: it takes nothing else, and goes
+    /// when that job is done.
+    exclusive: bool,
 }
 
 /// One instance's share of the book's running totals and index.
@@ -203,7 +206,8 @@ fn state_index(s: State) -> usize {
 impl Instance {
     /// Slots it can hand out now (as the decision sees it, without building a view).
     fn free_slots(&self, cfg: &Config) -> u32 {
-        let leaving = self.removing || self.preexisting || self.condemned.is_some();
+        let leaving =
+            self.removing || self.preexisting || self.condemned.is_some() || self.exclusive;
         decision::free_slots_of(cfg, self.state, leaving, self.acquired(), self.uses)
     }
 
@@ -305,6 +309,11 @@ impl Instance {
         let cap = self.slots.len() as u32;
         cap.saturating_sub(self.held) >= n && self.free_slots(cfg) > 0
     }
+
+    /// Never used and holding nothing: what a job at the `instance` level may take.
+    fn fresh(&self) -> bool {
+        self.uses == 0 && self.held == 0 && !self.exclusive
+    }
 }
 
 /// A job's hold on capacity: how many slots it needs, and where once acquired.
@@ -313,6 +322,8 @@ struct Reservation {
     slots: u32,
     /// (instance, first slot) once acquired.
     at: Option<(String, u32)>,
+    /// Wants a fresh instance of its own (every slot), removed after the job.
+    exclusive: bool,
 }
 
 #[derive(Debug, Default)]
@@ -418,10 +429,15 @@ impl Book {
         self.pending_slots
     }
 
-    fn add_reservation(&mut self, key: &str, slots: u32) {
-        if let Some(old) = self
-            .reservations
-            .insert(key.to_string(), Reservation { slots, at: None })
+    fn add_reservation(&mut self, key: &str, slots: u32, exclusive: bool) {
+        if let Some(old) = self.reservations.insert(
+            key.to_string(),
+            Reservation {
+                slots,
+                at: None,
+                exclusive,
+            },
+        )
         {
             self.forget_counts(&old);
         }
@@ -712,10 +728,24 @@ impl Taskscaler {
     /// request needs. A request no instance can ever hold is refused with
     /// [`Error::Unsatisfiable`].
     pub fn reserve_for(&self, key: &str, request: &Resources) -> Result<(), Error> {
+        self.reserve_held(key, request, false)
+    }
+
+    /// Hold a whole fresh instance for a job at the `instance` isolation level: every slot of
+    /// one instance no job has used, which nothing else is placed on while the job runs and
+    /// which is removed after it, whatever `max_use_count` says.
+    pub fn reserve_instance(&self, key: &str, request: &Resources) -> Result<(), Error> {
+        self.reserve_held(key, request, true)
+    }
+
+    fn reserve_held(&self, key: &str, request: &Resources, exclusive: bool) -> Result<(), Error> {
         if self.inner.stop.is_cancelled() {
             return Err(Error::ShuttingDown);
         }
-        let slots = self.slots_for(request)?;
+        let mut slots = self.slots_for(request)?;
+        if exclusive {
+            slots = self.inner.cfg.capacity_per_instance.max(1);
+        }
         let policy = self.inner.policy();
         {
             let mut book = self.inner.lock();
@@ -741,10 +771,11 @@ impl Taskscaler {
             let busy = book.reserved_slots.saturating_add(u64::from(slots));
             book.arrivals
                 .record(self.inner.cfg.forecast.as_ref(), Instant::now(), busy);
-            book.add_reservation(key, slots);
+            book.add_reservation(key, slots, exclusive);
             // Only demand beyond the idle slots needs a scaling pass now; the rest waits for
-            // the next interval (a pass per job would cost a plugin Update per job).
-            if pending + u64::from(slots) <= idle {
+            // the next interval (a pass per job would cost a plugin Update per job). A whole
+            // instance needs a fresh one, which idle slots do not tell.
+            if !exclusive && pending + u64::from(slots) <= idle {
                 return Ok(());
             }
         }
@@ -761,9 +792,23 @@ impl Taskscaler {
 
     /// [`Taskscaler::reserve_wait`] for a job asking for `request`.
     pub async fn reserve_wait_for(&self, key: &str, request: &Resources) -> Result<(), Error> {
+        self.reserve_wait_held(key, request, false).await
+    }
+
+    /// [`Taskscaler::reserve_instance`], waiting while capacity is refused.
+    pub async fn reserve_wait_instance(&self, key: &str, request: &Resources) -> Result<(), Error> {
+        self.reserve_wait_held(key, request, true).await
+    }
+
+    async fn reserve_wait_held(
+        &self,
+        key: &str,
+        request: &Resources,
+        exclusive: bool,
+    ) -> Result<(), Error> {
         loop {
             let mut rx = self.inner.changed.subscribe();
-            match self.reserve_for(key, request) {
+            match self.reserve_held(key, request, exclusive) {
                 Err(Error::NoCapacity(_) | Error::NoIdleCapacity(_)) => {}
                 other => return other,
             }
@@ -905,7 +950,9 @@ impl Taskscaler {
             book.arrivals
                 .depart(self.inner.cfg.forecast.as_ref(), Instant::now(), left);
             if let Some(Reservation {
-                at: Some((id, _)), ..
+                at: Some((id, _)),
+                exclusive,
+                ..
             }) = book.remove_reservation(key)
                 && let Some(inst) = book.instances.get_mut(&id)
             {
@@ -914,8 +961,16 @@ impl Taskscaler {
                 if free {
                     inst.idle_since = Instant::now();
                 }
-                // Used up, or idle_time 0: it goes now rather than at the next interval.
-                let due = free && ((max_use > 0 && inst.uses >= max_use) || idle_time.is_zero());
+                if exclusive && inst.condemned.is_none() {
+                    tracing::info!(instance = %id, "instance-level job done: removing its instance");
+                    inst.condemned = Some(RemovalCause::Exclusive);
+                }
+                // Used up, taken whole, or idle_time 0: it goes now rather than at the next
+                // interval.
+                let due = free
+                    && ((max_use > 0 && inst.uses >= max_use)
+                        || inst.exclusive
+                        || idle_time.is_zero());
                 book.touch(&id, &self.inner.cfg);
                 due
             } else {
@@ -1051,6 +1106,7 @@ impl Inner {
                 return;
             }
             inst.uses = inst.uses.saturating_sub(1);
+            inst.exclusive = false;
             inst.failures += 1;
             tracing::warn!(instance = %id, failures = inst.failures, error = %why, "heartbeat failed");
             if inst.failures >= self.cfg.failure_threshold.max(1) {
@@ -1189,29 +1245,42 @@ impl Inner {
     }
 
     /// Make room for pending jobs of several slots, which need them on one instance: add
-    /// instances when the free room is too scattered, and keep idle ones meanwhile.
+    /// instances when the free room is too scattered, and keep idle ones meanwhile. Jobs that
+    /// take a whole instance get fresh ones (never used, or still being created) first.
     fn fit_large_jobs(&self, book: &Book, d: &mut decision::Decision, views: &[InstanceView]) {
-        let large: Vec<u32> = book
-            .reservations
-            .values()
-            .filter(|r| r.at.is_none() && r.slots > 1)
-            .map(|r| r.slots)
-            .collect();
-        if large.is_empty() {
+        let pending = book.reservations.values().filter(|r| r.at.is_none());
+        let (whole, large): (Vec<&Reservation>, Vec<&Reservation>) = pending
+            .filter(|r| r.exclusive || r.slots > 1)
+            .partition(|r| r.exclusive);
+        if whole.is_empty() && large.is_empty() {
             return;
         }
+        let large: Vec<u32> = large.iter().map(|r| r.slots).collect();
         d.remove.retain(|(_, cause)| *cause != RemovalCause::Idle);
         let cap = self.cfg.capacity_per_instance.max(1);
-        let mut free: Vec<u32> = book
+        let open: Vec<&Instance> = book
             .instances
             .values()
             .filter(|i| matches!(i.state, State::Creating | State::Running))
             .filter(|i| !i.removing && !i.preexisting && i.condemned.is_none())
             .filter(|i| i.free_slots(&self.cfg) > 0)
-            .map(|i| cap.saturating_sub(i.held))
             .collect();
-        free.extend(std::iter::repeat_n(cap, book.requested as usize));
-        let mut n = u64::from(crate::packing::instances_needed(&large, &free, cap));
+        let fresh = open.iter().filter(|i| i.fresh()).count() + book.requested as usize;
+        // Whole-instance jobs take fresh instances first; what is left of them serves the rest.
+        let mut spare_fresh = fresh.saturating_sub(whole.len());
+        let mut free: Vec<u32> = Vec::with_capacity(open.len() + book.requested as usize);
+        for i in &open {
+            if i.fresh() && spare_fresh == 0 {
+                continue;
+            }
+            if i.fresh() {
+                spare_fresh -= 1;
+            }
+            free.push(cap.saturating_sub(i.held));
+        }
+        free.extend(std::iter::repeat_n(cap, spare_fresh));
+        let mut n = u64::from(crate::packing::instances_needed(&large, &free, cap))
+            + whole.len().saturating_sub(fresh) as u64;
         let existing = views.iter().filter(|v| v.state != State::Deleted).count() as u64
             + u64::from(book.requested);
         if self.cfg.max_instances > 0 {
@@ -1262,6 +1331,7 @@ impl Inner {
             Some(Reservation {
                 at: Some((id, slot)),
                 slots,
+                ..
             }) => {
                 let inst = book.instances.get(id);
                 return Ok(Some(Assigned {
@@ -1272,20 +1342,25 @@ impl Inner {
                     info: inst.and_then(|i| self.fresh_info(i)),
                 }));
             }
-            Some(Reservation { at: None, slots }) => *slots,
+            Some(Reservation {
+                at: None,
+                slots,
+                exclusive,
+            }) => (*slots, *exclusive),
         };
+        let (want, exclusive) = want;
         let cfg = &self.cfg;
         // Busiest first, oldest on ties; only instances with room are indexed, so a one-slot
-        // job takes the first entry.
+        // job takes the first entry. A whole-instance job takes only a fresh one.
         let best = book
             .assignable
             .iter()
             .rev()
             .map(|(_, _, id)| id)
             .find(|id| {
-                book.instances
-                    .get(*id)
-                    .is_some_and(|i| i.assignable(cfg) && i.fits(want, cfg))
+                book.instances.get(*id).is_some_and(|i| {
+                    i.assignable(cfg) && i.fits(want, cfg) && (!exclusive || i.fresh())
+                })
             })
             .cloned();
         let Some(id) = best else { return Ok(None) };
@@ -1297,6 +1372,7 @@ impl Inner {
         };
         let info = self.fresh_info(inst);
         inst.uses += 1;
+        inst.exclusive = exclusive;
         let assigned = Assigned {
             id: id.clone(),
             slot,
@@ -1573,6 +1649,7 @@ impl Inner {
                     running_at: (state == State::Running).then_some(now),
                     counted: Counted::default(),
                     checking: false,
+                    exclusive: false,
                 },
                 &self.cfg,
             );
@@ -1639,6 +1716,7 @@ impl Inner {
                     running_at: Some(now),
                     counted: Counted::default(),
                     checking: false,
+                    exclusive: false,
                 },
                 &self.cfg,
             );

@@ -655,3 +655,79 @@ async fn a_hanging_ready_command_holds_up_only_its_own_instance() {
         .await
         .expect("shutdown with a check in flight");
 }
+
+#[tokio::test]
+async fn a_whole_instance_job_takes_every_slot_of_a_fresh_instance_which_goes_after_it() {
+    let group = Arc::new(Memory::default());
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(3, 3, 0)).expect("start");
+    // A used instance, idle again with every slot free, is not fresh: the whole-instance job
+    // gets another.
+    ts.reserve("small").expect("small");
+    let small = ts.acquire("small").await.expect("acquire small");
+    ts.release("small");
+    let none = slipway_taskscaler::Resources::default();
+    ts.reserve_instance("whole", &none).expect("whole");
+    let whole = ts.acquire("whole").await.expect("acquire whole");
+    assert_ne!(whole.instance_id, small.instance_id);
+    assert_eq!((whole.slot, whole.slots), (0, 3), "every slot is the job's");
+    // Nothing else lands on it while it runs, even with room elsewhere used up.
+    ts.reserve("next").expect("next");
+    let next = ts.acquire("next").await.expect("acquire next");
+    assert_ne!(next.instance_id, whole.instance_id);
+    ts.release("whole");
+    // Removed after its job although max_use_count is 0 (unlimited) and idle_time is long.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !group.decreased.lock().expect("lock").contains(&whole.instance_id) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the whole-instance job's instance is removed");
+    assert!(
+        !group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&small.instance_id),
+        "the shared instance stays"
+    );
+    assert_eq!(next.instance_id, small.instance_id, "shared jobs pack on the used one");
+    ts.release("next");
+    ts.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_whole_instance_jobs_never_share_an_instance() {
+    let group = Arc::new(Memory::default());
+    let ts = Arc::new(
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(2, 4, 0)).expect("start"),
+    );
+    let none = slipway_taskscaler::Resources::default();
+    let mut tasks = Vec::new();
+    for key in ["w1", "w2", "w3"] {
+        let ts = ts.clone();
+        ts.reserve_instance(key, &none).expect("reserve");
+        tasks.push(tokio::spawn(async move {
+            ts.acquire(key).await.expect("acquire").instance_id
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.expect("task"));
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "three jobs, three instances: {ids:?}");
+    for key in ["w1", "w2", "w3"] {
+        ts.release(key);
+    }
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while group.decreased.lock().expect("lock").len() < 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("all three removed after their jobs");
+    ts.shutdown().await;
+}

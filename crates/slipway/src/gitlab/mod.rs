@@ -797,16 +797,17 @@ async fn run_admitted(
 ) -> JobOutcome {
     let started = tokio::time::Instant::now();
     let runner = &*source.runner;
-    let admitted = job::isolation_of(runner, job, trace).and_then(|_| job::request_of(job, trace));
+    let admitted = job::isolation_of(runner, job, trace)
+        .and_then(|level| Ok((level, job::request_of(job, trace)?)));
     // The provisional slot goes back just before the job's own reservation is made, so the job
     // normally lands on the capacity held for it (or waits for capacity with a trace line).
     runner.unreserve(provisional);
-    let request = match admitted {
+    let (level, request) = match admitted {
         Ok(r) => r,
         Err(no) => return refused(&no, stop),
     };
     let key = key_of(job.id);
-    if let Err(no) = job::reserve(runner, &key, &request, trace, cancel).await {
+    if let Err(no) = job::reserve(runner, &key, &request, level, trace, cancel).await {
         return refused(&no, stop);
     }
     // The runner's environment counts for everything after: sources, cache, paths, steps.
