@@ -162,3 +162,121 @@ fn a_default_level_outside_allowed_isolation_is_a_config_error() {
         "{all}"
     );
 }
+
+/// Two concurrent `instance` jobs on `fleeting-plugin-local`: each gets a fresh instance of its
+/// own (every slot), and each instance is removed after its job while the run goes on, although
+/// `max_use_count` is unlimited and `idle_time` long.
+#[test]
+fn instance_jobs_get_a_fresh_instance_each_which_is_removed_after_the_job() {
+    let w = World::new();
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 4
+[[runners]]
+  name = "whole"
+  executor = "instance"
+  allowed_isolation = ["none", "instance"]
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 2
+    max_instances = 3
+    max_use_count = 0
+    instance_acquire_timeout = "2m"
+    update_interval = "2s"
+    update_interval_when_expecting = "200ms"
+    shutdown_deletion_interval = "1s"
+    [runners.autoscaler.plugin_config]
+      dir = "{}"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "20m"
+"#,
+            w.path().join("plugin-state").display()
+        ),
+    );
+    // Each whole-instance job notes where its instance lives; the check job (a later stage,
+    // on a shared instance) waits for both places to vanish.
+    let pipeline = r#"
+stages: [whole, check]
+a:
+  stage: whole
+  isolation: instance
+  script:
+    - echo "$SLIPWAY_LOCAL_INSTANCE" > where-a.txt
+    - sleep 2
+  artifacts:
+    paths: [where-a.txt]
+b:
+  stage: whole
+  isolation: instance
+  script:
+    - echo "$SLIPWAY_LOCAL_INSTANCE" > where-b.txt
+    - sleep 2
+  artifacts:
+    paths: [where-b.txt]
+check:
+  stage: check
+  script:
+    - |
+      for f in where-a.txt where-b.txt; do
+        d=$(cat $f)
+        for i in $(seq 240); do [ -e "$d" ] || break; sleep 0.25; done
+        if [ -e "$d" ]; then echo "still there: $f"; else echo "gone: $f"; fi
+      done
+"#;
+    let file = w.write("pipeline.yml", pipeline);
+    let run = w.run(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()]);
+    let row = |job: &str| {
+        run.summary()
+            .into_iter()
+            .find(|r| r.job == job)
+            .unwrap_or_else(|| panic!("no row for {job}: {}", run.explain()))
+    };
+    for job in ["a", "b", "check"] {
+        assert_eq!(row(job).status, "success", "{job}: {}", run.explain());
+    }
+    let (a, b, check) = (row("a").instance, row("b").instance, row("check").instance);
+    assert_ne!(a, b, "two instance jobs shared an instance");
+    assert!(
+        check != a && check != b,
+        "a later job landed on a whole-instance job's instance"
+    );
+    for job in ["a", "b"] {
+        let lines = run.job_lines(job).join("\n");
+        assert!(
+            lines.contains("is this job's alone and is removed after it"),
+            "{lines}"
+        );
+    }
+    let check_lines = run.job_lines("check");
+    for f in ["where-a.txt", "where-b.txt"] {
+        assert!(
+            check_lines.contains(&format!("gone: {f}")),
+            "{check_lines:?}\n{}",
+            run.explain()
+        );
+    }
+    assert!(w.processes().is_empty(), "left: {:?}", w.processes());
+}
+
+#[test]
+fn the_instance_level_is_refused_unless_the_runner_allows_it() {
+    let w = World::new();
+    let cfg = w.write("config.toml", &config("slipway-e2e-unused/slot-${slot}"));
+    let file = w.write(
+        "pipeline.yml",
+        "whole:\n  isolation: instance\n  allow_failure: true\n  script: [echo never runs]\n",
+    );
+    let run = w.run(&["exec", "-c", cfg.to_str().unwrap(), file.to_str().unwrap()]);
+    let lines = run.job_lines("whole").join("\n");
+    assert!(
+        lines.contains(
+            "the job asks for isolation \"instance\" but runner \"isolating\" allows only \"none\", \"cgroup\""
+        ),
+        "{}",
+        run.explain()
+    );
+    assert!(!lines.contains("never runs"));
+}

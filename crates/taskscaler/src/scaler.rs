@@ -437,8 +437,7 @@ impl Book {
                 at: None,
                 exclusive,
             },
-        )
-        {
+        ) {
             self.forget_counts(&old);
         }
         self.pending_slots = self.pending_slots.saturating_add(slots);

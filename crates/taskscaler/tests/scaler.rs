@@ -678,7 +678,12 @@ async fn a_whole_instance_job_takes_every_slot_of_a_fresh_instance_which_goes_af
     ts.release("whole");
     // Removed after its job although max_use_count is 0 (unlimited) and idle_time is long.
     tokio::time::timeout(Duration::from_secs(5), async {
-        while !group.decreased.lock().expect("lock").contains(&whole.instance_id) {
+        while !group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&whole.instance_id)
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -692,7 +697,10 @@ async fn a_whole_instance_job_takes_every_slot_of_a_fresh_instance_which_goes_af
             .contains(&small.instance_id),
         "the shared instance stays"
     );
-    assert_eq!(next.instance_id, small.instance_id, "shared jobs pack on the used one");
+    assert_eq!(
+        next.instance_id, small.instance_id,
+        "shared jobs pack on the used one"
+    );
     ts.release("next");
     ts.shutdown().await;
 }
