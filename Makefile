@@ -2,18 +2,20 @@
 CARGO ?= cargo
 PIPELINE ?= examples/pipeline.yml
 
-.PHONY: demo demo-vm test build lint bench
+.PHONY: demo demo-vm test build lint bench bench-plugins
+# What the demos run: the manager, the local plugin, the guest agent (not the AWS SDK's build).
+DEMO_PKGS = -p slipway -p fleeting-plugin-local -p slipway-guest-agent
 
 ## Build everything and run the example pipeline through the whole stack.
 demo:
 	@scripts/deps.sh demo
-	$(CARGO) build --workspace --bins
+	$(CARGO) build $(DEMO_PKGS) --bins
 	./target/debug/slipway exec $(PIPELINE)
 
 ## The VM levels: examples/vm-pipeline.yml with a local nesting daemon (QEMU; KVM when it works).
 demo-vm:
 	@scripts/deps.sh demo
-	$(CARGO) build --workspace --bins
+	$(CARGO) build $(DEMO_PKGS) --bins
 	scripts/demo-vm.sh
 
 ## Install every test dependency, then run the whole suite.
@@ -39,3 +41,9 @@ bench:
 	@scripts/deps.sh demo
 	$(CARGO) build --release --workspace --bins
 	$(CARGO) bench -p slipway --bench dispatch
+
+## Instance start-up per fleeting plugin (local, static, aws on moto, qemu beside a bare boot).
+bench-plugins:
+	@scripts/deps.sh test
+	$(CARGO) build --release --workspace --bins
+	$(CARGO) bench -p slipway --bench plugins
