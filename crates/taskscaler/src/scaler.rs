@@ -835,6 +835,7 @@ impl Taskscaler {
                 id: instance_id,
                 slot,
                 slots,
+                exclusive,
                 lost,
                 info: cached,
             } = loop {
@@ -909,6 +910,12 @@ impl Taskscaler {
                 self.inner
                     .failed_heartbeat(key, &instance_id, slot, &format!("state store: {e}"));
                 continue;
+            }
+            // A whole instance never serves another job: recorded as being removed now, so a
+            // manager restarted mid-job deletes it even with keep_instance_with_acquisitions.
+            if exclusive && let Some(store) = &self.inner.store {
+                let id = instance_id.clone();
+                store.enqueue("mark_removing", move |s| s.mark_removing(&id).map(|_| ()));
             }
             self.inner
                 .metrics
@@ -1082,6 +1089,8 @@ struct Assigned {
     id: String,
     slot: u32,
     slots: u32,
+    /// The job takes the whole instance.
+    exclusive: bool,
     lost: CancellationToken,
     info: Option<ConnectInfo>,
 }
@@ -1330,13 +1339,14 @@ impl Inner {
             Some(Reservation {
                 at: Some((id, slot)),
                 slots,
-                ..
+                exclusive,
             }) => {
                 let inst = book.instances.get(id);
                 return Ok(Some(Assigned {
                     id: id.clone(),
                     slot: *slot,
                     slots: *slots,
+                    exclusive: *exclusive,
                     lost: inst.map(|i| i.lost.clone()).unwrap_or_default(),
                     info: inst.and_then(|i| self.fresh_info(i)),
                 }));
@@ -1376,6 +1386,7 @@ impl Inner {
             id: id.clone(),
             slot,
             slots: want,
+            exclusive,
             lost: inst.lost.clone(),
             info,
         };

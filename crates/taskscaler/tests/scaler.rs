@@ -739,3 +739,67 @@ async fn concurrent_whole_instance_jobs_never_share_an_instance() {
     .expect("all three removed after their jobs");
     ts.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_whole_instance_interrupted_by_a_restart_is_deleted_even_when_instances_are_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.sqlite");
+    let group = Arc::new(Memory::default());
+    let c = cfg(2, 3, 0);
+    let options = |store: &slipway_taskscaler::AsyncStateStore| Options {
+        store: Some(store.clone()),
+        keep_instance_with_acquisitions: true,
+        ..Options::default()
+    };
+    let store = slipway_taskscaler::AsyncStateStore::open(&path, &identity())
+        .await
+        .expect("open");
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        c.clone(),
+        options(&store),
+    )
+    .expect("start");
+    let none = slipway_taskscaler::Resources::default();
+    ts.reserve("shared").expect("shared");
+    let shared = ts.acquire("shared").await.expect("shared");
+    ts.reserve_instance("whole", &none).expect("whole");
+    let whole = ts.acquire("whole").await.expect("whole");
+    assert_ne!(shared.instance_id, whole.instance_id);
+    // Killed mid-job: the store file is what survives.
+    drop(ts);
+    store.close().await;
+
+    let store = slipway_taskscaler::AsyncStateStore::open(&path, &identity())
+        .await
+        .expect("reopen");
+    let ts = Taskscaler::start_with(group.clone(), ProviderInfo::default(), c, options(&store))
+        .expect("restart");
+    ts.reserve("next").expect("next");
+    let next = ts.acquire("next").await.expect("next");
+    assert_eq!(
+        next.instance_id, shared.instance_id,
+        "the shared instance is kept (keep_instance_with_acquisitions)"
+    );
+    let failed: Vec<String> = ts
+        .take_restored_failures()
+        .into_iter()
+        .map(|f| f.key)
+        .collect();
+    assert!(failed.contains(&"whole".to_string()), "{failed:?}");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&whole.instance_id)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the whole instance is deleted after the restart, never reused");
+    ts.release("next");
+    ts.shutdown().await;
+}
