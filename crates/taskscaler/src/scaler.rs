@@ -1287,8 +1287,9 @@ impl Inner {
             free.push(cap.saturating_sub(i.held));
         }
         free.extend(std::iter::repeat_n(cap, spare_fresh));
-        let mut n = u64::from(crate::packing::instances_needed(&large, &free, cap))
-            + whole.len().saturating_sub(fresh) as u64;
+        let whole_short = whole.len().saturating_sub(fresh) as u64;
+        let mut n = u64::from(crate::packing::instances_needed(&large, &free, cap)) + whole_short;
+        let wanted = n;
         let existing = views.iter().filter(|v| v.state != State::Deleted).count() as u64
             + u64::from(book.requested);
         if self.cfg.max_instances > 0 {
@@ -1298,6 +1299,22 @@ impl Inner {
             n = n.min(self.provider.max_size.saturating_sub(existing));
         }
         d.increase = d.increase.max(u32::try_from(n).unwrap_or(u32::MAX));
+        // At the instance limit, idle used instances make room for whole-instance jobs now:
+        // they can never serve one, and would hold the limit until their idle_time.
+        let room = wanted.saturating_sub(n).min(whole_short) as usize;
+        if room > 0 {
+            let idle_used: Vec<String> = book
+                .instances
+                .iter()
+                .filter(|(_, i)| i.state == State::Running && i.held == 0 && !i.fresh())
+                .filter(|(_, i)| !i.removing && !i.preexisting && i.condemned.is_none())
+                .map(|(id, _)| id.clone())
+                .filter(|id| !d.remove.iter().any(|(r, _)| r == id))
+                .take(room)
+                .collect();
+            d.remove
+                .extend(idle_used.into_iter().map(|id| (id, RemovalCause::Idle)));
+        }
     }
 
     /// Limit `wanted` creations by the scale throttle's token bucket.

@@ -803,3 +803,30 @@ async fn a_whole_instance_interrupted_by_a_restart_is_deleted_even_when_instance
     ts.release("next");
     ts.shutdown().await;
 }
+
+#[tokio::test]
+async fn at_the_instance_limit_an_idle_used_instance_makes_room_for_a_whole_instance_job() {
+    let group = Arc::new(Memory::default());
+    // One instance at most, idle_time long: without making room the job would wait forever.
+    let ts =
+        Taskscaler::start(group.clone(), ProviderInfo::default(), cfg(2, 1, 0)).expect("start");
+    ts.reserve("used").expect("used");
+    let used = ts.acquire("used").await.expect("acquire used");
+    ts.release("used");
+    let none = slipway_taskscaler::Resources::default();
+    ts.reserve_instance("whole", &none).expect("whole");
+    let whole = ts
+        .acquire("whole")
+        .await
+        .expect("a fresh instance in place of the used one");
+    assert_ne!(whole.instance_id, used.instance_id);
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&used.instance_id)
+    );
+    ts.release("whole");
+    ts.shutdown().await;
+}
