@@ -1,0 +1,233 @@
+//! Which hosts are leased, being cleaned or held back, persisted as `<state_dir>/state.json`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt as _;
+
+/// Current file format.
+const VERSION: u32 = 1;
+
+/// What happens to a leased host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Phase {
+    /// Handed out to the taskscaler (`running`).
+    Leased,
+    /// Given back; the cleanup command runs (`deleting`).
+    Cleaning,
+    /// The cleanup failed: the host is held out of the free set and the lease is no longer
+    /// listed. A restarted plugin retries the cleanup.
+    Failed {
+        /// Why the last cleanup failed.
+        reason: String,
+    },
+}
+
+/// One lease of one host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The host's name under `instances`.
+    pub host: String,
+    /// Where the lease is.
+    #[serde(flatten)]
+    pub phase: Phase,
+}
+
+/// The whole state file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// File format version.
+    pub version: u32,
+    /// Number of the next lease: ids are `<host>-<n>` and never repeat.
+    pub next_lease: u64,
+    /// Leases by id.
+    pub leases: BTreeMap<String, Lease>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            version: VERSION,
+            next_lease: 1,
+            leases: BTreeMap::new(),
+        }
+    }
+}
+
+impl State {
+    /// The lease holding `host`, if any (a host has at most one).
+    pub fn lease_of(&self, host: &str) -> Option<&str> {
+        self.leases
+            .iter()
+            .find(|(_, l)| l.host == host)
+            .map(|(id, _)| id.as_str())
+    }
+
+    /// Take a new lease of `host`; returns its id.
+    pub fn lease(&mut self, host: &str) -> String {
+        let id = format!("{host}-{}", self.next_lease);
+        self.next_lease += 1;
+        self.leases.insert(
+            id.clone(),
+            Lease {
+                host: host.to_owned(),
+                phase: Phase::Leased,
+            },
+        );
+        id
+    }
+}
+
+/// A failure reading or writing the state file.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The file or its directory could not be read or written.
+    #[error("state file {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another plugin process holds the state dir.
+    #[error(
+        "state_dir {dir} is in use by another plugin process: give each runner's static plugin its own `name` or `state_dir`"
+    )]
+    InUse {
+        /// The state dir.
+        dir: PathBuf,
+    },
+    /// The file is not a state file of this plugin.
+    #[error("state file {path}: not a valid state file ({reason}); move it away to start afresh")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// How long `Init` waits for another process to let go of the state dir (a plugin being
+/// replaced may still be exiting).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Exclusive hold on a state dir: one plugin process per state dir, released when dropped or
+/// when the process dies.
+#[derive(Debug)]
+pub struct DirLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+/// Take `<dir>/lock`, waiting up to a few seconds for a previous holder to exit.
+pub async fn lock_dir(dir: &Path) -> Result<DirLock, StateError> {
+    let path = dir.join("lock");
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let p = path.clone();
+        let attempt = tokio::task::spawn_blocking(move || {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&p)?;
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => Ok(Some(lock)),
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+                Err((_, e)) => Err(std::io::Error::from(e)),
+            }
+        })
+        .await
+        .map_err(|e| StateError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?
+        .map_err(|source| StateError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        match attempt {
+            Some(lock) => return Ok(DirLock(lock)),
+            None if tokio::time::Instant::now() >= deadline => {
+                return Err(StateError::InUse {
+                    dir: dir.to_owned(),
+                });
+            }
+            None => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Load the state at `path`; a missing file is an empty state.
+pub async fn load(path: &Path) -> Result<State, StateError> {
+    let bytes = match tokio::fs::read(path).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+        Err(source) => {
+            return Err(StateError::Io {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let state: State = serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    if state.version != VERSION {
+        return Err(StateError::Corrupt {
+            path: path.to_owned(),
+            reason: format!("version {} (this plugin writes {VERSION})", state.version),
+        });
+    }
+    Ok(state)
+}
+
+/// Write `state` to `path` atomically: a synced temp file renamed over the old one, so a plugin
+/// killed mid-write leaves either the old or the new state, never half of one.
+pub async fn save(path: &Path, state: &State) -> Result<(), StateError> {
+    let io = |source| StateError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut text = serde_json::to_vec_pretty(state).map_err(|e| io(std::io::Error::other(e)))?;
+    text.push(b'\n');
+    let tmp = path.with_extension("json.tmp");
+    let mut f = tokio::fs::File::create(&tmp).await.map_err(io)?;
+    f.write_all(&text).await.map_err(io)?;
+    f.sync_all().await.map_err(io)?;
+    drop(f);
+    tokio::fs::rename(&tmp, path).await.map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn round_trip_and_ids_never_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let mut s = load(&path).await.unwrap();
+        assert_eq!(s.lease("web1"), "web1-1");
+        assert_eq!(s.lease("web2"), "web2-2");
+        s.leases.remove("web1-1");
+        assert_eq!(s.lease("web1"), "web1-3");
+        s.leases.get_mut("web2-2").unwrap().phase = Phase::Failed {
+            reason: "exit code 1".into(),
+        };
+        save(&path, &s).await.unwrap();
+        assert_eq!(load(&path).await.unwrap(), s);
+        assert_eq!(s.lease_of("web2"), Some("web2-2"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#""state": "failed""#), "{text}");
+        std::fs::write(&path, "{").unwrap();
+        assert!(
+            load(&path)
+                .await
+                .unwrap_err()
+                .to_string()
+                .contains("move it away")
+        );
+    }
+}
