@@ -72,5 +72,12 @@ if [ "$what" = test ]; then
       || python3 -m pip install -q --break-system-packages $pkgs 2>&1 | grep -v 'Running pip as the' || true
     python3 -c 'import pyplugin, grpclib, grpc_tools' >/dev/null
   fi
+  # moto in server mode: the AWS API the fleeting-plugin-aws tests run against.
+  if ! python3 -c 'import moto.server, flask, flask_cors, boto3' >/dev/null 2>&1; then
+    echo "deps: installing Python package moto[server]"
+    python3 -m pip install -q 'moto[server]' 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages 'moto[server]' 2>&1 | grep -v 'Running pip as the' || true
+    python3 -c 'import moto.server, flask, flask_cors, boto3' >/dev/null
+  fi
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
