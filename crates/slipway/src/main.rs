@@ -273,6 +273,9 @@ enum ImageCommand {
         /// Cache for the debootstrap tree of vm images.
         #[arg(long, default_value = "/var/cache/slipway/debootstrap")]
         cache_dir: PathBuf,
+        /// vm images: add OpenSSH's sshd, started at boot (for fleeting-plugin-qemu).
+        #[arg(long)]
+        sshd: bool,
     },
 }
 
@@ -931,6 +934,7 @@ async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
         agent,
         kernel,
         cache_dir,
+        sshd,
     } = command;
     let level = match level.as_str() {
         "microvm" => slipway_nesting::Level::Microvm,
@@ -946,6 +950,7 @@ async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
     let mut opts = slipway_nesting::image::BuildOptions::new(name, level, images_dir, agent);
     opts.kernel = kernel;
     opts.cache_dir = cache_dir;
+    opts.sshd = sshd;
     let manifest = slipway_nesting::image::build(&opts, &mut |p| {
         eprintln!("{}", slipway_nesting::image::render_progress(&p));
     })

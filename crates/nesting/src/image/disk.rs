@@ -68,17 +68,24 @@ pub(super) struct CachedTree {
     lock: PathBuf,
     cache_dir: PathBuf,
     suite: String,
+    sshd: bool,
 }
 
-/// The cached minbase tree of `suite` in `cache_dir`.
-pub(super) fn cached_tree(cache_dir: &Path, suite: &str) -> CachedTree {
-    let base = format!("{suite}-minbase");
+/// The cached minbase tree of `suite` in `cache_dir` (with openssh-server: its own tree, so
+/// images without sshd stay as they were).
+pub(super) fn cached_tree(cache_dir: &Path, suite: &str, sshd: bool) -> CachedTree {
+    let base = if sshd {
+        format!("{suite}-minbase-sshd")
+    } else {
+        format!("{suite}-minbase")
+    };
     CachedTree {
         tree: cache_dir.join(&base),
         stamp: cache_dir.join(format!("{base}.complete")),
         lock: cache_dir.join(format!("{base}.lock")),
         cache_dir: cache_dir.to_path_buf(),
         suite: suite.to_string(),
+        sshd,
     }
 }
 
@@ -126,8 +133,11 @@ impl CachedTree {
         }
 
         let mut cmd = tools.command("debootstrap");
-        cmd.arg("--variant=minbase")
-            .arg(&self.suite)
+        cmd.arg("--variant=minbase");
+        if self.sshd {
+            cmd.arg("--include=openssh-server");
+        }
+        cmd.arg(&self.suite)
             .arg(&self.tree)
             .arg(mirror)
             .env("DEBIAN_FRONTEND", "noninteractive")
@@ -170,7 +180,10 @@ impl CachedTree {
                 },
             });
         }
-        let stamp = format!("suite={}\nmirror={mirror}\nvariant=minbase\n", self.suite);
+        let mut stamp = format!("suite={}\nmirror={mirror}\nvariant=minbase\n", self.suite);
+        if self.sshd {
+            stamp.push_str("include=openssh-server\n");
+        }
         tokio::fs::write(&self.stamp, stamp)
             .await
             .map_err(|e| ImageError::io(STEP, &self.stamp, e))
@@ -220,7 +233,8 @@ pub(super) async fn stage_root(
     let root = root.to_path_buf();
     let busybox = pre.busybox.clone();
     let agent = opts.agent.clone();
-    let init = initramfs::slipway_init_script(AGENT_PORT, VSOCK_PORT);
+    let init = initramfs::slipway_init_script(AGENT_PORT, VSOCK_PORT, opts.sshd);
+    let sshd = opts.sshd;
     blocking(STEP, move || {
         let io = |p: &Path, e| ImageError::io(STEP, p, e);
         let put = |guest: &str, from: Put<'_>| -> Result<(), ImageError> {
@@ -258,6 +272,19 @@ pub(super) async fn stage_root(
             if !dest.exists() {
                 let perms = std::fs::metadata(lib).map_err(|e| io(lib, e))?.mode() & 0o7777;
                 put(&lib.to_string_lossy(), Put::Copy(lib, perms))?;
+            }
+        }
+        if sshd {
+            // openssh-server's postinst made host keys in the cached tree: every VM would share
+            // them. Each guest makes its own at boot instead.
+            let ssh_dir = resolve_in_root(&root, Path::new("/etc/ssh/x"))
+                .map_err(|e| io(&root, e))?
+                .with_file_name("");
+            for entry in std::fs::read_dir(&ssh_dir).map_err(|e| io(&ssh_dir, e))? {
+                let entry = entry.map_err(|e| io(&ssh_dir, e))?;
+                if entry.file_name().to_string_lossy().starts_with("ssh_host_") {
+                    std::fs::remove_file(entry.path()).map_err(|e| io(&entry.path(), e))?;
+                }
             }
         }
         let work =

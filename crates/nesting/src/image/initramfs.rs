@@ -431,7 +431,7 @@ fn list_tree(root: &Path) -> Result<Vec<String>, ImageError> {
 /// Shared by `/init` (microvm) and `/sbin/slipway-init` (vm): the runtime mounts, the work
 /// directory, the agent under a restart loop and PID 1's reaping loop. `bb` prefixes busybox
 /// applets (empty in the initramfs, where they are on `PATH`).
-fn start_agent(bb: &str, port: &str, vsock_port: u32) -> String {
+fn start_agent(bb: &str, port: &str, vsock_port: u32, before_agent: &str) -> String {
     format!(
         r#"{bb}mkdir -p /dev/pts /dev/shm
 {bb}mount -t devpts -o gid=5,mode=620 devpts /dev/pts
@@ -441,7 +441,7 @@ fn start_agent(bb: &str, port: &str, vsock_port: u32) -> String {
 {bb}mkdir -p {BUILDS_DIR}
 {bb}hostname slipway
 {bb}ip link set lo up 2>/dev/null
-# The agent is restarted if it dies: without it the VM is unreachable.
+{before_agent}# The agent is restarted if it dies: without it the VM is unreachable.
 serve() {{
   while :; do
     {AGENT_GUEST_PATH} "$@"
@@ -524,7 +524,7 @@ pub(super) fn init_script(
                  if [ -b /dev/vda ]; then\n  mount -t ext4 -o noatime /dev/vda /work || say \
                  \"cannot mount the work disk /dev/vda on /work\"\nfi\n",
             );
-            s.push_str(&start_agent("", port, vsock_port));
+            s.push_str(&start_agent("", port, vsock_port, ""));
         }
         Level::Vm => s.push_str(
             r#"root=/dev/vda
@@ -548,7 +548,7 @@ exec switch_root /newroot /sbin/slipway-init
 
 /// `/sbin/slipway-init` on a vm root disk: the same runtime mounts as the microvm `/init` (the
 /// initramfs has moved `/proc`, `/sys` and `/dev` over), then the agent.
-pub(super) fn slipway_init_script(port: &str, vsock_port: u32) -> String {
+pub(super) fn slipway_init_script(port: &str, vsock_port: u32, sshd: bool) -> String {
     let bb = "/bin/busybox ";
     let mut s = String::from(
         "#!/bin/busybox sh\n\
@@ -563,8 +563,49 @@ pub(super) fn slipway_init_script(port: &str, vsock_port: u32) -> String {
          mounted /dev || {bb}mount -t devtmpfs devtmpfs /dev\n\
          exec </dev/console >/dev/console 2>&1\n"
     ));
-    s.push_str(&start_agent(bb, port, vsock_port));
+    let sshd = if sshd { sshd_script(bb) } else { String::new() };
+    s.push_str(&start_agent(bb, port, vsock_port, &sshd));
     s
+}
+
+/// sshd images: the guest's host name and machine id from the command line, cgroup v2, the
+/// user-mode network, a fresh host key, the injected key for root, sshd.
+fn sshd_script(bb: &str) -> String {
+    let key = super::SSH_KEY_PARAM;
+    let host = super::HOSTNAME_PARAM;
+    let addr = super::GUEST_USER_NET_ADDR;
+    format!(
+        r#"key=
+name=
+for w in $({bb}cat /proc/cmdline); do
+  case "$w" in
+    {key}=*) key="${{w#{key}=}}" ;;
+    {host}=*) name="${{w#{host}=}}" ;;
+  esac
+done
+if [ -n "$name" ]; then
+  {bb}hostname "$name"
+  echo "$name" >/etc/hostname
+  echo "127.0.0.1 localhost $name" >/etc/hosts
+fi
+# Each VM its own identity (the root disk is a copy of one image).
+{bb}cat /proc/sys/kernel/random/uuid | {bb}tr -d - >/etc/machine-id
+{bb}mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null || say "cannot mount cgroup2"
+# QEMU user-mode networking: the guest is {addr}, the host 10.0.2.2, DNS 10.0.2.3.
+{bb}ip link set eth0 up && {bb}ip addr add {addr}/24 dev eth0 && {bb}ip route add default via 10.0.2.2 || say "cannot configure eth0"
+echo "nameserver 10.0.2.3" >/etc/resolv.conf
+if [ -n "$key" ]; then
+  {bb}mkdir -p /root/.ssh /run/sshd
+  {bb}chmod 700 /root/.ssh
+  echo "$key" | {bb}sed 's/:/ /' >/root/.ssh/authorized_keys
+  {bb}chmod 600 /root/.ssh/authorized_keys
+  [ -e /etc/ssh/ssh_host_ed25519_key ] || /usr/bin/ssh-keygen -q -t ed25519 -N "" -f /etc/ssh/ssh_host_ed25519_key
+  /usr/sbin/sshd -o HostKey=/etc/ssh/ssh_host_ed25519_key -E /var/log/sshd.log && say "sshd started" || say "sshd failed"
+else
+  say "no {key}= on the command line: sshd not started"
+fi
+"#
+    )
 }
 
 #[cfg(test)]
@@ -638,7 +679,11 @@ mod tests {
         assert!(s.contains("slipway.root=*"));
         assert!(s.contains("exec switch_root /newroot /sbin/slipway-init"));
         assert!(!s.contains("serve --port"));
-        let init = slipway_init_script("org.slipway.agent", 1024);
+        let init = slipway_init_script("org.slipway.agent", 1024, false);
+        assert!(!init.contains("sshd"));
+        let with_sshd = slipway_init_script("org.slipway.agent", 1024, true);
+        assert!(with_sshd.contains("/usr/sbin/sshd"));
+        assert!(with_sshd.find("sshd started") < with_sshd.find("serve --port"));
         assert!(init.starts_with("#!/bin/busybox sh\n"));
         assert!(init.contains("/sbin/slipway-guest-agent \"$@\""));
         assert!(init.contains("serve --port org.slipway.agent &"));

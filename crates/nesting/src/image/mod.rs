@@ -188,7 +188,21 @@ pub struct ImageManifest {
     pub memory_mib: u32,
     /// Directory for job builds in the guest.
     pub builds_dir: String,
+    /// Whether the root disk has OpenSSH's sshd, started at boot with the key passed on the
+    /// kernel command line (`vm` images built with `--sshd`; see [`SSH_KEY_PARAM`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sshd: bool,
 }
+
+/// Kernel command line parameter carrying the public key sshd accepts for root, as
+/// `<type>:<base64>` (`ssh-ed25519:AAAA…`: the command line splits on spaces).
+pub const SSH_KEY_PARAM: &str = "slipway.ssh_key";
+
+/// Kernel command line parameter naming the guest's host name (sshd images).
+pub const HOSTNAME_PARAM: &str = "slipway.hostname";
+
+/// The guest's address on QEMU's user-mode network (the target of a `hostfwd` rule).
+pub const GUEST_USER_NET_ADDR: &str = "10.0.2.15";
 
 impl ImageManifest {
     /// The kernel's absolute path for an image in `dir`.
@@ -277,6 +291,10 @@ pub struct BuildOptions {
     pub vcpus: u32,
     /// Default guest memory recorded in the manifest.
     pub memory_mib: u32,
+    /// `vm` only: add OpenSSH's sshd to the root disk and start it at boot (network on the
+    /// first virtio NIC as QEMU user-mode networking's guest, a host key made at boot, the key
+    /// from [`SSH_KEY_PARAM`] authorised for root).
+    pub sshd: bool,
 }
 
 impl BuildOptions {
@@ -298,6 +316,7 @@ impl BuildOptions {
                 Level::Microvm => 256,
                 Level::Vm => 512,
             },
+            sshd: false,
         }
     }
 }
@@ -472,6 +491,12 @@ fn check_options(opts: &BuildOptions) -> Result<(), ImageError> {
             ),
         });
     }
+    if opts.sshd && opts.level != Level::Vm {
+        return Err(ImageError::InvalidOption {
+            option: "sshd",
+            reason: "only vm images can have sshd (microvm guests have no root disk)".into(),
+        });
+    }
     let plain = |s: &str| {
         !s.is_empty()
             && s.chars()
@@ -503,7 +528,7 @@ async fn build_into(
 
     let tree = match opts.level {
         Level::Vm => {
-            let cached = disk::cached_tree(&opts.cache_dir, &opts.suite);
+            let cached = disk::cached_tree(&opts.cache_dir, &opts.suite, opts.sshd);
             if cached.complete().await {
                 report.begin(format!(
                     "reusing debootstrap tree {}",
@@ -578,6 +603,7 @@ async fn build_into(
         vcpus: opts.vcpus,
         memory_mib: opts.memory_mib,
         builds_dir: BUILDS_DIR.into(),
+        sshd: opts.sshd,
     };
     let json =
         serde_json::to_vec_pretty(&manifest).map_err(|source| ImageError::ManifestParse {
@@ -777,6 +803,7 @@ mod tests {
             vcpus: 1,
             memory_mib: 256,
             builds_dir: BUILDS_DIR.into(),
+            sshd: false,
         }
     }
 

@@ -194,7 +194,7 @@ fn preflight_blocking(opts: &BuildOptions) -> Result<Preflight, ImageError> {
         let version = kernel_version(kernel)?;
         let modules_dir = Path::new("/lib/modules").join(&version);
         if modules_dir.is_dir() {
-            let modules = guest_modules(opts.level, &version, &modules_dir)?;
+            let modules = guest_modules(opts.level, opts.sshd, &version, &modules_dir)?;
             for (compression, tool, package) in [
                 (Compression::Xz, "xz", "xz-utils"),
                 (Compression::Zstd, "zstd", "zstd"),
@@ -450,9 +450,11 @@ pub(super) fn elf_has_interp(b: &[u8]) -> Option<bool> {
     Some(false)
 }
 
-/// The modules a guest of `level` needs, with their dependencies, in load order.
+/// The modules a guest of `level` needs, with their dependencies, in load order (`net`: and
+/// the virtio NIC, for sshd images).
 fn guest_modules(
     level: Level,
+    net: bool,
     version: &str,
     modules_dir: &Path,
 ) -> Result<Vec<ModuleFile>, ImageError> {
@@ -470,7 +472,11 @@ fn guest_modules(
     let dep = read("modules.dep")?;
     // modules.builtin is absent on kernels with no built-in modules.
     let builtin = std::fs::read_to_string(modules_dir.join("modules.builtin")).unwrap_or_default();
-    resolve_modules(&dep, &builtin, &wanted_modules(level), version)
+    let mut wanted = wanted_modules(level);
+    if net {
+        wanted.push(("virtio_net", true));
+    }
+    resolve_modules(&dep, &builtin, &wanted, version)
 }
 
 /// What the guest needs: the transport, block, console, vsock when present, ext4.
