@@ -7,9 +7,11 @@
 //! - [`kill_tree`]: kill a process and every descendant.
 //! - [`guest::guest_image`]: QEMU and the image tools installed, a guest image built once.
 //! - [`gitlab::FakeGitlab`]: a stateful mock GitLab runner API on 127.0.0.1, with fault injection.
+//! - [`plugin_check::plugin_check`]: `slipway plugin check --json` run on a plugin binary.
 
 pub mod gitlab;
 pub mod guest;
+pub mod plugin_check;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
