@@ -10,6 +10,7 @@
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
 //! - [`vm`]: `slipway nesting`, `slipway image build` and `slipway debug`.
 //! - [`register`]: `slipway register`, GitLab's registration flows appending to config.toml.
+//! - [`plugin_check`]: `slipway plugin check`, a fleeting plugin's conformance check.
 
 pub mod config;
 pub mod consume;
@@ -18,6 +19,7 @@ pub mod git;
 pub mod gitlab;
 pub mod job;
 pub mod localhost;
+pub mod plugin_check;
 pub mod pool;
 pub mod register;
 pub mod request;

@@ -10,7 +10,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use slipway::config::{self, Loaded, RunnerConfig};
-use slipway::{consume, exec, gitlab, runner, vm};
+use slipway::{consume, exec, gitlab, plugin_check, runner, vm};
 use slipway_jobs::queue::{Entry, JobState, Queue};
 
 #[derive(Debug, Parser)]
@@ -191,6 +191,42 @@ enum Command {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Fleeting plugins: check one against the fleeting.v1 contract.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PluginCommand {
+    /// Run a plugin through the contract the manager relies on (handshake, Init, Increase,
+    /// ConnectInfo, Heartbeat, a restart, unknown ids, Decrease, Shutdown) and print a table.
+    ///
+    /// Exit 0 when every check passed, 1 when one failed, 2 on usage errors. Instances the
+    /// check creates are deleted again, also on failure and Ctrl-C.
+    Check {
+        /// Plugin name (`local`, `aws`, `fleeting-plugin-x`) or path to its binary.
+        plugin: String,
+        /// plugin_config JSON file (the [runners.autoscaler.plugin_config] table as JSON).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// connector_config JSON file ([runners.autoscaler.connector_config] keys as JSON).
+        #[arg(long)]
+        connector: Option<PathBuf>,
+        /// Also log in to the instance over SSH and run `echo`.
+        #[arg(long)]
+        connect: bool,
+        /// Directory searched first for fleeting plugins.
+        #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
+        plugin_dir: Option<PathBuf>,
+        /// How long an instance may take to be running or gone (e.g. 90s, 5m, 1h).
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -282,7 +318,7 @@ enum ImageCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Exec { .. } => "warn",
+        Command::Exec { .. } | Command::Plugin { .. } => "warn",
         // The simulator's own scaling logs would drown its table.
         Command::Sim { .. } => "error",
         _ => "info",
@@ -423,6 +459,42 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
         }
         Command::VerifyConfig { config, plugin_dir } => verify_config(&config, plugin_dir).await,
+        Command::Plugin {
+            command:
+                PluginCommand::Check {
+                    plugin,
+                    config,
+                    connector,
+                    connect,
+                    plugin_dir,
+                    timeout,
+                    json,
+                },
+        } => {
+            let mut opts = plugin_check::CheckOptions::new(plugin);
+            opts.plugin_dir = plugin_dir;
+            opts.connect = connect;
+            opts.timeout = timeout;
+            if let Some(path) = &config {
+                opts.plugin_config = plugin_check::load_plugin_config(path).await?;
+            }
+            if let Some(path) = &connector {
+                (opts.connector, opts.use_external_addr) =
+                    plugin_check::load_connector(path).await?;
+            }
+            let stop = shutdown_signal()?;
+            let report = plugin_check::run(&opts, &stop).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(if report.passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
         Command::Register {
             config,
             url,

@@ -16,19 +16,32 @@ fn example(name: &str) -> PathBuf {
 }
 
 /// `slipway verify-config -c path`, with no plugin dir and an empty PATH so that no fleeting
-/// plugin is found, whatever this machine has installed.
+/// plugin is found, whatever this machine has installed. The binary runs from a directory of its
+/// own: the plugins this workspace builds sit next to it in `target/` and would be found there.
 fn verify(w: &World, path: &Path) -> Run {
-    let out = Command::new(common::slipway())
-        .args(["verify-config", "-c"])
+    verify_with(w, path, None)
+}
+
+/// [`verify`], with `plugin_dir` given as `SLIPWAY_PLUGIN_DIR`.
+fn verify_with(w: &World, path: &Path, plugin_dir: Option<&Path>) -> Run {
+    let bin_dir = w.path().join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let slipway = bin_dir.join("slipway");
+    if !slipway.exists() && std::fs::hard_link(common::slipway(), &slipway).is_err() {
+        std::fs::copy(common::slipway(), &slipway).unwrap();
+    }
+    let mut cmd = Command::new(&slipway);
+    cmd.args(["verify-config", "-c"])
         .arg(path)
         .env("TMPDIR", w.tmp())
         .env("PATH", w.path().join("empty-path"))
         .env("FLEETING_PLUGIN_PATH", w.path().join("no-fleeting-plugins"))
         .env_remove("SLIPWAY_PLUGIN_DIR")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run slipway");
-    Run::from(out)
+        .env_remove("RUST_LOG");
+    if let Some(dir) = plugin_dir {
+        cmd.env("SLIPWAY_PLUGIN_DIR", dir);
+    }
+    Run::from(cmd.output().expect("run slipway"))
 }
 
 fn lines(run: &Run, kind: &str) -> Vec<String> {
@@ -127,7 +140,7 @@ fn instance_example_loads_with_expected_warnings() {
 fn vm_example_is_clean_and_a_bad_nesting_config_is_an_error() {
     let w = World::new();
     let file = example("vm.toml");
-    let run = verify(&w, &file);
+    let run = verify_with(&w, &file, Some(&common::plugin_dir()));
     assert_clean(&run, &file);
     assert_warnings(&run, &[]);
     let text = std::fs::read_to_string(&file)
