@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_fleeting::{ConnectInfo, InstanceGroup, PluginHost, PluginOptions, State};
 
+use moto::Moto;
+
 const SAMPLES: usize = 10;
 const COMMAND: &str = "make bench-plugins";
 /// Longest one instance may take to answer (QEMU under emulation boots slowly).
@@ -196,8 +198,372 @@ async fn bench() -> anyhow::Result<()> {
     };
     results.extend(measure(&local).await?);
 
+    // Static hosts: sshd hosts the operator already has, here three kept up by the local plugin.
+    let hosts = start(&Case {
+        name: "local",
+        config: json!({ "dir": dir.join("hosts"), "name": "static-hosts" }),
+        env: Vec::new(),
+        ssh: true,
+    })
+    .await?;
+    let static_case = static_case(&hosts, dir).await;
+    let measured = match static_case {
+        Ok(case) => measure(&case).await,
+        Err(e) => Err(e),
+    };
+    let _ = hosts.shutdown().await;
+    hosts.stop().await;
+    results.extend(measured?);
+
+    // AWS on moto: the API round trips only (moto's instances run nothing, so no SSH).
+    let moto = Moto::start(dir).await?;
+    let aws = Case {
+        name: "aws",
+        config: json!({ "name": moto.asg, "region": moto::REGION }),
+        env: moto.env(),
+        ssh: false,
+    };
+    let measured = measure(&aws).await;
+    moto.stop().await;
+    results.extend(measured?);
+
+    // QEMU VMs, beside a bare qemu-system boot of the same image with the same command line.
+    let qemu = qemu::prepare(dir).await?;
+    results.extend(measure(&qemu.case).await?);
+    let mut bare = Vec::new();
+    for i in 0..SAMPLES {
+        let d = qemu.bare_boot(i).await?;
+        eprintln!("bare qemu sample {}: {:.1} ms", i + 1, ms(d));
+        bare.push(ms(d));
+    }
+    bare.sort_by(f64::total_cmp);
+    let bare_p50 = percentile(&bare, 50.0);
+    results.insert("qemu_bare_boot_to_ssh_ms_p50".into(), json!(bare_p50));
+    results.insert("qemu_accel".into(), json!(qemu.accel.as_str()));
+    if let Some(plugin) = results
+        .get("qemu_increase_to_ssh_ms_p50")
+        .and_then(Value::as_f64)
+    {
+        results.insert(
+            "qemu_plugin_vs_bare_ratio".into(),
+            json!((plugin / bare_p50 * 1000.0).round() / 1000.0),
+        );
+    }
+
     write(&results)?;
     Ok(())
+}
+
+/// The QEMU case: the sshd image (built once into `target/<profile>/slipway-test-images`, as the
+/// tests build it) and what a bare boot of it needs.
+mod qemu {
+    use std::path::{Path, PathBuf};
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context as _, bail};
+    use fleeting_plugin_qemu::command::Launch;
+    use serde_json::json;
+    use slipway_fleeting::{ConnectInfo, ConnectorConfig};
+    use slipway_nesting::Accel;
+    use slipway_nesting::image::ImageManifest;
+
+    use super::{Case, START_LIMIT, bin_dir, ssh_answers};
+
+    const IMAGE: &str = "test-vm-sshd";
+
+    /// The case plus the bare-boot baseline's inputs.
+    pub struct Qemu {
+        pub case: Case,
+        pub accel: Accel,
+        image_dir: PathBuf,
+        manifest: ImageManifest,
+        work: PathBuf,
+    }
+
+    pub async fn prepare(dir: &Path) -> anyhow::Result<Qemu> {
+        let bins = bin_dir()?;
+        let images = bins.join("slipway-test-images");
+        let image_dir = images.join(IMAGE);
+        if !image_dir.join("image.json").exists() {
+            let st = tokio::process::Command::new(bins.join("slipway"))
+                .args(["image", "build", "--name", IMAGE, "--level", "vm", "--sshd"])
+                .arg("--images-dir")
+                .arg(&images)
+                .arg("--agent")
+                .arg(bins.join("slipway-guest-agent"))
+                .args(["--cache-dir", "/var/tmp/slipway-debootstrap-cache"])
+                .status()
+                .await?;
+            anyhow::ensure!(st.success(), "slipway image build --sshd failed");
+        }
+        let manifest: ImageManifest =
+            serde_json::from_slice(&tokio::fs::read(image_dir.join("image.json")).await?)?;
+        let probe = slipway_nesting::accel::resolve(
+            slipway_nesting::accel::AccelChoice::Auto,
+            "qemu-system-x86_64",
+            Some(&manifest.kernel_path(&image_dir)),
+        )
+        .await;
+        let work = dir.join("qemu");
+        let case = Case {
+            name: "qemu",
+            config: json!({
+                "dir": work.join("plugin"),
+                "name": "bench",
+                "image": image_dir,
+                "accel": probe.accel.as_str(),
+                "max_size": 1,
+            }),
+            env: Vec::new(),
+            ssh: true,
+        };
+        Ok(Qemu {
+            case,
+            accel: probe.accel,
+            image_dir,
+            manifest,
+            work,
+        })
+    }
+
+    impl Qemu {
+        /// Overlay, then `qemu-system-x86_64` in the foreground with the plugin's command line,
+        /// until a command runs over SSH; the VM is killed after.
+        pub async fn bare_boot(&self, n: usize) -> anyhow::Result<Duration> {
+            let plugin_dir = self.work.join("plugin");
+            let (key, public) = fleeting_plugin_qemu::key::client_key(&plugin_dir).await?;
+            let run_dir = self.work.join(format!("bare-{n}"));
+            tokio::fs::create_dir_all(&run_dir).await?;
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let id = format!("bare-{n}");
+            let mut launch = Launch::for_image(
+                Path::new("qemu-system-x86_64"),
+                &self.manifest,
+                &self.image_dir,
+                &id,
+                self.accel,
+                None,
+                None,
+                &public,
+                port,
+                &run_dir,
+            )?;
+            launch.daemonize = false;
+            let argv = launch.argv()?;
+            let t0 = Instant::now();
+            let out = tokio::process::Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+                .arg(self.manifest.disk_path(&self.image_dir))
+                .arg(&launch.disk)
+                .output()
+                .await?;
+            anyhow::ensure!(
+                out.status.success(),
+                "qemu-img create: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let mut child = tokio::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting qemu-system-x86_64")?;
+            let info = ConnectInfo {
+                id: id.clone(),
+                connector: ConnectorConfig {
+                    os: "linux".into(),
+                    arch: "amd64".into(),
+                    protocol: "ssh".into(),
+                    protocol_port: port,
+                    username: "root".into(),
+                    key: key.0.clone(),
+                    ..ConnectorConfig::default()
+                },
+                internal_addr: format!("127.0.0.1:{port}"),
+                external_addr: String::new(),
+                expires: None,
+            };
+            let answered = tokio::select! {
+                r = ssh_answers(&info, t0 + START_LIMIT) => r,
+                st = child.wait() => match st {
+                    Ok(st) => Err(anyhow::anyhow!("qemu exited first: {st}")),
+                    Err(e) => Err(e.into()),
+                },
+            };
+            let took = t0.elapsed();
+            let _ = child.kill().await;
+            let _ = tokio::fs::remove_dir_all(&run_dir).await;
+            match answered {
+                Ok(()) => Ok(took),
+                Err(e) => bail!("bare boot {n}: {e}"),
+            }
+        }
+    }
+}
+
+/// Three hosts from `hosts` (a local plugin) as a static plugin's `instances`.
+async fn static_case(hosts: &PluginHost, dir: &std::path::Path) -> anyhow::Result<Case> {
+    const N: usize = 3;
+    anyhow::ensure!(
+        hosts.increase(N as u32).await? == N as u32,
+        "local refused hosts"
+    );
+    let deadline = Instant::now() + START_LIMIT;
+    let ids = loop {
+        let running: Vec<String> = hosts
+            .update()
+            .await?
+            .into_iter()
+            .filter(|(_, s)| *s == State::Running)
+            .map(|(id, _)| id)
+            .collect();
+        if running.len() >= N {
+            break running;
+        }
+        if Instant::now() > deadline {
+            bail!("local hosts did not start");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut instances = serde_json::Map::new();
+    for (i, id) in ids.iter().enumerate() {
+        let info = hosts.connect_info(id).await?;
+        let key_path = dir.join(format!("host{i}.key"));
+        std::fs::write(&key_path, &info.connector.key)?;
+        std::fs::set_permissions(
+            &key_path,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )?;
+        // The local plugin fills in only the address it has (internal, in a namespace).
+        let mut host = json!({ "username": info.connector.username, "key_path": key_path });
+        for (key, addr) in [
+            ("external_addr", &info.external_addr),
+            ("internal_addr", &info.internal_addr),
+        ] {
+            if !addr.is_empty() {
+                host[key] = json!(addr);
+            }
+        }
+        instances.insert(format!("host{i}"), host);
+    }
+    Ok(Case {
+        name: "static",
+        config: json!({ "instances": instances, "state_dir": dir.join("static") }),
+        env: Vec::new(),
+        ssh: true,
+    })
+}
+
+/// A moto server on a loopback port with one launch template and Auto Scaling group.
+mod moto {
+    use std::path::Path;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context as _, bail};
+
+    /// The region the group lives in.
+    pub const REGION: &str = "us-east-1";
+
+    /// A running `moto_server`, killed by `stop` (or on drop).
+    pub struct Moto {
+        child: tokio::process::Child,
+        port: u16,
+        /// The group's name.
+        pub asg: String,
+    }
+
+    const SETUP: &str = r#"
+import boto3, sys
+kw = dict(endpoint_url=sys.argv[1], region_name=sys.argv[2],
+          aws_access_key_id="bench", aws_secret_access_key="bench")
+ec2 = boto3.client("ec2", **kw)
+# An Amazon Linux AMI of moto's catalogue: EC2 Instance Connect refuses Windows instances.
+image = "ami-760aaa0f"
+ec2.create_launch_template(LaunchTemplateName="bench",
+    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+asg = boto3.client("autoscaling", **kw)
+asg.create_auto_scaling_group(AutoScalingGroupName="bench-asg",
+    LaunchTemplate={"LaunchTemplateName": "bench"}, MinSize=0, MaxSize=20,
+    DesiredCapacity=0, AvailabilityZones=[sys.argv[2] + "a"],
+    NewInstancesProtectedFromScaleIn=True)
+"#;
+
+    impl Moto {
+        /// Start moto on a free port and create the group.
+        pub async fn start(dir: &Path) -> anyhow::Result<Self> {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let log = std::fs::File::create(dir.join("moto.log"))?;
+            let child = tokio::process::Command::new("python3")
+                .args([
+                    "-m",
+                    "moto.server",
+                    "-H",
+                    "127.0.0.1",
+                    "-p",
+                    &port.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .context("starting moto (pip install 'moto[server]')")?;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_err()
+            {
+                if Instant::now() > deadline {
+                    bail!("moto did not listen on {port} within 60 s");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let moto = Moto {
+                child,
+                port,
+                asg: "bench-asg".into(),
+            };
+            let out = tokio::process::Command::new("python3")
+                .args(["-c", SETUP, &moto.url(), REGION])
+                .output()
+                .await?;
+            if !out.status.success() {
+                bail!(
+                    "creating the group in moto: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(moto)
+        }
+
+        fn url(&self) -> String {
+            format!("http://127.0.0.1:{}", self.port)
+        }
+
+        /// The environment that points the AWS SDK at this server.
+        pub fn env(&self) -> Vec<(String, String)> {
+            [
+                ("AWS_ENDPOINT_URL", self.url()),
+                ("AWS_ACCESS_KEY_ID", "bench".into()),
+                ("AWS_SECRET_ACCESS_KEY", "bench".into()),
+                ("AWS_REGION", REGION.into()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+        }
+
+        /// Kill the server and wait for it.
+        pub async fn stop(mut self) {
+            let _ = self.child.kill().await;
+        }
+    }
 }
 
 fn write(results: &BTreeMap<String, Value>) -> anyhow::Result<()> {
