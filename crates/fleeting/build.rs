@@ -1,13 +1,10 @@
-//! Compiles the fleeting v1 contract and go-plugin's internal services with protox (no protoc needed).
+//! Compiles the fleeting v1 contract with protox (no protoc needed).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Read at run time, not compile time: a build-script binary reused from another checkout
     // of the same sources (a shared target dir) must still find this checkout's files.
     let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let files = [
-        root.join("fleeting/v1/fleeting.proto"),
-        root.join("goplugin/plugin.proto"),
-    ];
+    let files = [root.join("fleeting/v1/fleeting.proto")];
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

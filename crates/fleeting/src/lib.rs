@@ -8,13 +8,12 @@
 
 mod convert;
 pub mod group;
-pub mod handshake;
 pub mod host;
-mod io;
 pub mod oci;
 pub mod proto;
 pub mod sdk;
-pub mod tls;
+
+pub use slipway_goplugin::{handshake, tls};
 
 pub use group::{ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State};
 pub use host::{PluginHost, PluginOptions};
@@ -25,3 +24,11 @@ pub const MAGIC_COOKIE_KEY: &str = "SLIPWAY_FLEETING_PLUGIN";
 pub const MAGIC_COOKIE_VALUE: &str = "5c1a6d3e-fleeting-v1";
 /// App protocol versions this build speaks.
 pub const PROTOCOL_VERSIONS: &[u32] = &[1];
+
+/// The fleeting plugin kind, as go-plugin tells plugin kinds apart.
+pub const PROTOCOL: slipway_goplugin::Protocol = slipway_goplugin::Protocol {
+    cookie_key: MAGIC_COOKIE_KEY,
+    cookie_value: MAGIC_COOKIE_VALUE,
+    versions: PROTOCOL_VERSIONS,
+    what: "a Slipway fleeting plugin",
+};

@@ -1,4 +1,4 @@
-//! Generated gRPC code for `fleeting.v1` and go-plugin's internal `plugin` package.
+//! Generated gRPC code for `fleeting.v1`; go-plugin's internal `plugin` package is re-exported.
 
 #![allow(missing_docs, missing_debug_implementations, clippy::all)]
 
@@ -11,6 +11,4 @@ pub mod fleeting {
 }
 
 /// go-plugin's internal services (controller, stdio, broker).
-pub mod goplugin {
-    tonic::include_proto!("plugin");
-}
+pub use slipway_goplugin::proto as goplugin;

@@ -176,7 +176,7 @@ async fn example_plugin_serves_the_contract_and_survives_a_crash() {
     let logs = Logs::default();
     let writer = logs.clone();
     tracing_subscriber::fmt()
-        .with_env_filter("slipway_fleeting=debug")
+        .with_env_filter("slipway_fleeting=debug,slipway_goplugin=debug")
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .init();

@@ -85,7 +85,7 @@ fn generate_stubs(python: &Path, out: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_plugin_over_automtls() {
-    // RUST_LOG=slipway_fleeting=debug shows the plugin's forwarded logs.
+    // RUST_LOG=slipway_goplugin=debug shows the plugin's forwarded logs.
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -540,7 +540,7 @@ impl Checker<'_> {
             .plugin_config(self.opts.plugin_config.clone())
             .connector(self.opts.connector.clone());
         // Quick restarts: the restart check should not wait on backoff.
-        o.restart_backoff = Duration::from_millis(100);
+        o.process.restart_backoff = Duration::from_millis(100);
         o
     }
 

@@ -429,7 +429,7 @@ async fn start_group(
     let connector = connector_config(auto).await?;
     let mut popts = PluginOptions::new(plugin_name(&auto.plugin), path);
     if let Some(t) = opts.handshake_timeout {
-        popts.handshake_timeout = t;
+        popts.process.handshake_timeout = t;
     }
     let plugin = Arc::new(
         PluginHost::start(popts)
