@@ -30,6 +30,43 @@ pub trait Host: Send + Sync + std::fmt::Debug {
         body: &str,
         stdin: Vec<u8>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String>;
+
+    /// [`Host::run_script`] for GitLab's stage `stage` (`step_script`, `after_script`), for
+    /// hosts that run stages differently (an executor plugin).
+    async fn run_stage(
+        &self,
+        stage: &str,
+        script: String,
+        output: mpsc::Sender<Output>,
+    ) -> Result<ExitStatus, String> {
+        let _ = stage;
+        self.run_script(script, output).await
+    }
+
+    /// [`Host::capture`] for GitLab's stage `stage` (`get_sources`, `restore_cache`,
+    /// `upload_artifacts_on_success`, ...).
+    async fn capture_stage(
+        &self,
+        stage: &str,
+        body: &str,
+        stdin: Vec<u8>,
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+        let _ = stage;
+        self.capture(body, stdin).await
+    }
+
+    /// Stop the step running as `stage` (a timeout or cancel): by default `kill_script`, which
+    /// signals the step's process group through its pid file.
+    async fn stop_stage(&self, stage: &str, kill_script: &str) -> Result<(), String> {
+        let _ = stage;
+        match self.capture(kill_script, Vec::new()).await? {
+            (status, _, _) if status.success() => Ok(()),
+            (status, _, err) => Err(format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&err).trim()
+            )),
+        }
+    }
 }
 
 /// bash reading the script on stdin; `exec` keeps the session leader's pid, which is then the

@@ -123,7 +123,14 @@ impl JobRunner {
             artifacts_in,
         } = ctx;
         if !self.prepare.is_empty()
-            && let Err(msg) = housekeeping(host, &self.prepare, Vec::new(), TRANSFER_TIMEOUT).await
+            && let Err(msg) = housekeeping(
+                host,
+                "prepare_script",
+                &self.prepare,
+                Vec::new(),
+                TRANSFER_TIMEOUT,
+            )
+            .await
         {
             trace.message(&format!(
                 "ERROR: preparing the job's isolation failed: {msg}"
@@ -153,7 +160,15 @@ impl JobRunner {
         if self.teardown.is_empty() {
             return;
         }
-        match housekeeping(host, &self.teardown, Vec::new(), CLEANUP_TIMEOUT).await {
+        match housekeeping(
+            host,
+            "cleanup_file_variables",
+            &self.teardown,
+            Vec::new(),
+            CLEANUP_TIMEOUT,
+        )
+        .await
+        {
             Ok(out) => {
                 let out = String::from_utf8_lossy(&out);
                 for note in out.lines().filter_map(|l| l.strip_prefix(NOTE_PREFIX)) {
@@ -211,21 +226,25 @@ impl JobRunner {
                 None
             };
             let mut runs = vec![(
+                "get_sources",
                 script::prepare_script(&dirs, first.is_some()),
                 first.unwrap_or_default(),
                 false,
             )];
             if let Some(body) = restore {
-                runs.push((body, Vec::new(), true));
+                runs.push(("restore_cache", body, Vec::new(), true));
             }
             // One archive per run: busybox tar (in job images) cannot read concatenated ones.
-            runs.extend(
-                inputs
-                    .into_iter()
-                    .map(|tar| (script::unpack_script(&dirs), tar, false)),
-            );
-            for (body, tar, is_cache) in runs {
-                match housekeeping(host, &body, tar, TRANSFER_TIMEOUT).await {
+            runs.extend(inputs.into_iter().map(|tar| {
+                (
+                    "download_artifacts",
+                    script::unpack_script(&dirs),
+                    tar,
+                    false,
+                )
+            }));
+            for (stage, body, tar, is_cache) in runs {
+                match housekeeping(host, stage, &body, tar, TRANSFER_TIMEOUT).await {
                     Ok(out) if is_cache => trace.write(&out),
                     Ok(_) => {}
                     // A missing or broken cache never fails the job (GitLab's rule); only a host
@@ -326,7 +345,7 @@ impl JobRunner {
         if !cancel.is_cancelled()
             && let Some(body) = self.cache_script(job, &dirs, trace, Some(outcome.is_success()))
         {
-            match housekeeping(host, &body, Vec::new(), TRANSFER_TIMEOUT).await {
+            match housekeeping(host, "archive_cache", &body, Vec::new(), TRANSFER_TIMEOUT).await {
                 Ok(out) => trace.write(&out),
                 Err(msg) => trace.message(&format!("WARNING: saving the cache failed: {msg}")),
             }
@@ -357,8 +376,14 @@ impl JobRunner {
                 continue;
             }
             trace.message("Collecting artifacts");
+            let stage = if outcome.is_success() {
+                "upload_artifacts_on_success"
+            } else {
+                "upload_artifacts_on_failure"
+            };
             match housekeeping(
                 host,
+                stage,
                 &script::collect_script(&dirs, &paths),
                 Vec::new(),
                 TRANSFER_TIMEOUT,
@@ -426,7 +451,11 @@ impl JobRunner {
         let body =
             script::step_script_with(job, dirs, step.as_str(), lines, create_dir, &self.prologue);
         let (tx, mut rx) = mpsc::channel(256);
-        let run = host.run_script(body, tx);
+        let stage = match step {
+            StepName::Script => "step_script",
+            _ => step.as_str(),
+        };
+        let run = host.run_stage(stage, body, tx);
         tokio::pin!(run);
         let end = loop {
             tokio::select! {
@@ -442,7 +471,13 @@ impl JobRunner {
                 // Stop the whole process group, then let the run finish and drain its output.
                 let kill = script::kill_script(dirs, step.as_str(), self.kill_grace_secs);
                 let bound = Duration::from_secs(u64::from(self.kill_grace_secs) + 5);
-                if let Err(msg) = housekeeping(host, &kill, Vec::new(), bound).await {
+                let stopped = tokio::time::timeout(bound, host.stop_stage(stage, &kill)).await;
+                let failed = match stopped {
+                    Ok(Ok(())) => None,
+                    Ok(Err(msg)) => Some(msg),
+                    Err(_) => Some(format!("timed out after {}", fmt_secs(bound))),
+                };
+                if let Some(msg) = failed {
                     trace.message(&format!("WARNING: stopping the step failed: {msg}"));
                 }
                 let drained = tokio::time::timeout(Duration::from_secs(5), async {
@@ -488,6 +523,7 @@ impl JobRunner {
         }
         if let Err(msg) = housekeeping(
             host,
+            "cleanup_file_variables",
             &script::cleanup_script(dirs),
             Vec::new(),
             CLEANUP_TIMEOUT,
@@ -508,11 +544,12 @@ fn write_output(trace: &mut Trace, chunk: Output) {
 /// Run a bash script with bounded time; `Err` carries a message for the trace.
 async fn housekeeping(
     host: &dyn Host,
+    stage: &str,
     body: &str,
     stdin: Vec<u8>,
     limit: Duration,
 ) -> Result<Vec<u8>, String> {
-    let run = host.capture(body, stdin);
+    let run = host.capture_stage(stage, body, stdin);
     match tokio::time::timeout(limit, run).await {
         Err(_) => Err(format!("timed out after {}", fmt_secs(limit))),
         Ok(Err(e)) => Err(e.to_string()),

@@ -11,6 +11,7 @@
 //! - [`instance`]: GitLab's `instance` executor — bash over SSH on an autoscaled instance.
 //! - [`nesting`]: the `microvm` and `vm` levels — a VM per job from the instance's nesting
 //!   daemon, kept as a snapshot when the job asks.
+//! - [`plugin`]: the `plugin` executor — stages run where an executor plugin puts them.
 //! - [`isolation`]: the isolation level a job gets, within what its runner allows.
 //! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
 //! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
@@ -26,6 +27,7 @@ pub mod isolation;
 pub mod job;
 pub mod nesting;
 pub mod outcome;
+pub mod plugin;
 pub mod script;
 pub mod trace;
 
@@ -41,4 +43,5 @@ pub use isolation::{Isolation, IsolationPolicy};
 pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor};
 pub use outcome::{FailureReason, JobOutcome};
+pub use plugin::PluginExecutor;
 pub use trace::{Masker, Trace};

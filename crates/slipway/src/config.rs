@@ -142,6 +142,47 @@ pub struct RunnerConfig {
     pub docker: Option<slipway_executor::docker::DockerConfig>,
     /// `[runners.custom]` (custom executor).
     pub custom: Option<slipway_executor::CustomConfig>,
+    /// `[runners.plugin]` (plugin executor).
+    pub plugin: Option<ExecutorPluginConfig>,
+}
+
+/// `[runners.plugin]`: the executor plugin a `plugin` runner drives.
+#[derive(Clone, Deserialize)]
+#[serde(default)]
+pub struct ExecutorPluginConfig {
+    /// `executor-plugin-<name>` (in `--plugin-dir`, next to slipway, on `PATH`) or a path.
+    pub name: String,
+    /// `[runners.plugin.config]`, handed to the plugin's `Init` as JSON. Never printed.
+    pub config: toml::Table,
+    /// How long the plugin may take to prepare a job's environment.
+    #[serde(with = "duration")]
+    pub prepare_timeout: Duration,
+    /// How long the plugin may take to remove it.
+    #[serde(with = "duration")]
+    pub cleanup_timeout: Duration,
+}
+
+impl Default for ExecutorPluginConfig {
+    fn default() -> Self {
+        ExecutorPluginConfig {
+            name: String::new(),
+            config: toml::Table::new(),
+            prepare_timeout: slipway_executor::plugin::DEFAULT_PREPARE_TIMEOUT,
+            cleanup_timeout: slipway_executor::plugin::DEFAULT_CLEANUP_TIMEOUT,
+        }
+    }
+}
+
+impl fmt::Debug for ExecutorPluginConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The plugin's config may hold credentials: keys only.
+        f.debug_struct("ExecutorPluginConfig")
+            .field("name", &self.name)
+            .field("config_keys", &self.config.keys().collect::<Vec<_>>())
+            .field("prepare_timeout", &self.prepare_timeout)
+            .field("cleanup_timeout", &self.cleanup_timeout)
+            .finish()
+    }
 }
 
 /// `[runners.custom_build_dir]`.
@@ -238,7 +279,14 @@ impl fmt::Debug for VmIsolationConfig {
 }
 
 /// The executors this version runs, and where their jobs run.
-pub const EXECUTORS: &[&str] = &["instance", "docker-autoscaler", "shell", "docker", "custom"];
+pub const EXECUTORS: &[&str] = &[
+    "instance",
+    "docker-autoscaler",
+    "shell",
+    "docker",
+    "custom",
+    "plugin",
+];
 
 /// Whether `executor` runs jobs on autoscaled instances (else on this machine).
 pub fn autoscaled(executor: &str) -> bool {
@@ -258,6 +306,8 @@ pub fn supported_isolation(executor: &str) -> &'static [slipway_executor::Isolat
         "docker-autoscaler" | "docker" => &[Isolation::Docker],
         "shell" => &[Isolation::None, Isolation::Cgroup],
         "custom" => &[Isolation::None],
+        // The plugin's own levels are checked against what its Init declares.
+        "plugin" => &[Isolation::None],
         _ => &[],
     }
 }
@@ -298,6 +348,14 @@ impl RunnerConfig {
         &self,
     ) -> Result<slipway_executor::IsolationPolicy, (&'static str, String)> {
         use slipway_executor::Isolation;
+        if self.executor == "plugin" {
+            // allowed_isolation and isolation name the plugin's levels, checked against what
+            // its Init declares when the runner starts; its jobs take ordinary slots.
+            return Ok(slipway_executor::IsolationPolicy {
+                allowed: vec![Isolation::None],
+                default: Isolation::None,
+            });
+        }
         let mut supported = supported_isolation(&self.executor).to_vec();
         if self.executor == "instance" && self.nesting_config().is_some() {
             supported.extend([Isolation::Microvm, Isolation::Vm]);
@@ -411,6 +469,7 @@ impl fmt::Debug for RunnerConfig {
             .field("instance", &self.instance)
             .field("docker", &self.docker)
             .field("custom", &self.custom.is_some())
+            .field("plugin", &self.plugin)
             .finish_non_exhaustive()
     }
 }
@@ -1244,6 +1303,13 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                     }
                 }
             }
+        }
+        if r.executor == "plugin" && r.plugin.as_ref().is_none_or(|p| p.name.trim().is_empty()) {
+            report(
+                at(&["plugin", "name"]),
+                "the plugin executor needs [runners.plugin] name = \"<plugin>\" (executor-plugin-<plugin> in --plugin-dir, next to slipway or on PATH, or a path)".into(),
+                true,
+            );
         }
         if let Some(d) = &r.docker
             && let Err(e) = d.validate()

@@ -3,7 +3,8 @@
 
 use slipway_executor::{
     CollectedArtifacts, CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner,
-    JobSlot, LocalHost, NestingExecutor, RunResult, SshHost, Steps, Trace, cgroup, isolation,
+    JobSlot, LocalHost, NestingExecutor, PluginExecutor, RunResult, SshHost, Steps, Trace, cgroup,
+    isolation,
 };
 use slipway_jobs::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
@@ -61,6 +62,16 @@ pub fn isolation_of(
     job: &JobResponse,
     trace: &mut Trace,
 ) -> Result<Isolation, NoSlot> {
+    if runner.executor_plugin.is_some() {
+        // The plugin's own levels; its jobs take ordinary slots.
+        return plugin_level(runner, job)
+            .map(|_| Isolation::None)
+            .map_err(|e| NoSlot {
+                unsupported: true,
+                failure_reason: "runner_configuration_error",
+                ..NoSlot::failed(trace, &e)
+            });
+    }
     runner
         .isolation
         .resolve(job.variable(isolation::VARIABLE), &runner.name)
@@ -69,6 +80,45 @@ pub fn isolation_of(
             failure_reason: "runner_configuration_error",
             ..NoSlot::failed(trace, &e)
         })
+}
+
+/// The level a `plugin` runner's job gets: what it asks for (`SLIPWAY_ISOLATION`) among the
+/// levels the plugin declared (and the runner's `allowed_isolation`, when set), else the
+/// runner's `isolation` or the plugin's first level.
+pub fn plugin_level(runner: &Runner, job: &JobResponse) -> Result<String, String> {
+    let Some((host, _)) = &runner.executor_plugin else {
+        return Err(format!("runner {:?} has no executor plugin", runner.name));
+    };
+    let declared = &host.capabilities().isolation_levels;
+    let allowed: Vec<&String> = declared
+        .iter()
+        .filter(|l| runner.plugin_allowed.as_ref().is_none_or(|a| a.contains(l)))
+        .collect();
+    let asked = job
+        .variable(isolation::VARIABLE)
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    let level = match asked {
+        Some(v) => v.to_owned(),
+        None => match &runner.plugin_default {
+            Some(d) => d.clone(),
+            None => allowed.first().map(|l| (*l).clone()).unwrap_or_default(),
+        },
+    };
+    if allowed.iter().any(|l| **l == level) {
+        Ok(level)
+    } else {
+        Err(format!(
+            "the job asks for isolation {level:?} but runner {:?} (executor plugin {:?}) allows only {}",
+            runner.name,
+            host.capabilities().name,
+            allowed
+                .iter()
+                .map(|l| format!("{l:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
 }
 
 /// Reserve capacity for `key` (a slot's share, or a whole fresh instance for the `instance`
@@ -366,6 +416,32 @@ async fn execute_here(
     stops: &Stops,
 ) -> RunResult {
     let exec: Box<dyn Executor> = match runner.executor.as_str() {
+        "plugin" => {
+            let Some((host, cfg)) = &runner.executor_plugin else {
+                return no_result(config_error("no [runners.plugin] section".into()));
+            };
+            let isolation = match plugin_level(runner, job) {
+                Ok(l) => l,
+                Err(e) => return no_result(config_error(e)),
+            };
+            let share = acq.resources.unwrap_or_default();
+            Box::new(PluginExecutor {
+                host: host.clone(),
+                runner: JobRunner {
+                    builds_dir: runner.builds_dir.clone(),
+                    ..JobRunner::default()
+                },
+                isolation,
+                instance: None,
+                resources: slipway_executor_plugin::Resources {
+                    cpus: share.cpu_millis as f64 / 1000.0,
+                    memory_bytes: share.memory_bytes,
+                    ..Default::default()
+                },
+                prepare_timeout: cfg.prepare_timeout,
+                cleanup_timeout: cfg.cleanup_timeout,
+            })
+        }
         "custom" => {
             let Some(cfg) = runner.custom.clone() else {
                 return no_result(config_error("no [runners.custom] section".into()));

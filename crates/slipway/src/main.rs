@@ -371,8 +371,10 @@ fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colours only for a person watching: logs piped to a file or journal stay plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
 }
@@ -568,6 +570,7 @@ async fn verify_config(path: &Path, plugin_dir: Option<PathBuf>) -> anyhow::Resu
         plugin_dir,
     };
     let checked = config::check(&text, &file, &opts);
+    let plugin_errors = check_executor_plugins(&checked, &file, opts.plugin_dir.as_deref()).await;
     let mut all: Vec<(&config::Problem, &str)> = checked
         .errors
         .iter()
@@ -579,7 +582,13 @@ async fn verify_config(path: &Path, plugin_dir: Option<PathBuf>) -> anyhow::Resu
         eprintln!("{kind}: {p}");
     }
     let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-    let (e, w) = (checked.errors.len(), checked.warnings.len());
+    for e in &plugin_errors {
+        eprintln!("error: {e}");
+    }
+    let (e, w) = (
+        checked.errors.len() + plugin_errors.len(),
+        checked.warnings.len(),
+    );
     if e > 0 {
         println!("{file}: {}, {}", count(e, "error"), count(w, "warning"));
         return Ok(ExitCode::from(1));
@@ -595,6 +604,41 @@ async fn verify_config(path: &Path, plugin_dir: Option<PathBuf>) -> anyhow::Resu
         println!("{file}: valid ({})", count(runners, "runner"));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Start each `plugin` runner's executor plugin with an `Init` dry run: it must be installed
+/// and accept its config. Messages for the ones that fail.
+async fn check_executor_plugins(
+    checked: &config::Checked,
+    file: &str,
+    plugin_dir: Option<&Path>,
+) -> Vec<String> {
+    let Some(cfg) = checked
+        .config
+        .as_ref()
+        .filter(|_| checked.errors.is_empty())
+    else {
+        return Vec::new();
+    };
+    let mut errors = Vec::new();
+    for (i, r) in cfg.runners.iter().enumerate() {
+        let Some(p) = r.plugin.as_ref().filter(|_| r.executor == "plugin") else {
+            continue;
+        };
+        match slipway::runner::start_executor_plugin_with(&r.name, p, plugin_dir, None, true).await
+        {
+            Ok(host) => {
+                let levels =
+                    slipway::runner::plugin_levels(r, &host.capabilities().isolation_levels);
+                host.stop().await;
+                if let Err(e) = levels {
+                    errors.push(format!("{file}: runners[{i}]: {e:#}"));
+                }
+            }
+            Err(e) => errors.push(format!("{file}: runners[{i}].plugin: {e:#}")),
+        }
+    }
+    errors
 }
 
 fn print_warnings(loaded: &Loaded) {

@@ -19,8 +19,9 @@ use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError
 use slipway_executor::{CustomConfig, IsolationPolicy, NestingConfig};
 
 use crate::localhost::LocalGroup;
+use slipway_executor_plugin::ExecutorHost;
 
-use crate::config::{AutoscalerConfig, RunnerConfig};
+use crate::config::{AutoscalerConfig, ExecutorPluginConfig, RunnerConfig};
 use crate::pool::{Checks, Pool};
 
 /// A started runner.
@@ -49,6 +50,12 @@ pub struct Runner {
     pub custom: Option<CustomConfig>,
     /// `[runners.autoscaler.vm_isolation]` for the `microvm` and `vm` levels.
     pub nesting: Option<NestingConfig>,
+    /// The executor plugin of a `plugin` runner, started and initialized, with its settings.
+    pub executor_plugin: Option<(Arc<ExecutorHost>, ExecutorPluginConfig)>,
+    /// A `plugin` runner's `allowed_isolation` (plugin levels; `None`: all it declares).
+    pub plugin_allowed: Option<Vec<String>>,
+    /// A `plugin` runner's `isolation` (`None`: the first level the plugin declares).
+    pub plugin_default: Option<String>,
     /// Its instance groups (one per shape) and where each job goes.
     pub placement: Placement,
     /// One plugin process per shape, in the placement's order.
@@ -102,7 +109,37 @@ impl Runner {
             .map_err(|e| anyhow::anyhow!("runner {:?}: slot_cgroup_template: {e}", cfg.name))?;
         let docker = cfg.docker.clone().unwrap_or_default();
         if !crate::config::autoscaled(&cfg.executor) {
-            return start_local(cfg, opts, isolation, cgroups, docker);
+            let executor_plugin = match &cfg.plugin {
+                Some(p) if cfg.executor == "plugin" => Some((
+                    Arc::new(start_executor_plugin(cfg, p, opts).await?),
+                    p.clone(),
+                )),
+                _ => None,
+            };
+            let levels = executor_plugin
+                .as_ref()
+                .map(|(host, _)| plugin_levels(cfg, &host.capabilities().isolation_levels))
+                .transpose();
+            let started = levels.and_then(|levels| {
+                let mut runner = start_local(cfg, opts, isolation, cgroups, docker)?;
+                if let Some((allowed, default)) = levels {
+                    runner.plugin_allowed = allowed;
+                    runner.plugin_default = default;
+                }
+                Ok(runner)
+            });
+            return match started {
+                Ok(mut runner) => {
+                    runner.executor_plugin = executor_plugin;
+                    Ok(runner)
+                }
+                Err(e) => {
+                    if let Some((host, _)) = executor_plugin {
+                        host.stop().await;
+                    }
+                    Err(e)
+                }
+            };
         }
         let Some(auto) = &cfg.autoscaler else {
             bail!("runner {:?} has no [runners.autoscaler] section", cfg.name);
@@ -146,6 +183,9 @@ impl Runner {
             docker,
             custom: cfg.custom.clone(),
             nesting: cfg.nesting_config(),
+            executor_plugin: None,
+            plugin_allowed: None,
+            plugin_default: None,
             placement: Placement::new(shapes),
             plugins,
             pool,
@@ -262,7 +302,102 @@ impl Runner {
         for p in &self.plugins {
             p.stop().await;
         }
+        if let Some((host, _)) = &self.executor_plugin {
+            host.stop().await;
+        }
     }
+}
+
+/// Start a `plugin` runner's executor plugin and `Init` it (`dry_run`: only check its config).
+pub async fn start_executor_plugin_with(
+    runner: &str,
+    plugin: &ExecutorPluginConfig,
+    plugin_dir: Option<&Path>,
+    handshake_timeout: Option<Duration>,
+    dry_run: bool,
+) -> anyhow::Result<ExecutorHost> {
+    let path = slipway_executor_plugin::find_plugin(&plugin.name, plugin_dir)
+        .with_context(|| format!("runner {runner:?}: plugin.name"))?;
+    let mut popts = slipway_goplugin::ProcessOptions::new(plugin_name(&plugin.name), path);
+    if let Some(t) = handshake_timeout {
+        popts.handshake_timeout = t;
+    }
+    let config = serde_json::to_vec(&plugin.config)
+        .with_context(|| format!("runner {runner:?}: plugin.config"))?;
+    let host = ExecutorHost::start(popts, config, dry_run)
+        .await
+        .with_context(|| format!("runner {runner:?}: executor plugin {:?}", plugin.name))?;
+    let caps = host.capabilities();
+    if caps.placement != slipway_executor_plugin::Placement::Local {
+        host.stop().await;
+        bail!(
+            "runner {runner:?}: executor plugin {:?} runs jobs on autoscaled instances \
+             (PLACEMENT_INSTANCE); this version runs plugin executors with local placement only",
+            plugin.name
+        );
+    }
+    Ok(host)
+}
+
+/// A `plugin` runner's `allowed_isolation` and `isolation`, checked against the levels its
+/// plugin declared.
+#[allow(clippy::type_complexity)]
+pub fn plugin_levels(
+    cfg: &RunnerConfig,
+    declared: &[String],
+) -> anyhow::Result<(Option<Vec<String>>, Option<String>)> {
+    let listed = declared
+        .iter()
+        .map(|l| format!("{l:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some(allowed) = &cfg.allowed_isolation
+        && let Some(bad) = allowed.iter().find(|l| !declared.contains(l))
+    {
+        bail!(
+            "runner {:?}: allowed_isolation: the executor plugin does not give level {bad:?}; it declares {listed}",
+            cfg.name
+        );
+    }
+    if let Some(default) = &cfg.isolation {
+        let allowed = cfg.allowed_isolation.as_deref().unwrap_or(declared);
+        if !allowed.contains(default) {
+            bail!(
+                "runner {:?}: isolation: {default:?} is not among the allowed levels ({})",
+                cfg.name,
+                allowed
+                    .iter()
+                    .map(|l| format!("{l:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    Ok((cfg.allowed_isolation.clone(), cfg.isolation.clone()))
+}
+
+async fn start_executor_plugin(
+    cfg: &RunnerConfig,
+    plugin: &ExecutorPluginConfig,
+    opts: &StartOptions,
+) -> anyhow::Result<ExecutorHost> {
+    let host = start_executor_plugin_with(
+        &cfg.name,
+        plugin,
+        opts.plugin_dir.as_deref(),
+        opts.handshake_timeout,
+        false,
+    )
+    .await?;
+    let caps = host.capabilities();
+    tracing::info!(
+        runner = %cfg.name,
+        plugin = %caps.name,
+        version = %caps.version,
+        levels = ?caps.isolation_levels,
+        "executor plugin ready"
+    );
+    Ok(host)
 }
 
 /// A runner whose jobs run on this machine: its slots come from a taskscaler over
@@ -336,6 +471,9 @@ fn start_local(
         docker,
         custom: cfg.custom.clone(),
         nesting: None,
+        executor_plugin: None,
+        plugin_allowed: None,
+        plugin_default: None,
         placement: Placement::new(vec![Shape {
             name: "default".into(),
             scaler,
@@ -513,7 +651,9 @@ pub fn plugin_name(reference: &str) -> String {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| reference.to_string());
-    base.strip_prefix("fleeting-plugin-")
+    ["fleeting-plugin-", slipway_executor_plugin::PLUGIN_PREFIX]
+        .iter()
+        .find_map(|p| base.strip_prefix(p))
         .unwrap_or(&base)
         .to_string()
 }

@@ -9,13 +9,12 @@
 mod common;
 
 use std::io::{BufRead as _, BufReader};
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use common::{Run, World, wait_with_timeout};
 use slipway_fleeting::{MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE};
+use slipway_testkit::python;
 
 const CHECKS: [&str; 12] = [
     "handshake",
@@ -172,85 +171,22 @@ fn unreadable_config_file_is_a_usage_error_naming_it() {
 
 // ---- the Python plugin ------------------------------------------------------------------------
 
-const IMPORT_CHECK: &str = "import pyplugin, grpclib, grpc_tools.protoc";
-
-fn python_ok(python: &str) -> bool {
-    Command::new(python)
-        .args(["-c", IMPORT_CHECK])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The real interpreter (not a pyenv shim) with python-plugin and grpcio-tools importable.
-fn python() -> PathBuf {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    if !python_ok(&python) {
-        let status = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "python-plugin",
-                "grpcio-tools",
-            ])
-            .status();
-        assert!(
-            status.is_ok_and(|s| s.success()) && python_ok(&python),
-            "{python} cannot import python-plugin (pyplugin), grpclib and grpcio-tools, and \
-             `{python} -m pip install python-plugin grpcio-tools` did not fix it"
-        );
-    }
-    let out = Command::new(&python)
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("running python");
-    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
-}
-
 /// A `fleeting-plugin-python` wrapper script in `dir` (with grpclib stubs generated beside it).
 fn python_plugin(dir: &Path) -> PathBuf {
-    let python = python();
-    let proto_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let python = python::python().unwrap();
     let stubs = dir.join("stubs");
-    std::fs::create_dir_all(&stubs).unwrap();
-    let protoc_plugin = python.with_file_name("protoc-gen-grpclib_python");
-    let mut cmd = Command::new(&python);
-    cmd.args(["-m", "grpc_tools.protoc"])
-        .arg("-I")
-        .arg(&proto_root);
-    if protoc_plugin.exists() {
-        cmd.arg(format!(
-            "--plugin=protoc-gen-grpclib_python={}",
-            protoc_plugin.display()
-        ));
-    }
-    let out = cmd
-        .arg(format!("--python_out={}", stubs.display()))
-        .arg(format!("--grpclib_python_out={}", stubs.display()))
-        .arg("fleeting/v1/fleeting.proto")
-        .output()
-        .expect("running grpc_tools.protoc");
-    assert!(
-        out.status.success(),
-        "protoc failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python::generate_stubs(&python, "fleeting/v1/fleeting.proto", &stubs).unwrap();
     let plugin_py =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../fleeting/tests/python/fleeting_plugin.py");
-    let wrapper = dir.join("fleeting-plugin-python");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nPYTHONPATH='{}' PYTHONUNBUFFERED=1 exec '{}' '{}' '{MAGIC_COOKIE_KEY}' '{MAGIC_COOKIE_VALUE}'\n",
-            stubs.display(),
-            python.display(),
-            plugin_py.display()
-        ),
+    python::wrapper(
+        dir,
+        "fleeting-plugin-python",
+        &python,
+        &stubs,
+        &plugin_py,
+        &[MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE],
     )
-    .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    wrapper
+    .unwrap()
 }
 
 /// The Python plugin hands out the connector it was given: give it credentials.
