@@ -18,6 +18,8 @@ if [ "$what" = test ]; then
   have python3 || missing+=(python3)
   have pgrep || missing+=(procps)
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+  # The Python bubblewrap executor plugin's sandboxes.
+  have bwrap || missing+=(bubblewrap)
 fi
 
 # microvm / vm isolation: QEMU, the guest kernel and the image tools (`slipway image build`).
