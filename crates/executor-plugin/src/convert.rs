@@ -71,8 +71,6 @@ pub(crate) fn exit_to_pb(e: Exit) -> pb::Exit {
             Failure::None => pb::FailureKind::FailureNone,
             Failure::Script => pb::FailureKind::FailureScript,
             Failure::System => pb::FailureKind::FailureSystem,
-            Failure::Timeout => pb::FailureKind::FailureTimeout,
-            Failure::Stuck => pb::FailureKind::FailureStuck,
         }
         .into(),
         message: e.message,
@@ -83,8 +81,6 @@ pub(crate) fn exit_from_pb(e: pb::Exit) -> Exit {
     let failure = match pb::FailureKind::try_from(e.failure) {
         Ok(pb::FailureKind::FailureNone) => Failure::None,
         Ok(pb::FailureKind::FailureScript) => Failure::Script,
-        Ok(pb::FailureKind::FailureTimeout) => Failure::Timeout,
-        Ok(pb::FailureKind::FailureStuck) => Failure::Stuck,
         // An unknown kind from a newer plugin: the environment failed, not the script.
         Ok(pb::FailureKind::FailureSystem) | Err(_) => Failure::System,
     };
@@ -125,13 +121,7 @@ mod tests {
 
     #[test]
     fn exits_round_trip_and_unknown_kinds_are_system_failures() {
-        for failure in [
-            Failure::None,
-            Failure::Script,
-            Failure::System,
-            Failure::Timeout,
-            Failure::Stuck,
-        ] {
+        for failure in [Failure::None, Failure::Script, Failure::System] {
             let e = Exit {
                 code: 3,
                 failure,

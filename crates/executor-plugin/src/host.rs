@@ -25,12 +25,12 @@ pub enum StartError {
     #[error(transparent)]
     Host(#[from] HostError),
     /// The plugin refused its config, or answered `Init` wrongly.
-    #[error("plugin {plugin:?}: Init: {source}")]
+    #[error("plugin {plugin:?}: Init: {answer}")]
     Init {
         /// Plugin name.
         plugin: String,
         /// What it answered.
-        source: ProviderError,
+        answer: ProviderError,
     },
 }
 
@@ -113,7 +113,7 @@ impl ExecutorHost {
                 process.stop().await;
                 Err(StartError::Init {
                     plugin: name,
-                    source,
+                    answer: source,
                 })
             }
         }
@@ -139,7 +139,8 @@ impl ExecutorHost {
         self.process.restarts()
     }
 
-    /// Make a job's environment. Not retried: a second `Prepare` could make a second one.
+    /// Make a job's environment. Sent again only when the process it went to died (and was
+    /// replaced): what a dead process made is its successor's to find, never a second live one.
     pub async fn prepare(&self, job: PrepareJob) -> Result<Prepared, ProviderError> {
         let req = pb::PrepareRequest {
             job: job.job,
@@ -148,11 +149,16 @@ impl ExecutorHost {
             instance: job.instance,
             timeout_secs: job.timeout.as_secs(),
         };
-        let mut c = self.client().await?;
-        c.prepare(req)
+        // The process may have died a moment ago (a crash mid-job) without the supervisor having
+        // noticed yet: `call` waits for the replacement and sends again.
+        self.process
+            .call("Prepare", |c| {
+                let req = req.clone();
+                async move { client(c.channel).prepare(req).await }
+            })
             .await
-            .map(|r| prepared_from_pb(r.into_inner()))
-            .map_err(|s| self.status_error("Prepare", &s))
+            .map(prepared_from_pb)
+            .map_err(|e| call_error(self.name(), e))
     }
 
     /// Run one stage, sending its output to `output`. Dropping the future cancels the call;
@@ -162,6 +168,24 @@ impl ExecutorHost {
         stage: Stage,
         output: mpsc::Sender<Chunk>,
     ) -> Result<Exit, ProviderError> {
+        self.run_with(stage, |chunk| {
+            let output = output.clone();
+            async move { output.send(chunk).await.is_ok() }
+        })
+        .await
+    }
+
+    /// [`ExecutorHost::run`], handing each chunk to `on_chunk` (which answers whether the
+    /// caller still wants the stage) instead of a channel: one hop less for a streamed trace.
+    pub async fn run_with<F, Fut>(
+        &self,
+        stage: Stage,
+        mut on_chunk: F,
+    ) -> Result<Exit, ProviderError>
+    where
+        F: FnMut(Chunk) -> Fut + Send,
+        Fut: std::future::Future<Output = bool> + Send,
+    {
         let name = stage.name.clone();
         let req = pb::RunRequest {
             state: stage.state,
@@ -169,12 +193,16 @@ impl ExecutorHost {
             script: stage.script,
             stdin: stage.stdin,
         };
-        let mut c = self.client().await?;
-        let mut stream = c
-            .run(req)
+        // Opening the stream is retried as Prepare is (the request cannot have reached a live
+        // process); once output flows, a dead process fails the stage.
+        let mut stream = self
+            .process
+            .call(&format!("Run {name}"), |c| {
+                let req = req.clone();
+                async move { client(c.channel).run(req).await }
+            })
             .await
-            .map_err(|s| self.status_error(&format!("Run {name}"), &s))?
-            .into_inner();
+            .map_err(|e| call_error(self.name(), e))?;
         loop {
             let msg = stream
                 .message()
@@ -193,7 +221,7 @@ impl ExecutorHost {
                 None => continue,
             };
             // A caller that stopped listening no longer wants the stage: end it.
-            if output.send(chunk).await.is_err() {
+            if !on_chunk(chunk).await {
                 return Err(ProviderError::Failed(format!(
                     "stage {name}: output receiver closed"
                 )));
@@ -219,14 +247,6 @@ impl ExecutorHost {
     /// Stop the plugin process (Shutdown, grace, SIGKILL of its group). Idempotent.
     pub async fn stop(&self) {
         self.process.stop().await;
-    }
-
-    async fn client(&self) -> Result<ExecutorClient<Channel>, ProviderError> {
-        self.process
-            .ready()
-            .await
-            .map(|c| client(c.channel))
-            .map_err(|e| call_error(self.name(), e))
     }
 
     fn status_error(&self, rpc: &str, s: &tonic::Status) -> ProviderError {

@@ -88,10 +88,6 @@ pub enum Failure {
     Script,
     /// `runner_system_failure`: the environment failed.
     System,
-    /// `job_execution_timeout`.
-    Timeout,
-    /// `stuck_or_timeout_failure`.
-    Stuck,
 }
 
 /// How a stage ended.

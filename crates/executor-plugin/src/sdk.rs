@@ -8,6 +8,7 @@
 //! }
 //! ```
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -18,14 +19,13 @@ use slipway_goplugin::server::AddService;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::PROTOCOL;
 use crate::convert::{caps_to_pb, error_to_status, exit_to_pb, prepared_to_pb};
 use crate::proto::v1 as pb;
 use crate::proto::v1::executor_server::{Executor as ExecutorRpc, ExecutorServer};
-use crate::provider::{Chunk, ExecutorProvider, PrepareJob, Stage};
+use crate::provider::{Chunk, ExecutorProvider, Exit, PrepareJob, ProviderError, Stage};
 
 pub use slipway_goplugin::server::{ServeError, log};
 
@@ -52,24 +52,80 @@ fn service<P: ExecutorProvider>(provider: P) -> impl AddService {
 /// Adapter from the Rust trait to the generated gRPC service.
 struct Service<P>(Arc<P>);
 
-/// The stream of one `Run`: when the host cancels the call, tonic drops it, and dropping it
-/// aborts the task running the stage (and so drops the provider's `run` future).
+/// The stream of one `Run`: the stage's chunks as they come, then its exit. When the host
+/// cancels the call, tonic drops the stream, and dropping it aborts the task running the stage
+/// (and so drops the provider's `run` future).
 struct RunStream {
-    rx: ReceiverStream<Result<pb::RunOutput, Status>>,
-    task: JoinHandle<()>,
+    chunks: mpsc::Receiver<Chunk>,
+    /// A chunk of the other stream met while coalescing, sent next.
+    held: Option<Chunk>,
+    /// The stage; taken once its exit was sent.
+    task: Option<JoinHandle<Result<Exit, ProviderError>>>,
 }
 
 impl Stream for RunStream {
     type Item = Result<pb::RunOutput, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.rx).poll_next(cx)
+        // Chunks first: the provider's sender goes away when its `run` returns.
+        let first = match self.held.take() {
+            Some(c) => Some(c),
+            None => match self.chunks.poll_recv(cx) {
+                Poll::Ready(c) => c,
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        if let Some(mut chunk) = first {
+            // Coalesce what is already waiting (a fast writer's small pipe reads): one message
+            // instead of many.
+            while chunk_len(&chunk) < COALESCE_BYTES {
+                let Poll::Ready(Some(next)) = self.chunks.poll_recv(cx) else {
+                    break;
+                };
+                match (&mut chunk, next) {
+                    (Chunk::Stdout(a), Chunk::Stdout(b)) | (Chunk::Stderr(a), Chunk::Stderr(b)) => {
+                        a.extend_from_slice(&b)
+                    }
+                    (_, other) => {
+                        self.held = Some(other);
+                        break;
+                    }
+                }
+            }
+            return Poll::Ready(Some(Ok(chunk_to_pb(chunk))));
+        }
+        let Some(task) = self.task.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let result = match Pin::new(task).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(r) => r,
+        };
+        self.task = None;
+        Poll::Ready(Some(match result {
+            Ok(Ok(exit)) => Ok(pb::RunOutput {
+                output: Some(pb::run_output::Output::Exit(exit_to_pb(exit))),
+            }),
+            Ok(Err(e)) => Err(error_to_status(e)),
+            Err(e) => Err(Status::internal(format!("the stage's task failed: {e}"))),
+        }))
     }
 }
 
 impl Drop for RunStream {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Largest message coalescing makes of waiting chunks.
+const COALESCE_BYTES: usize = 256 * 1024;
+
+fn chunk_len(c: &Chunk) -> usize {
+    match c {
+        Chunk::Stdout(b) | Chunk::Stderr(b) => b.len(),
     }
 }
 
@@ -123,38 +179,13 @@ impl<P: ExecutorProvider> ExecutorRpc for Service<P> {
             script: req.script,
             stdin: req.stdin,
         };
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, chunks) = mpsc::channel(64);
         let provider = self.0.clone();
-        let task = tokio::spawn(async move {
-            let (chunk_tx, mut chunks) = mpsc::channel(64);
-            let run = provider.run(stage, chunk_tx);
-            tokio::pin!(run);
-            let result = loop {
-                tokio::select! {
-                    Some(c) = chunks.recv() => {
-                        if tx.send(Ok(chunk_to_pb(c))).await.is_err() {
-                            return;
-                        }
-                    }
-                    r = &mut run => break r,
-                }
-            };
-            while let Ok(c) = chunks.try_recv() {
-                if tx.send(Ok(chunk_to_pb(c))).await.is_err() {
-                    return;
-                }
-            }
-            let last = match result {
-                Ok(exit) => Ok(pb::RunOutput {
-                    output: Some(pb::run_output::Output::Exit(exit_to_pb(exit))),
-                }),
-                Err(e) => Err(error_to_status(e)),
-            };
-            let _ = tx.send(last).await;
-        });
+        let task = tokio::spawn(async move { provider.run(stage, tx).await });
         Ok(Response::new(RunStream {
-            rx: ReceiverStream::new(rx),
-            task,
+            chunks,
+            held: None,
+            task: Some(task),
         }))
     }
 

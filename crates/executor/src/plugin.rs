@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use slipway_connector::{ExitStatus, Output};
 use slipway_executor_plugin::{
-    Chunk, ExecutorHost, Failure, Instance, PrepareJob, ProviderError, Resources, Stage,
+    Chunk, ExecutorHost, Failure, Instance, PrepareJob, Resources, Stage,
 };
 use slipway_jobs::JobResponse;
 use tokio::sync::mpsc;
@@ -90,34 +90,27 @@ impl Executor for PluginExecutor {
             timeout,
         };
         let plugin = self.host.name().to_owned();
-        let prepared = tokio::select! {
-            r = tokio::time::timeout(self.prepare_timeout, self.host.prepare(request)) => r,
-            _ = slot.cancel.cancelled() => {
-                slot.trace.message("ERROR: job canceled");
-                return RunResult {
-                    outcome: JobOutcome::failed(FailureReason::JobCanceled, None, "job canceled"),
-                    artifacts: Vec::new(),
-                };
-            }
-        };
-        let prepared = match prepared {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                return system_failure(
-                    &mut slot,
-                    format!("executor plugin {plugin:?}: Prepare: {e}"),
-                );
-            }
-            Err(_) => {
-                return system_failure(
-                    &mut slot,
-                    format!(
-                        "executor plugin {plugin:?} did not answer Prepare within {}",
-                        fmt_secs(self.prepare_timeout)
-                    ),
-                );
-            }
-        };
+        // Not raced against a cancel: a Prepare dropped half-way could leave what it made with
+        // no state to clean it up by. It is bounded by prepare_timeout instead.
+        let prepared =
+            match tokio::time::timeout(self.prepare_timeout, self.host.prepare(request)).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    return system_failure(
+                        &mut slot,
+                        format!("executor plugin {plugin:?}: Prepare: {e}"),
+                    );
+                }
+                Err(_) => {
+                    return system_failure(
+                        &mut slot,
+                        format!(
+                            "executor plugin {plugin:?} did not answer Prepare within {}",
+                            fmt_secs(self.prepare_timeout)
+                        ),
+                    );
+                }
+            };
         for m in &prepared.messages {
             slot.trace.message(m);
         }
@@ -187,55 +180,51 @@ impl StageHost<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let (tx, mut rx) = mpsc::channel(64);
-        let forward = async move {
-            while let Some(c) = rx.recv().await {
-                let out = match c {
-                    Chunk::Stdout(b) => Output::Stdout(b),
-                    Chunk::Stderr(b) => Output::Stderr(b),
-                };
-                if output.send(out).await.is_err() {
-                    break;
-                }
-            }
-        };
-        let call = self.host.run(
+        let call = self.host.run_with(
             Stage {
                 state: self.state.clone(),
                 name: stage.to_owned(),
                 script: script.into_bytes(),
                 stdin,
             },
-            tx,
-        );
-        let (result, ()) = tokio::join!(
-            async {
-                tokio::select! {
-                    r = call => Some(r),
-                    _ = stop.cancelled() => None,
+            |c| {
+                let output = output.clone();
+                async move {
+                    let out = match c {
+                        Chunk::Stdout(b) => Output::Stdout(b),
+                        Chunk::Stderr(b) => Output::Stderr(b),
+                    };
+                    output.send(out).await.is_ok()
                 }
             },
-            forward
         );
+        let result = tokio::select! {
+            r = call => Some(r),
+            _ = stop.cancelled() => None,
+        };
         match result {
             None => Err(format!("stage {stage} stopped")),
             Some(Ok(exit)) => match exit.failure {
-                Failure::None | Failure::Script => Ok(ExitStatus {
+                Failure::None => Ok(ExitStatus {
                     code: u32::try_from(exit.code).ok(),
                     signal: None,
                 }),
-                Failure::System | Failure::Timeout | Failure::Stuck => {
-                    Err(if exit.message.is_empty() {
-                        format!(
-                            "stage {stage}: the plugin reported a {:?} failure",
-                            exit.failure
-                        )
-                    } else {
-                        format!("stage {stage}: {}", exit.message)
-                    })
-                }
+                // A script failure whatever the code: never a success.
+                Failure::Script => Ok(ExitStatus {
+                    code: Some(
+                        u32::try_from(exit.code)
+                            .ok()
+                            .filter(|c| *c != 0)
+                            .unwrap_or(1),
+                    ),
+                    signal: None,
+                }),
+                Failure::System => Err(if exit.message.is_empty() {
+                    format!("stage {stage}: the plugin reported a system failure")
+                } else {
+                    format!("stage {stage}: {}", exit.message)
+                }),
             },
-            Some(Err(e @ ProviderError::Unavailable { .. })) => Err(format!("stage {stage}: {e}")),
             Some(Err(e)) => Err(format!("stage {stage}: {e}")),
         }
     }

@@ -11,7 +11,6 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,8 +20,6 @@ use slipway_fleeting::{
     State,
 };
 
-const IMPORT_CHECK: &str = "import pyplugin, grpclib, grpc_tools.protoc";
-
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -31,67 +28,9 @@ fn example_script() -> PathBuf {
     repo_root().join("examples/plugins/python/fleeting-plugin-example")
 }
 
-fn python_ok(python: &str) -> bool {
-    Command::new(python)
-        .args(["-c", IMPORT_CHECK])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The real interpreter (not a pyenv shim) with python-plugin and grpcio-tools importable.
-fn python() -> PathBuf {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    if !python_ok(&python) {
-        let status = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "python-plugin",
-                "grpcio-tools",
-            ])
-            .status();
-        assert!(
-            status.is_ok_and(|s| s.success()) && python_ok(&python),
-            "{python} cannot import python-plugin (pyplugin), grpclib and grpcio-tools, and \
-             `{python} -m pip install python-plugin grpcio-tools` did not fix it; install them (or set \
-             PYTHON to an interpreter that has them)"
-        );
-    }
-    let out = Command::new(&python)
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("running python");
-    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
-}
-
 /// Generate the grpclib stubs for fleeting/v1 into `out`, as the guide tells an author to.
 fn generate_stubs(python: &Path, out: &Path) {
-    let proto_root = repo_root().join("proto");
-    // Name the grpclib protoc plugin explicitly: it sits next to the interpreter, maybe not on PATH.
-    let plugin = python.with_file_name("protoc-gen-grpclib_python");
-    let mut cmd = Command::new(python);
-    cmd.args(["-m", "grpc_tools.protoc"])
-        .arg("-I")
-        .arg(&proto_root);
-    if plugin.exists() {
-        cmd.arg(format!(
-            "--plugin=protoc-gen-grpclib_python={}",
-            plugin.display()
-        ));
-    }
-    let output = cmd
-        .arg(format!("--python_out={}", out.display()))
-        .arg(format!("--grpclib_python_out={}", out.display()))
-        .arg("fleeting/v1/fleeting.proto")
-        .output()
-        .expect("running grpc_tools.protoc");
-    assert!(
-        output.status.success(),
-        "protoc failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    slipway_testkit::python::generate_stubs(python, "fleeting/v1/fleeting.proto", out).unwrap();
     assert!(out.join("fleeting/v1/fleeting_grpc.py").exists());
 }
 
@@ -180,7 +119,7 @@ async fn example_plugin_serves_the_contract_and_survives_a_crash() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .init();
-    let python = python();
+    let python = slipway_testkit::python::python().unwrap();
     let tmp = tempfile::tempdir().unwrap();
 
     // Installed as the guide says: the script and its stubs side by side in a plugin directory.

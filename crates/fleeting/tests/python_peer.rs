@@ -7,8 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use slipway_fleeting::host::PluginOptions;
@@ -16,72 +15,6 @@ use slipway_fleeting::{
     ConnectorConfig, GroupError, InstanceGroup, MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE, PluginHost,
     State,
 };
-
-const IMPORT_CHECK: &str = "import pyplugin, grpclib, grpc_tools.protoc";
-
-fn python_ok(python: &str) -> bool {
-    Command::new(python)
-        .args(["-c", IMPORT_CHECK])
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// The real interpreter (not a pyenv shim) with python-plugin and grpcio-tools importable.
-fn python() -> PathBuf {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    if !python_ok(&python) {
-        let status = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "python-plugin",
-                "grpcio-tools",
-            ])
-            .status();
-        assert!(
-            status.is_ok_and(|s| s.success()) && python_ok(&python),
-            "{python} cannot import python-plugin (pyplugin), grpclib and grpcio-tools, and \
-             `{python} -m pip install python-plugin grpcio-tools` did not fix it; install them (or set \
-             PYTHON to an interpreter that has them)"
-        );
-    }
-    let out = Command::new(&python)
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("running python");
-    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
-}
-
-/// Generate grpclib stubs for fleeting/v1 into `out` (never committed).
-fn generate_stubs(python: &Path, out: &Path) {
-    let proto_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    // Name the grpclib protoc plugin explicitly: it sits next to the interpreter, maybe not on PATH.
-    let plugin = python.with_file_name("protoc-gen-grpclib_python");
-    let mut cmd = Command::new(python);
-    cmd.args(["-m", "grpc_tools.protoc"])
-        .arg("-I")
-        .arg(&proto_root);
-    if plugin.exists() {
-        cmd.arg(format!(
-            "--plugin=protoc-gen-grpclib_python={}",
-            plugin.display()
-        ));
-    }
-    let output = cmd
-        .arg(format!("--python_out={}", out.display()))
-        .arg(format!("--grpclib_python_out={}", out.display()))
-        .arg("fleeting/v1/fleeting.proto")
-        .output()
-        .expect("running grpc_tools.protoc");
-    assert!(
-        output.status.success(),
-        "protoc failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(out.join("fleeting/v1/fleeting_grpc.py").exists());
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_plugin_over_automtls() {
@@ -92,9 +25,11 @@ async fn python_plugin_over_automtls() {
             .with_test_writer()
             .try_init();
     }
-    let python = python();
+    let python = slipway_testkit::python::python().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    generate_stubs(&python, dir.path());
+    slipway_testkit::python::generate_stubs(&python, "fleeting/v1/fleeting.proto", dir.path())
+        .unwrap();
+    assert!(dir.path().join("fleeting/v1/fleeting_grpc.py").exists());
     let plugin_py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/fleeting_plugin.py");
     let wrapper = dir.path().join("fleeting-plugin-python");
     std::fs::write(

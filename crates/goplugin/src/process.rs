@@ -48,6 +48,8 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 const DEATH_NOTICE_WAIT: Duration = Duration::from_secs(2);
 /// Bound on connecting and health-checking once the handshake line is read.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 receive window per stream (bytes).
+const RECEIVE_WINDOW: u32 = 1 << 20;
 /// How many trailing stderr lines an early-exit error quotes.
 const STDERR_TAIL_LINES: usize = 10;
 
@@ -1020,8 +1022,12 @@ async fn handshake_and_connect(
         what: format!("{what} {} {}", hs.network, hs.address),
         message,
     };
+    // HTTP/2's default 64 KiB receive window makes a streamed job trace wait on window updates;
+    // on a local socket a larger one costs nothing.
     let endpoint = Endpoint::try_from("http://localhost")
-        .map_err(|e| connect_err("building endpoint for", e.to_string()))?;
+        .map_err(|e| connect_err("building endpoint for", e.to_string()))?
+        .initial_stream_window_size(RECEIVE_WINDOW)
+        .initial_connection_window_size(2 * RECEIVE_WINDOW);
     let channel =
         match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect_with_connector(connector))
             .await

@@ -49,7 +49,7 @@ enum Command {
         /// Warn about pipeline keys this version does not support instead of failing.
         #[arg(long)]
         allow_unsupported: bool,
-        /// Directory searched first for fleeting plugins.
+        /// Directory searched first for plugins (fleeting-plugin-*, executor-plugin-*).
         #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
         plugin_dir: Option<PathBuf>,
         /// How long a plugin may take to print its handshake (e.g. 10s).
@@ -61,7 +61,7 @@ enum Command {
         /// config.toml.
         #[arg(short, long, default_value = "config.toml")]
         config: PathBuf,
-        /// Directory searched first for fleeting plugins.
+        /// Directory searched first for plugins (fleeting-plugin-*, executor-plugin-*).
         #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
         plugin_dir: Option<PathBuf>,
     },
@@ -108,7 +108,7 @@ enum Command {
         /// config.toml.
         #[arg(short, long, default_value = "config.toml")]
         config: PathBuf,
-        /// Directory searched first for fleeting plugins.
+        /// Directory searched first for plugins (fleeting-plugin-*, executor-plugin-*).
         #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
         plugin_dir: Option<PathBuf>,
     },
@@ -217,7 +217,7 @@ enum PluginCommand {
         /// Also log in to the instance over SSH and run `echo`.
         #[arg(long)]
         connect: bool,
-        /// Directory searched first for fleeting plugins.
+        /// Directory searched first for plugins (fleeting-plugin-*, executor-plugin-*).
         #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
         plugin_dir: Option<PathBuf>,
         /// How long an instance may take to be running or gone (e.g. 90s, 5m, 1h).

@@ -68,18 +68,38 @@ concurrent = 2
     )
 }
 
+/// `slipway exec` of `pipeline` with this world's executor plugins, running.
+fn spawn_exec(w: &World, plugins: &Path, cfg: &Path, pipeline: &Path) -> std::process::Child {
+    w.slipway(&[
+        "exec",
+        "-c",
+        cfg.to_str().unwrap(),
+        pipeline.to_str().unwrap(),
+    ])
+    .env("SLIPWAY_PLUGIN_DIR", plugins)
+    .spawn()
+    .expect("spawn slipway")
+}
+
 fn exec(w: &World, plugins: &Path, cfg: &Path, pipeline: &Path) -> Run {
-    let child = w
-        .slipway(&[
-            "exec",
-            "-c",
-            cfg.to_str().unwrap(),
-            pipeline.to_str().unwrap(),
-        ])
-        .env("SLIPWAY_PLUGIN_DIR", plugins)
-        .spawn()
-        .expect("spawn slipway");
+    let child = spawn_exec(w, plugins, cfg, pipeline);
     Run::from(wait_with_timeout(child, Duration::from_secs(240)))
+}
+
+/// Wait until a job's script created `started-marker` in its sandbox.
+fn wait_for_marker(w: &World) {
+    let started = || {
+        sandboxes(w).iter().any(|d| {
+            walk_has(
+                &w.path().join("sandboxes").join(d).join("work/builds"),
+                "started-marker",
+            )
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), started),
+        "the job never started"
+    );
 }
 
 /// Job directories left under the sandboxes' root.
@@ -207,26 +227,8 @@ after:
     - echo "ran after the crash"
 "#,
     );
-    let child = w
-        .slipway(&[
-            "exec",
-            "-c",
-            cfg.to_str().unwrap(),
-            pipeline.to_str().unwrap(),
-        ])
-        .env("SLIPWAY_PLUGIN_DIR", &plugins)
-        .spawn()
-        .expect("spawn slipway");
-    let marker = || {
-        sandboxes(&w).iter().any(|d| {
-            let builds = w.path().join("sandboxes").join(d).join("work/builds");
-            walk_has(&builds, "started-marker")
-        })
-    };
-    assert!(
-        wait_until(Duration::from_secs(60), marker),
-        "the job never started"
-    );
+    let child = spawn_exec(&w, &plugins, &cfg, &pipeline);
+    wait_for_marker(&w);
     let script = plugins.join("bubblewrap.py").display().to_string();
     let plugin: Vec<String> = processes_matching(&script)
         .into_iter()
@@ -336,6 +338,13 @@ fn verify_config_runs_init_dry_run_and_names_the_bad_key() {
         "{}",
         run.explain()
     );
+    // Said once, not once per layer of the error.
+    assert_eq!(
+        run.stderr.matches("config.rooot: unknown key").count(),
+        1,
+        "{}",
+        run.explain()
+    );
     let missing = w.write(
         "missing.toml",
         &std::fs::read_to_string(&good)
@@ -369,28 +378,8 @@ long:
     - wait
 "#,
     );
-    let child = w
-        .slipway(&[
-            "exec",
-            "-c",
-            cfg.to_str().unwrap(),
-            pipeline.to_str().unwrap(),
-        ])
-        .env("SLIPWAY_PLUGIN_DIR", &plugins)
-        .spawn()
-        .expect("spawn slipway");
-    let started = || {
-        sandboxes(&w).iter().any(|d| {
-            walk_has(
-                &w.path().join("sandboxes").join(d).join("work/builds"),
-                "started-marker",
-            )
-        })
-    };
-    assert!(
-        wait_until(Duration::from_secs(60), started),
-        "the job never started"
-    );
+    let child = spawn_exec(&w, &plugins, &cfg, &pipeline);
+    wait_for_marker(&w);
     common::signal(child.id(), "INT");
     let run = Run::from(wait_with_timeout(child, Duration::from_secs(60)));
     assert_ne!(run.code, Some(0), "{}", run.explain());

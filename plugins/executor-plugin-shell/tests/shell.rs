@@ -188,7 +188,14 @@ async fn a_canceled_stage_takes_its_processes_along() {
         r = &mut call => panic!("stage ended early: {r:?}"),
     };
     assert_eq!(started, Some(Chunk::Stdout(b"started\n".to_vec())));
-    assert_eq!(pids_matching(&marker).len(), 2);
+    // Forked before `echo`, but maybe not exec'd yet.
+    assert!(
+        wait_for(Duration::from_secs(10), || pids_matching(&marker).len()
+            == 2)
+        .await,
+        "{:?}",
+        pids_matching(&marker)
+    );
     // The host cancels the stage by dropping the call (a job cancel or timeout).
     drop(call);
     assert!(
@@ -256,11 +263,11 @@ async fn a_bad_config_is_refused_at_init_naming_the_key_and_nothing_keeps_runnin
     let err = ExecutorHost::start(ProcessOptions::new("shell", &bin), config, true)
         .await
         .unwrap_err();
-    let StartError::Init { source, .. } = &err else {
+    let StartError::Init { answer, .. } = &err else {
         panic!("{err:?}");
     };
     assert!(
-        matches!(source, ProviderError::InvalidConfig(m) if m.contains("config.rooot: unknown key")),
+        matches!(answer, ProviderError::InvalidConfig(m) if m.contains("config.rooot: unknown key")),
         "{err}"
     );
     let bin = bin.display().to_string();
