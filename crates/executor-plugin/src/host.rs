@@ -15,7 +15,9 @@ use tonic::transport::Channel;
 use crate::convert::{caps_from_pb, exit_from_pb, prepared_from_pb, status_to_error};
 use crate::proto::v1 as pb;
 use crate::proto::v1::executor_client::ExecutorClient;
-use crate::provider::{Capabilities, Chunk, Exit, PrepareJob, Prepared, ProviderError, Stage};
+use crate::provider::{
+    Capabilities, Chunk, Exit, Instance, PrepareJob, Prepared, ProviderError, Stage,
+};
 use crate::{PLUGIN_PREFIX, PROTOCOL};
 
 /// Why a plugin could not be started and initialized.
@@ -192,6 +194,7 @@ impl ExecutorHost {
             stage: stage.name,
             script: stage.script,
             stdin: stage.stdin,
+            instance: stage.instance,
         };
         // Opening the stream is retried as Prepare is (the request cannot have reached a live
         // process); once output flows, a dead process fails the stage.
@@ -230,9 +233,14 @@ impl ExecutorHost {
     }
 
     /// Remove a job's environment (also one a previous plugin process made).
-    pub async fn cleanup(&self, state: &[u8]) -> Result<(), ProviderError> {
+    pub async fn cleanup(
+        &self,
+        state: &[u8],
+        instance: Option<&Instance>,
+    ) -> Result<(), ProviderError> {
         let req = pb::CleanupRequest {
             state: state.to_vec(),
+            instance: instance.cloned(),
         };
         self.process
             .call("Cleanup", |c| {

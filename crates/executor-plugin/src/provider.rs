@@ -68,6 +68,9 @@ pub struct Stage {
     pub script: Vec<u8>,
     /// The script's standard input, then end of file.
     pub stdin: Vec<u8>,
+    /// The job's instance (placement [`Placement::Instance`]), on every call: a restarted
+    /// plugin reaches it without keeping credentials in the state.
+    pub instance: Option<Instance>,
 }
 
 /// Output of a running stage.
@@ -155,6 +158,8 @@ pub trait ExecutorProvider: Send + Sync + 'static {
     /// Run one stage's script, sending its output to `output` as it comes.
     async fn run(&self, stage: Stage, output: mpsc::Sender<Chunk>) -> Result<Exit, ProviderError>;
 
-    /// Remove the job's environment; also for state a previous process of the plugin made.
-    async fn cleanup(&self, state: &[u8]) -> Result<(), ProviderError>;
+    /// Remove the job's environment (on `instance`, with placement [`Placement::Instance`]);
+    /// also for state a previous process of the plugin made.
+    async fn cleanup(&self, state: &[u8], instance: Option<&Instance>)
+    -> Result<(), ProviderError>;
 }

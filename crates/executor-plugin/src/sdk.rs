@@ -178,6 +178,7 @@ impl<P: ExecutorProvider> ExecutorRpc for Service<P> {
             name: req.stage,
             script: req.script,
             stdin: req.stdin,
+            instance: req.instance,
         };
         let (tx, chunks) = mpsc::channel(64);
         let provider = self.0.clone();
@@ -193,8 +194,9 @@ impl<P: ExecutorProvider> ExecutorRpc for Service<P> {
         &self,
         req: Request<pb::CleanupRequest>,
     ) -> Result<Response<pb::CleanupResponse>, Status> {
+        let req = req.into_inner();
         self.0
-            .cleanup(&req.into_inner().state)
+            .cleanup(&req.state, req.instance.as_ref())
             .await
             .map_err(error_to_status)?;
         Ok(Response::new(pb::CleanupResponse {}))

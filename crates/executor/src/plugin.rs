@@ -126,6 +126,7 @@ impl Executor for PluginExecutor {
         let stages = StageHost {
             host: &self.host,
             state: prepared.state.clone(),
+            instance: self.instance.clone(),
             stopping: Mutex::new(CancellationToken::new()),
         };
         let result = runner
@@ -141,8 +142,11 @@ impl Executor for PluginExecutor {
                 },
             )
             .await;
-        let cleanup =
-            tokio::time::timeout(self.cleanup_timeout, self.host.cleanup(&prepared.state)).await;
+        let cleanup = tokio::time::timeout(
+            self.cleanup_timeout,
+            self.host.cleanup(&prepared.state, self.instance.as_ref()),
+        )
+        .await;
         match cleanup {
             Ok(Ok(())) => {}
             Ok(Err(e)) => slot.trace.message(&format!(
@@ -162,6 +166,7 @@ impl Executor for PluginExecutor {
 struct StageHost<'a> {
     host: &'a ExecutorHost,
     state: Vec<u8>,
+    instance: Option<Instance>,
     /// Fired to stop the running step: its `Run` call is dropped, which the plugin sees as a
     /// cancel. Replaced by a fresh token for the next step.
     stopping: Mutex<CancellationToken>,
@@ -186,6 +191,7 @@ impl StageHost<'_> {
                 name: stage.to_owned(),
                 script: script.into_bytes(),
                 stdin,
+                instance: self.instance.clone(),
             },
             |c| {
                 let output = output.clone();

@@ -293,6 +293,14 @@ pub fn autoscaled(executor: &str) -> bool {
     matches!(executor, "instance" | "docker-autoscaler")
 }
 
+impl RunnerConfig {
+    /// Whether this runner's jobs run on autoscaled instances: the `instance` and
+    /// `docker-autoscaler` executors, and the `plugin` executor with `[runners.autoscaler]`.
+    pub fn on_instances(&self) -> bool {
+        autoscaled(&self.executor) || (self.executor == "plugin" && self.autoscaler.is_some())
+    }
+}
+
 /// Levels the executors of this version can give a job.
 pub fn supported_isolation(executor: &str) -> &'static [slipway_executor::Isolation] {
     use slipway_executor::Isolation;
@@ -1277,10 +1285,7 @@ fn validate(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool)) {
                 true,
             ),
         }
-        if !autoscaled(&r.executor)
-            && r.autoscaler.is_some()
-            && EXECUTORS.contains(&r.executor.as_str())
-        {
+        if !r.on_instances() && r.autoscaler.is_some() && EXECUTORS.contains(&r.executor.as_str()) {
             report(
                 at(&["autoscaler"]),
                 format!(

@@ -325,7 +325,13 @@ async fn execute_on_instance(
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
-    let exec: Box<dyn Executor + '_> = if matches!(level, Isolation::Microvm | Isolation::Vm) {
+    let exec: Box<dyn Executor + '_> = if runner.executor_plugin.is_some() {
+        let instance = instance_of(&acq.connect_info);
+        match plugin_executor(runner, acq, job, Some(instance)) {
+            Ok(e) => Box::new(e),
+            Err(outcome) => return no_result(outcome),
+        }
+    } else if matches!(level, Isolation::Microvm | Isolation::Vm) {
         let Some(nesting) = runner.nesting.clone() else {
             return no_result(config_error(format!(
                 "isolation {level} needs [runners.autoscaler.vm_isolation] enabled = true"
@@ -405,6 +411,54 @@ async fn run_on(
     .await
 }
 
+/// A `plugin` runner's executor for `job`: on its instance when `instance` is given.
+fn plugin_executor(
+    runner: &Runner,
+    acq: &Acquisition,
+    job: &JobResponse,
+    instance: Option<slipway_executor_plugin::Instance>,
+) -> Result<PluginExecutor, JobOutcome> {
+    let Some((host, cfg)) = &runner.executor_plugin else {
+        return Err(config_error("no [runners.plugin] section".into()));
+    };
+    let isolation = plugin_level(runner, job).map_err(config_error)?;
+    let share = acq.resources.unwrap_or_default();
+    Ok(PluginExecutor {
+        host: host.clone(),
+        runner: JobRunner {
+            builds_dir: runner.builds_dir.clone(),
+            ..JobRunner::default()
+        },
+        isolation,
+        instance,
+        resources: slipway_executor_plugin::Resources {
+            cpus: share.cpu_millis as f64 / 1000.0,
+            memory_bytes: share.memory_bytes,
+            ..Default::default()
+        },
+        prepare_timeout: cfg.prepare_timeout,
+        cleanup_timeout: cfg.cleanup_timeout,
+    })
+}
+
+/// How an executor plugin reaches the job's instance: what the fleeting plugin said.
+fn instance_of(info: &slipway_fleeting::ConnectInfo) -> slipway_executor_plugin::Instance {
+    let c = &info.connector;
+    slipway_executor_plugin::Instance {
+        id: info.id.clone(),
+        os: c.os.clone(),
+        arch: c.arch.clone(),
+        protocol: c.protocol.clone(),
+        username: c.username.clone(),
+        password: c.password.clone(),
+        key: c.key.clone(),
+        use_static_credentials: c.use_static_credentials,
+        internal_addr: info.internal_addr.clone(),
+        external_addr: info.external_addr.clone(),
+        protocol_port: u32::from(c.protocol_port),
+    }
+}
+
 /// The shell, docker and custom executors: the job runs on this machine.
 async fn execute_here(
     runner: &Runner,
@@ -416,32 +470,10 @@ async fn execute_here(
     stops: &Stops,
 ) -> RunResult {
     let exec: Box<dyn Executor> = match runner.executor.as_str() {
-        "plugin" => {
-            let Some((host, cfg)) = &runner.executor_plugin else {
-                return no_result(config_error("no [runners.plugin] section".into()));
-            };
-            let isolation = match plugin_level(runner, job) {
-                Ok(l) => l,
-                Err(e) => return no_result(config_error(e)),
-            };
-            let share = acq.resources.unwrap_or_default();
-            Box::new(PluginExecutor {
-                host: host.clone(),
-                runner: JobRunner {
-                    builds_dir: runner.builds_dir.clone(),
-                    ..JobRunner::default()
-                },
-                isolation,
-                instance: None,
-                resources: slipway_executor_plugin::Resources {
-                    cpus: share.cpu_millis as f64 / 1000.0,
-                    memory_bytes: share.memory_bytes,
-                    ..Default::default()
-                },
-                prepare_timeout: cfg.prepare_timeout,
-                cleanup_timeout: cfg.cleanup_timeout,
-            })
-        }
+        "plugin" => match plugin_executor(runner, acq, job, None) {
+            Ok(e) => Box::new(e),
+            Err(outcome) => return no_result(outcome),
+        },
         "custom" => {
             let Some(cfg) = runner.custom.clone() else {
                 return no_result(config_error("no [runners.custom] section".into()));

@@ -625,8 +625,7 @@ async fn check_executor_plugins(
         let Some(p) = r.plugin.as_ref().filter(|_| r.executor == "plugin") else {
             continue;
         };
-        match slipway::runner::start_executor_plugin_with(&r.name, p, plugin_dir, None, true).await
-        {
+        match slipway::runner::start_executor_plugin_with(r, p, plugin_dir, None, true).await {
             Ok(host) => {
                 let levels =
                     slipway::runner::plugin_levels(r, &host.capabilities().isolation_levels);

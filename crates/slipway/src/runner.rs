@@ -108,25 +108,15 @@ impl Runner {
             .slot_cgroups()
             .map_err(|e| anyhow::anyhow!("runner {:?}: slot_cgroup_template: {e}", cfg.name))?;
         let docker = cfg.docker.clone().unwrap_or_default();
-        if !crate::config::autoscaled(&cfg.executor) {
-            let executor_plugin = match &cfg.plugin {
-                Some(p) if cfg.executor == "plugin" => Some((
-                    Arc::new(start_executor_plugin(cfg, p, opts).await?),
-                    p.clone(),
-                )),
-                _ => None,
+        if !cfg.on_instances() {
+            let executor_plugin = start_plugin_of(cfg, opts).await?;
+            let (executor_plugin, levels) = match executor_plugin {
+                Some((host, cfg, levels)) => (Some((host, cfg)), levels),
+                None => (None, (None, None)),
             };
-            let levels = executor_plugin
-                .as_ref()
-                .map(|(host, _)| plugin_levels(cfg, &host.capabilities().isolation_levels))
-                .transpose();
-            let started = levels.and_then(|levels| {
-                let mut runner = start_local(cfg, opts, isolation, cgroups, docker)?;
-                if let Some((allowed, default)) = levels {
-                    runner.plugin_allowed = allowed;
-                    runner.plugin_default = default;
-                }
-                Ok(runner)
+            let started = start_local(cfg, opts, isolation, cgroups, docker).map(|mut runner| {
+                (runner.plugin_allowed, runner.plugin_default) = levels;
+                runner
             });
             return match started {
                 Ok(mut runner) => {
@@ -171,6 +161,22 @@ impl Runner {
                 }
             }
         }
+        let executor_plugin = match start_plugin_of(cfg, opts).await {
+            Ok(p) => p,
+            Err(e) => {
+                for s in &shapes {
+                    s.scaler.shutdown().await;
+                }
+                for p in &plugins {
+                    p.stop().await;
+                }
+                return Err(e);
+            }
+        };
+        let (executor_plugin, (plugin_allowed, plugin_default)) = match executor_plugin {
+            Some((host, cfg, levels)) => (Some((host, cfg)), levels),
+            None => (None, (None, None)),
+        };
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
@@ -183,9 +189,9 @@ impl Runner {
             docker,
             custom: cfg.custom.clone(),
             nesting: cfg.nesting_config(),
-            executor_plugin: None,
-            plugin_allowed: None,
-            plugin_default: None,
+            executor_plugin,
+            plugin_allowed,
+            plugin_default,
             placement: Placement::new(shapes),
             plugins,
             pool,
@@ -308,14 +314,17 @@ impl Runner {
     }
 }
 
-/// Start a `plugin` runner's executor plugin and `Init` it (`dry_run`: only check its config).
+/// Start a `plugin` runner's executor plugin and `Init` it (`dry_run`: only check its config);
+/// it must run jobs where the runner puts them (on instances with `[runners.autoscaler]`).
 pub async fn start_executor_plugin_with(
-    runner: &str,
+    cfg: &RunnerConfig,
     plugin: &ExecutorPluginConfig,
     plugin_dir: Option<&Path>,
     handshake_timeout: Option<Duration>,
     dry_run: bool,
 ) -> anyhow::Result<ExecutorHost> {
+    use slipway_executor_plugin::Placement;
+    let runner = &cfg.name;
     let path = slipway_executor_plugin::find_plugin(&plugin.name, plugin_dir)
         .with_context(|| format!("runner {runner:?}: plugin.name"))?;
     let mut popts = slipway_goplugin::ProcessOptions::new(plugin_name(&plugin.name), path);
@@ -327,12 +336,26 @@ pub async fn start_executor_plugin_with(
     let host = ExecutorHost::start(popts, config, dry_run)
         .await
         .with_context(|| format!("runner {runner:?}: executor plugin {:?}", plugin.name))?;
-    let caps = host.capabilities();
-    if caps.placement != slipway_executor_plugin::Placement::Local {
+    let placement = host.capabilities().placement;
+    let wanted = if cfg.on_instances() {
+        Placement::Instance
+    } else {
+        Placement::Local
+    };
+    if placement != wanted {
         host.stop().await;
+        let (theirs, ours) = match placement {
+            Placement::Instance => (
+                "on autoscaled instances (PLACEMENT_INSTANCE)",
+                "has no [runners.autoscaler] section",
+            ),
+            Placement::Local => (
+                "on the manager's machine (PLACEMENT_LOCAL)",
+                "has a [runners.autoscaler] section",
+            ),
+        };
         bail!(
-            "runner {runner:?}: executor plugin {:?} runs jobs on autoscaled instances \
-             (PLACEMENT_INSTANCE); this version runs plugin executors with local placement only",
+            "runner {runner:?}: executor plugin {:?} runs jobs {theirs}, but the runner {ours}",
             plugin.name
         );
     }
@@ -376,13 +399,39 @@ pub fn plugin_levels(
     Ok((cfg.allowed_isolation.clone(), cfg.isolation.clone()))
 }
 
+/// A `plugin` runner's executor plugin, started, with its settings and levels; `None` for other
+/// runners. Nothing is left running on an error.
+#[allow(clippy::type_complexity)]
+async fn start_plugin_of(
+    cfg: &RunnerConfig,
+    opts: &StartOptions,
+) -> anyhow::Result<
+    Option<(
+        Arc<ExecutorHost>,
+        ExecutorPluginConfig,
+        (Option<Vec<String>>, Option<String>),
+    )>,
+> {
+    let Some(p) = cfg.plugin.as_ref().filter(|_| cfg.executor == "plugin") else {
+        return Ok(None);
+    };
+    let host = start_executor_plugin(cfg, p, opts).await?;
+    match plugin_levels(cfg, &host.capabilities().isolation_levels) {
+        Ok(levels) => Ok(Some((Arc::new(host), p.clone(), levels))),
+        Err(e) => {
+            host.stop().await;
+            Err(e)
+        }
+    }
+}
+
 async fn start_executor_plugin(
     cfg: &RunnerConfig,
     plugin: &ExecutorPluginConfig,
     opts: &StartOptions,
 ) -> anyhow::Result<ExecutorHost> {
     let host = start_executor_plugin_with(
-        &cfg.name,
+        cfg,
         plugin,
         opts.plugin_dir.as_deref(),
         opts.handshake_timeout,

@@ -396,3 +396,102 @@ long:
     assert!(in_sandbox.is_empty(), "{in_sandbox:?}");
     assert_nothing_left(&w, &run);
 }
+
+#[test]
+fn an_instance_placed_plugin_runs_each_job_on_its_autoscaled_instance() {
+    let w = World::new();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/ssh_executor.py");
+    let plugins = install_plugin(&w, "ssh", &script, &[MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE]);
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 2
+[[runners]]
+  name = "remote"
+  executor = "plugin"
+  [runners.plugin]
+    name = "ssh"
+{}"#,
+            common::local_autoscaler(&w, "ssh-exec")
+        ),
+    );
+    let pipeline = w.write(
+        "pipeline.yml",
+        r#"
+stages: [build, test]
+build:
+  stage: build
+  script:
+    - echo "over ssh from ${SSH_CONNECTION%% *}"
+    - mkdir -p out && echo "built on the instance" > out/result.txt
+  artifacts:
+    paths: [out/]
+check:
+  stage: test
+  script:
+    - cat out/result.txt
+"#,
+    );
+    let run = exec(&w, &plugins, &cfg, &pipeline);
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    let build = run.job_lines("build");
+    assert!(
+        build
+            .iter()
+            .any(|l| l.starts_with("Using ssh executor plugin on instance ")),
+        "{}",
+        run.explain()
+    );
+    // sshd set SSH_CONNECTION: the script ran in an SSH session on the instance.
+    assert!(
+        build
+            .iter()
+            .any(|l| l.starts_with("over ssh from ") && l.len() > "over ssh from ".len()),
+        "{}",
+        run.explain()
+    );
+    assert!(
+        run.job_lines("check")
+            .contains(&"built on the instance".to_string()),
+        "{}",
+        run.explain()
+    );
+    let rows = run.summary();
+    assert!(
+        rows.iter()
+            .all(|r| r.instance != "localhost" && !r.instance.is_empty()),
+        "{rows:?}"
+    );
+    // Cleanup removed each job's directory on the instance (local instances share this /tmp).
+    let left: Vec<_> = std::fs::read_dir("/tmp/ssh-executor")
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(w.processes().is_empty(), "{:?}", w.processes());
+}
+
+#[test]
+fn a_local_plugin_on_an_autoscaled_runner_is_refused_naming_both() {
+    let w = World::new();
+    let plugins = bubblewrap(&w);
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            "concurrent = 1\n[[runners]]\n  name = \"mixed\"\n  executor = \"plugin\"\n  [runners.plugin]\n    name = \"bubblewrap\"\n{}",
+            common::local_autoscaler(&w, "mixed")
+        ),
+    );
+    let pipeline = w.write(
+        "pipeline.yml",
+        "stages: [test]\nnever:\n  stage: test\n  script:\n    - echo never printed\n",
+    );
+    let run = exec(&w, &plugins, &cfg, &pipeline);
+    assert_ne!(run.code, Some(0), "{}", run.explain());
+    assert!(
+        run.stderr.contains("runs jobs on the manager's machine (PLACEMENT_LOCAL), but the runner has a [runners.autoscaler] section"),
+        "{}",
+        run.explain()
+    );
+    assert!(w.processes().is_empty(), "{:?}", w.processes());
+}

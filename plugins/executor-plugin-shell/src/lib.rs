@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use slipway_executor_plugin::{
-    Capabilities, Chunk, ExecutorProvider, Exit, Failure, Placement, PrepareJob, Prepared,
-    ProviderError, Stage,
+    Capabilities, Chunk, ExecutorProvider, Exit, Failure, Instance, Placement, PrepareJob,
+    Prepared, ProviderError, Stage,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
@@ -196,7 +196,7 @@ impl ExecutorProvider for ShellProvider {
         })
     }
 
-    async fn cleanup(&self, state: &[u8]) -> Result<(), ProviderError> {
+    async fn cleanup(&self, state: &[u8], _: Option<&Instance>) -> Result<(), ProviderError> {
         let dir = self.job_dir(state)?;
         match tokio::fs::remove_dir_all(&dir).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
