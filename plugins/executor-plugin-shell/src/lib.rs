@@ -21,6 +21,11 @@ use slipway_executor_plugin::{
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
 
+/// Size asked for the stages' stdout pipes (Linux's default is 64 KiB).
+const PIPE_BYTES: i32 = 1 << 20;
+/// Largest read from a stage's output.
+const READ_BYTES: usize = 256 * 1024;
+
 /// Config keys this provider reads.
 const KEYS: &[&str] = &["root"];
 
@@ -155,6 +160,8 @@ impl ExecutorProvider for ShellProvider {
         else {
             return Err(ProviderError::Failed("bash has no pipes".into()));
         };
+        // A larger pipe lets a fast writer fill bigger reads: fewer, larger messages to the host.
+        let _ = nix::fcntl::fcntl(&stdout, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
         let feed = async move {
             // A script that exits early stops reading: not an error.
             let _ = stdin.write_all(&stage.stdin).await;
@@ -162,7 +169,7 @@ impl ExecutorProvider for ShellProvider {
         let pump = |mut r: Box<dyn tokio::io::AsyncRead + Unpin + Send>, err: bool| {
             let output = output.clone();
             async move {
-                let mut buf = vec![0u8; 64 * 1024];
+                let mut buf = vec![0u8; READ_BYTES];
                 while let Ok(n) = r.read(&mut buf).await {
                     let chunk = buf[..n].to_vec();
                     let chunk = if err {
