@@ -16,7 +16,7 @@ use crate::convert::{caps_from_pb, exit_from_pb, prepared_from_pb, status_to_err
 use crate::proto::v1 as pb;
 use crate::proto::v1::executor_client::ExecutorClient;
 use crate::provider::{
-    Capabilities, Chunk, Exit, Instance, PrepareJob, Prepared, ProviderError, Stage,
+    Capabilities, Chunk, CleanupJob, Exit, PrepareJob, Prepared, ProviderError, Stage,
 };
 use crate::{PLUGIN_PREFIX, PROTOCOL};
 
@@ -232,15 +232,13 @@ impl ExecutorHost {
         }
     }
 
-    /// Remove a job's environment (also one a previous plugin process made).
-    pub async fn cleanup(
-        &self,
-        state: &[u8],
-        instance: Option<&Instance>,
-    ) -> Result<(), ProviderError> {
+    /// Remove a job's environment (also one a previous plugin process made); lines for the
+    /// job's trace.
+    pub async fn cleanup(&self, job: CleanupJob) -> Result<Vec<String>, ProviderError> {
         let req = pb::CleanupRequest {
-            state: state.to_vec(),
-            instance: instance.cloned(),
+            state: job.state,
+            instance: job.instance,
+            job_status: job.status.as_str().to_owned(),
         };
         self.process
             .call("Cleanup", |c| {
@@ -248,7 +246,7 @@ impl ExecutorHost {
                 async move { client(c.channel).cleanup(req).await }
             })
             .await
-            .map(drop)
+            .map(|r| r.messages)
             .map_err(|e| call_error(self.name(), e))
     }
 

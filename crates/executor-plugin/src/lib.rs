@@ -17,8 +17,8 @@ pub mod sdk;
 
 pub use host::{ExecutorHost, StartError, find_plugin};
 pub use provider::{
-    Capabilities, Chunk, ExecutorProvider, Exit, Failure, Instance, Placement, PrepareJob,
-    Prepared, ProviderError, Resources, Stage,
+    Capabilities, Chunk, CleanupJob, ExecutorProvider, Exit, Failure, Instance, JobStatus,
+    Placement, PrepareJob, Prepared, ProviderError, Resources, Stage,
 };
 
 /// Environment variable the host sets so a plugin knows it was started by Slipway.

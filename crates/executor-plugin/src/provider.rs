@@ -73,6 +73,48 @@ pub struct Stage {
     pub instance: Option<Instance>,
 }
 
+/// How a job ended, for [`ExecutorProvider::cleanup`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStatus {
+    /// Every stage it needed succeeded.
+    Success,
+    /// It failed.
+    Failed,
+    /// It was canceled.
+    Canceled,
+}
+
+impl JobStatus {
+    /// GitLab's name (`CI_JOB_STATUS`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Success => "success",
+            JobStatus::Failed => "failed",
+            JobStatus::Canceled => "canceled",
+        }
+    }
+
+    /// From GitLab's name; anything else is a failure.
+    pub fn parse(s: &str) -> JobStatus {
+        match s {
+            "success" => JobStatus::Success,
+            "canceled" => JobStatus::Canceled,
+            _ => JobStatus::Failed,
+        }
+    }
+}
+
+/// A job whose environment is to be removed.
+#[derive(Debug, Clone)]
+pub struct CleanupJob {
+    /// The job's state from [`Prepared::state`].
+    pub state: Vec<u8>,
+    /// The job's instance (placement [`Placement::Instance`]).
+    pub instance: Option<Instance>,
+    /// How the job ended.
+    pub status: JobStatus,
+}
+
 /// Output of a running stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Chunk {
@@ -158,8 +200,7 @@ pub trait ExecutorProvider: Send + Sync + 'static {
     /// Run one stage's script, sending its output to `output` as it comes.
     async fn run(&self, stage: Stage, output: mpsc::Sender<Chunk>) -> Result<Exit, ProviderError>;
 
-    /// Remove the job's environment (on `instance`, with placement [`Placement::Instance`]);
-    /// also for state a previous process of the plugin made.
-    async fn cleanup(&self, state: &[u8], instance: Option<&Instance>)
-    -> Result<(), ProviderError>;
+    /// Remove the job's environment (on its instance, with placement [`Placement::Instance`]),
+    /// also for state a previous process of the plugin made; lines for the job's trace.
+    async fn cleanup(&self, job: CleanupJob) -> Result<Vec<String>, ProviderError>;
 }

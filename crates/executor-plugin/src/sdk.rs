@@ -25,7 +25,9 @@ use crate::PROTOCOL;
 use crate::convert::{caps_to_pb, error_to_status, exit_to_pb, prepared_to_pb};
 use crate::proto::v1 as pb;
 use crate::proto::v1::executor_server::{Executor as ExecutorRpc, ExecutorServer};
-use crate::provider::{Chunk, ExecutorProvider, Exit, PrepareJob, ProviderError, Stage};
+use crate::provider::{
+    Chunk, CleanupJob, ExecutorProvider, Exit, JobStatus, PrepareJob, ProviderError, Stage,
+};
 
 pub use slipway_goplugin::server::{ServeError, log};
 
@@ -195,10 +197,15 @@ impl<P: ExecutorProvider> ExecutorRpc for Service<P> {
         req: Request<pb::CleanupRequest>,
     ) -> Result<Response<pb::CleanupResponse>, Status> {
         let req = req.into_inner();
-        self.0
-            .cleanup(&req.state, req.instance.as_ref())
+        let messages = self
+            .0
+            .cleanup(CleanupJob {
+                state: req.state,
+                instance: req.instance,
+                status: JobStatus::parse(&req.job_status),
+            })
             .await
             .map_err(error_to_status)?;
-        Ok(Response::new(pb::CleanupResponse {}))
+        Ok(Response::new(pb::CleanupResponse { messages }))
     }
 }

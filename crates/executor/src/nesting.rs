@@ -15,12 +15,14 @@ use slipway_nesting::agent::{AgentClient, Exec, ExecEvent};
 use slipway_nesting::client::{AgentAddr, NestingClient};
 use slipway_nesting::hypervisor::vsock;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::executor::{Executor, JobSlot};
 use crate::host::Host;
 use crate::isolation::Isolation;
 use crate::job::{JobContext, JobRunner, RunResult};
 use crate::outcome::{FailureReason, JobOutcome};
+use crate::trace::Trace;
 
 /// The job variable asking to keep the VM: `on_failure`.
 pub const SNAPSHOT_VARIABLE: &str = "SLIPWAY_SNAPSHOT";
@@ -135,7 +137,8 @@ impl NestingExecutor {
         }
     }
 
-    async fn nesting(&self) -> Result<NestingClient, String> {
+    /// A connection to the instance's nesting daemon, over the SSH connection.
+    pub async fn nesting(&self) -> Result<NestingClient, String> {
         let client = self.client.clone();
         let socket = self.config.socket.clone();
         NestingClient::connect_with(format!("{}:{socket}", self.instance), move || {
@@ -160,14 +163,32 @@ fn system_failure(msg: String) -> RunResult {
     }
 }
 
-#[async_trait]
-impl Executor for NestingExecutor {
-    fn name(&self) -> &'static str {
-        "nesting"
-    }
+/// A job's VM, started, with its guest agent reached (or why not).
+#[derive(Debug)]
+pub struct StartedVm {
+    /// The connection to the instance's nesting daemon.
+    pub nesting: NestingClient,
+    /// The VM's id.
+    pub id: String,
+    /// The VM's agent address (`unix://` or `vsock://`) on the instance.
+    pub addr: String,
+    /// The slot it runs in.
+    pub slot: Option<i32>,
+    /// Its guest agent, or why it could not be reached (the VM is still to be finished).
+    pub agent: Result<AgentClient, String>,
+}
 
-    async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
-        let trace = slot.trace;
+impl NestingExecutor {
+    /// Start `job`'s VM in `slot`: created from its image, or restored from the snapshot it
+    /// asks for; progress goes to `trace`. A failure (or a cancel while starting, after which
+    /// the VM is removed) comes back as the job's result.
+    pub async fn start_vm(
+        &self,
+        job: &JobResponse,
+        slot: u32,
+        cancel: &CancellationToken,
+        trace: &mut Trace,
+    ) -> Result<StartedVm, RunResult> {
         let restore = job
             .variable(RESTORE_VARIABLE)
             .map(str::to_string)
@@ -177,10 +198,10 @@ impl Executor for NestingExecutor {
             (None, Ok(i)) => i,
             (None, Err(msg)) => {
                 trace.message(&format!("ERROR: {msg}"));
-                return RunResult {
+                return Err(RunResult {
                     outcome: JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg),
                     artifacts: Vec::new(),
-                };
+                });
             }
         };
         let mut nesting = match self.nesting().await {
@@ -191,10 +212,10 @@ impl Executor for NestingExecutor {
                     self.instance
                 );
                 trace.message(&format!("ERROR: {msg}"));
-                return system_failure(msg);
+                return Err(system_failure(msg));
             }
         };
-        let slot_no = i32::try_from(slot.slot).ok();
+        let slot_no = i32::try_from(slot).ok();
         let started = Instant::now();
         let starting = {
             // A clone shares the connection; the original stays free for the delete below.
@@ -216,28 +237,28 @@ impl Executor for NestingExecutor {
         };
         trace.message(&match &restore {
             Some(name) => format!(
-                "Restoring a {} VM from snapshot {name} in slot {} on instance {}",
-                self.level, slot.slot, self.instance
+                "Restoring a {} VM from snapshot {name} in slot {slot} on instance {}",
+                self.level, self.instance
             ),
             None => format!(
-                "Creating a {} VM from image {image} in slot {} on instance {}",
-                self.level, slot.slot, self.instance
+                "Creating a {} VM from image {image} in slot {slot} on instance {}",
+                self.level, self.instance
             ),
         });
         tokio::pin!(starting);
         let created = tokio::select! {
             r = &mut starting => r,
-            _ = slot.cancel.cancelled() => {
+            _ = cancel.cancelled() => {
                 // Let the start finish (bounded by the daemon's boot timeout), then remove the
                 // VM: dropping the call would leave the daemon to finish it for nobody.
                 trace.message("Job canceled while its VM was starting; removing the VM");
                 if let Ok((vm, _)) = starting.await {
                     let _ = tokio::time::timeout(DELETE_TIMEOUT, nesting.delete(&vm.id)).await;
                 }
-                return RunResult {
+                return Err(RunResult {
                     outcome: JobOutcome::failed(FailureReason::JobCanceled, None, "job canceled"),
                     artifacts: Vec::new(),
-                };
+                });
             }
         };
         let (vm, stomped) = match created {
@@ -254,10 +275,10 @@ impl Executor for NestingExecutor {
                 } else {
                     FailureReason::RunnerSystemFailure
                 };
-                return RunResult {
+                return Err(RunResult {
                     outcome: JobOutcome::failed(reason, None, msg),
                     artifacts: Vec::new(),
-                };
+                });
             }
         };
         // A job that asked for a level gets it: a microvm image does not pass for a vm.
@@ -268,16 +289,13 @@ impl Executor for NestingExecutor {
             );
             trace.message(&format!("ERROR: {msg}"));
             let _ = tokio::time::timeout(DELETE_TIMEOUT, nesting.delete(&vm.id)).await;
-            return RunResult {
+            return Err(RunResult {
                 outcome: JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg),
                 artifacts: Vec::new(),
-            };
+            });
         }
         if let Some(id) = stomped {
-            trace.message(&format!(
-                "Stomped nesting VM {id} left in slot {}",
-                slot.slot
-            ));
+            trace.message(&format!("Stomped nesting VM {id} left in slot {slot}"));
         }
         trace.message(&format!(
             "VM {} ({}) ready in {:.1} s",
@@ -285,18 +303,45 @@ impl Executor for NestingExecutor {
             vm.name,
             started.elapsed().as_secs_f64()
         ));
-        let result = match self.agent(&vm.addr).await {
+        let agent = self.agent(&vm.addr).await;
+        Ok(StartedVm {
+            nesting,
+            id: vm.id,
+            addr: vm.addr,
+            slot: slot_no,
+            agent,
+        })
+    }
+
+    /// How the job's steps run in its VM.
+    pub fn job_runner(&self) -> JobRunner {
+        JobRunner {
+            builds_dir: self.config.builds_dir.clone(),
+            cache_dir: Some(self.config.cache_dir.clone()),
+            keep_files: true,
+            ..JobRunner::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Executor for NestingExecutor {
+    fn name(&self) -> &'static str {
+        "nesting"
+    }
+
+    async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
+        let trace = slot.trace;
+        let mut vm = match self.start_vm(job, slot.slot, &slot.cancel, trace).await {
+            Ok(vm) => vm,
+            Err(result) => return result,
+        };
+        let result = match vm.agent {
             Ok(agent) => {
-                let runner = JobRunner {
-                    builds_dir: self.config.builds_dir.clone(),
-                    cache_dir: Some(self.config.cache_dir.clone()),
-                    keep_files: true,
-                    ..JobRunner::default()
-                };
                 let host = GuestHost {
                     agent: Arc::new(agent),
                 };
-                runner
+                self.job_runner()
                     .run(
                         job,
                         JobContext {
@@ -310,12 +355,12 @@ impl Executor for NestingExecutor {
                     )
                     .await
             }
-            Err(msg) => {
+            Err(ref msg) => {
                 trace.message(&format!("ERROR: {msg}"));
-                system_failure(msg)
+                system_failure(msg.clone())
             }
         };
-        self.finish(job, &mut nesting, &vm.id, slot_no, result, trace)
+        self.finish(job, &mut vm.nesting, &vm.id, vm.slot, result, trace)
             .await
     }
 }
@@ -341,7 +386,8 @@ impl NestingExecutor {
         let _ = tokio::time::timeout(Duration::from_secs(150), cleanup).await;
     }
 
-    async fn agent(&self, addr: &str) -> Result<AgentClient, String> {
+    /// Reach the guest agent at `addr` (a VM's address on the instance) over the SSH connection.
+    pub async fn agent(&self, addr: &str) -> Result<AgentClient, String> {
         let parsed = AgentAddr::parse(addr)
             .ok_or_else(|| format!("the VM's address {addr:?} is not unix:// or vsock://"))?;
         let stream = self
@@ -376,7 +422,7 @@ impl NestingExecutor {
     }
 
     /// Keep the VM as a snapshot when the job asks, else delete it.
-    async fn finish(
+    pub async fn finish(
         &self,
         job: &JobResponse,
         nesting: &mut NestingClient,

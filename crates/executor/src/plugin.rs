@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use slipway_connector::{ExitStatus, Output};
 use slipway_executor_plugin::{
-    Chunk, ExecutorHost, Failure, Instance, PrepareJob, Resources, Stage,
+    Chunk, CleanupJob, ExecutorHost, Failure, Instance, JobStatus, PrepareJob, Resources, Stage,
 };
 use slipway_jobs::JobResponse;
 use tokio::sync::mpsc;
@@ -142,13 +142,29 @@ impl Executor for PluginExecutor {
                 },
             )
             .await;
+        let status = match &result.outcome {
+            JobOutcome::Success => JobStatus::Success,
+            JobOutcome::Failed {
+                reason: FailureReason::JobCanceled,
+                ..
+            } => JobStatus::Canceled,
+            JobOutcome::Failed { .. } => JobStatus::Failed,
+        };
         let cleanup = tokio::time::timeout(
             self.cleanup_timeout,
-            self.host.cleanup(&prepared.state, self.instance.as_ref()),
+            self.host.cleanup(CleanupJob {
+                state: prepared.state.clone(),
+                instance: self.instance.clone(),
+                status,
+            }),
         )
         .await;
         match cleanup {
-            Ok(Ok(())) => {}
+            Ok(Ok(messages)) => {
+                for m in messages {
+                    slot.trace.message(&m);
+                }
+            }
             Ok(Err(e)) => slot.trace.message(&format!(
                 "WARNING: executor plugin {plugin:?}: Cleanup: {e}"
             )),

@@ -117,9 +117,18 @@ fn images() -> PathBuf {
 
 /// A world with a nesting daemon and a config.toml whose runner uses it.
 fn vm_world() -> (World, Nest, PathBuf) {
+    vm_world_by(false)
+}
+
+/// [`vm_world`], with the VM levels in-process or behind the executor plugin boundary.
+fn vm_world_by(plugin: bool) -> (World, Nest, PathBuf) {
     let w = World::new();
     let nest = Nest::start(&w, &images());
-    let cfg = config(&w, &nest);
+    let cfg = if plugin {
+        plugin_config(&w, &nest)
+    } else {
+        config(&w, &nest)
+    };
     (w, nest, cfg)
 }
 
@@ -251,6 +260,121 @@ full:
     assert!(nest.qemus().is_empty(), "VMs left: {:?}", nest.qemus());
     let list = nest.cli(&w, &["list"]);
     assert_empty_table(&list);
+}
+
+/// The same runner with the VM levels behind the executor plugin boundary:
+/// `executor-plugin-nesting`, built from the in-process executor's code.
+fn plugin_config(w: &World, nest: &Nest) -> PathBuf {
+    let text = format!(
+        r#"
+concurrent = 4
+[[runners]]
+  name = "vms-by-plugin"
+  executor = "plugin"
+  [runners.plugin]
+    name = "nesting"
+    prepare_timeout = "4m"
+    [runners.plugin.config]
+      nesting_host = "unix://{socket}"
+      microvm_image = "{MICROVM_IMAGE}"
+      vm_image = "{VM_IMAGE}"
+      allowed_images = ["test-*"]
+      [runners.plugin.config.nesting_config]
+        accel = "tcg"
+        images_dir = "{images}"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 4
+    max_instances = 1
+    instance_acquire_timeout = "2m"
+    update_interval = "5s"
+    update_interval_when_expecting = "200ms"
+    delete_instances_on_shutdown = true
+    shutdown_deletion_interval = "1s"
+    [runners.autoscaler.plugin_config]
+      dir = "{plugin}"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "5m"
+"#,
+        plugin = w.path().join("plugin-state").display(),
+        socket = nest.socket.display(),
+        images = nest.images.display(),
+    );
+    w.write("plugin-config.toml", &text)
+}
+
+#[test]
+fn microvm_and_vm_jobs_run_in_vms_through_the_nesting_executor_plugin() {
+    let w = World::new();
+    let nest = Nest::start(&w, &images());
+    let cfg = plugin_config(&w, &nest);
+    let run = exec(
+        &w,
+        &cfg,
+        r#"
+stages: [build, test]
+micro:
+  stage: build
+  isolation: microvm
+  script:
+    - echo "kernel $(uname -r)"
+    - grep -q slipway.root /proc/cmdline && echo "root disk" || echo "initramfs root"
+    - mkdir -p out && echo "built in a microvm" > out/result.txt
+  artifacts:
+    paths: [out/]
+full:
+  stage: test
+  isolation: vm
+  script:
+    - test -f /etc/debian_version && echo "debian $(cat /etc/debian_version)"
+    - echo "artifact says $(cat out/result.txt)"
+broken:
+  stage: test
+  isolation: microvm
+  snapshot: on_failure
+  allow_failure: true
+  script:
+    - echo "half-way state" > progress.txt
+    - exit 4
+"#,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    let micro = run.job_lines("micro").join("\n");
+    let full = run.job_lines("full").join("\n");
+    let broken = run.job_lines("broken").join("\n");
+    assert!(
+        micro.contains("Using executor plugin nesting")
+            && micro.contains("Creating a microvm VM from image test-microvm in slot"),
+        "{micro}"
+    );
+    assert!(
+        micro.contains("cloud-amd64") && micro.contains("initramfs root"),
+        "{micro}"
+    );
+    assert!(
+        full.contains("Creating a vm VM from image test-vm in slot") && full.contains("debian 12"),
+        "{full}"
+    );
+    assert!(full.contains("artifact says built in a microvm"), "{full}");
+    // Cleanup kept the failed job's VM as a snapshot, as in-process.
+    assert_eq!(status(&run, "broken"), "failed (allowed)");
+    assert!(broken.contains("Saved the VM as snapshot job-"), "{broken}");
+    assert!(nest.qemus().is_empty(), "VMs left: {:?}", nest.qemus());
+    let list = nest.cli(&w, &["list"]);
+    assert_empty_table(&list);
+    // The plugin process of this run (it inherited the run's TMPDIR) is gone.
+    let tmp = format!("TMPDIR={}", w.tmp().display());
+    let plugins: Vec<String> = common::processes_matching("executor-plugin-nesting")
+        .into_iter()
+        .filter(|p| {
+            let pid = p.split_whitespace().next().unwrap_or_default();
+            common::environ_of(pid.parse().unwrap_or(0))
+                .lines()
+                .any(|l| l == tmp)
+        })
+        .collect();
+    assert!(plugins.is_empty(), "{plugins:?}");
 }
 
 #[test]
@@ -387,7 +511,16 @@ test:
 
 #[test]
 fn a_hung_vm_is_killed_at_the_job_timeout_and_leaves_no_qemu() {
-    let (w, nest, cfg) = vm_world();
+    hung_vm_killed_at_timeout(false);
+}
+
+#[test]
+fn a_hung_vm_is_killed_at_the_job_timeout_through_the_nesting_executor_plugin() {
+    hung_vm_killed_at_timeout(true);
+}
+
+fn hung_vm_killed_at_timeout(plugin: bool) {
+    let (w, nest, cfg) = vm_world_by(plugin);
     let child = spawn_exec(
         &w,
         &cfg,
@@ -506,7 +639,16 @@ fn a_killed_daemon_restarted_lists_its_vms_and_cleans_them_later() {
 
 #[test]
 fn a_canceled_job_deletes_its_vm() {
-    let (w, nest, cfg) = vm_world();
+    canceled_job_deletes_its_vm(false);
+}
+
+#[test]
+fn a_canceled_job_deletes_its_vm_through_the_nesting_executor_plugin() {
+    canceled_job_deletes_its_vm(true);
+}
+
+fn canceled_job_deletes_its_vm(plugin: bool) {
+    let (w, nest, cfg) = vm_world_by(plugin);
     let child = spawn_exec(
         &w,
         &cfg,

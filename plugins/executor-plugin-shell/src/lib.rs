@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use slipway_executor_plugin::{
-    Capabilities, Chunk, ExecutorProvider, Exit, Failure, Instance, Placement, PrepareJob,
+    Capabilities, Chunk, CleanupJob, ExecutorProvider, Exit, Failure, Placement, PrepareJob,
     Prepared, ProviderError, Stage,
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -203,13 +203,13 @@ impl ExecutorProvider for ShellProvider {
         })
     }
 
-    async fn cleanup(&self, state: &[u8], _: Option<&Instance>) -> Result<(), ProviderError> {
-        let dir = self.job_dir(state)?;
+    async fn cleanup(&self, job: CleanupJob) -> Result<Vec<String>, ProviderError> {
+        let dir = self.job_dir(&job.state)?;
         match tokio::fs::remove_dir_all(&dir).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(io_error("removing", &dir, e))
             }
-            _ => Ok(()),
+            _ => Ok(Vec::new()),
         }
     }
 }

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use slipway_executor_plugin::{
-    Chunk, ExecutorHost, Placement, PrepareJob, ProviderError, Resources, Stage, StartError,
+    Chunk, CleanupJob, ExecutorHost, JobStatus, Placement, PrepareJob, ProviderError, Resources,
+    Stage, StartError,
 };
 use slipway_goplugin::ProcessOptions;
 use tokio::sync::mpsc;
@@ -41,6 +42,14 @@ fn stage(state: &[u8], name: &str, script: &str, stdin: &[u8]) -> Stage {
         script: script.as_bytes().to_vec(),
         stdin: stdin.to_vec(),
         instance: None,
+    }
+}
+
+fn cleanup(state: &[u8]) -> CleanupJob {
+    CleanupJob {
+        state: state.to_vec(),
+        instance: None,
+        status: JobStatus::Success,
     }
 }
 
@@ -165,10 +174,10 @@ async fn stages_stream_output_pass_stdin_and_report_exit_codes() {
         .unwrap_err();
     assert!(matches!(err, ProviderError::NotFound(_)), "{err:?}");
 
-    host.cleanup(&prepared.state, None).await.unwrap();
+    host.cleanup(cleanup(&prepared.state)).await.unwrap();
     assert!(!Path::new(&dir).exists());
     // Cleanup again (a retried call): fine.
-    host.cleanup(&prepared.state, None).await.unwrap();
+    host.cleanup(cleanup(&prepared.state)).await.unwrap();
     let pid = host.pid().unwrap();
     host.stop().await;
     assert!(!alive(&pid.to_string()), "plugin still running after stop");
@@ -206,7 +215,7 @@ async fn a_canceled_stage_takes_its_processes_along() {
         "left running: {:?}",
         pids_matching(&marker)
     );
-    host.cleanup(&prepared.state, None).await.unwrap();
+    host.cleanup(cleanup(&prepared.state)).await.unwrap();
     host.stop().await;
 }
 
@@ -245,8 +254,8 @@ async fn a_plugin_killed_mid_stage_is_reported_gone_and_restarted() {
     assert_ne!(host.pid(), Some(first));
     let (code, out, _) = run(&host, stage(&next.state, "step_script", "echo again", b"")).await;
     assert_eq!((code, out.as_str()), (0, "again\n"));
-    host.cleanup(&prepared.state, None).await.unwrap();
-    host.cleanup(&next.state, None).await.unwrap();
+    host.cleanup(cleanup(&prepared.state)).await.unwrap();
+    host.cleanup(cleanup(&next.state)).await.unwrap();
     assert_eq!(
         std::fs::read_dir(tmp.path().join("jobs")).unwrap().count(),
         0

@@ -13,19 +13,24 @@ pub fn slipway() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_slipway"))
 }
 
-/// Directory holding `fleeting-plugin-local`, building it first if this test run did not.
+/// Plugins the tests start from the binary directory.
+const PLUGINS: [&str; 2] = ["fleeting-plugin-local", "executor-plugin-nesting"];
+
+/// Directory holding `fleeting-plugin-local` and `executor-plugin-nesting`, building them first
+/// if this test run did not.
 pub fn plugin_dir() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let dir = slipway().parent().expect("bin dir").to_path_buf();
-            if !dir.join("fleeting-plugin-local").exists() {
+            if PLUGINS.iter().any(|p| !dir.join(p).exists()) {
                 let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
                 let st = Command::new(cargo)
-                    .args(["build", "-p", "fleeting-plugin-local"])
+                    .arg("build")
+                    .args(PLUGINS.iter().flat_map(|p| ["-p", p]))
                     .status()
-                    .expect("cargo build fleeting-plugin-local");
-                assert!(st.success(), "building fleeting-plugin-local failed");
+                    .expect("cargo build the plugins");
+                assert!(st.success(), "building {PLUGINS:?} failed");
             }
             dir
         })
