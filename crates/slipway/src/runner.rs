@@ -151,12 +151,7 @@ impl Runner {
                     });
                 }
                 Err(e) => {
-                    for s in &shapes {
-                        s.scaler.shutdown().await;
-                    }
-                    for p in &plugins {
-                        p.stop().await;
-                    }
+                    stop_started(&shapes, &plugins).await;
                     return Err(e);
                 }
             }
@@ -164,12 +159,7 @@ impl Runner {
         let executor_plugin = match start_plugin_of(cfg, opts).await {
             Ok(p) => p,
             Err(e) => {
-                for s in &shapes {
-                    s.scaler.shutdown().await;
-                }
-                for p in &plugins {
-                    p.stop().await;
-                }
+                stop_started(&shapes, &plugins).await;
                 return Err(e);
             }
         };
@@ -447,6 +437,16 @@ async fn start_executor_plugin(
         "executor plugin ready"
     );
     Ok(host)
+}
+
+/// Undo a start that failed half-way: the taskscalers and plugins started so far.
+async fn stop_started(shapes: &[Shape], plugins: &[Arc<PluginHost>]) {
+    for s in shapes {
+        s.scaler.shutdown().await;
+    }
+    for p in plugins {
+        p.stop().await;
+    }
 }
 
 /// A runner whose jobs run on this machine: its slots come from a taskscaler over

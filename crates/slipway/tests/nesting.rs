@@ -136,6 +136,25 @@ fn config(w: &World, nest: &Nest) -> PathBuf {
     config_with(w, nest, "")
 }
 
+/// `[runners.autoscaler]` of the VM runners: one local instance with four slots.
+fn local_instances(w: &World) -> String {
+    format!(
+        r#"  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 4
+    max_instances = 1
+    instance_acquire_timeout = "2m"
+    update_interval = "5s"
+    update_interval_when_expecting = "200ms"
+    delete_instances_on_shutdown = true
+    shutdown_deletion_interval = "1s"
+    [runners.autoscaler.plugin_config]
+      dir = "{}"
+"#,
+        w.path().join("plugin-state").display()
+    )
+}
+
 /// The VM runner's config.toml; `source` adds keys to `[[runners]]` (a GitLab url and token).
 fn config_with(w: &World, nest: &Nest, source: &str) -> PathBuf {
     let text = format!(
@@ -148,18 +167,7 @@ check_interval = 1
   {source}
   [runners.instance]
     allowed_images = ["test-*"]
-  [runners.autoscaler]
-    plugin = "local"
-    capacity_per_instance = 4
-    max_instances = 1
-    instance_acquire_timeout = "2m"
-    update_interval = "5s"
-    update_interval_when_expecting = "200ms"
-    delete_instances_on_shutdown = true
-    shutdown_deletion_interval = "1s"
-    [runners.autoscaler.plugin_config]
-      dir = "{plugin}"
-    [runners.autoscaler.vm_isolation]
+{autoscaler}    [runners.autoscaler.vm_isolation]
       enabled = true
       nesting_host = "unix://{socket}"
       microvm_image = "{MICROVM_IMAGE}"
@@ -171,7 +179,7 @@ check_interval = 1
       idle_count = 0
       idle_time = "5m"
 "#,
-        plugin = w.path().join("plugin-state").display(),
+        autoscaler = local_instances(w),
         socket = nest.socket.display(),
         images = nest.images.display(),
     );
@@ -282,22 +290,11 @@ concurrent = 4
       [runners.plugin.config.nesting_config]
         accel = "tcg"
         images_dir = "{images}"
-  [runners.autoscaler]
-    plugin = "local"
-    capacity_per_instance = 4
-    max_instances = 1
-    instance_acquire_timeout = "2m"
-    update_interval = "5s"
-    update_interval_when_expecting = "200ms"
-    delete_instances_on_shutdown = true
-    shutdown_deletion_interval = "1s"
-    [runners.autoscaler.plugin_config]
-      dir = "{plugin}"
-    [[runners.autoscaler.policy]]
+{autoscaler}    [[runners.autoscaler.policy]]
       idle_count = 0
       idle_time = "5m"
 "#,
-        plugin = w.path().join("plugin-state").display(),
+        autoscaler = local_instances(w),
         socket = nest.socket.display(),
         images = nest.images.display(),
     );

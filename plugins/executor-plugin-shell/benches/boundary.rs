@@ -6,7 +6,10 @@
 //! - start: from the executor's `run` call to the trace receiving the job's output line `first`
 //!   (warm: the plugin process is up and initialized), [`JOBS`] samples after [`WARMUP`].
 //! - trace: a job printing 10 MiB (`head -c 10485760 /dev/zero | tr '\0' x`, in 100-byte
-//!   lines), MiB/s from the `run` call to its return, [`TRACE_JOBS`] samples.
+//!   lines), MiB/s from the `run` call to its return, [`TRACE_JOBS`] samples. Beside them, as
+//!   context, the in-process job with one more process in its pipeline (`| cat`): what one extra
+//!   copy through a pipe and a process costs on this machine, the floor of any executor whose
+//!   output crosses a process boundary by copying.
 //!
 //! Goal (issue 13): plugin start p50 ≤ 1.1 × in-process + 5 ms; trace throughput ≥ 0.9 ×.
 //!
@@ -124,6 +127,7 @@ struct Measured {
     start_plugin: Vec<f64>,
     trace_in: Vec<f64>,
     trace_plugin: Vec<f64>,
+    trace_in_hop: Vec<f64>,
 }
 
 async fn measure(host: &Arc<ExecutorHost>, dir: &Path) -> anyhow::Result<Measured> {
@@ -158,13 +162,18 @@ async fn measure(host: &Arc<ExecutorHost>, dir: &Path) -> anyhow::Result<Measure
         2,
         &format!("head -c {TRACE_BYTES} /dev/zero | tr '\\0' x | fold -w 99"),
     )?;
-    let (mut trace_in, mut trace_plugin) = (Vec::new(), Vec::new());
+    let hop_job = job(
+        3,
+        &format!("head -c {TRACE_BYTES} /dev/zero | tr '\\0' x | fold -w 99 | cat"),
+    )?;
+    let (mut trace_in, mut trace_plugin, mut trace_in_hop) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..TRACE_JOBS {
-        for (exec, out) in [
-            (&in_process as &dyn Executor, &mut trace_in),
-            (&plugin as &dyn Executor, &mut trace_plugin),
+        for (exec, job, out) in [
+            (&in_process as &dyn Executor, &trace_job, &mut trace_in),
+            (&plugin as &dyn Executor, &trace_job, &mut trace_plugin),
+            (&in_process as &dyn Executor, &hop_job, &mut trace_in_hop),
         ] {
-            let (_, total, bytes) = run(exec, &trace_job, false).await?;
+            let (_, total, bytes) = run(exec, job, false).await?;
             ensure!(
                 bytes >= TRACE_BYTES,
                 "{}: the trace held {bytes} bytes",
@@ -178,6 +187,7 @@ async fn measure(host: &Arc<ExecutorHost>, dir: &Path) -> anyhow::Result<Measure
         start_plugin,
         trace_in,
         trace_plugin,
+        trace_in_hop,
     })
 }
 
@@ -208,6 +218,7 @@ fn write(m: &Measured) -> anyhow::Result<()> {
         percentile(&m.trace_in, 50.0),
         percentile(&m.trace_plugin, 50.0),
     );
+    let thop = percentile(&m.trace_in_hop, 50.0);
     let start_goal = 1.1 * in50 + 5.0;
     let results = serde_json::json!({
         "jobs": JOBS,
@@ -227,11 +238,15 @@ fn write(m: &Measured) -> anyhow::Result<()> {
         "trace_plugin_mib_s_p50": round(tpl),
         "trace_plugin_over_in_process": round(tpl / tin),
         "trace_meets_goal": tpl >= 0.9 * tin,
+        "trace_in_process_one_more_pipe_mib_s_p50": round(thop),
+        "trace_one_more_pipe_over_in_process": round(thop / tin),
     });
     println!(
         "start p50: in-process {in50:.2} ms, plugin {pl50:.2} ms (goal ≤ {start_goal:.2} ms)\n\
-         trace p50: in-process {tin:.1} MiB/s, plugin {tpl:.1} MiB/s ({:.2}×, goal ≥ 0.9×)",
-        tpl / tin
+         trace p50: in-process {tin:.1} MiB/s, plugin {tpl:.1} MiB/s ({:.2}×, goal ≥ 0.9×); \
+         in-process with one more pipe {thop:.1} MiB/s ({:.2}×)",
+        tpl / tin,
+        thop / tin
     );
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (path, text) = slipway_sim::bench::write(&repo, "executor-plugin", COMMAND, results)?;
