@@ -31,9 +31,11 @@ use crate::provider::{
 
 pub use slipway_goplugin::server::{ServeError, log};
 
-/// Build a runtime, [`serve`] `provider`, and map the outcome to an exit code.
+/// Build a runtime, [`serve`] `provider`, and map the outcome to an exit code. The runtime has
+/// one thread: a provider waits on processes and sockets, and a job's output streams with fewer
+/// wakeups (spawn CPU-heavy work with `spawn_blocking`).
 pub fn run_plugin<P: ExecutorProvider>(provider: P) -> ExitCode {
-    slipway_goplugin::server::run(PROTOCOL, service(provider))
+    slipway_goplugin::server::run_single_threaded(PROTOCOL, service(provider))
 }
 
 /// Serve `provider` until the host calls `GRPCController.Shutdown` or SIGTERM/SIGINT.
@@ -59,42 +61,79 @@ struct Service<P>(Arc<P>);
 /// (and so drops the provider's `run` future).
 struct RunStream {
     chunks: mpsc::Receiver<Chunk>,
-    /// A chunk of the other stream met while coalescing, sent next.
+    /// Output gathered for the next message.
+    pending: Option<Chunk>,
+    /// A chunk of the other stream met while gathering, sent next.
     held: Option<Chunk>,
+    /// How long a partial message waits for more output.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The provider's sender is gone: its `run` returned.
+    ended: bool,
+    /// When the last message went out: only output that flows fast is held back to gather.
+    last_emit: Option<tokio::time::Instant>,
     /// The stage; taken once its exit was sent.
     task: Option<JoinHandle<Result<Exit, ProviderError>>>,
+}
+
+impl RunStream {
+    fn emit(&mut self) -> Poll<Option<Result<pb::RunOutput, Status>>> {
+        self.linger = None;
+        self.last_emit = Some(tokio::time::Instant::now());
+        let chunk = self.pending.take().or_else(|| self.held.take());
+        Poll::Ready(chunk.map(|c| Ok(chunk_to_pb(c))))
+    }
 }
 
 impl Stream for RunStream {
     type Item = Result<pb::RunOutput, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        // Chunks first: the provider's sender goes away when its `run` returns.
-        let first = match self.held.take() {
-            Some(c) => Some(c),
-            None => match self.chunks.poll_recv(cx) {
-                Poll::Ready(c) => c,
-                Poll::Pending => return Poll::Pending,
-            },
-        };
-        if let Some(mut chunk) = first {
-            // Coalesce what is already waiting (a fast writer's small pipe reads): one message
-            // instead of many.
-            while chunk_len(&chunk) < COALESCE_BYTES {
-                let Poll::Ready(Some(next)) = self.chunks.poll_recv(cx) else {
-                    break;
-                };
-                match (&mut chunk, next) {
-                    (Chunk::Stdout(a), Chunk::Stdout(b)) | (Chunk::Stderr(a), Chunk::Stderr(b)) => {
-                        a.extend_from_slice(&b)
+        // Gather output into messages of up to COALESCE_BYTES: a fast writer's many small pipe
+        // reads cost one message, not one each. A partial message waits LINGER for more.
+        loop {
+            if self.pending.is_none() {
+                self.pending = self.held.take();
+            }
+            if self.held.is_some()
+                || self
+                    .pending
+                    .as_ref()
+                    .is_some_and(|c| chunk_len(c) >= COALESCE_BYTES)
+            {
+                return self.emit();
+            }
+            if self.ended {
+                break;
+            }
+            match self.chunks.poll_recv(cx) {
+                Poll::Ready(Some(next)) => match (&mut self.pending, next) {
+                    (None, next) => self.pending = Some(next),
+                    (Some(Chunk::Stdout(a)), Chunk::Stdout(b))
+                    | (Some(Chunk::Stderr(a)), Chunk::Stderr(b)) => a.extend_from_slice(&b),
+                    (Some(_), other) => self.held = Some(other),
+                },
+                Poll::Ready(None) => self.ended = true,
+                Poll::Pending => {
+                    if self.pending.is_none() {
+                        return Poll::Pending;
                     }
-                    (_, other) => {
-                        self.held = Some(other);
-                        break;
+                    // A first line, or output after a pause, goes out at once.
+                    let flowing = self.last_emit.is_some_and(|t| t.elapsed() < FLOWING);
+                    if !flowing && self.linger.is_none() {
+                        return self.emit();
                     }
+                    let linger = self
+                        .linger
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(LINGER)));
+                    return match linger.as_mut().poll(cx) {
+                        Poll::Ready(()) => self.emit(),
+                        Poll::Pending => Poll::Pending,
+                    };
                 }
             }
-            return Poll::Ready(Some(Ok(chunk_to_pb(chunk))));
+        }
+        if self.pending.is_some() {
+            return self.emit();
         }
         let Some(task) = self.task.as_mut() else {
             return Poll::Ready(None);
@@ -122,8 +161,13 @@ impl Drop for RunStream {
     }
 }
 
-/// Largest message coalescing makes of waiting chunks.
+/// Largest message gathered from a stage's output chunks.
 const COALESCE_BYTES: usize = 256 * 1024;
+/// How long a partial message of fast-flowing output waits for more (a trace line shows at
+/// most this much later).
+const LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+/// Output is flowing fast when a message went out less than this long ago.
+const FLOWING: std::time::Duration = std::time::Duration::from_millis(5);
 
 fn chunk_len(c: &Chunk) -> usize {
     match c {
@@ -187,7 +231,11 @@ impl<P: ExecutorProvider> ExecutorRpc for Service<P> {
         let task = tokio::spawn(async move { provider.run(stage, tx).await });
         Ok(Response::new(RunStream {
             chunks,
+            pending: None,
             held: None,
+            linger: None,
+            ended: false,
+            last_emit: None,
             task: Some(task),
         }))
     }

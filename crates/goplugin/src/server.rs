@@ -74,10 +74,21 @@ impl<F: FnOnce(Router) -> Router + Send> AddService for F {}
 
 /// Build a multi-thread runtime, [`serve`], and map the outcome to an exit code.
 pub fn run(protocol: Protocol, add: impl AddService) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    run_on(tokio::runtime::Builder::new_multi_thread(), protocol, add)
+}
+
+/// [`run`] on a single-threaded runtime: for a plugin that mostly waits on processes and
+/// sockets, one thread saves a cross-thread wakeup per message it streams.
+pub fn run_single_threaded(protocol: Protocol, add: impl AddService) -> ExitCode {
+    run_on(tokio::runtime::Builder::new_current_thread(), protocol, add)
+}
+
+fn run_on(
+    mut builder: tokio::runtime::Builder,
+    protocol: Protocol,
+    add: impl AddService,
+) -> ExitCode {
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             log(

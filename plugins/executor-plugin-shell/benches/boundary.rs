@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 const JOBS: usize = 60;
 const WARMUP: usize = 5;
-const TRACE_JOBS: usize = 5;
+const TRACE_JOBS: usize = 9;
 const TRACE_BYTES: usize = 10 * 1024 * 1024;
 const COMMAND: &str = "cargo bench -p executor-plugin-shell --bench boundary";
 
@@ -225,8 +225,10 @@ fn write(m: &Measured) -> anyhow::Result<()> {
         "trace_jobs": TRACE_JOBS,
         "trace_bytes": TRACE_BYTES,
         "setup": "shell executor in-process (JobRunner over LocalHost) vs the plugin executor \
-                  through executor-plugin-shell (go-plugin gRPC over a unix socket with AutoMTLS); \
-                  both run bash on this machine; jobs interleaved",
+                  through executor-plugin-shell (go-plugin gRPC over a unix socket with AutoMTLS, \
+                  a single-threaded plugin runtime, output gathered into messages of up to \
+                  256 KiB, a partial one held at most 2 ms while output flows); both run bash on \
+                  this machine; jobs interleaved",
         "start_in_process_ms_p50": round(in50),
         "start_in_process_ms_p95": round(percentile(&m.start_in, 95.0)),
         "start_plugin_ms_p50": round(pl50),
