@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 const JOBS: usize = 60;
 const WARMUP: usize = 5;
-const TRACE_JOBS: usize = 9;
+const TRACE_JOBS: usize = 21;
 const TRACE_BYTES: usize = 10 * 1024 * 1024;
 const COMMAND: &str = "cargo bench -p executor-plugin-shell --bench boundary";
 
