@@ -505,7 +505,8 @@ fn dial_address(info: &ConnectInfo, opts: &DialOptions) -> Result<(String, u16),
     split_host_port(raw.trim(), default_port)
 }
 
-fn split_host_port(raw: &str, default_port: u16) -> Result<(String, u16), String> {
+/// Split `host`, `host:port`, `[v6]` or `[v6]:port`; a bare IPv6 address keeps `default_port`.
+pub fn split_host_port(raw: &str, default_port: u16) -> Result<(String, u16), String> {
     if raw.is_empty() {
         return Err("no address".into());
     }

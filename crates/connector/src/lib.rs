@@ -16,7 +16,7 @@ mod error;
 mod hostkeys;
 mod stream;
 
-pub use client::{Client, DialOptions, ExitStatus, Output, RunOptions};
+pub use client::{Client, DialOptions, ExitStatus, Output, RunOptions, split_host_port};
 pub use error::{ConnectError, HostKeyStoreError};
 pub use hostkeys::HostKeyStore;
 pub use stream::{ExecStream, ForwardedStream};

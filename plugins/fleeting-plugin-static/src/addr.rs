@@ -5,39 +5,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-/// Split `host`, `host:port`, `[v6]` or `[v6]:port`; a bare IPv6 address keeps `default_port`.
-pub fn split_host_port(raw: &str, default_port: u16) -> Result<(String, u16), String> {
-    let parse_port = |p: &str| {
-        p.parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("bad port in address {raw:?}"))
-    };
-    if let Some(rest) = raw.strip_prefix('[') {
-        let (host, tail) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("unterminated '[' in address {raw:?}"))?;
-        let port = match tail {
-            "" => default_port,
-            t => parse_port(
-                t.strip_prefix(':')
-                    .ok_or_else(|| format!("bad address {raw:?}"))?,
-            )?,
-        };
-        return Ok((host.to_owned(), port));
-    }
-    match raw.split_once(':') {
-        None => Ok((raw.to_owned(), default_port)),
-        Some((host, port)) if !port.contains(':') => {
-            if host.is_empty() {
-                return Err(format!("no host in address {raw:?}"));
-            }
-            Ok((host.to_owned(), parse_port(port)?))
-        }
-        // More than one colon and no brackets: a bare IPv6 address.
-        Some(_) => Ok((raw.to_owned(), default_port)),
-    }
-}
+pub use slipway_connector::split_host_port;
 
 /// Check that an SSH server answers at `addr` within `timeout`: TCP connect, then the first
 /// bytes of its banner must be `SSH-`. Returns why not.
