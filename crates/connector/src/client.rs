@@ -67,6 +67,20 @@ pub enum Output {
     Stderr(Vec<u8>),
 }
 
+impl Output {
+    /// Everything `rx` delivers until its senders are gone: `(stdout, stderr)`.
+    pub async fn gather(mut rx: mpsc::Receiver<Output>) -> (Vec<u8>, Vec<u8>) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        while let Some(chunk) = rx.recv().await {
+            match chunk {
+                Output::Stdout(b) => out.extend_from_slice(&b),
+                Output::Stderr(b) => err.extend_from_slice(&b),
+            }
+        }
+        (out, err)
+    }
+}
+
 /// How a remote command ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExitStatus {
@@ -331,20 +345,10 @@ impl Client {
         command: impl Into<String>,
         stdin: impl Into<Vec<u8>>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), ConnectError> {
-        let (tx, mut rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(64);
         let opts = RunOptions::new(command).stdin(stdin);
-        let gather = async {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            while let Some(chunk) = rx.recv().await {
-                match chunk {
-                    Output::Stdout(b) => out.extend_from_slice(&b),
-                    Output::Stderr(b) => err.extend_from_slice(&b),
-                }
-            }
-            (out, err)
-        };
         // `run` owns the sender, so `gather` ends when `run` returns.
-        let (status, (out, err)) = tokio::join!(self.run(opts, tx), gather);
+        let (status, (out, err)) = tokio::join!(self.run(opts, tx), Output::gather(rx));
         Ok((status?, out, err))
     }
 

@@ -285,19 +285,11 @@ impl Host for StageHost<'_> {
         body: &str,
         stdin: Vec<u8>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
-        let (tx, mut rx) = mpsc::channel(64);
-        let collect = async move {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            while let Some(chunk) = rx.recv().await {
-                match chunk {
-                    Output::Stdout(b) => out.extend_from_slice(&b),
-                    Output::Stderr(b) => err.extend_from_slice(&b),
-                }
-            }
-            (out, err)
-        };
-        let (status, (out, err)) =
-            tokio::join!(self.run(stage, body.to_owned(), stdin, tx), collect);
+        let (tx, rx) = mpsc::channel(64);
+        let (status, (out, err)) = tokio::join!(
+            self.run(stage, body.to_owned(), stdin, tx),
+            Output::gather(rx)
+        );
         status.map(|s| (s, out, err))
     }
 

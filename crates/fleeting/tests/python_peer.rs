@@ -6,7 +6,6 @@
 // Integration tests: a failed fixture step should stop the test at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -31,17 +30,15 @@ async fn python_plugin_over_automtls() {
         .unwrap();
     assert!(dir.path().join("fleeting/v1/fleeting_grpc.py").exists());
     let plugin_py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/fleeting_plugin.py");
-    let wrapper = dir.path().join("fleeting-plugin-python");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nexec '{}' '{}' '{MAGIC_COOKIE_KEY}' '{MAGIC_COOKIE_VALUE}'\n",
-            python.display(),
-            plugin_py.display()
-        ),
+    let wrapper = slipway_testkit::python::wrapper(
+        dir.path(),
+        "fleeting-plugin-python",
+        &python,
+        dir.path(),
+        &plugin_py,
+        &[MAGIC_COOKIE_KEY, MAGIC_COOKIE_VALUE],
     )
     .unwrap();
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
 
     let connector = ConnectorConfig {
         os: "linux".into(),
@@ -54,7 +51,6 @@ async fn python_plugin_over_automtls() {
     };
     let opts = PluginOptions::new("python", &wrapper)
         .handshake_timeout(Duration::from_secs(30))
-        .env("PYTHONPATH", dir.path().to_str().unwrap())
         .env("PYTHONUNBUFFERED", "1");
     let host = PluginHost::start(opts)
         .await

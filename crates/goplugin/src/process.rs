@@ -546,11 +546,6 @@ impl PluginProcess {
         self.inner.stopped.store(true, Ordering::SeqCst);
     }
 
-    /// The options it was started with.
-    pub fn options(&self) -> &ProcessOptions {
-        &self.inner.opts
-    }
-
     /// The current connection, waiting (bounded by `call_wait`) for a restart in progress.
     pub async fn ready(&self) -> Result<Connection, CallError> {
         let inner = &self.inner;
@@ -574,7 +569,7 @@ impl PluginProcess {
     }
 
     /// Did the supervisor replace (or give up on) the connection of `generation` within `wait`?
-    pub async fn replaced(&self, generation: u64, wait: Duration) -> bool {
+    async fn replaced(&self, generation: u64, wait: Duration) -> bool {
         let mut rx = self.inner.state.subscribe();
         let changed =
             rx.wait_for(|s| !matches!(s, HostState::Ready(c) if c.generation == generation));

@@ -86,13 +86,14 @@ pub fn isolation_of(
 /// levels the plugin declared (and the runner's `allowed_isolation`, when set), else the
 /// runner's `isolation` or the plugin's first level.
 pub fn plugin_level(runner: &Runner, job: &JobResponse) -> Result<String, String> {
-    let Some((host, _)) = &runner.executor_plugin else {
+    let Some(plugin) = &runner.executor_plugin else {
         return Err(format!("runner {:?} has no executor plugin", runner.name));
     };
-    let declared = &host.capabilities().isolation_levels;
-    let allowed: Vec<&String> = declared
+    let caps = plugin.host.capabilities();
+    let allowed: Vec<&String> = caps
+        .isolation_levels
         .iter()
-        .filter(|l| runner.plugin_allowed.as_ref().is_none_or(|a| a.contains(l)))
+        .filter(|l| plugin.allowed.as_ref().is_none_or(|a| a.contains(l)))
         .collect();
     let asked = job
         .variable(isolation::VARIABLE)
@@ -100,7 +101,7 @@ pub fn plugin_level(runner: &Runner, job: &JobResponse) -> Result<String, String
         .filter(|v| !v.is_empty());
     let level = match asked {
         Some(v) => v.to_owned(),
-        None => match &runner.plugin_default {
+        None => match &plugin.default {
             Some(d) => d.clone(),
             None => allowed.first().map(|l| (*l).clone()).unwrap_or_default(),
         },
@@ -111,7 +112,7 @@ pub fn plugin_level(runner: &Runner, job: &JobResponse) -> Result<String, String
         Err(format!(
             "the job asks for isolation {level:?} but runner {:?} (executor plugin {:?}) allows only {}",
             runner.name,
-            host.capabilities().name,
+            caps.name,
             allowed
                 .iter()
                 .map(|l| format!("{l:?}"))
@@ -418,13 +419,13 @@ fn plugin_executor(
     job: &JobResponse,
     instance: Option<slipway_executor_plugin::Instance>,
 ) -> Result<PluginExecutor, JobOutcome> {
-    let Some((host, cfg)) = &runner.executor_plugin else {
+    let Some(plugin) = &runner.executor_plugin else {
         return Err(config_error("no [runners.plugin] section".into()));
     };
     let isolation = plugin_level(runner, job).map_err(config_error)?;
     let share = acq.resources.unwrap_or_default();
     Ok(PluginExecutor {
-        host: host.clone(),
+        host: plugin.host.clone(),
         runner: JobRunner {
             builds_dir: runner.builds_dir.clone(),
             ..JobRunner::default()
@@ -436,8 +437,8 @@ fn plugin_executor(
             memory_bytes: share.memory_bytes,
             ..Default::default()
         },
-        prepare_timeout: cfg.prepare_timeout,
-        cleanup_timeout: cfg.cleanup_timeout,
+        prepare_timeout: plugin.config.prepare_timeout,
+        cleanup_timeout: plugin.config.cleanup_timeout,
     })
 }
 

@@ -628,7 +628,7 @@ async fn check_executor_plugins(
         match slipway::runner::start_executor_plugin_with(r, p, plugin_dir, None, true).await {
             Ok(host) => {
                 let levels =
-                    slipway::runner::plugin_levels(r, &host.capabilities().isolation_levels);
+                    slipway::runner::check_plugin_levels(r, &host.capabilities().isolation_levels);
                 host.stop().await;
                 if let Err(e) = levels {
                     errors.push(format!("{file}: runners[{i}]: {e:#}"));

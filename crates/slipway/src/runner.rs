@@ -50,12 +50,8 @@ pub struct Runner {
     pub custom: Option<CustomConfig>,
     /// `[runners.autoscaler.vm_isolation]` for the `microvm` and `vm` levels.
     pub nesting: Option<NestingConfig>,
-    /// The executor plugin of a `plugin` runner, started and initialized, with its settings.
-    pub executor_plugin: Option<(Arc<ExecutorHost>, ExecutorPluginConfig)>,
-    /// A `plugin` runner's `allowed_isolation` (plugin levels; `None`: all it declares).
-    pub plugin_allowed: Option<Vec<String>>,
-    /// A `plugin` runner's `isolation` (`None`: the first level the plugin declares).
-    pub plugin_default: Option<String>,
+    /// The executor plugin of a `plugin` runner, started and initialized.
+    pub executor_plugin: Option<ExecutorPlugin>,
     /// Its instance groups (one per shape) and where each job goes.
     pub placement: Placement,
     /// One plugin process per shape, in the placement's order.
@@ -65,6 +61,19 @@ pub struct Runner {
     /// Docker executors by instance (`localhost` for the local engine), kept so each slot's
     /// network stays warm across jobs; their networks are removed at shutdown.
     docker_execs: tokio::sync::Mutex<HashMap<String, DockerExecutor>>,
+}
+
+/// A `plugin` runner's executor plugin and what its jobs may ask of it.
+#[derive(Debug)]
+pub struct ExecutorPlugin {
+    /// The plugin process, initialized.
+    pub host: Arc<ExecutorHost>,
+    /// `[runners.plugin]`.
+    pub config: ExecutorPluginConfig,
+    /// The runner's `allowed_isolation` (plugin levels; `None`: all it declares).
+    pub allowed: Option<Vec<String>>,
+    /// The runner's `isolation` (`None`: the first allowed level).
+    pub default: Option<String>,
 }
 
 /// Extra settings a command passes when starting a runner.
@@ -110,22 +119,14 @@ impl Runner {
         let docker = cfg.docker.clone().unwrap_or_default();
         if !cfg.on_instances() {
             let executor_plugin = start_plugin_of(cfg, opts).await?;
-            let (executor_plugin, levels) = match executor_plugin {
-                Some((host, cfg, levels)) => (Some((host, cfg)), levels),
-                None => (None, (None, None)),
-            };
-            let started = start_local(cfg, opts, isolation, cgroups, docker).map(|mut runner| {
-                (runner.plugin_allowed, runner.plugin_default) = levels;
-                runner
-            });
-            return match started {
+            return match start_local(cfg, opts, isolation, cgroups, docker) {
                 Ok(mut runner) => {
                     runner.executor_plugin = executor_plugin;
                     Ok(runner)
                 }
                 Err(e) => {
-                    if let Some((host, _)) = executor_plugin {
-                        host.stop().await;
+                    if let Some(p) = executor_plugin {
+                        p.host.stop().await;
                     }
                     Err(e)
                 }
@@ -163,10 +164,6 @@ impl Runner {
                 return Err(e);
             }
         };
-        let (executor_plugin, (plugin_allowed, plugin_default)) = match executor_plugin {
-            Some((host, cfg, levels)) => (Some((host, cfg)), levels),
-            None => (None, (None, None)),
-        };
         Ok(Runner {
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
@@ -180,8 +177,6 @@ impl Runner {
             custom: cfg.custom.clone(),
             nesting: cfg.nesting_config(),
             executor_plugin,
-            plugin_allowed,
-            plugin_default,
             placement: Placement::new(shapes),
             plugins,
             pool,
@@ -298,8 +293,8 @@ impl Runner {
         for p in &self.plugins {
             p.stop().await;
         }
-        if let Some((host, _)) = &self.executor_plugin {
-            host.stop().await;
+        if let Some(p) = &self.executor_plugin {
+            p.host.stop().await;
         }
     }
 }
@@ -352,13 +347,9 @@ pub async fn start_executor_plugin_with(
     Ok(host)
 }
 
-/// A `plugin` runner's `allowed_isolation` and `isolation`, checked against the levels its
-/// plugin declared.
-#[allow(clippy::type_complexity)]
-pub fn plugin_levels(
-    cfg: &RunnerConfig,
-    declared: &[String],
-) -> anyhow::Result<(Option<Vec<String>>, Option<String>)> {
+/// Check a `plugin` runner's `allowed_isolation` and `isolation` against the levels its plugin
+/// declared.
+pub fn check_plugin_levels(cfg: &RunnerConfig, declared: &[String]) -> anyhow::Result<()> {
     let listed = declared
         .iter()
         .map(|l| format!("{l:?}"))
@@ -386,49 +377,31 @@ pub fn plugin_levels(
             );
         }
     }
-    Ok((cfg.allowed_isolation.clone(), cfg.isolation.clone()))
+    Ok(())
 }
 
-/// A `plugin` runner's executor plugin, started, with its settings and levels; `None` for other
-/// runners. Nothing is left running on an error.
-#[allow(clippy::type_complexity)]
+/// A `plugin` runner's executor plugin, started, its levels checked; `None` for other runners.
+/// Nothing is left running on an error.
 async fn start_plugin_of(
     cfg: &RunnerConfig,
     opts: &StartOptions,
-) -> anyhow::Result<
-    Option<(
-        Arc<ExecutorHost>,
-        ExecutorPluginConfig,
-        (Option<Vec<String>>, Option<String>),
-    )>,
-> {
+) -> anyhow::Result<Option<ExecutorPlugin>> {
     let Some(p) = cfg.plugin.as_ref().filter(|_| cfg.executor == "plugin") else {
         return Ok(None);
     };
-    let host = start_executor_plugin(cfg, p, opts).await?;
-    match plugin_levels(cfg, &host.capabilities().isolation_levels) {
-        Ok(levels) => Ok(Some((Arc::new(host), p.clone(), levels))),
-        Err(e) => {
-            host.stop().await;
-            Err(e)
-        }
-    }
-}
-
-async fn start_executor_plugin(
-    cfg: &RunnerConfig,
-    plugin: &ExecutorPluginConfig,
-    opts: &StartOptions,
-) -> anyhow::Result<ExecutorHost> {
     let host = start_executor_plugin_with(
         cfg,
-        plugin,
+        p,
         opts.plugin_dir.as_deref(),
         opts.handshake_timeout,
         false,
     )
     .await?;
     let caps = host.capabilities();
+    if let Err(e) = check_plugin_levels(cfg, &caps.isolation_levels) {
+        host.stop().await;
+        return Err(e);
+    }
     tracing::info!(
         runner = %cfg.name,
         plugin = %caps.name,
@@ -436,7 +409,12 @@ async fn start_executor_plugin(
         levels = ?caps.isolation_levels,
         "executor plugin ready"
     );
-    Ok(host)
+    Ok(Some(ExecutorPlugin {
+        host: Arc::new(host),
+        config: p.clone(),
+        allowed: cfg.allowed_isolation.clone(),
+        default: cfg.isolation.clone(),
+    }))
 }
 
 /// Undo a start that failed half-way: the taskscalers and plugins started so far.
@@ -521,8 +499,6 @@ fn start_local(
         custom: cfg.custom.clone(),
         nesting: None,
         executor_plugin: None,
-        plugin_allowed: None,
-        plugin_default: None,
         placement: Placement::new(vec![Shape {
             name: "default".into(),
             scaler,
