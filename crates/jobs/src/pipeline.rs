@@ -47,7 +47,15 @@ use std::time::Duration;
 use crate::model::{
     ArtifactSpec, Image, JobInfo, JobResponse, RunnerInfo, Step, StepName, Variable, When,
 };
-use crate::yaml::{self, Kind, Node};
+use crate::yaml::{Kind, Node};
+
+mod expr;
+mod glob;
+mod include;
+mod reference;
+mod variables;
+
+use include::{Composer, IncludeContext, Sources};
 
 /// Timeout of a job that sets none, in seconds (GitLab's project default: 1 hour).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
@@ -143,12 +151,20 @@ const DEFAULT_KEYS_UNSUPPORTED: &[&str] = &[
 const TOP_KEYS_UNSUPPORTED: &[&str] =
     &["include", "workflow", "services", "cache", "types", "spec"];
 
-/// How strictly to read a pipeline file.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How to read a pipeline file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PipelineOptions {
     /// Report GitLab keywords this reader does not implement as warnings (and ignore them)
     /// instead of failing.
     pub allow_unsupported: bool,
+    /// The project directory: `include:local` paths are relative to it (default: the pipeline
+    /// file's directory, or the current directory for [`Pipeline::parse`]).
+    pub project_dir: Option<PathBuf>,
+    /// Where `include:project` finds other projects: `<include_root>/<group>/<project>`.
+    pub include_root: Option<PathBuf>,
+    /// Variables known before the file is read: predefined ones and the user's, later wins.
+    /// They count for `include:rules`, `workflow:rules` and `rules`, and every job gets them.
+    pub variables: Vec<Variable>,
 }
 
 /// One problem in a pipeline file, at a line.
@@ -160,6 +176,9 @@ pub struct Diagnostic {
     pub line: usize,
     /// What is wrong, starting with where (`job "build": ...`).
     pub message: String,
+    /// Place in the order of all files' lines (the root file first, then included files in
+    /// the order they were read), for sorting.
+    order: usize,
 }
 
 impl fmt::Display for Diagnostic {
@@ -290,32 +309,77 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Reads and parses a pipeline file; messages name the file as `path` is written.
+    /// Reads and parses a pipeline file; messages name the file as `path` is written. Blocking
+    /// file I/O (included files too).
     pub fn from_file(path: impl AsRef<Path>, opts: PipelineOptions) -> Result<Self, PipelineError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| PipelineError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string(), opts)
+        let mut opts = opts;
+        if opts.project_dir.is_none() {
+            opts.project_dir = Some(match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            });
+        }
+        Self::read(&text, &path.display().to_string(), Some(path), &opts)
     }
 
-    /// Parses pipeline text; `file_name` is used in messages.
+    /// Parses pipeline text; `file_name` is used in messages. Included files are read from
+    /// [`PipelineOptions::project_dir`] (blocking file I/O).
     pub fn parse(
         text: &str,
         file_name: &str,
         opts: PipelineOptions,
     ) -> Result<Self, PipelineError> {
+        Self::read(text, file_name, None, &opts)
+    }
+
+    fn read(
+        text: &str,
+        file_name: &str,
+        path: Option<&Path>,
+        opts: &PipelineOptions,
+    ) -> Result<Self, PipelineError> {
+        let lookup = |name: &str| {
+            opts.variables
+                .iter()
+                .rev()
+                .find(|v| v.key == name)
+                .map(|v| v.value.clone())
+        };
+        let project_dir = opts
+            .project_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("."));
+        let mut composer = Composer::new(IncludeContext {
+            project_dir: &project_dir,
+            include_root: opts.include_root.as_deref(),
+            variables: &lookup,
+        });
+        let mut root = composer.root(text, file_name, path);
+        let mut composed = std::mem::take(&mut composer.errors);
+        if let Some(root) = root.as_mut() {
+            reference::resolve(root, &mut composed);
+        }
         let mut r = Reader {
-            file: file_name,
+            sources: composer.sources,
             errors: Vec::new(),
             unsupported: Vec::new(),
         };
-        let pipeline = r.pipeline(text);
+        for (line, message) in composed {
+            r.error(line, message);
+        }
+        let pipeline = match root {
+            Some(root) if r.errors.is_empty() => r.pipeline(root),
+            _ => None,
+        };
         let mut errors = r.errors;
         let mut warnings = Vec::new();
         if opts.allow_unsupported {
-            r.unsupported.sort_by_key(|d| d.line);
+            r.unsupported.sort_by_key(|d| d.order);
             warnings = r.unsupported.iter().map(ToString::to_string).collect();
         } else {
             errors.extend(r.unsupported);
@@ -332,9 +396,10 @@ impl Pipeline {
                         file: file_name.to_string(),
                         line: 1,
                         message: "invalid pipeline".into(),
+                        order: 0,
                     });
                 }
-                errors.sort_by_key(|d| d.line);
+                errors.sort_by_key(|d| d.order);
                 Err(PipelineError::Invalid {
                     diagnostics: errors,
                 })
@@ -608,27 +673,32 @@ struct RawJob {
     needs: Option<Vec<RawNeed>>,
 }
 
-struct Reader<'a> {
-    file: &'a str,
+struct Reader {
+    sources: Sources,
     errors: Vec<Diagnostic>,
     unsupported: Vec<Diagnostic>,
 }
 
-impl Reader<'_> {
+impl Reader {
+    /// A problem at `line` of the shared line space (see [`include::Sources`]).
+    fn diagnostic(&self, line: usize, message: String) -> Diagnostic {
+        let (file, own) = self.sources.locate(line);
+        Diagnostic {
+            file: file.to_string(),
+            line: own,
+            message,
+            order: line,
+        }
+    }
+
     fn error(&mut self, line: usize, message: impl Into<String>) {
-        self.errors.push(Diagnostic {
-            file: self.file.to_string(),
-            line,
-            message: message.into(),
-        });
+        let d = self.diagnostic(line, message.into());
+        self.errors.push(d);
     }
 
     fn unsupported(&mut self, line: usize, ctx: &str, key: &str) {
-        self.unsupported.push(Diagnostic {
-            file: self.file.to_string(),
-            line,
-            message: format!("{ctx}: unsupported key \"{key}\""),
-        });
+        let d = self.diagnostic(line, format!("{ctx}: unsupported key \"{key}\""));
+        self.unsupported.push(d);
     }
 
     /// Reports a key that is neither implemented nor a GitLab keyword, with a likely intended
@@ -645,21 +715,8 @@ impl Reader<'_> {
         self.error(line, format!("{ctx}: unknown key \"{key}\"{hint}"));
     }
 
-    fn pipeline(&mut self, text: &str) -> Option<Pipeline> {
-        let root = match yaml::parse(text) {
-            Ok(Some(root)) => root,
-            Ok(None) => {
-                self.error(1, "the file is empty: a pipeline needs at least one job");
-                return None;
-            }
-            Err(errs) => {
-                for e in errs {
-                    self.error(e.line, e.message);
-                }
-                return None;
-            }
-        };
-        if root.is_null() {
+    fn pipeline(&mut self, root: Node) -> Option<Pipeline> {
+        if root.is_null() || root.as_map().is_some_and(|m| m.is_empty()) {
             self.error(
                 root.line,
                 "the file is empty: a pipeline needs at least one job",
@@ -1971,12 +2028,13 @@ impl Reader<'_> {
                         }
                     }
                 }
-                Kind::Seq(_) => {
+                Kind::Seq(_) | Kind::Reference(_) => {
                     self.error(
                         e.key_line,
                         format!(
-                            "{what}: \"{}\": expected a string or a number, found a list",
-                            e.key
+                            "{what}: \"{}\": expected a string or a number, found {}",
+                            e.key,
+                            v.describe()
                         ),
                     );
                     continue;
@@ -2076,7 +2134,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// Deep merge for `extends`: mappings merge key by key, anything else is replaced by `over`.
-fn deep_merge(base: &Node, over: &Node) -> Node {
+pub(crate) fn deep_merge(base: &Node, over: &Node) -> Node {
     match (&base.kind, &over.kind) {
         (Kind::Map(b), Kind::Map(o)) => {
             let mut out = b.clone();

@@ -2,7 +2,12 @@
 //!
 //! yaml-rust2's own `Yaml` loader drops positions and silently keeps the last of duplicate keys;
 //! the pipeline reader needs a line for every error and must reject duplicate job names, so it
-//! builds its own tree. Anchors and aliases are resolved here, as are `<<` merge keys.
+//! builds its own tree. Anchors and aliases are resolved here, as are `<<` merge keys. GitLab's
+//! `!reference [name, key, ...]` tag becomes a [`Kind::Reference`] node, resolved by the pipeline
+//! loader once every included file is merged.
+//!
+//! Lines are offset by a base given to the parser, so nodes of several files can live in one tree
+//! and still say which file they came from (see the pipeline's source map).
 
 use std::collections::HashMap;
 
@@ -39,6 +44,8 @@ pub(crate) enum Kind {
     },
     Seq(Vec<Node>),
     Map(Vec<Entry>),
+    /// `!reference [name, key, ...]`: the path of the node it stands for.
+    Reference(Vec<String>),
 }
 
 /// One key of a mapping, with the key's own line.
@@ -106,12 +113,13 @@ impl Node {
             Kind::Scalar { .. } => "a string",
             Kind::Seq(_) => "a list",
             Kind::Map(_) => "a mapping",
+            Kind::Reference(_) => "a !reference",
         }
     }
 
     fn height(&self) -> usize {
         1 + match &self.kind {
-            Kind::Scalar { .. } => 0,
+            Kind::Scalar { .. } | Kind::Reference(_) => 0,
             Kind::Seq(items) => items.iter().map(Node::height).max().unwrap_or(0),
             Kind::Map(entries) => entries.iter().map(|e| e.value.height()).max().unwrap_or(0),
         }
@@ -120,6 +128,7 @@ impl Node {
     fn size(&self) -> usize {
         1 + match &self.kind {
             Kind::Scalar { .. } => 0,
+            Kind::Reference(path) => path.len(),
             Kind::Seq(items) => items.iter().map(Node::size).sum(),
             Kind::Map(entries) => entries.iter().map(|e| e.value.size()).sum(),
         }
@@ -128,15 +137,28 @@ impl Node {
 
 /// Parses one YAML document. `Ok(None)` for an empty stream. Duplicate keys are reported all at
 /// once; a syntax error stops parsing.
+#[cfg(test)]
 pub(crate) fn parse(text: &str) -> Result<Option<Node>, Vec<YamlError>> {
+    let docs = parse_documents(text, 0, 1)?;
+    Ok(docs.into_iter().next())
+}
+
+/// Parses up to `max_docs` YAML documents (separated by `---`), every line offset by `base`.
+/// Anchors do not cross documents.
+pub(crate) fn parse_documents(
+    text: &str,
+    base: usize,
+    max_docs: usize,
+) -> Result<Vec<Node>, Vec<YamlError>> {
     let mut b = Builder {
         parser: Parser::new_from_str(text),
         anchors: HashMap::new(),
         errors: Vec::new(),
         nodes: 0,
+        base,
     };
-    match b.document() {
-        Ok(node) if b.errors.is_empty() => Ok(node),
+    match b.documents(max_docs) {
+        Ok(docs) if b.errors.is_empty() => Ok(docs),
         Ok(_) => Err(b.errors),
         Err(e) => {
             b.errors.push(e);
@@ -151,6 +173,8 @@ struct Builder<'a> {
     /// Non-fatal problems (duplicate keys, bad merge values); parsing goes on to find them all.
     errors: Vec<YamlError>,
     nodes: usize,
+    /// Added to every line (the file's place in the source map).
+    base: usize,
 }
 
 fn line_of(mark: &Marker) -> usize {
@@ -160,34 +184,39 @@ fn line_of(mark: &Marker) -> usize {
 impl Builder<'_> {
     fn next(&mut self) -> Result<(Event, usize), YamlError> {
         match self.parser.next_token() {
-            Ok((ev, mark)) => Ok((ev, line_of(&mark))),
+            Ok((ev, mark)) => Ok((ev, self.base + line_of(&mark))),
             Err(e) => Err(YamlError {
-                line: line_of(e.marker()),
+                line: self.base + line_of(e.marker()),
                 message: format!("invalid YAML: {}", e.info()),
             }),
         }
     }
 
-    fn document(&mut self) -> Result<Option<Node>, YamlError> {
-        let mut root = None;
+    fn documents(&mut self, max_docs: usize) -> Result<Vec<Node>, YamlError> {
+        let mut docs = Vec::new();
         loop {
             let (ev, line) = self.next()?;
             match ev {
                 Event::StreamStart | Event::DocumentEnd | Event::Nothing => {}
-                Event::StreamEnd => return Ok(root),
+                Event::StreamEnd => return Ok(docs),
                 Event::DocumentStart => {
-                    if root.is_some() {
+                    if docs.len() >= max_docs {
                         return Err(YamlError {
                             line,
-                            message: "more than one YAML document (`---`) is not supported".into(),
+                            message: if max_docs == 1 {
+                                "more than one YAML document (`---`) is not supported".into()
+                            } else {
+                                format!("more than {max_docs} YAML documents (`---`)")
+                            },
                         });
                     }
+                    self.anchors.clear();
                     let (ev, line) = self.next()?;
-                    root = Some(self.node(ev, line, 0)?);
+                    docs.push(self.node(ev, line, 0)?);
                 }
                 other => {
                     // The parser always wraps nodes in a document; be defensive anyway.
-                    root = Some(self.node(other, line, 0)?);
+                    docs.push(self.node(other, line, 0)?);
                 }
             }
         }
@@ -255,7 +284,10 @@ impl Builder<'_> {
                 Ok(node)
             }
             Event::SequenceStart(anchor, tag) => {
-                reject_tag(tag.as_ref(), line)?;
+                let reference = is_reference(tag.as_ref());
+                if !reference {
+                    reject_tag(tag.as_ref(), line)?;
+                }
                 self.count(1, line)?;
                 let mut items = Vec::new();
                 loop {
@@ -265,10 +297,26 @@ impl Builder<'_> {
                     }
                     items.push(self.node(ev, l, depth + 1)?);
                 }
-                let node = Node {
-                    line,
-                    kind: Kind::Seq(items),
+                let kind = if reference {
+                    let path: Option<Vec<String>> = items
+                        .iter()
+                        .map(|i| i.as_scalar().map(String::from))
+                        .collect();
+                    match path {
+                        Some(path) if !path.is_empty() => Kind::Reference(path),
+                        _ => {
+                            return Err(YamlError {
+                                line,
+                                message: "!reference expects a list of names, such as \
+                                          !reference [.setup, script]"
+                                    .into(),
+                            });
+                        }
+                    }
+                } else {
+                    Kind::Seq(items)
                 };
+                let node = Node { line, kind };
                 self.anchor(anchor, &node);
                 Ok(node)
             }
@@ -393,7 +441,7 @@ impl Builder<'_> {
                 }
                 out
             }
-            Kind::Scalar { .. } => {
+            Kind::Scalar { .. } | Kind::Reference(_) => {
                 self.errors.push(YamlError {
                     line: value.line,
                     message: format!(
@@ -407,7 +455,12 @@ impl Builder<'_> {
     }
 }
 
-/// Tags such as GitLab's `!reference` change meaning; refusing them beats misreading them.
+/// GitLab's `!reference` tag (any handle spelling of it).
+fn is_reference(tag: Option<&yaml_rust2::parser::Tag>) -> bool {
+    tag.is_some_and(|t| t.handle == "!" && t.suffix == "reference")
+}
+
+/// Tags other than `!reference` change meaning; refusing them beats misreading them.
 fn reject_tag(tag: Option<&yaml_rust2::parser::Tag>, line: usize) -> Result<(), YamlError> {
     match tag {
         None => Ok(()),
@@ -441,6 +494,20 @@ mod tests {
             2,
             "merged keys keep their line"
         );
+    }
+
+    #[test]
+    fn references_and_documents() {
+        let root = parse("a: !reference [.x, script]\n").unwrap().unwrap();
+        assert_eq!(
+            root.get("a").unwrap().value.kind,
+            Kind::Reference(vec![".x".into(), "script".into()])
+        );
+        let docs = parse_documents("spec:\n  inputs: {}\n---\nb: 2\n", 100, 2).unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[1].get("b").unwrap().key_line, 104);
+        let errs = parse_documents("a: 1\n---\nb: 2\n---\nc: 3\n", 0, 2).unwrap_err();
+        assert_eq!(errs[0].line, 4);
     }
 
     #[test]
@@ -490,7 +557,9 @@ mod tests {
         }
         let errs = parse(&deep).unwrap_err();
         assert!(errs[0].message.contains("through aliases"), "{errs:?}");
-        assert!(parse("a: !reference [.x, script]\n").is_err());
+        assert!(parse("a: !reference {x: 1}\n").is_err());
+        assert!(parse("a: !reference []\n").is_err());
+        assert!(parse("a: !other [x]\n").is_err());
         assert!(parse("a: *nope\n").is_err());
         assert!(parse("a: 1\n---\nb: 2\n").is_err());
     }

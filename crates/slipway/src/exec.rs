@@ -75,6 +75,7 @@ pub async fn run(
         &opts.file.display().to_string(),
         PipelineOptions {
             allow_unsupported: opts.allow_unsupported,
+            ..PipelineOptions::default()
         },
     )?;
     for w in &pipeline.warnings {

@@ -722,7 +722,10 @@ async fn submit(queue: &Queue, file: &Path, allow_unsupported: bool) -> anyhow::
     let pipeline = slipway_jobs::Pipeline::parse(
         &text,
         &file.display().to_string(),
-        slipway_jobs::PipelineOptions { allow_unsupported },
+        slipway_jobs::PipelineOptions {
+            allow_unsupported,
+            ..Default::default()
+        },
     )?;
     for w in &pipeline.warnings {
         eprintln!("warning: {w}");

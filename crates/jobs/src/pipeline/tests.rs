@@ -276,7 +276,7 @@ fn durations() {
 #[test]
 fn unsupported_keys_are_all_listed_with_file_line_and_path() {
     let text = "\
-include: other.yml
+cache: {paths: [y]}
 build:
   script: make
   cache:
@@ -290,7 +290,7 @@ build:
     assert_eq!(
         errors(text),
         [
-            ".gitlab-ci.yml:1: top level: unsupported key \"include\"",
+            ".gitlab-ci.yml:1: top level: unsupported key \"cache\"",
             ".gitlab-ci.yml:4: job \"build\": unsupported key \"cache\"",
             ".gitlab-ci.yml:6: job \"build\": unsupported key \"rules\"",
             ".gitlab-ci.yml:10: job \"build\": unsupported key \"artifacts:expire_in\"",
@@ -301,6 +301,7 @@ build:
         FILE,
         PipelineOptions {
             allow_unsupported: true,
+            ..PipelineOptions::default()
         },
     )
     .unwrap();
@@ -320,6 +321,7 @@ fn unknown_keys_are_errors_even_when_unsupported_keys_are_allowed() {
         FILE,
         PipelineOptions {
             allow_unsupported: true,
+            ..PipelineOptions::default()
         },
     )
     .unwrap_err()
@@ -431,7 +433,7 @@ fn error_messages() {
         ),
         (
             "a:\n  script: !reference [.x, script]\n",
-            ".gitlab-ci.yml:2: YAML tag \"!reference\" is not supported",
+            ".gitlab-ci.yml:2: !reference [.x, script]: the configuration has no key \".x\"",
         ),
         (
             "a:\n  script: [x\n",
@@ -508,7 +510,7 @@ fn junk_input_gives_clean_errors() {
         ),
         (
             "a: {script: x}\n---\nb: {script: y}\n",
-            ".gitlab-ci.yml:2: more than one YAML document",
+            ".gitlab-ci.yml:1: a file of two YAML documents must start with a header holding only \"spec\"",
         ),
         (
             "a:\n  script: x\n\tstage: y\n",
