@@ -45,17 +45,24 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::model::{
-    ArtifactSpec, Image, JobInfo, JobResponse, RunnerInfo, Step, StepName, Variable, When,
+    ArtifactSpec, CacheSpec, Image, JobInfo, JobResponse, RunnerInfo, Step, StepName, Variable,
+    When,
 };
 use crate::yaml::{Kind, Node};
 
+mod checkout;
 mod expr;
 mod glob;
 mod include;
+mod keywords;
 mod reference;
+mod rules;
 mod variables;
 
+pub use checkout::{Checkout, slug};
 use include::{Composer, IncludeContext, Sources};
+pub use keywords::Retry;
+use rules::{Facts, RefFilter, Rule, RuleWhen};
 
 /// Timeout of a job that sets none, in seconds (GitLab's project default: 1 hour).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
@@ -90,6 +97,7 @@ const JOB_KEYS: &[&str] = &[
     "after_script",
     "needs",
     "when",
+    "start_in",
     "allow_failure",
     "extends",
     "artifacts",
@@ -101,32 +109,20 @@ const JOB_KEYS: &[&str] = &[
     "parallel",
     "snapshot",
     "restore",
-];
-/// GitLab job keywords this reader does not implement (yet).
-const JOB_KEYS_UNSUPPORTED: &[&str] = &[
-    "cache",
-    "coverage",
-    "dast_configuration",
-    "dependencies",
-    "environment",
-    "except",
-    "hooks",
-    "id_tokens",
-    "identity",
-    "inherit",
-    "interruptible",
-    "manual_confirmation",
-    "only",
-    "pages",
-    "release",
-    "resource_group",
-    "retry",
     "rules",
-    "run",
-    "secrets",
-    "start_in",
+    "only",
+    "except",
+    "inherit",
+    "retry",
+    "resource_group",
+    "coverage",
+    "interruptible",
+    "dependencies",
+    "cache",
     "trigger",
 ];
+/// GitLab job keywords this reader does not implement (yet).
+const JOB_KEYS_UNSUPPORTED: &[&str] = &["run", "inputs"];
 /// `default:` keys this reader implements.
 const DEFAULT_KEYS: &[&str] = &[
     "before_script",
@@ -137,19 +133,15 @@ const DEFAULT_KEYS: &[&str] = &[
     "isolation",
     "services",
     "snapshot",
-];
-/// GitLab `default:` keywords this reader does not implement (yet).
-const DEFAULT_KEYS_UNSUPPORTED: &[&str] = &[
-    "artifacts",
     "cache",
-    "hooks",
-    "id_tokens",
-    "interruptible",
     "retry",
+    "interruptible",
+    "artifacts",
 ];
+/// GitLab `default:` keywords that decide nothing locally (accepted with a warning).
+const DEFAULT_KEYS_IGNORED: &[&str] = &["hooks", "id_tokens"];
 /// Top-level GitLab keywords this reader does not implement (yet); never job names.
-const TOP_KEYS_UNSUPPORTED: &[&str] =
-    &["include", "workflow", "services", "cache", "types", "spec"];
+const TOP_KEYS_UNSUPPORTED: &[&str] = &[];
 
 /// How to read a pipeline file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -162,9 +154,15 @@ pub struct PipelineOptions {
     pub project_dir: Option<PathBuf>,
     /// Where `include:project` finds other projects: `<include_root>/<group>/<project>`.
     pub include_root: Option<PathBuf>,
-    /// Variables known before the file is read: predefined ones and the user's, later wins.
-    /// They count for `include:rules`, `workflow:rules` and `rules`, and every job gets them.
+    /// Predefined variables (`CI_COMMIT_SHA`, ...; see [`Checkout`]): every job gets them, and
+    /// any variable of the pipeline's overrides them.
+    pub predefined: Vec<Variable>,
+    /// The user's variables (`--variable`, a variables file): they override every variable of
+    /// the pipeline, as GitLab's project and pipeline variables do.
     pub variables: Vec<Variable>,
+    /// The ref `rules:changes` compares the working tree with when a rule names none (`None`:
+    /// `changes` always holds, as in GitLab without a push).
+    pub changes_base: Option<String>,
 }
 
 /// One problem in a pipeline file, at a line.
@@ -259,8 +257,8 @@ pub struct PipelineJob {
     pub artifact_paths: Vec<String>,
     /// `artifacts:when`.
     pub artifacts_when: When,
-    /// Image name.
-    pub image: Option<String>,
+    /// Image, with its `pull_policy` and `entrypoint`.
+    pub image: Option<Image>,
     /// Requested isolation level (Slipway extension), validated later by the runner.
     pub isolation: Option<String>,
     /// Service containers (`services:`), for the docker executors.
@@ -273,6 +271,32 @@ pub struct PipelineJob {
     pub snapshot: Option<Snapshot>,
     /// `restore:` (Slipway extension): the snapshot to start from, `$VAR`s replaced.
     pub restore: Option<String>,
+    /// `when: manual`: the job waits until someone starts it (`slipway exec --job NAME`).
+    pub manual: bool,
+    /// `when: delayed`: how long it waits once it may start.
+    pub start_in: Option<Duration>,
+    /// `allow_failure: exit_codes`: failures with these exit codes are allowed.
+    pub allow_failure_exit_codes: Vec<i32>,
+    /// `retry`.
+    pub retry: Retry,
+    /// `resource_group`: jobs of one group never run at the same time.
+    pub resource_group: Option<String>,
+    /// `coverage`: a regex whose last match in the trace gives the job's coverage.
+    pub coverage: Option<String>,
+    /// `interruptible`.
+    pub interruptible: bool,
+    /// `artifacts:reports:dotenv` files: their variables go to the jobs that get this job's
+    /// artifacts.
+    pub dotenv: Vec<String>,
+    /// `dependencies`: the jobs whose artifacts this job gets (`None`: by `needs`, else all of
+    /// earlier stages).
+    pub dependencies: Option<Vec<String>>,
+    /// `cache:` entries.
+    pub cache: Vec<CacheSpec>,
+    /// `artifacts:exclude`.
+    pub artifacts_exclude: Vec<String>,
+    /// `artifacts:untracked`.
+    pub artifacts_untracked: bool,
     /// Line of the job's key in the file.
     pub line: usize,
 }
@@ -304,8 +328,12 @@ pub struct Pipeline {
     pub stages: Vec<String>,
     /// Jobs in file order (hidden templates are not jobs).
     pub jobs: Vec<PipelineJob>,
-    /// Unsupported keys that were ignored (only with `allow_unsupported`), as `file:line: text`.
+    /// Keys that were accepted but decide nothing here, and unsupported keys that were ignored
+    /// (only with `allow_unsupported`), as `file:line: text`.
     pub warnings: Vec<String>,
+    /// Why the pipeline has no jobs although the file has some (workflow rules, or every job's
+    /// rules left it out).
+    pub excluded: Option<String>,
 }
 
 impl Pipeline {
@@ -347,6 +375,7 @@ impl Pipeline {
             opts.variables
                 .iter()
                 .rev()
+                .chain(opts.predefined.iter().rev())
                 .find(|v| v.key == name)
                 .map(|v| v.value.clone())
         };
@@ -368,6 +397,10 @@ impl Pipeline {
             sources: composer.sources,
             errors: Vec::new(),
             unsupported: Vec::new(),
+            ignored: Vec::new(),
+            predefined: &opts.predefined,
+            user: &opts.variables,
+            facts: Facts::new(&project_dir, opts.changes_base.clone()),
         };
         for (line, message) in composed {
             r.error(line, message);
@@ -377,13 +410,14 @@ impl Pipeline {
             _ => None,
         };
         let mut errors = r.errors;
-        let mut warnings = Vec::new();
+        let mut warned = r.ignored;
         if opts.allow_unsupported {
-            r.unsupported.sort_by_key(|d| d.order);
-            warnings = r.unsupported.iter().map(ToString::to_string).collect();
+            warned.extend(r.unsupported);
         } else {
             errors.extend(r.unsupported);
         }
+        warned.sort_by_key(|d| d.order);
+        let warnings: Vec<String> = warned.iter().map(ToString::to_string).collect();
         match pipeline {
             Some(mut p) if errors.is_empty() => {
                 p.warnings = warnings;
@@ -519,7 +553,7 @@ impl PipelineJob {
             },
             variables,
             steps,
-            image: self.image.as_deref().map(Image::named),
+            image: self.image.clone(),
             services: self.services.clone(),
             artifacts,
             ..JobResponse::default()
@@ -631,12 +665,62 @@ struct Defaults {
     before_script: Option<Vec<String>>,
     after_script: Option<Vec<String>>,
     timeout: Option<Duration>,
-    image: Option<String>,
+    image: Option<Image>,
     tags: Option<Vec<String>>,
     isolation: Option<String>,
     services: Option<Vec<Image>>,
     /// Only ever `on_failure`: a saved snapshot is named per job.
     snapshot: Option<SnapshotSpec>,
+    cache: Option<Vec<CacheSpec>>,
+    retry: Option<Retry>,
+    interruptible: Option<bool>,
+    artifacts: Option<Node>,
+}
+
+/// `inherit:default` / `inherit:variables`: what a job takes from the top level.
+#[derive(Clone)]
+enum Inherit {
+    All,
+    Nothing,
+    Only(Vec<String>),
+}
+
+impl Inherit {
+    fn keeps(&self, key: &str) -> bool {
+        match self {
+            Inherit::All => true,
+            Inherit::Nothing => false,
+            Inherit::Only(keys) => keys.iter().any(|k| k == key),
+        }
+    }
+}
+
+/// What decides whether a job (each of its `parallel:` jobs) is in the pipeline, and how it
+/// starts.
+#[derive(Clone)]
+struct Decide {
+    rules: Option<Vec<Rule>>,
+    only: Option<RefFilter>,
+    except: Option<RefFilter>,
+    when: RuleWhen,
+    start_in: Option<Duration>,
+    allow_failure: Option<bool>,
+}
+
+/// Adds `over` to `base`, each replacing a variable of its name (which moves to the end).
+fn layer(base: &mut Vec<Variable>, over: impl IntoIterator<Item = Variable>) {
+    for v in over {
+        base.retain(|b| b.key != v.key);
+        base.push(v);
+    }
+}
+
+/// The value of the last variable called `name`.
+fn lookup_in(vars: &[Variable], name: &str) -> Option<String> {
+    vars.iter()
+        .rev()
+        .find(|v| v.key == name)
+        .map(|v| v.value.clone())
 }
 
 /// The variables one `parallel: matrix:` job gets, in the order they are written.
@@ -658,7 +742,7 @@ enum SnapshotSpec {
 }
 
 /// A need as written, with its line, checked once all jobs are known.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 struct RawNeed {
     job: String,
     artifacts: bool,
@@ -673,13 +757,21 @@ struct RawJob {
     needs: Option<Vec<RawNeed>>,
 }
 
-struct Reader {
+struct Reader<'a> {
     sources: Sources,
     errors: Vec<Diagnostic>,
     unsupported: Vec<Diagnostic>,
+    /// Accepted keys that decide nothing here, one line each.
+    ignored: Vec<Diagnostic>,
+    /// Predefined variables (lowest precedence).
+    predefined: &'a [Variable],
+    /// The user's variables (highest precedence).
+    user: &'a [Variable],
+    /// Files and changes, for `exists` and `changes`.
+    facts: Facts<'a>,
 }
 
-impl Reader {
+impl Reader<'_> {
     /// A problem at `line` of the shared line space (see [`include::Sources`]).
     fn diagnostic(&self, line: usize, message: String) -> Diagnostic {
         let (file, own) = self.sources.locate(line);
@@ -739,16 +831,23 @@ impl Reader {
         let mut defaults = Defaults::default();
         let mut global_defaults = Defaults::default();
         let mut global_vars = Vec::new();
+        let mut workflow_rules: Option<Vec<Rule>> = None;
         // Every top-level entry `extends` may name (jobs and templates), and the jobs in order.
         let mut defs: HashMap<&str, &Node> = HashMap::new();
         let mut job_keys = Vec::new();
 
         for e in entries {
             match e.key.as_str() {
-                "stages" => {
+                // `types` is the deprecated name of `stages`.
+                "stages" | "types" => {
                     stages_line = e.key_line;
-                    stages = self.string_list("stages", &e.value);
+                    stages = self.string_list(&e.key, &e.value);
                 }
+                "workflow" => workflow_rules = self.workflow(&e.value),
+                // A header's `spec` (pipeline inputs) has no inputs to take here.
+                "spec" => {}
+                "cache" => global_defaults.cache = self.cache("cache", &e.value),
+                "services" => global_defaults.services = self.services("services", &e.value),
                 "default" => {
                     if let Some(d) = self.defaults(&e.value) {
                         defaults = d;
@@ -779,6 +878,8 @@ impl Reader {
             before_script: defaults.before_script.or(global_defaults.before_script),
             after_script: defaults.after_script.or(global_defaults.after_script),
             image: defaults.image.or(global_defaults.image),
+            cache: defaults.cache.or(global_defaults.cache),
+            services: defaults.services.or(global_defaults.services),
             ..defaults
         };
 
@@ -808,6 +909,30 @@ impl Reader {
             return None;
         }
 
+        if let Some(rules) = &workflow_rules {
+            let scope = self.scope(&global_vars);
+            let lookup = |n: &str| lookup_in(&scope, n);
+            match rules::first_match(rules, &lookup, &mut self.facts) {
+                Some(r) if r.when != Some(RuleWhen::Never) => {
+                    // workflow:rules:variables override the global ones.
+                    layer(&mut global_vars, r.variables.iter().cloned());
+                }
+                hit => {
+                    let why = if hit.is_some() {
+                        "Pipeline filtered out by workflow rules (a rule with when: never matched)"
+                    } else {
+                        "Pipeline filtered out by workflow rules (no rule matched)"
+                    };
+                    return Some(Pipeline {
+                        stages,
+                        jobs: Vec::new(),
+                        warnings: Vec::new(),
+                        excluded: Some(why.into()),
+                    });
+                }
+            }
+        }
+
         let mut memo: HashMap<String, Option<Node>> = HashMap::new();
         let mut raw_jobs = Vec::new();
         for e in job_keys {
@@ -831,7 +956,75 @@ impl Reader {
             }
         }
 
-        Some(self.link(stages, raw_jobs))
+        let mut pipeline = self.link(stages, raw_jobs);
+        if pipeline.jobs.is_empty() && self.errors.is_empty() {
+            pipeline.excluded =
+                Some("No jobs for this pipeline: the rules of every job left it out".into());
+        }
+        Some(pipeline)
+    }
+
+    /// The variables rules see for a job whose own (global ones included) are `vars`:
+    /// predefined, then `vars`, then the user's, each value expanded.
+    fn scope(&self, vars: &[Variable]) -> Vec<Variable> {
+        let mut scope = self.predefined.to_vec();
+        layer(&mut scope, vars.iter().cloned());
+        layer(&mut scope, self.user.iter().cloned());
+        variables::expand_all(&mut scope);
+        scope
+    }
+
+    /// `workflow:`: its rules (`name` and `auto_cancel` decide nothing here).
+    fn workflow(&mut self, node: &Node) -> Option<Vec<Rule>> {
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!("workflow: expected a mapping, found {}", node.describe()),
+            );
+            return None;
+        };
+        let mut rules = None;
+        for e in entries {
+            match e.key.as_str() {
+                "rules" => rules = self.rules("workflow: rules", &e.value, false),
+                "name" | "auto_cancel" => {}
+                k => self.error(
+                    e.key_line,
+                    format!("workflow: unknown key \"{k}\" (expected rules, name or auto_cancel)"),
+                ),
+            }
+        }
+        rules
+    }
+
+    /// Notes a key that is accepted but decides nothing in a local run.
+    fn ignore(&mut self, line: usize, ctx: &str, key: &str) {
+        let d = self.diagnostic(
+            line,
+            format!("{ctx}: \"{key}\" decides nothing in a local run; ignored"),
+        );
+        self.ignored.push(d);
+    }
+
+    /// A duration such as `30 minutes`.
+    fn duration(&mut self, what: &str, node: &Node) -> Option<Duration> {
+        let Some(text) = node.as_scalar() else {
+            self.error(
+                node.line,
+                format!("{what}: expected a duration, found {}", node.describe()),
+            );
+            return None;
+        };
+        let d = parse_duration(text);
+        if d.is_none() {
+            self.error(
+                node.line,
+                format!(
+                    "{what}: invalid duration \"{text}\" (examples: \"30 seconds\", \"10 minutes\", \"1h 30m\")"
+                ),
+            );
+        }
+        d
     }
 
     /// Stage indices and `needs` checks: these need every job.
@@ -945,6 +1138,7 @@ impl Reader {
             stages,
             jobs,
             warnings: Vec::new(),
+            excluded: None,
         }
     }
 
@@ -1140,14 +1334,16 @@ impl Reader {
                     e.key_line,
                     "default: restore: not allowed here (name the snapshot to restore on each job)",
                 ),
-                k if DEFAULT_KEYS_UNSUPPORTED.contains(&k) => {
-                    self.unsupported(e.key_line, "default", k)
-                }
+                "cache" => d.cache = self.cache("default: cache", v),
+                "retry" => d.retry = self.retry("default: retry", v),
+                "interruptible" => d.interruptible = v.as_bool(),
+                "artifacts" => d.artifacts = Some(v.clone()),
+                k if DEFAULT_KEYS_IGNORED.contains(&k) => self.ignore(e.key_line, "default", k),
                 k => self.unknown(
                     e.key_line,
                     "default",
                     k,
-                    &[DEFAULT_KEYS, DEFAULT_KEYS_UNSUPPORTED],
+                    &[DEFAULT_KEYS, DEFAULT_KEYS_IGNORED],
                 ),
             }
         }
@@ -1185,6 +1381,18 @@ impl Reader {
             parallel: None,
             snapshot: None,
             restore: None,
+            manual: false,
+            start_in: None,
+            allow_failure_exit_codes: Vec::new(),
+            retry: Retry::default(),
+            resource_group: None,
+            coverage: None,
+            interruptible: false,
+            dotenv: Vec::new(),
+            dependencies: None,
+            cache: Vec::new(),
+            artifacts_exclude: Vec::new(),
+            artifacts_untracked: false,
             line,
         };
         let mut stage_line = line;
@@ -1193,8 +1401,20 @@ impl Reader {
         let (mut timeout, mut image, mut tags, mut isolation) = (None, None, None, None);
         let mut services = None;
         let (mut parallel, mut snapshot, mut restore) = (None, None, None);
+        let (mut retry, mut interruptible, mut cache) = (None, None, None);
         let mut own_vars = Vec::new();
         let mut failed = false;
+        let mut trigger = false;
+        let mut has_artifacts = false;
+        let (mut inherit_default, mut inherit_vars) = (Inherit::All, Inherit::All);
+        let mut decide = Decide {
+            rules: None,
+            only: None,
+            except: None,
+            when: RuleWhen::OnSuccess,
+            start_in: None,
+            allow_failure: None,
+        };
         for e in entries {
             let v = &e.value;
             let key = e.key.as_str();
@@ -1215,29 +1435,51 @@ impl Reader {
                 }
                 "after_script" => after = self.script(&what, v),
                 "needs" => needs = self.needs(&ctx, v),
-                "when" => match self.when(&what, v, true) {
-                    Some(w) => job.when = w,
+                "when" => {
+                    let allowed = [
+                        RuleWhen::OnSuccess,
+                        RuleWhen::OnFailure,
+                        RuleWhen::Always,
+                        RuleWhen::Manual,
+                        RuleWhen::Delayed,
+                    ];
+                    match self.rule_when(&what, v, &allowed) {
+                        Some(w) => decide.when = w,
+                        None => failed = true,
+                    }
+                }
+                "start_in" => decide.start_in = self.duration(&what, v),
+                "allow_failure" => match self.allow_failure(&what, v) {
+                    Some((b, codes)) => {
+                        decide.allow_failure = Some(b);
+                        job.allow_failure_exit_codes = codes;
+                    }
                     None => failed = true,
                 },
-                "allow_failure" => match &v.kind {
-                    Kind::Map(_) => {
-                        for sub in v.as_map().unwrap_or_default() {
-                            self.unsupported(
-                                sub.key_line,
-                                &ctx,
-                                &format!("allow_failure:{}", sub.key),
-                            );
-                        }
-                    }
-                    _ => match v.as_bool() {
-                        Some(b) => job.allow_failure = b,
-                        None => self.error(
-                            e.key_line,
-                            format!("{what}: expected true or false, found {}", v.describe()),
-                        ),
-                    },
+                "rules" => match self.rules(&format!("{ctx}: rules"), v, true) {
+                    Some(r) => decide.rules = Some(r),
+                    None => failed = true,
                 },
-                "artifacts" => self.artifacts(&ctx, v, &mut job),
+                "only" => decide.only = self.ref_filter(&what, v),
+                "except" => decide.except = self.ref_filter(&what, v),
+                "inherit" => (inherit_default, inherit_vars) = self.inherit(&what, v),
+                "retry" => retry = self.retry(&what, v),
+                "resource_group" => job.resource_group = self.string(&what, v),
+                "coverage" => job.coverage = self.coverage(&what, v),
+                "interruptible" => match v.as_bool() {
+                    Some(b) => interruptible = Some(b),
+                    None => self.error(
+                        v.line,
+                        format!("{what}: expected true or false, found {}", v.describe()),
+                    ),
+                },
+                "dependencies" => job.dependencies = self.string_list(&what, v),
+                "cache" => cache = self.cache(&what, v),
+                "trigger" => trigger = true,
+                "artifacts" => {
+                    has_artifacts = true;
+                    self.artifacts(&ctx, v, &mut job);
+                }
                 "timeout" => timeout = self.timeout(&ctx, v),
                 "image" => image = self.image(&what, v),
                 "isolation" => isolation = self.string(&what, v),
@@ -1254,9 +1496,53 @@ impl Reader {
                         format!("{what}: expected a snapshot name, found {}", v.describe()),
                     ),
                 },
+                k if keywords::IGNORED_JOB_KEYS.contains(&k) => self.ignore(e.key_line, &ctx, k),
                 k if JOB_KEYS_UNSUPPORTED.contains(&k) => self.unsupported(e.key_line, &ctx, k),
-                k => self.unknown(e.key_line, &ctx, k, &[JOB_KEYS, JOB_KEYS_UNSUPPORTED]),
+                k => self.unknown(
+                    e.key_line,
+                    &ctx,
+                    k,
+                    &[JOB_KEYS, JOB_KEYS_UNSUPPORTED, keywords::IGNORED_JOB_KEYS],
+                ),
             }
+        }
+        if trigger {
+            // A trigger job starts a downstream pipeline in GitLab; there is none here.
+            let d = self.diagnostic(
+                line,
+                format!("{ctx}: a trigger job starts a downstream pipeline, which a local run does not have; not run"),
+            );
+            self.ignored.push(d);
+            return Some(Vec::new());
+        }
+        if decide.rules.is_some() && (decide.only.is_some() || decide.except.is_some()) {
+            self.error(
+                line,
+                format!("{ctx}: rules cannot be used together with only or except"),
+            );
+            failed = true;
+        }
+        let delayed_without_start = |r: &Rule| {
+            r.when == Some(RuleWhen::Delayed) && r.start_in.is_none() && decide.start_in.is_none()
+        };
+        if (decide.when == RuleWhen::Delayed
+            && decide.start_in.is_none()
+            && decide
+                .rules
+                .as_ref()
+                .is_none_or(|r| r.iter().all(|r| r.start_in.is_none())))
+            || decide
+                .rules
+                .as_ref()
+                .is_some_and(|r| r.iter().any(delayed_without_start))
+        {
+            self.error(
+                line,
+                format!(
+                    "{ctx}: when: delayed needs start_in (how long to wait, e.g. \"30 seconds\")"
+                ),
+            );
+            failed = true;
         }
         if node.get("script").is_none() {
             self.error(
@@ -1268,33 +1554,145 @@ impl Reader {
         if failed {
             return None;
         }
+        let d = |key: &str| inherit_default.keeps(key);
         job.script = script.unwrap_or_default();
         job.before_script = before
-            .or_else(|| defaults.before_script.clone())
+            .or_else(|| d("before_script").then(|| defaults.before_script.clone())?)
             .unwrap_or_default();
         job.after_script = after
-            .or_else(|| defaults.after_script.clone())
+            .or_else(|| d("after_script").then(|| defaults.after_script.clone())?)
             .unwrap_or_default();
-        job.timeout = timeout.or(defaults.timeout);
-        job.image = image.or_else(|| defaults.image.clone());
-        job.tags = tags.or_else(|| defaults.tags.clone()).unwrap_or_default();
+        job.timeout = timeout.or(defaults.timeout.filter(|_| d("timeout")));
+        job.image = image.or_else(|| d("image").then(|| defaults.image.clone())?);
+        job.tags = tags
+            .or_else(|| d("tags").then(|| defaults.tags.clone())?)
+            .unwrap_or_default();
         job.isolation = isolation.or_else(|| defaults.isolation.clone());
         job.services = services
-            .or_else(|| defaults.services.clone())
+            .or_else(|| d("services").then(|| defaults.services.clone())?)
             .unwrap_or_default();
+        job.cache = cache
+            .or_else(|| d("cache").then(|| defaults.cache.clone())?)
+            .unwrap_or_default();
+        job.retry = retry
+            .or_else(|| d("retry").then(|| defaults.retry.clone())?)
+            .unwrap_or_default();
+        job.interruptible = interruptible
+            .or(defaults.interruptible.filter(|_| d("interruptible")))
+            .unwrap_or(false);
+        if !has_artifacts
+            && d("artifacts")
+            && let Some(a) = &defaults.artifacts
+        {
+            self.artifacts(&ctx, a, &mut job);
+        }
         job.variables = global_vars
             .iter()
-            .filter(|g| !own_vars.iter().any(|o: &Variable| o.key == g.key))
+            .filter(|g| inherit_vars.keeps(&g.key))
             .cloned()
             .collect();
-        job.variables.extend(own_vars);
+        layer(&mut job.variables, own_vars);
         let snapshot = snapshot.or_else(|| defaults.snapshot.clone());
         let base = RawJob {
             job,
             stage_line,
             needs,
         };
-        Some(self.instances(base, parallel, snapshot, restore))
+        let instances = self.instances(base, parallel, snapshot, restore);
+        Some(
+            instances
+                .into_iter()
+                .filter_map(|raw| self.decide(raw, &decide))
+                .collect(),
+        )
+    }
+
+    /// Whether one job is in the pipeline, and how it starts, by its rules (or only/except):
+    /// `None` leaves it out. Its variables become the full set it runs with.
+    fn decide(&mut self, mut raw: RawJob, d: &Decide) -> Option<RawJob> {
+        let scope = self.scope(&raw.job.variables);
+        let lookup = |n: &str| lookup_in(&scope, n);
+        let (when, rule) = match &d.rules {
+            Some(rules) => {
+                let rule = rules::first_match(rules, &lookup, &mut self.facts)?;
+                (rule.when.unwrap_or(d.when), Some(rule))
+            }
+            None => {
+                let kept = rules::only_except(
+                    d.only.as_ref(),
+                    d.except.as_ref(),
+                    &lookup,
+                    &mut self.facts,
+                );
+                if !kept {
+                    return None;
+                }
+                (d.when, None)
+            }
+        };
+        let job = &mut raw.job;
+        job.when = match when {
+            RuleWhen::Never => return None,
+            RuleWhen::OnFailure => When::OnFailure,
+            RuleWhen::Always => When::Always,
+            RuleWhen::OnSuccess | RuleWhen::Manual | RuleWhen::Delayed => When::OnSuccess,
+        };
+        job.manual = when == RuleWhen::Manual;
+        if when == RuleWhen::Delayed {
+            job.start_in = rule.and_then(|r| r.start_in).or(d.start_in);
+        }
+        // A manual job outside rules may fail by default (it does not block the pipeline);
+        // inside rules it blocks unless it says otherwise (GitLab's defaults).
+        let explicit = rule.and_then(|r| r.allow_failure).or(d.allow_failure);
+        job.allow_failure = explicit.unwrap_or(job.manual && rule.is_none());
+        if let Some(r) = rule {
+            layer(&mut job.variables, r.variables.iter().cloned());
+            if let Some(n) = &r.needs {
+                raw.needs = Some(n.clone());
+            }
+            if let Some(i) = r.interruptible {
+                job.interruptible = i;
+            }
+        }
+        let mut all = self.predefined.to_vec();
+        layer(&mut all, std::mem::take(&mut job.variables));
+        layer(&mut all, self.user.iter().cloned());
+        job.variables = all;
+        Some(raw)
+    }
+
+    /// `inherit:`: what the job takes of `default:` and of the global `variables:`.
+    fn inherit(&mut self, what: &str, node: &Node) -> (Inherit, Inherit) {
+        let mut out = (Inherit::All, Inherit::All);
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!(
+                    "{what}: expected a mapping (default, variables), found {}",
+                    node.describe()
+                ),
+            );
+            return out;
+        };
+        for e in entries {
+            let value = match e.value.as_bool() {
+                Some(true) => Inherit::All,
+                Some(false) => Inherit::Nothing,
+                None => match self.string_list(&format!("{what}:{}", e.key), &e.value) {
+                    Some(keys) => Inherit::Only(keys),
+                    None => continue,
+                },
+            };
+            match e.key.as_str() {
+                "default" => out.0 = value,
+                "variables" => out.1 = value,
+                k => self.error(
+                    e.key_line,
+                    format!("{what}: unknown key \"{k}\" (expected default or variables)"),
+                ),
+            }
+        }
+        out
     }
 
     /// The jobs `base` stands for: one per `parallel:` combination (or just itself), each with
@@ -1644,7 +2042,48 @@ impl Reader {
                         job.artifacts_when = w;
                     }
                 }
-                k => self.unsupported(e.key_line, ctx, &format!("artifacts:{k}")),
+                "exclude" => {
+                    job.artifacts_exclude = self
+                        .string_list(&format!("{ctx}: artifacts:exclude"), &e.value)
+                        .unwrap_or_default()
+                }
+                "untracked" => job.artifacts_untracked = e.value.as_bool().unwrap_or(false),
+                // Names and lifetimes of stored artifacts: nothing is stored past the run.
+                "name" | "expire_in" | "expose_as" | "public" | "access" => {}
+                "reports" => {
+                    for r in e.value.as_map().unwrap_or_default() {
+                        if r.key == "dotenv" {
+                            job.dotenv = match r.value.as_scalar() {
+                                Some(p) => vec![p.to_string()],
+                                None => self
+                                    .string_list(
+                                        &format!("{ctx}: artifacts:reports:dotenv"),
+                                        &r.value,
+                                    )
+                                    .unwrap_or_default(),
+                            };
+                        } else {
+                            self.ignore(r.key_line, ctx, &format!("artifacts:reports:{}", r.key));
+                        }
+                    }
+                }
+                k => self.unknown(
+                    e.key_line,
+                    &format!("{ctx}: artifacts"),
+                    k,
+                    &[&[
+                        "paths",
+                        "when",
+                        "exclude",
+                        "untracked",
+                        "name",
+                        "expire_in",
+                        "expose_as",
+                        "public",
+                        "access",
+                        "reports",
+                    ]],
+                ),
             }
         }
     }
@@ -1784,9 +2223,10 @@ impl Reader {
         d
     }
 
-    fn image(&mut self, what: &str, node: &Node) -> Option<String> {
+    /// `image:`: a name, or `{name, pull_policy, entrypoint, docker}`.
+    fn image(&mut self, what: &str, node: &Node) -> Option<Image> {
         if let Some(name) = node.as_scalar() {
-            return Some(name.to_string());
+            return Some(Image::named(name));
         }
         let Some(entries) = node.as_map() else {
             self.error(
@@ -1795,20 +2235,42 @@ impl Reader {
             );
             return None;
         };
-        let mut name = None;
+        let mut image = Image::default();
         for e in entries {
+            let sub = format!("{what}:{}", e.key);
             match e.key.as_str() {
-                "name" => name = self.string(&format!("{what}:name"), &e.value),
+                "name" => image.name = self.string(&sub, &e.value)?,
+                "entrypoint" => image.entrypoint = self.string_list(&sub, &e.value)?,
+                "pull_policy" => {
+                    let policies = match e.value.as_scalar() {
+                        Some(p) => vec![p.to_string()],
+                        None => self.string_list(&sub, &e.value)?,
+                    };
+                    for p in &policies {
+                        if !matches!(p.as_str(), "always" | "if-not-present" | "never") {
+                            self.error(
+                                e.value.line,
+                                format!("{sub}: unknown policy \"{p}\" (expected always, if-not-present or never)"),
+                            );
+                            return None;
+                        }
+                    }
+                    image.pull_policy = policies;
+                }
+                "docker" => {
+                    image.executor_opts = serde_json::json!({ "docker": yaml_to_json(&e.value) })
+                }
                 k => {
                     let (ctx, key) = split_ctx(what);
                     self.unsupported(e.key_line, ctx, &format!("{key}:{k}"))
                 }
             }
         }
-        if name.is_none() && node.get("name").is_none() {
+        if image.name.is_empty() {
             self.error(node.line, format!("{what}: missing \"name\""));
+            return None;
         }
-        name
+        Some(image)
     }
 
     /// `services:`: image names, or maps with `name`, `alias`, `entrypoint`, `command` and
@@ -2133,6 +2595,21 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// A YAML node as JSON (scalars as strings), for options passed through to executors.
+fn yaml_to_json(node: &Node) -> serde_json::Value {
+    match &node.kind {
+        _ if node.is_null() => serde_json::Value::Null,
+        Kind::Scalar { text, .. } => serde_json::Value::String(text.clone()),
+        Kind::Seq(items) => items.iter().map(yaml_to_json).collect(),
+        Kind::Map(entries) => entries
+            .iter()
+            .map(|e| (e.key.clone(), yaml_to_json(&e.value)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        Kind::Reference(_) => serde_json::Value::Null,
+    }
+}
+
 /// Deep merge for `extends`: mappings merge key by key, anything else is replaced by `over`.
 pub(crate) fn deep_merge(base: &Node, over: &Node) -> Node {
     match (&base.kind, &over.kind) {
@@ -2156,5 +2633,7 @@ pub(crate) fn deep_merge(base: &Node, over: &Node) -> Node {
     }
 }
 
+#[cfg(test)]
+mod language_tests;
 #[cfg(test)]
 mod tests;

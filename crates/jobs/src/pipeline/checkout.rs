@@ -78,23 +78,32 @@ impl Checkout {
         };
         let default_branch = inside
             .then(|| {
-                git(dir, &["symbolic-ref", "--short", "-q", "refs/remotes/origin/HEAD"])
-                    .map(|r| r.trim_start_matches("origin/").to_string())
-                    .or_else(|| {
-                        ["main", "master"].into_iter().find_map(|b| {
-                            git(dir, &["rev-parse", "--verify", "-q", &format!("refs/heads/{b}")])
-                                .map(|_| b.to_string())
-                        })
+                git(
+                    dir,
+                    &["symbolic-ref", "--short", "-q", "refs/remotes/origin/HEAD"],
+                )
+                .map(|r| r.trim_start_matches("origin/").to_string())
+                .or_else(|| {
+                    ["main", "master"].into_iter().find_map(|b| {
+                        git(
+                            dir,
+                            &["rev-parse", "--verify", "-q", &format!("refs/heads/{b}")],
+                        )
+                        .map(|_| b.to_string())
                     })
-                    .or_else(|| git(dir, &["config", "init.defaultBranch"]))
+                })
+                .or_else(|| git(dir, &["config", "init.defaultBranch"]))
             })
             .flatten()
             .or_else(|| branch.clone())
             .unwrap_or_else(|| "main".into());
-        let ref_name = tag
-            .clone()
-            .or_else(|| branch.clone())
-            .unwrap_or_else(|| if inside { sha[..8].to_string() } else { "main".into() });
+        let ref_name = tag.clone().or_else(|| branch.clone()).unwrap_or_else(|| {
+            if inside {
+                sha[..8].to_string()
+            } else {
+                "main".into()
+            }
+        });
         set("CI", "true".into());
         set("GITLAB_CI", "true".into());
         set("CI_PIPELINE_SOURCE", "push".into());
@@ -171,10 +180,7 @@ impl Checkout {
             None
         };
         Checkout {
-            variables: vars
-                .into_iter()
-                .map(|(k, v)| Variable::new(k, v))
-                .collect(),
+            variables: vars.into_iter().map(|(k, v)| Variable::new(k, v)).collect(),
             changes_base,
         }
     }
@@ -210,7 +216,10 @@ mod tests {
     }
 
     fn get<'a>(c: &'a Checkout, k: &str) -> Option<&'a str> {
-        c.variables.iter().find(|v| v.key == k).map(|v| v.value.as_str())
+        c.variables
+            .iter()
+            .find(|v| v.key == k)
+            .map(|v| v.value.as_str())
     }
 
     #[test]
@@ -221,7 +230,15 @@ mod tests {
         std::fs::write(d.join("a.txt"), "1").unwrap();
         run(d, &["add", "."]);
         run(d, &["commit", "-q", "-m", "First line\n\nBody text"]);
-        run(d, &["remote", "add", "origin", "git@gitlab.example.com:team/sub/app.git"]);
+        run(
+            d,
+            &[
+                "remote",
+                "add",
+                "origin",
+                "git@gitlab.example.com:team/sub/app.git",
+            ],
+        );
         run(d, &["checkout", "-q", "-b", "Feature/Login_2"]);
         std::fs::write(d.join("b.txt"), "2").unwrap();
         run(d, &["add", "."]);

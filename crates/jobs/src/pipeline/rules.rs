@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::expr::Expr;
 use super::glob;
 use crate::model::Variable;
+use crate::yaml::Node;
 
 /// What a rule (or a job without rules) says about starting a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +58,7 @@ pub(crate) struct Rule {
     pub allow_failure: Option<bool>,
     pub variables: Vec<Variable>,
     /// `needs` replacing the job's (as written; the reader checks them).
-    pub needs: Option<super::NeedsSpec>,
+    pub needs: Option<Vec<super::RawNeed>>,
     pub start_in: Option<Duration>,
     pub interruptible: Option<bool>,
 }
@@ -194,12 +195,242 @@ fn ref_matches(entry: &str, lookup: &dyn Fn(&str) -> Option<String>) -> bool {
             source == want
         }
         "external_pull_requests" => source == "external_pull_request_event",
-        _ if entry.starts_with('/') && entry.len() > 1 => {
-            Expr::parse(&format!("$R =~ {entry}")).is_ok_and(|e| {
-                e.eval(&|n: &str| (n == "R").then(|| ref_name.clone()))
-            })
-        }
+        _ if entry.starts_with('/') && entry.len() > 1 => Expr::parse(&format!("$R =~ {entry}"))
+            .is_ok_and(|e| e.eval(&|n: &str| (n == "R").then(|| ref_name.clone()))),
         name => name == ref_name,
+    }
+}
+
+/// Reading `rules:`, `only:`/`except:` and `when:` (problems go to the reader's list).
+impl super::Reader<'_> {
+    /// A `when:` word; `allowed` lists the words this place takes.
+    pub(super) fn rule_when(
+        &mut self,
+        what: &str,
+        node: &Node,
+        allowed: &[RuleWhen],
+    ) -> Option<RuleWhen> {
+        let names = |list: &[RuleWhen]| {
+            list.iter()
+                .map(|w| w.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match node.as_scalar().map(|w| (w, RuleWhen::parse(w))) {
+            Some((_, Some(w))) if allowed.contains(&w) => Some(w),
+            Some((word, _)) => {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: unknown value \"{word}\" (expected {})",
+                        names(allowed)
+                    ),
+                );
+                None
+            }
+            None => {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: expected one of {}, found {}",
+                        names(allowed),
+                        node.describe()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// An expression for `if:` (or `only:variables`).
+    pub(super) fn expression(&mut self, what: &str, node: &Node) -> Option<Expr> {
+        let Some(text) = node.as_scalar() else {
+            self.error(
+                node.line,
+                format!("{what}: expected an expression, found {}", node.describe()),
+            );
+            return None;
+        };
+        match Expr::parse(text) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                self.error(node.line, format!("{what}: {e} in {text:?}"));
+                None
+            }
+        }
+    }
+
+    /// A list of path patterns (a single string counts as a list of one).
+    fn patterns(&mut self, what: &str, node: &Node) -> Option<Vec<String>> {
+        if let Some(s) = node.as_scalar() {
+            return Some(vec![s.to_string()]);
+        }
+        self.string_list(what, node)
+    }
+
+    fn changes(&mut self, what: &str, node: &Node) -> Option<Changes> {
+        if node.as_map().is_none() {
+            return self.patterns(what, node).map(|paths| Changes {
+                paths,
+                compare_to: None,
+            });
+        }
+        let mut c = Changes::default();
+        for e in node.as_map().unwrap_or_default() {
+            match e.key.as_str() {
+                "paths" => c.paths = self.patterns(&format!("{what}:paths"), &e.value)?,
+                "compare_to" => c.compare_to = self.string(&format!("{what}:compare_to"), &e.value),
+                k => self.error(
+                    e.key_line,
+                    format!("{what}: unknown key \"{k}\" (expected paths or compare_to)"),
+                ),
+            }
+        }
+        Some(c)
+    }
+
+    /// `rules:` of a job (`job_level`) or of `workflow:`.
+    pub(super) fn rules(&mut self, what: &str, node: &Node, job_level: bool) -> Option<Vec<Rule>> {
+        let Some(items) = node.as_list() else {
+            self.error(
+                node.line,
+                format!(
+                    "{what}: expected a list of rules, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let allowed: &[RuleWhen] = if job_level {
+            &[
+                RuleWhen::OnSuccess,
+                RuleWhen::OnFailure,
+                RuleWhen::Always,
+                RuleWhen::Manual,
+                RuleWhen::Delayed,
+                RuleWhen::Never,
+            ]
+        } else {
+            &[RuleWhen::Always, RuleWhen::Never]
+        };
+        let mut out = Vec::new();
+        let mut ok = true;
+        for item in items {
+            let Some(entries) = item.as_map() else {
+                self.error(
+                    item.line,
+                    format!(
+                        "{what}: expected a rule (a mapping of if, changes, exists, when, ...), found {}",
+                        item.describe()
+                    ),
+                );
+                ok = false;
+                continue;
+            };
+            let mut rule = Rule::default();
+            for e in entries {
+                let sub = format!("{what}:{}", e.key);
+                let v = &e.value;
+                match e.key.as_str() {
+                    "if" => match self.expression(&sub, v) {
+                        Some(x) => rule.cond = Some(x),
+                        None => ok = false,
+                    },
+                    "exists" => {
+                        // `exists: {paths: [...], project: ...}` names the paths under a key.
+                        let paths = v.get("paths").map_or(v, |p| &p.value);
+                        rule.exists = self.patterns(&sub, paths);
+                        ok &= rule.exists.is_some();
+                    }
+                    "changes" => {
+                        rule.changes = self.changes(&sub, v);
+                        ok &= rule.changes.is_some();
+                    }
+                    "when" => match self.rule_when(&sub, v, allowed) {
+                        Some(w) => rule.when = Some(w),
+                        None => ok = false,
+                    },
+                    "variables" => rule.variables = self.variables(&sub, v),
+                    "allow_failure" if job_level => match v.as_bool() {
+                        Some(b) => rule.allow_failure = Some(b),
+                        None => {
+                            self.error(
+                                v.line,
+                                format!("{sub}: expected true or false, found {}", v.describe()),
+                            );
+                            ok = false;
+                        }
+                    },
+                    "start_in" if job_level => rule.start_in = self.duration(&sub, v),
+                    "needs" if job_level => rule.needs = self.needs(what, v),
+                    "interruptible" if job_level => rule.interruptible = v.as_bool(),
+                    "auto_cancel" if !job_level => {}
+                    k => {
+                        let known = if job_level {
+                            "if, changes, exists, when, allow_failure, variables, needs, start_in or interruptible"
+                        } else {
+                            "if, changes, exists, when, variables or auto_cancel"
+                        };
+                        self.error(
+                            e.key_line,
+                            format!("{what}: unknown key \"{k}\" in a rule (expected {known})"),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            out.push(rule);
+        }
+        ok.then_some(out)
+    }
+
+    /// `only:` / `except:`: a list of refs, or a mapping of refs, variables and changes.
+    pub(super) fn ref_filter(&mut self, what: &str, node: &Node) -> Option<RefFilter> {
+        if node.as_map().is_none() {
+            return self.patterns(what, node).map(|refs| RefFilter {
+                refs: Some(refs),
+                ..RefFilter::default()
+            });
+        }
+        let mut f = RefFilter::default();
+        for e in node.as_map().unwrap_or_default() {
+            let sub = format!("{what}:{}", e.key);
+            match e.key.as_str() {
+                "refs" => f.refs = Some(self.patterns(&sub, &e.value)?),
+                "variables" => {
+                    let items: Vec<Node> = match e.value.as_list() {
+                        Some(l) => l.to_vec(),
+                        None => vec![e.value.clone()],
+                    };
+                    let mut exprs = Vec::new();
+                    for i in &items {
+                        exprs.push(self.expression(&sub, i)?);
+                    }
+                    f.variables = Some(exprs);
+                }
+                "changes" => f.changes = Some(self.changes(&sub, &e.value)?.paths),
+                "kubernetes" => {}
+                k => self.error(
+                    e.key_line,
+                    format!("{what}: unknown key \"{k}\" (expected refs, variables, changes or kubernetes)"),
+                ),
+            }
+        }
+        Some(f)
+    }
+}
+
+impl RuleWhen {
+    /// GitLab's spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RuleWhen::OnSuccess => "on_success",
+            RuleWhen::OnFailure => "on_failure",
+            RuleWhen::Always => "always",
+            RuleWhen::Manual => "manual",
+            RuleWhen::Delayed => "delayed",
+            RuleWhen::Never => "never",
+        }
     }
 }
 
@@ -208,7 +439,11 @@ mod tests {
     use super::*;
 
     fn look(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |n: &str| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())
+        move |n: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -232,7 +467,11 @@ mod tests {
             ("/^v\\d/", false, true),
             ("main@group/project", false, false),
         ] {
-            assert_eq!(ref_matches(entry, &branch), on_branch, "{entry} on a branch");
+            assert_eq!(
+                ref_matches(entry, &branch),
+                on_branch,
+                "{entry} on a branch"
+            );
             assert_eq!(ref_matches(entry, &tag), on_tag, "{entry} on a tag");
         }
     }
@@ -251,11 +490,31 @@ mod tests {
         // Default: branches and tags.
         assert!(only_except(None, None, &vars, &mut facts));
         // only: every key must match.
-        assert!(only_except(Some(&f(&["main"], &["$DEPLOY"])), None, &vars, &mut facts));
-        assert!(!only_except(Some(&f(&["main"], &["$NOPE"])), None, &vars, &mut facts));
+        assert!(only_except(
+            Some(&f(&["main"], &["$DEPLOY"])),
+            None,
+            &vars,
+            &mut facts
+        ));
+        assert!(!only_except(
+            Some(&f(&["main"], &["$NOPE"])),
+            None,
+            &vars,
+            &mut facts
+        ));
         // except: any key matching drops it.
-        assert!(!only_except(None, Some(&f(&["dev"], &["$DEPLOY"])), &vars, &mut facts));
-        assert!(only_except(None, Some(&f(&["dev"], &[])), &vars, &mut facts));
+        assert!(!only_except(
+            None,
+            Some(&f(&["dev"], &["$DEPLOY"])),
+            &vars,
+            &mut facts
+        ));
+        assert!(only_except(
+            None,
+            Some(&f(&["dev"], &[])),
+            &vars,
+            &mut facts
+        ));
     }
 
     #[test]

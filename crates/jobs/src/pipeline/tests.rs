@@ -100,7 +100,7 @@ fn parses_a_realistic_pipeline() {
     assert_eq!(build.line, 33);
     assert_eq!((build.stage.as_str(), build.stage_index), ("build", 1));
     assert_eq!(
-        build.image.as_deref(),
+        build.image.as_ref().map(|i| i.name.as_str()),
         Some("rust:1.95"),
         "extends beats default"
     );
@@ -131,7 +131,7 @@ fn parses_a_realistic_pipeline() {
 
     let lint = p.job("lint").unwrap();
     assert_eq!(
-        lint.image.as_deref(),
+        lint.image.as_ref().map(|i| i.name.as_str()),
         Some("rust:1.95"),
         "from the << merge"
     );
@@ -165,7 +165,7 @@ fn parses_a_realistic_pipeline() {
     assert_eq!(notify.isolation.as_deref(), Some("microvm"));
     assert_eq!(notify.tags, ["small"]);
     assert_eq!(
-        notify.image.as_deref(),
+        notify.image.as_ref().map(|i| i.name.as_str()),
         Some("alpine:3.20"),
         "default image"
     );
@@ -276,13 +276,14 @@ fn durations() {
 #[test]
 fn unsupported_keys_are_all_listed_with_file_line_and_path() {
     let text = "\
-cache: {paths: [y]}
 build:
   script: make
-  cache:
-    paths: [x]
-  rules:
-    - if: $X
+  run:
+    - name: step
+  environment: production
+  image:
+    name: alpine
+    kubernetes: {user: '1000'}
   artifacts:
     paths: [out]
     expire_in: 1 week
@@ -290,10 +291,8 @@ build:
     assert_eq!(
         errors(text),
         [
-            ".gitlab-ci.yml:1: top level: unsupported key \"cache\"",
-            ".gitlab-ci.yml:4: job \"build\": unsupported key \"cache\"",
-            ".gitlab-ci.yml:6: job \"build\": unsupported key \"rules\"",
-            ".gitlab-ci.yml:10: job \"build\": unsupported key \"artifacts:expire_in\"",
+            ".gitlab-ci.yml:3: job \"build\": unsupported key \"run\"",
+            ".gitlab-ci.yml:8: job \"build\": unsupported key \"image:kubernetes\"",
         ]
     );
     let p = Pipeline::parse(
@@ -306,10 +305,13 @@ build:
     )
     .unwrap();
     assert_eq!(p.jobs[0].artifact_paths, ["out"]);
-    assert_eq!(p.warnings.len(), 4);
     assert_eq!(
-        p.warnings[1],
-        ".gitlab-ci.yml:4: job \"build\": unsupported key \"cache\""
+        p.warnings,
+        [
+            ".gitlab-ci.yml:3: job \"build\": unsupported key \"run\"",
+            ".gitlab-ci.yml:5: job \"build\": \"environment\" decides nothing in a local run; ignored",
+            ".gitlab-ci.yml:8: job \"build\": unsupported key \"image:kubernetes\"",
+        ]
     );
 }
 
@@ -384,16 +386,16 @@ fn error_messages() {
             ".gitlab-ci.yml:5: duplicate key \"a\" (first defined on line 1)",
         ),
         (
-            "a:\n  script: x\n  when: manual\n",
-            ".gitlab-ci.yml:3: job \"a\": when: \"manual\" is not supported yet",
+            "a:\n  script: x\n  when: never\n",
+            ".gitlab-ci.yml:3: job \"a\": when: unknown value \"never\" (expected on_success, on_failure, always, manual, delayed)",
         ),
         (
             "a:\n  script: x\n  when: sometimes\n",
-            ".gitlab-ci.yml:3: job \"a\": when: unknown value \"sometimes\" (expected on_success, on_failure or always)",
+            ".gitlab-ci.yml:3: job \"a\": when: unknown value \"sometimes\" (expected on_success, on_failure, always, manual, delayed)",
         ),
         (
             "a:\n  script: x\n  allow_failure: maybe\n",
-            ".gitlab-ci.yml:3: job \"a\": allow_failure: expected true or false, found a string",
+            ".gitlab-ci.yml:3: job \"a\": allow_failure: expected true, false or {exit_codes: [...]}, found a string",
         ),
         (
             "a:\n  script: x\n  timeout: soon\n",
@@ -569,7 +571,7 @@ fn global_deprecated_keys_act_as_defaults_and_default_wins() {
     let p =
         parse("image: old\nbefore_script: [g]\ndefault:\n  image: new\na:\n  script: x\n").unwrap();
     let a = &p.jobs[0];
-    assert_eq!(a.image.as_deref(), Some("new"));
+    assert_eq!(a.image.as_ref().map(|i| i.name.as_str()), Some("new"));
     assert_eq!(a.before_script, ["g"]);
 }
 

@@ -41,7 +41,6 @@ pub(crate) fn expand(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Str
 /// Expands every variable's value in place, in order, against the variables before it and
 /// itself excluded (as GitLab resolves `variables:` for rules): `raw` ones stay as written.
 /// Nested references resolve because earlier values are already expanded.
-#[allow(dead_code)] // Used by rules evaluation, wired in the next step.
 pub(crate) fn expand_all(vars: &mut [crate::model::Variable]) {
     for i in 0..vars.len() {
         if vars[i].raw || !vars[i].value.contains('$') {
