@@ -39,6 +39,7 @@ pub use model::{
     Image, JobInfo, JobResponse, Port, RunnerInfo, Step, StepName, Variable, When,
 };
 pub use pipeline::{
-    Diagnostic, Need, Pipeline, PipelineError, PipelineJob, PipelineOptions, parse_duration,
+    Checkout, Diagnostic, Need, Pipeline, PipelineError, PipelineJob, PipelineOptions, Retry,
+    parse_duration,
 };
-pub use run::{JobStatus, PipelineRun, PipelineStatus, RunError};
+pub use run::{JobStatus, PipelineRun, PipelineStatus, RunError, Selection};

@@ -13,8 +13,14 @@
 //! - `on_success` runs on success (and, without `needs`, on skipped); `on_failure` runs on
 //!   failed; `always` runs on success, failed or skipped. Otherwise the job becomes `Skipped`.
 //!
-//! Simplifications: no `manual`/`delayed` jobs, no retries, no `dependencies:` keyword, and a
-//! canceled job is never restarted.
+//! - A `when: manual` job whose turn comes waits as `Manual` until it is played (named in the
+//!   [`Selection`]). One that may fail (`allow_failure`, the default outside `rules`) counts
+//!   as skipped for later jobs; one that may not blocks them, and the pipeline is `Blocked`.
+//! - `dependencies:` chooses whose artifacts a job gets (`needs` still decides when it starts).
+//!
+//! Left to the caller, which owns the clock and the executor: `when: delayed` (wait
+//! `start_in` once [`PipelineRun::ready`] returns the job), `retry`, and `resource_group`.
+//! A canceled job is never restarted.
 
 use std::fmt;
 
@@ -38,6 +44,8 @@ pub enum JobStatus {
     Skipped,
     /// Canceled before or while running.
     Canceled,
+    /// A `when: manual` job whose turn came: it waits for someone to start it.
+    Manual,
 }
 
 impl JobStatus {
@@ -56,6 +64,7 @@ impl JobStatus {
             JobStatus::FailedAllowed => "failed (allowed)",
             JobStatus::Skipped => "skipped",
             JobStatus::Canceled => "canceled",
+            JobStatus::Manual => "manual",
         }
     }
 }
@@ -81,6 +90,8 @@ pub enum PipelineStatus {
     Canceled,
     /// No job ran at all.
     Skipped,
+    /// A manual job that may not fail waits to be started; the jobs after it did not run.
+    Blocked,
 }
 
 impl fmt::Display for PipelineStatus {
@@ -92,6 +103,7 @@ impl fmt::Display for PipelineStatus {
             PipelineStatus::Failed => "failed",
             PipelineStatus::Canceled => "canceled",
             PipelineStatus::Skipped => "skipped",
+            PipelineStatus::Blocked => "blocked",
         })
     }
 }
@@ -133,6 +145,10 @@ struct RunJob {
     name: String,
     when: When,
     allow_failure: bool,
+    /// Exit codes whose failure is allowed.
+    allow_exit_codes: Vec<i32>,
+    /// `when: manual` and not played: it stops at `Manual`.
+    manual: bool,
     /// Jobs whose end this one waits for and whose statuses decide whether it runs.
     preds: Vec<usize>,
     /// Scheduled by `needs` (GitLab's DAG scheduling), which changes what "skipped" means.
@@ -151,6 +167,21 @@ enum Prior {
     Skipped,
     Failed,
     Canceled,
+    /// A manual job that may not fail waits.
+    Blocked,
+}
+
+/// Which jobs a run includes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Run only these jobs (all when empty); they start whatever their `when` and are played
+    /// when manual. A name of a `parallel:` job selects all of its jobs.
+    pub jobs: Vec<String>,
+    /// With `jobs`: also run what they need, transitively (their `needs`, else every job of
+    /// the earlier stages), in pipeline order.
+    pub needs: bool,
+    /// Manual jobs to play in this run (by name, or a parallel job's name).
+    pub manual: Vec<String>,
 }
 
 /// The state of one pipeline run. Job indices are those of [`Pipeline::jobs`].
@@ -162,31 +193,84 @@ pub struct PipelineRun {
 impl PipelineRun {
     /// Starts a run of `pipeline`. With `only_job` (`--job NAME`) only that job runs: it starts at
     /// once whatever its `when`, the jobs it needs are *not* run (and hand it no artifacts), and
-    /// every other job stays `Skipped`. Running a job with its prerequisites is a different
-    /// feature; this one is for re-running one job quickly.
+    /// every other job stays `Skipped`.
     pub fn new(pipeline: &Pipeline, only_job: Option<&str>) -> Result<Self, RunError> {
-        let only = match only_job {
-            Some(name) => Some(
-                pipeline
-                    .job_index(name)
-                    .ok_or_else(|| RunError::UnknownJob(name.to_string()))?,
-            ),
-            None => None,
+        Self::with_selection(
+            pipeline,
+            &Selection {
+                jobs: only_job.map(String::from).into_iter().collect(),
+                ..Selection::default()
+            },
+        )
+    }
+
+    /// Starts a run of `pipeline` limited to `selection`.
+    pub fn with_selection(pipeline: &Pipeline, selection: &Selection) -> Result<Self, RunError> {
+        // A name is a job, or a parallel job as written (all of its jobs).
+        let named = |name: &str| -> Vec<usize> {
+            match pipeline.job_index(name) {
+                Some(i) => vec![i],
+                None => pipeline
+                    .jobs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, j)| j.parallel.as_ref().is_some_and(|p| p.job == name))
+                    .map(|(i, _)| i)
+                    .collect(),
+            }
         };
+        let mut picked: Vec<usize> = Vec::new();
+        for name in &selection.jobs {
+            let hits = named(name);
+            if hits.is_empty() {
+                return Err(RunError::UnknownJob(name.clone()));
+            }
+            picked.extend(hits);
+        }
+        let mut played: Vec<usize> = picked.clone();
+        for name in &selection.manual {
+            let hits = named(name);
+            if hits.is_empty() {
+                return Err(RunError::UnknownJob(name.clone()));
+            }
+            played.extend(hits);
+        }
         let index = |name: &str| pipeline.job_index(name);
+        let earlier = |job: &crate::pipeline::PipelineJob| -> Vec<usize> {
+            pipeline
+                .jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| j.stage_index < job.stage_index)
+                .map(|(k, _)| k)
+                .collect()
+        };
+        let preds_of = |i: usize| -> Vec<usize> {
+            let job = &pipeline.jobs[i];
+            match &job.needs {
+                Some(needs) => needs.iter().filter_map(|n| index(&n.job)).collect(),
+                None => earlier(job),
+            }
+        };
+        // With `needs`, the picked jobs and everything they wait for.
+        let mut selected: Vec<bool> = vec![picked.is_empty(); pipeline.jobs.len()];
+        let mut stack = picked.clone();
+        while let Some(i) = stack.pop() {
+            if selected[i] {
+                continue;
+            }
+            selected[i] = true;
+            if selection.needs {
+                stack.extend(preds_of(i));
+            }
+        }
+        let alone = !picked.is_empty() && !selection.needs;
         let jobs = pipeline
             .jobs
             .iter()
             .enumerate()
             .map(|(i, job)| {
-                let earlier: Vec<usize> = pipeline
-                    .jobs
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, j)| j.stage_index < job.stage_index)
-                    .map(|(k, _)| k)
-                    .collect();
-                let (preds, artifact_from, dag) = match &job.needs {
+                let (preds, mut artifact_from, dag) = match &job.needs {
                     // Names were checked by the parser; an unknown one is ignored defensively.
                     Some(needs) => (
                         needs.iter().filter_map(|n| index(&n.job)).collect(),
@@ -197,26 +281,33 @@ impl PipelineRun {
                             .collect(),
                         true,
                     ),
-                    None => (earlier.clone(), earlier, false),
+                    None => (earlier(job), earlier(job), false),
                 };
-                let selected = only.is_none_or(|o| o == i);
+                if let Some(deps) = &job.dependencies {
+                    artifact_from = deps.iter().flat_map(|d| named(d)).collect();
+                }
                 let mut rj = RunJob {
                     name: job.name.clone(),
                     when: job.when,
                     allow_failure: job.allow_failure,
+                    allow_exit_codes: job.allow_failure_exit_codes.clone(),
+                    manual: job.manual && !played.contains(&i),
                     preds,
                     dag,
                     artifact_from,
-                    selected,
-                    status: if selected {
+                    selected: selected[i],
+                    status: if selected[i] {
                         JobStatus::Pending
                     } else {
                         JobStatus::Skipped
                     },
                 };
-                if only.is_some() {
-                    rj.preds.clear();
+                if picked.contains(&i) {
+                    // Asked for by name: it runs whatever its `when`.
                     rj.when = When::Always;
+                    if alone {
+                        rj.preds.clear();
+                    }
                 }
                 rj
             })
@@ -291,7 +382,19 @@ impl PipelineRun {
     /// A failure is stored as `FailedAllowed` or `Failed` according to the job's
     /// `allow_failure`, so callers need not know it. Jobs that can no longer run become `Skipped`.
     pub fn finish(&mut self, i: usize, status: JobStatus) -> Result<(), RunError> {
+        self.finish_with_exit_code(i, status, None)
+    }
+
+    /// As [`PipelineRun::finish`], with the script's exit code: a failure with one of the job's
+    /// `allow_failure: exit_codes` is allowed.
+    pub fn finish_with_exit_code(
+        &mut self,
+        i: usize,
+        status: JobStatus,
+        exit_code: Option<i32>,
+    ) -> Result<(), RunError> {
         let j = self.get(i)?;
+        let allowed = j.allow_failure || exit_code.is_some_and(|c| j.allow_exit_codes.contains(&c));
         if j.status != JobStatus::Running {
             return Err(RunError::NotRunning {
                 job: j.name.clone(),
@@ -300,9 +403,7 @@ impl PipelineRun {
         }
         let status = match status {
             JobStatus::Success | JobStatus::Canceled => status,
-            JobStatus::Failed | JobStatus::FailedAllowed if j.allow_failure => {
-                JobStatus::FailedAllowed
-            }
+            JobStatus::Failed | JobStatus::FailedAllowed if allowed => JobStatus::FailedAllowed,
             JobStatus::Failed | JobStatus::FailedAllowed => JobStatus::Failed,
             other => return Err(RunError::NotAnOutcome(other)),
         };
@@ -343,12 +444,22 @@ impl PipelineRun {
             .map(|j| j.status)
             .collect();
         let any = |s: JobStatus| statuses.contains(&s);
-        if statuses.iter().all(|&s| s == JobStatus::Skipped) {
+        let blocked = self
+            .jobs
+            .iter()
+            .any(|j| j.selected && j.status == JobStatus::Manual && !j.allow_failure);
+        if statuses
+            .iter()
+            .all(|&s| matches!(s, JobStatus::Skipped | JobStatus::Manual))
+            && !blocked
+        {
             PipelineStatus::Skipped
         } else if any(JobStatus::Failed) {
             PipelineStatus::Failed
         } else if any(JobStatus::Canceled) {
             PipelineStatus::Canceled
+        } else if blocked {
+            PipelineStatus::Blocked
         } else if any(JobStatus::FailedAllowed) {
             PipelineStatus::SuccessWithWarnings
         } else {
@@ -393,6 +504,9 @@ impl PipelineRun {
                 if !runs(self.jobs[i].when, prior, self.jobs[i].dag) {
                     self.jobs[i].status = JobStatus::Skipped;
                     changed = true;
+                } else if self.jobs[i].manual {
+                    self.jobs[i].status = JobStatus::Manual;
+                    changed = true;
                 }
             }
             if !changed {
@@ -403,11 +517,19 @@ impl PipelineRun {
 
     fn prior(&self, i: usize) -> Prior {
         let j = &self.jobs[i];
+        let blocking = |p: &RunJob| p.status == JobStatus::Manual && !p.allow_failure;
+        if j.preds.iter().any(|&p| blocking(&self.jobs[p])) {
+            return Prior::Blocked;
+        }
+        // A manual job that may fail counts as skipped.
         let statuses: Vec<JobStatus> = j
             .preds
             .iter()
             .filter(|&&p| self.jobs[p].selected)
-            .map(|&p| self.jobs[p].status)
+            .map(|&p| match self.jobs[p].status {
+                JobStatus::Manual => JobStatus::Skipped,
+                s => s,
+            })
             .collect();
         let any = |s: JobStatus| statuses.contains(&s);
         if statuses.is_empty() {
@@ -437,7 +559,7 @@ fn runs(when: When, prior: Prior, dag: bool) -> bool {
     match when {
         When::OnSuccess => prior == Prior::Success || (!dag && prior == Prior::Skipped),
         When::OnFailure => prior == Prior::Failed,
-        When::Always => prior != Prior::Canceled,
+        When::Always => !matches!(prior, Prior::Canceled | Prior::Blocked),
     }
 }
 
@@ -668,5 +790,130 @@ d: {stage: deploy, script: d, needs: [b], when: always}
         assert!(run.is_done());
         assert!(run.ready().is_empty());
         assert_eq!(run.status(), PipelineStatus::Canceled);
+    }
+
+    /// Runs every ready job to `outcome(name)` until nothing is ready.
+    fn drive_codes(
+        p: &Pipeline,
+        run: &mut PipelineRun,
+        outcome: impl Fn(&str) -> (JobStatus, Option<i32>),
+    ) {
+        loop {
+            let ready = run.ready();
+            if ready.is_empty() {
+                break;
+            }
+            for i in ready {
+                run.start(i).unwrap();
+                let (s, code) = outcome(&p.jobs[i].name);
+                run.finish_with_exit_code(i, s, code).unwrap();
+            }
+        }
+    }
+
+    fn statuses(p: &Pipeline, run: &PipelineRun) -> Vec<String> {
+        (0..p.jobs.len())
+            .map(|i| format!("{}={}", p.jobs[i].name, run.job_status(i).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn manual_jobs_wait_and_block_only_when_they_may_not_fail() {
+        let text = "stages: [a, b]\n\
+                    optional: {stage: a, script: x, when: manual}\n\
+                    gate: {stage: a, script: x, when: manual, allow_failure: false}\n\
+                    after: {stage: b, script: x}\n\
+                    free: {stage: b, script: x, needs: []}\n";
+        let p = pipeline(text);
+        let mut run = PipelineRun::new(&p, None).unwrap();
+        drive_codes(&p, &mut run, |_| (JobStatus::Success, None));
+        assert_eq!(
+            statuses(&p, &run),
+            [
+                "optional=manual",
+                "gate=manual",
+                "after=skipped",
+                "free=success"
+            ]
+        );
+        assert_eq!(run.status(), PipelineStatus::Blocked);
+        // Played, the gate runs and the next stage follows.
+        let sel = Selection {
+            manual: vec!["gate".into()],
+            ..Selection::default()
+        };
+        let mut run = PipelineRun::with_selection(&p, &sel).unwrap();
+        drive_codes(&p, &mut run, |_| (JobStatus::Success, None));
+        assert_eq!(
+            statuses(&p, &run),
+            [
+                "optional=manual",
+                "gate=success",
+                "after=success",
+                "free=success"
+            ]
+        );
+        assert_eq!(run.status(), PipelineStatus::Success);
+    }
+
+    #[test]
+    fn exit_codes_allow_failures_and_dependencies_pick_artifacts() {
+        let text = "stages: [a, b]\n\
+                    flaky: {stage: a, script: x, allow_failure: {exit_codes: [3]}}\n\
+                    other: {stage: a, script: x}\n\
+                    use: {stage: b, script: x, dependencies: [other]}\n";
+        let p = pipeline(text);
+        let mut run = PipelineRun::new(&p, None).unwrap();
+        drive_codes(&p, &mut run, |n| match n {
+            "flaky" => (JobStatus::Failed, Some(3)),
+            _ => (JobStatus::Success, Some(0)),
+        });
+        assert_eq!(run.status(), PipelineStatus::SuccessWithWarnings);
+        assert_eq!(run.artifact_sources(idx(&p, "use")), [idx(&p, "other")]);
+        let mut run = PipelineRun::new(&p, None).unwrap();
+        drive_codes(&p, &mut run, |n| match n {
+            "flaky" => (JobStatus::Failed, Some(4)),
+            _ => (JobStatus::Success, Some(0)),
+        });
+        assert_eq!(run.status(), PipelineStatus::Failed);
+    }
+
+    #[test]
+    fn a_job_with_its_needs() {
+        let text = "stages: [a, b, c]\n\
+                    one: {stage: a, script: x}\n\
+                    two: {stage: a, script: x}\n\
+                    three: {stage: b, script: x, needs: [one]}\n\
+                    four: {stage: c, script: x, needs: [three]}\n";
+        let p = pipeline(text);
+        let sel = Selection {
+            jobs: vec!["four".into()],
+            needs: true,
+            ..Selection::default()
+        };
+        let mut run = PipelineRun::with_selection(&p, &sel).unwrap();
+        let mut order = Vec::new();
+        loop {
+            let ready = run.ready();
+            if ready.is_empty() {
+                break;
+            }
+            for i in ready {
+                order.push(p.jobs[i].name.clone());
+                run.start(i).unwrap();
+                run.finish(i, JobStatus::Success).unwrap();
+            }
+        }
+        assert_eq!(order, ["one", "three", "four"]);
+        assert!(!run.is_selected(idx(&p, "two")));
+        let err = PipelineRun::with_selection(
+            &p,
+            &Selection {
+                jobs: vec!["nope".into()],
+                ..Selection::default()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "no job named \"nope\" in the pipeline");
     }
 }
