@@ -57,12 +57,14 @@ mod include;
 mod keywords;
 mod reference;
 mod rules;
+mod varfile;
 mod variables;
 
 pub use checkout::{Checkout, slug};
 use include::{Composer, IncludeContext, Sources};
 pub use keywords::Retry;
 use rules::{Facts, RefFilter, Rule, RuleWhen};
+pub use varfile::{parse_dotenv, read_variables_file};
 
 /// Timeout of a job that sets none, in seconds (GitLab's project default: 1 hour).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
@@ -527,18 +529,28 @@ impl PipelineJob {
                 allow_failure: true,
             });
         }
-        let artifacts = if self.artifact_paths.is_empty() {
-            Vec::new()
-        } else {
-            vec![ArtifactSpec {
+        let mut artifacts = Vec::new();
+        if !self.artifact_paths.is_empty() {
+            artifacts.push(ArtifactSpec {
                 name: "artifacts".into(),
                 paths: self.artifact_paths.clone(),
+                exclude: self.artifacts_exclude.clone(),
                 when: self.artifacts_when,
                 artifact_type: "archive".into(),
                 artifact_format: "zip".into(),
                 ..ArtifactSpec::default()
-            }]
-        };
+            });
+        }
+        if !self.dotenv.is_empty() {
+            artifacts.push(ArtifactSpec {
+                name: "dotenv".into(),
+                paths: self.dotenv.clone(),
+                when: self.artifacts_when,
+                artifact_type: "dotenv".into(),
+                artifact_format: "gzip".into(),
+                ..ArtifactSpec::default()
+            });
+        }
         JobResponse {
             id,
             job_info: JobInfo {
@@ -556,6 +568,7 @@ impl PipelineJob {
             image: self.image.clone(),
             services: self.services.clone(),
             artifacts,
+            cache: self.cache.clone(),
             ..JobResponse::default()
         }
     }

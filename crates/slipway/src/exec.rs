@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use slipway_executor::{JobOutcome, Trace};
-use slipway_jobs::{JobStatus, Pipeline, PipelineOptions, PipelineRun, PipelineStatus};
+use slipway_jobs::{JobStatus, Pipeline, PipelineRun, PipelineStatus, Retry, Selection, Variable};
 use slipway_taskscaler::Acquisition;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -17,15 +17,30 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RunnerConfig;
 use crate::job;
+use crate::local;
 use crate::runner::{Runner, StartOptions};
 
 /// What `slipway exec` was asked to do.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ExecOptions {
     /// Pipeline file.
     pub file: PathBuf,
-    /// Run only this job.
-    pub job: Option<String>,
+    /// Run only these jobs (all when empty).
+    pub jobs: Vec<String>,
+    /// With `jobs`: also run what they need.
+    pub needs: bool,
+    /// Manual jobs to play.
+    pub manual: Vec<String>,
+    /// Print the jobs the pipeline would have, run nothing.
+    pub list: bool,
+    /// `KEY=VALUE` variables given on the command line (over the variables file's).
+    pub variables: Vec<String>,
+    /// The variables file (default: `.slipway-variables.yml` beside the pipeline, if present).
+    pub variables_file: Option<PathBuf>,
+    /// Where `include:project` finds other projects' checkouts.
+    pub include_root: Option<PathBuf>,
+    /// Write a JSON report of the run here.
+    pub report: Option<PathBuf>,
     /// Ignore (with a warning) keys the reader does not support.
     pub allow_unsupported: bool,
     /// Jobs at once.
@@ -53,12 +68,37 @@ pub struct JobRow {
     pub slot: Option<u32>,
     /// Failure message, if any.
     pub message: String,
+    /// Coverage found by the job's `coverage` regex.
+    pub coverage: Option<String>,
+    /// Tries it took (more than one after `retry`).
+    pub attempts: u32,
+    /// The script's exit code, when it failed with one.
+    pub exit_code: Option<i32>,
+}
+
+impl JobRow {
+    fn new(name: &str, stage: &str, status: JobStatus) -> Self {
+        JobRow {
+            name: name.to_string(),
+            stage: stage.to_string(),
+            status,
+            duration: None,
+            instance: String::new(),
+            slot: None,
+            message: String::new(),
+            coverage: None,
+            attempts: 0,
+            exit_code: None,
+        }
+    }
 }
 
 struct Finished {
     index: usize,
     row: JobRow,
     artifacts: Vec<PathBuf>,
+    /// Variables of its dotenv report.
+    dotenv: Vec<Variable>,
 }
 
 /// Run the pipeline; returns whether it succeeded. `stop` cancels it (SIGTERM, Ctrl-C).
@@ -67,21 +107,32 @@ pub async fn run(
     opts: &ExecOptions,
     stop: CancellationToken,
 ) -> anyhow::Result<bool> {
-    let text = tokio::fs::read_to_string(&opts.file)
-        .await
-        .with_context(|| format!("cannot read {}", opts.file.display()))?;
-    let pipeline = Pipeline::parse(
-        &text,
-        &opts.file.display().to_string(),
-        PipelineOptions {
-            allow_unsupported: opts.allow_unsupported,
-            ..PipelineOptions::default()
-        },
-    )?;
+    let read = {
+        let opts = opts.clone();
+        tokio::task::spawn_blocking(move || local::read(&opts))
+            .await
+            .context("reading the pipeline")??
+    };
+    let pipeline = &read.pipeline;
     for w in &pipeline.warnings {
         eprintln!("warning: {w}");
     }
-    let mut plan = PipelineRun::new(&pipeline, opts.job.as_deref())?;
+    if let Some(why) = &pipeline.excluded {
+        println!("{why}");
+        return Ok(true);
+    }
+    if opts.list {
+        print_list(pipeline);
+        return Ok(true);
+    }
+    let mut plan = PipelineRun::with_selection(
+        pipeline,
+        &Selection {
+            jobs: opts.jobs.clone(),
+            needs: opts.needs,
+            manual: opts.manual.clone(),
+        },
+    )?;
 
     // Everything this run creates lives under one directory, removed at the end.
     let run_dir = tempfile::Builder::new()
@@ -113,7 +164,7 @@ pub async fn run(
         _ = stop.cancelled() => anyhow::bail!("interrupted while starting the runner"),
     };
 
-    let result = drive(&runner, &pipeline, &mut plan, opts, &artifacts_dir, &stop).await;
+    let result = drive(&runner, &read, &mut plan, opts, &artifacts_dir, &stop).await;
     runner.shutdown().await;
     // Removing a directory tree is blocking I/O: keep it off the runtime's threads.
     match tokio::task::spawn_blocking(move || run_dir.close()).await {
@@ -123,25 +174,92 @@ pub async fn run(
     }
     let rows = result?;
     print_summary(&rows);
+    let status = plan.status();
+    if let Some(path) = &opts.report {
+        let report = report_json(&rows, status);
+        tokio::fs::write(path, format!("{report:#}\n"))
+            .await
+            .with_context(|| format!("writing the report {}", path.display()))?;
+    }
     let ok = matches!(
-        plan.status(),
-        PipelineStatus::Success | PipelineStatus::SuccessWithWarnings
+        status,
+        PipelineStatus::Success | PipelineStatus::SuccessWithWarnings | PipelineStatus::Blocked
     );
-    println!("Pipeline {}", if ok { "succeeded" } else { "failed" });
+    match status {
+        PipelineStatus::Blocked => {
+            println!("Pipeline blocked: a manual job waits (run it with --manual NAME)")
+        }
+        _ if ok => println!("Pipeline succeeded"),
+        _ => println!("Pipeline failed"),
+    }
     Ok(ok)
+}
+
+/// The run as JSON, for tools: the pipeline's status and each job's row.
+fn report_json(rows: &[JobRow], status: PipelineStatus) -> serde_json::Value {
+    serde_json::json!({
+        "status": status.to_string(),
+        "jobs": rows.iter().map(|r| serde_json::json!({
+            "name": r.name,
+            "stage": r.stage,
+            "status": r.status.as_str(),
+            "duration_s": r.duration.map(|d| d.as_secs_f64()),
+            "coverage": r.coverage,
+            "attempts": r.attempts,
+            "exit_code": r.exit_code,
+            "message": r.message,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `--list`: the jobs GitLab would create, with stage, when and needs.
+fn print_list(pipeline: &Pipeline) {
+    let header = ["JOB", "STAGE", "WHEN", "ALLOW_FAILURE", "NEEDS"];
+    let rows: Vec<[String; 5]> = pipeline
+        .jobs
+        .iter()
+        .map(|j| {
+            let when = if j.manual {
+                "manual".to_string()
+            } else if let Some(d) = j.start_in {
+                format!("delayed {}", humantime::format_duration(d))
+            } else {
+                j.when.as_str().to_string()
+            };
+            let needs = match &j.needs {
+                None => "-".to_string(),
+                Some(n) if n.is_empty() => "[]".to_string(),
+                Some(n) => n
+                    .iter()
+                    .map(|n| n.job.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            [
+                j.name.clone(),
+                j.stage.clone(),
+                when,
+                j.allow_failure.to_string(),
+                needs,
+            ]
+        })
+        .collect();
+    print_table(&header, &rows);
 }
 
 async fn drive(
     runner: &Arc<Runner>,
-    pipeline: &Pipeline,
+    read: &local::Read,
     plan: &mut PipelineRun,
     opts: &ExecOptions,
     artifacts_dir: &Path,
     stop: &CancellationToken,
 ) -> anyhow::Result<Vec<JobRow>> {
+    let pipeline = &read.pipeline;
     let printer = Printer::start();
     let mut rows: Vec<Option<JobRow>> = vec![None; pipeline.jobs.len()];
     let mut artifacts: HashMap<usize, Vec<PathBuf>> = HashMap::new();
+    let mut dotenv: HashMap<usize, Vec<Variable>> = HashMap::new();
     let mut tasks: JoinSet<Finished> = JoinSet::new();
     let mut running = 0usize;
     let limit = opts.concurrent.max(1) as usize;
@@ -149,6 +267,9 @@ async fn drive(
     // Jobs stop on a signal, or when the run itself fails: never abandoned mid-step.
     let jobs_stop = stop.child_token();
     let mut fatal: Option<anyhow::Error> = None;
+    // One lock per resource group: its jobs run one at a time, in the order they start.
+    let mut groups: HashMap<String, Arc<tokio::sync::Mutex<()>>> = HashMap::new();
+    let sources = Arc::new(read.sources.clone());
 
     loop {
         if !jobs_stop.is_cancelled() {
@@ -164,23 +285,43 @@ async fn drive(
                 running += 1;
                 let job = &pipeline.jobs[index];
                 let id = index as u64 + 1;
-                let payload = job.to_job_response(id, pipeline_id, &[]);
-                let inputs: Vec<PathBuf> = plan
-                    .artifact_sources(index)
+                let from = plan.artifact_sources(index);
+                // dotenv variables of the jobs it gets artifacts from; the user's still win.
+                let extra: Vec<Variable> = from
+                    .iter()
+                    .filter_map(|i| dotenv.get(i))
+                    .flatten()
+                    .filter(|v| !read.user_keys.contains(&v.key))
+                    .cloned()
+                    .collect();
+                let mut payload = job.to_job_response(id, pipeline_id, &[]);
+                local::add_dotenv(&mut payload, extra);
+                let inputs: Vec<PathBuf> = from
                     .into_iter()
                     .filter_map(|i| artifacts.get(&i).cloned())
                     .flatten()
                     .collect();
+                let (trace, coverage) = printer.sender(&job.name, job.coverage.as_deref());
                 let ctx = JobTask {
                     runner: runner.clone(),
                     index,
                     name: job.name.clone(),
                     stage: job.stage.clone(),
                     payload,
+                    sources: sources.clone(),
                     inputs,
                     artifacts_out: artifacts_dir.join(format!("{id}.tar")),
-                    trace: printer.sender(&job.name),
+                    dotenv_files: job.dotenv.clone(),
+                    exclude: job.artifacts_exclude.clone(),
+                    trace,
+                    coverage,
                     cancel: jobs_stop.child_token(),
+                    start_in: job.start_in,
+                    retry: job.retry.clone(),
+                    group: job
+                        .resource_group
+                        .as_ref()
+                        .map(|g| (g.clone(), groups.entry(g.clone()).or_default().clone())),
                 };
                 tasks.spawn(ctx.run());
             }
@@ -200,17 +341,22 @@ async fn drive(
                         continue;
                     }
                 };
-                if let Err(e) = plan.finish(finished.index, finished.row.status) {
+                let (index, status, code) =
+                    (finished.index, finished.row.status, finished.row.exit_code);
+                if let Err(e) = plan.finish_with_exit_code(index, status, code) {
                     fatal.get_or_insert(e.into());
                     jobs_stop.cancel();
                 }
                 if !finished.artifacts.is_empty() {
-                    artifacts.insert(finished.index, finished.artifacts);
+                    artifacts.insert(index, finished.artifacts);
+                }
+                if !finished.dotenv.is_empty() {
+                    dotenv.insert(index, finished.dotenv);
                 }
                 let mut row = finished.row;
                 // The plan knows allow_failure: it turns a failure into "failed (allowed)".
-                row.status = plan.job_status(finished.index).unwrap_or(row.status);
-                rows[finished.index] = Some(row);
+                row.status = plan.job_status(index).unwrap_or(row.status);
+                rows[index] = Some(row);
             }
             _ = stop.cancelled(), if !stop.is_cancelled() => {
                 eprintln!("Stopping: canceling running jobs");
@@ -229,14 +375,12 @@ async fn drive(
         .iter()
         .enumerate()
         .map(|(i, j)| {
-            rows[i].take().unwrap_or_else(|| JobRow {
-                name: j.name.clone(),
-                stage: j.stage.clone(),
-                status: plan.job_status(i).unwrap_or(JobStatus::Skipped),
-                duration: None,
-                instance: String::new(),
-                slot: None,
-                message: String::new(),
+            rows[i].take().unwrap_or_else(|| {
+                JobRow::new(
+                    &j.name,
+                    &j.stage,
+                    plan.job_status(i).unwrap_or(JobStatus::Skipped),
+                )
             })
         })
         .enumerate()
@@ -251,15 +395,22 @@ struct JobTask {
     name: String,
     stage: String,
     payload: slipway_jobs::JobResponse,
+    /// The project's files, unpacked first into the job's directory.
+    sources: Arc<Vec<u8>>,
     inputs: Vec<PathBuf>,
     artifacts_out: PathBuf,
+    dotenv_files: Vec<String>,
+    exclude: Vec<String>,
     trace: mpsc::UnboundedSender<Vec<u8>>,
+    coverage: tokio::task::JoinHandle<Option<String>>,
     cancel: CancellationToken,
+    start_in: Option<Duration>,
+    retry: Retry,
+    group: Option<(String, Arc<tokio::sync::Mutex<()>>)>,
 }
 
 impl JobTask {
     async fn run(self) -> Finished {
-        let key = format!("{}-{}", self.name, self.payload.id);
         let secrets: Vec<String> = self
             .payload
             .masked_values()
@@ -267,70 +418,175 @@ impl JobTask {
             .map(String::from)
             .collect();
         let mut trace = Trace::new(secrets, self.trace.clone());
-        let mut row = JobRow {
-            name: self.name.clone(),
-            stage: self.stage.clone(),
-            status: JobStatus::Failed,
-            duration: None,
-            instance: String::new(),
-            slot: None,
-            message: String::new(),
-        };
+        let mut row = JobRow::new(&self.name, &self.stage, JobStatus::Failed);
         let mut artifacts = Vec::new();
-        match self.acquire(&key, &mut trace).await {
+        let mut dotenv = Vec::new();
+        if let Some(wait) = self.start_in {
+            trace.message(&format!(
+                "Waiting {} before starting (when: delayed)",
+                humantime::format_duration(wait)
+            ));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.cancel.cancelled() => {
+                    row.status = JobStatus::Canceled;
+                    return self.end(trace, row, artifacts, dotenv).await;
+                }
+            }
+        }
+        // Held for the whole job: one job of a resource group at a time.
+        let _resource = match &self.group {
+            None => None,
+            Some((name, lock)) => {
+                let guard = match lock.clone().try_lock_owned() {
+                    Ok(g) => g,
+                    Err(_) => {
+                        trace.message(&format!("Waiting for resource: {name}"));
+                        tokio::select! {
+                            g = lock.clone().lock_owned() => g,
+                            _ = self.cancel.cancelled() => {
+                                row.status = JobStatus::Canceled;
+                                return self.end(trace, row, artifacts, dotenv).await;
+                            }
+                        }
+                    }
+                };
+                Some(guard)
+            }
+        };
+        let tries = self.retry.max + 1;
+        for attempt in 1..=tries {
+            row.attempts = attempt;
+            if attempt > 1 {
+                trace.message(&format!("Retrying the job (try {attempt} of {tries})"));
+            }
+            let key = format!("{}-{}-{attempt}", self.name, self.payload.id);
+            let outcome = self.attempt(&key, &mut trace, &mut row).await;
+            artifacts.clear();
+            dotenv.clear();
+            if let Some((outcome, collected)) = outcome {
+                self.store(&collected, &mut trace, &mut artifacts, &mut dotenv)
+                    .await;
+                row.status = job::status_of(&outcome);
+                row.exit_code = None;
+                if let JobOutcome::Failed {
+                    message,
+                    exit_code,
+                    reason,
+                } = &outcome
+                {
+                    row.message = message.clone();
+                    row.exit_code = *exit_code;
+                    trace.message(&job::closing_line(&outcome));
+                    let again = attempt < tries
+                        && row.status == JobStatus::Failed
+                        && self.retry.applies(reason.as_str(), *exit_code);
+                    if again {
+                        continue;
+                    }
+                } else {
+                    trace.message(&job::closing_line(&outcome));
+                }
+            }
+            break;
+        }
+        self.end(trace, row, artifacts, dotenv).await
+    }
+
+    /// One try: a slot, the job, the slot released. `None` when no slot could be had (the
+    /// row says why).
+    async fn attempt(
+        &self,
+        key: &str,
+        trace: &mut Trace,
+        row: &mut JobRow,
+    ) -> Option<(JobOutcome, Vec<slipway_executor::CollectedArtifacts>)> {
+        let acq = match self.acquire(key, trace).await {
             Err(no) => {
                 row.status = no.status;
                 row.message = no.message;
+                return None;
             }
-            Ok(acq) => {
-                let started = Instant::now();
-                row.instance = acq.instance_id.clone();
-                row.slot = Some(acq.slot);
-                trace.message(&format!(
-                    "Running on instance {} slot {}",
-                    acq.instance_id, acq.slot
-                ));
-                let mut inputs = Vec::new();
-                for p in &self.inputs {
-                    match tokio::fs::read(p).await {
-                        Ok(b) => inputs.push(b),
-                        Err(e) => {
-                            trace.message(&format!("WARNING: artifacts {}: {e}", p.display()))
-                        }
-                    }
-                }
-                let (outcome, tar) = job::execute(
-                    &self.runner,
-                    &acq,
-                    &self.payload,
-                    inputs,
-                    &mut trace,
-                    &self.cancel,
-                    None,
-                )
-                .await;
-                self.runner.release(&key);
-                // One file per archive: each is unpacked by its own `tar -x`.
-                for (n, collected) in tar.into_iter().enumerate() {
-                    let path = self.artifacts_out.with_extension(format!("{n}.tar"));
-                    match tokio::fs::write(&path, collected.tar).await {
-                        Ok(()) => artifacts.push(path),
-                        Err(e) => trace.message(&format!("WARNING: storing artifacts: {e}")),
-                    }
-                }
-                row.duration = Some(started.elapsed());
-                row.status = job::status_of(&outcome);
-                if let JobOutcome::Failed { message, .. } = &outcome {
-                    row.message = message.clone();
-                }
-                trace.message(&job::closing_line(&outcome));
+            Ok(acq) => acq,
+        };
+        let started = Instant::now();
+        row.instance = acq.instance_id.clone();
+        row.slot = Some(acq.slot);
+        trace.message(&format!(
+            "Running on instance {} slot {}",
+            acq.instance_id, acq.slot
+        ));
+        let mut inputs = vec![self.sources.to_vec()];
+        for p in &self.inputs {
+            match tokio::fs::read(p).await {
+                Ok(b) => inputs.push(b),
+                Err(e) => trace.message(&format!("WARNING: artifacts {}: {e}", p.display())),
             }
         }
+        let result = job::execute(
+            &self.runner,
+            &acq,
+            &self.payload,
+            inputs,
+            trace,
+            &self.cancel,
+            None,
+        )
+        .await;
+        self.runner.release(key);
+        row.duration = Some(started.elapsed());
+        Some(result)
+    }
+
+    /// Keeps a try's artifacts (one file per archive, each unpacked by its own `tar -x`) and
+    /// reads its dotenv report.
+    async fn store(
+        &self,
+        collected: &[slipway_executor::CollectedArtifacts],
+        trace: &mut Trace,
+        artifacts: &mut Vec<PathBuf>,
+        dotenv: &mut Vec<Variable>,
+    ) {
+        for (n, c) in collected.iter().enumerate() {
+            let spec = self.payload.artifacts.get(c.spec);
+            if spec.is_some_and(|s| s.artifact_type == "dotenv") {
+                match local::dotenv_of(&c.tar, &self.dotenv_files) {
+                    Ok(vars) => dotenv.extend(vars),
+                    Err(e) => trace.message(&format!("WARNING: dotenv report: {e}")),
+                }
+                continue;
+            }
+            let tar = match local::without_excluded(&c.tar, &self.exclude) {
+                Ok(t) => t,
+                Err(e) => {
+                    trace.message(&format!("WARNING: artifacts: {e}"));
+                    continue;
+                }
+            };
+            let path = self.artifacts_out.with_extension(format!("{n}.tar"));
+            match tokio::fs::write(&path, tar).await {
+                Ok(()) => artifacts.push(path),
+                Err(e) => trace.message(&format!("WARNING: storing artifacts: {e}")),
+            }
+        }
+    }
+
+    async fn end(
+        self,
+        mut trace: Trace,
+        mut row: JobRow,
+        artifacts: Vec<PathBuf>,
+        dotenv: Vec<Variable>,
+    ) -> Finished {
         trace.finish();
+        drop(trace);
+        drop(self.trace);
+        row.coverage = self.coverage.await.ok().flatten();
         Finished {
             index: self.index,
             row,
             artifacts,
+            dotenv,
         }
     }
 
@@ -384,19 +640,46 @@ impl Printer {
         Printer { tx, task }
     }
 
-    /// A sink for one job's trace.
-    fn sender(&self, name: &str) -> mpsc::UnboundedSender<Vec<u8>> {
+    /// A sink for one job's trace, and the task that forwards it: it ends when the job drops
+    /// its trace, giving the coverage its `coverage` regex found (the last match's first
+    /// group, else the whole match, as a number).
+    fn sender(
+        &self,
+        name: &str,
+        coverage: Option<&str>,
+    ) -> (
+        mpsc::UnboundedSender<Vec<u8>>,
+        tokio::task::JoinHandle<Option<String>>,
+    ) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let out = self.tx.clone();
         let name: Arc<str> = Arc::from(name);
-        // Ends when the job drops its trace; then flushes the job's last partial line.
-        tokio::spawn(async move {
+        // Checked by the pipeline reader; a regex that does not build finds nothing.
+        let regex = coverage.and_then(|c| regex::Regex::new(c).ok());
+        let task = tokio::spawn(async move {
+            let mut line = Vec::new();
+            let mut found = None;
             while let Some(chunk) = rx.recv().await {
+                if let Some(re) = &regex {
+                    for &b in &chunk {
+                        if b == b'\n' {
+                            found = local::coverage_in(re, &line).or(found);
+                            line.clear();
+                        } else if line.len() < 64 * 1024 {
+                            line.push(b);
+                        }
+                    }
+                }
                 let _ = out.send((name.clone(), Some(chunk)));
             }
+            if let Some(re) = &regex {
+                found = local::coverage_in(re, &line).or(found);
+            }
+            // Flushes the job's last partial line.
             let _ = out.send((name, None));
+            found
         });
-        tx
+        (tx, task)
     }
 
     async fn stop(self) {
@@ -406,14 +689,22 @@ impl Printer {
 }
 
 fn print_summary(rows: &[JobRow]) {
-    let header = ["JOB", "STAGE", "STATUS", "DURATION", "INSTANCE", "SLOT"];
-    let cells: Vec<[String; 6]> = rows
+    let with_coverage = rows.iter().any(|r| r.coverage.is_some());
+    let mut header = vec!["JOB", "STAGE", "STATUS", "DURATION", "INSTANCE", "SLOT"];
+    if with_coverage {
+        header.push("COVERAGE");
+    }
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            [
+            let mut status = r.status.to_string();
+            if r.attempts > 1 {
+                status.push_str(&format!(" ({} tries)", r.attempts));
+            }
+            let mut row = vec![
                 r.name.clone(),
                 r.stage.clone(),
-                r.status.to_string(),
+                status,
                 r.duration
                     .map(|d| format!("{:.1}s", d.as_secs_f64()))
                     .unwrap_or_else(|| "-".into()),
@@ -423,27 +714,44 @@ fn print_summary(rows: &[JobRow]) {
                     r.instance.clone()
                 },
                 r.slot.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-            ]
+            ];
+            if with_coverage {
+                row.push(
+                    r.coverage
+                        .as_ref()
+                        .map(|c| format!("{c}%"))
+                        .unwrap_or_else(|| "-".into()),
+                );
+            }
+            row
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
+    println!();
+    print_table(&header, &cells);
+}
+
+/// A left-aligned table with a header row.
+fn print_table<R: AsRef<[String]>>(header: &[&str], rows: &[R]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row.as_ref()) {
             *w = (*w).max(c.len());
         }
     }
     let line = |cols: Vec<&str>| {
         cols.iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}", w = *w))
             .collect::<Vec<_>>()
             .join("  ")
             .trim_end()
             .to_string()
     };
-    println!();
     println!("{}", line(header.to_vec()));
-    for row in &cells {
-        println!("{}", line(row.iter().map(String::as_str).collect()));
+    for row in rows {
+        println!(
+            "{}",
+            line(row.as_ref().iter().map(String::as_str).collect())
+        );
     }
 }

@@ -18,6 +18,7 @@ pub mod exec;
 pub mod git;
 pub mod gitlab;
 pub mod job;
+pub mod local;
 pub mod localhost;
 pub mod plugin_check;
 pub mod pool;

@@ -37,9 +37,31 @@ enum Command {
         /// Pipeline file.
         #[arg(default_value = ".gitlab-ci.yml")]
         file: PathBuf,
-        /// Run only this job.
+        /// Run only this job (repeat for more; a parallel job's name runs all of its jobs).
         #[arg(long)]
-        job: Option<String>,
+        job: Vec<String>,
+        /// With --job: also run the jobs it needs, transitively.
+        #[arg(long)]
+        needs: bool,
+        /// Play this manual job in the run (repeat for more).
+        #[arg(long)]
+        manual: Vec<String>,
+        /// Print the jobs the pipeline has (stage, when, needs) and run nothing.
+        #[arg(long)]
+        list: bool,
+        /// A variable for every job, over the pipeline's own: KEY=VALUE (repeat for more).
+        #[arg(long = "variable", short = 'v', value_name = "KEY=VALUE")]
+        variables: Vec<String>,
+        /// Variables file (values masked in output unless `masked: false`); default:
+        /// .slipway-variables.yml beside the pipeline, when it exists.
+        #[arg(long)]
+        variables_file: Option<PathBuf>,
+        /// Directory holding other projects' checkouts, for include:project (DIR/group/project).
+        #[arg(long)]
+        include_root: Option<PathBuf>,
+        /// Write a JSON report of the run (each job's status, duration, coverage, tries).
+        #[arg(long)]
+        report: Option<PathBuf>,
         /// config.toml to use instead of the embedded default.
         #[arg(short, long)]
         config: Option<PathBuf>,
@@ -384,6 +406,13 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
         Command::Exec {
             file,
             job,
+            needs,
+            manual,
+            list,
+            variables,
+            variables_file,
+            include_root,
+            report,
             config,
             runner,
             allow_unsupported,
@@ -398,7 +427,14 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
             let runner_cfg = pick_runner(&loaded, runner.as_deref())?;
             let opts = exec::ExecOptions {
                 file,
-                job,
+                jobs: job,
+                needs,
+                manual,
+                list,
+                variables,
+                variables_file,
+                include_root,
+                report,
                 allow_unsupported,
                 concurrent: effective_concurrency(&loaded, &runner_cfg),
                 plugin_dir,
