@@ -20,6 +20,10 @@ if [ "$what" = test ]; then
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
   # The Python bubblewrap executor plugin's sandboxes.
   have bwrap || missing+=(bubblewrap)
+  # The peer local pipelines are compared with: gitlab-ci-local (npm) copies projects with rsync.
+  have node || missing+=(nodejs)
+  have npm || missing+=(npm)
+  have rsync || missing+=(rsync)
 fi
 
 # microvm / vm isolation: QEMU, the guest kernel and the image tools (`slipway image build`).
@@ -80,6 +84,14 @@ if [ "$what" = test ]; then
     python3 -m pip install -q 'moto[server]' 2>/dev/null \
       || python3 -m pip install -q --break-system-packages 'moto[server]' 2>&1 | grep -v 'Running pip as the' || true
     python3 -c 'import moto.server, flask, flask_cors, boto3' >/dev/null
+  fi
+fi
+if [ "$what" = test ]; then
+  # gitlab-ci-local 4.60.1: the newest that runs on Node 20 (newer ones need Node 22).
+  if [ "$(gitlab-ci-local --version 2>/dev/null)" != 4.60.1 ]; then
+    echo "deps: installing gitlab-ci-local@4.60.1 (npm)"
+    npm install -g --silent gitlab-ci-local@4.60.1 >/dev/null 2>&1 \
+      || { echo "deps: npm install -g gitlab-ci-local@4.60.1 failed" >&2; exit 1; }
   fi
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }

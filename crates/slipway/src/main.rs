@@ -248,6 +248,9 @@ enum PluginCommand {
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
+        /// Also write the JSON object to this file (the table still goes to stdout).
+        #[arg(long)]
+        json_out: Option<PathBuf>,
     },
 }
 
@@ -507,6 +510,7 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
                     plugin_dir,
                     timeout,
                     json,
+                    json_out,
                 },
         } => {
             let mut opts = plugin_check::CheckOptions::new(plugin);
@@ -522,6 +526,11 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
             }
             let stop = shutdown_signal()?;
             let report = plugin_check::run(&opts, &stop).await?;
+            if let Some(path) = &json_out {
+                tokio::fs::write(path, serde_json::to_string(&report)?)
+                    .await
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
             if json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {

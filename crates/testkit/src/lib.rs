@@ -8,10 +8,12 @@
 //! - [`guest::guest_image`]: QEMU and the image tools installed, a guest image built once.
 //! - [`gitlab::FakeGitlab`]: a stateful mock GitLab runner API on 127.0.0.1, with fault injection.
 //! - [`plugin_check::plugin_check`]: `slipway plugin check --json` run on a plugin binary.
+//! - [`peer`]: local pipelines run by `slipway exec` and by gitlab-ci-local, compared.
 //! - [`python`]: an interpreter with the go-plugin peer, grpclib stubs, plugin wrappers.
 
 pub mod gitlab;
 pub mod guest;
+pub mod peer;
 pub mod plugin_check;
 pub mod python;
 

@@ -82,12 +82,14 @@ pub fn plugin_check(
     args: &[&str],
     env: &[(String, String)],
 ) -> Result<CheckRun, FixtureError> {
+    let json = tempfile::NamedTempFile::new().map_err(|e| crate::err("a temporary file", e))?;
     let out = Command::new(slipway_binary()?)
         .args(["plugin", "check"])
         .arg(plugin)
         .arg("-c")
         .arg(config)
-        .arg("--json")
+        .arg("--json-out")
+        .arg(json.path())
         .args(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env_remove("RUST_LOG")
@@ -95,7 +97,19 @@ pub fn plugin_check(
         .output()
         .map_err(|e| crate::err("running slipway plugin check", e))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let report = serde_json::from_str(stdout.trim()).unwrap_or(Value::String(stdout.into()));
+    let written = std::fs::read_to_string(json.path()).unwrap_or_default();
+    let report =
+        serde_json::from_str(written.trim()).unwrap_or(Value::String(stdout.clone().into()));
+    // The table a user sees, kept for the docs (target/plugin-check/<plugin>.txt).
+    let tables = bin_dir().join("plugin-check");
+    if std::fs::create_dir_all(&tables).is_ok()
+        && let Some(name) = plugin.file_name()
+    {
+        let _ = std::fs::write(
+            tables.join(format!("{}.txt", name.to_string_lossy())),
+            stdout.as_bytes(),
+        );
+    }
     Ok(CheckRun {
         code: out.status.code(),
         report,
