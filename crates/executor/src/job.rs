@@ -320,11 +320,24 @@ impl JobRunner {
         } else if let Some(after_cancel) = after_cancel.filter(|_| !after.is_empty()) {
             trace.message("Running after_script");
             let after_deadline = Instant::now() + AFTER_SCRIPT_TIMEOUT;
+            // after_script learns how the job went, as GitLab Runner tells it.
+            let status = match &outcome {
+                JobOutcome::Success => "success",
+                JobOutcome::Failed {
+                    reason: FailureReason::JobCanceled,
+                    ..
+                } => "canceled",
+                JobOutcome::Failed { .. } => "failed",
+            };
+            let mut with_status = job.clone();
+            with_status
+                .variables
+                .push(slipway_jobs::Variable::new("CI_JOB_STATUS", status));
             match self
                 .step(
                     host,
                     &dirs,
-                    job,
+                    &with_status,
                     StepName::AfterScript,
                     &after,
                     false,

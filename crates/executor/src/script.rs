@@ -90,7 +90,8 @@ pub fn step_script_with(
     let _ = writeln!(s, "export CI_BUILDS_DIR={}", dirs.slot_dir());
     let _ = writeln!(s, "export CI_PROJECT_DIR={}", dirs.project_dir());
     let files_dir = format!("{}/.job-{}.vars", dirs.slot_dir(), job.id);
-    for v in &job.variables {
+    // References between variables are resolved here, as GitLab Runner does; raw ones stay.
+    for v in &slipway_jobs::expand_variables(&job.variables) {
         if !valid_name(&v.key) {
             continue;
         }

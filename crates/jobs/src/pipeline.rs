@@ -65,6 +65,7 @@ use include::{Composer, IncludeContext, Sources};
 pub use keywords::Retry;
 use rules::{Facts, RefFilter, Rule, RuleWhen};
 pub use varfile::{parse_dotenv, read_variables_file};
+pub use variables::expand_variables;
 
 /// Timeout of a job that sets none, in seconds (GitLab's project default: 1 hour).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 3600;
@@ -2463,6 +2464,7 @@ impl Reader<'_> {
         for e in entries {
             let v = &e.value;
             let mut var = Variable::new(e.key.clone(), "");
+            let mut options: Option<(Vec<String>, usize)> = None;
             match &v.kind {
                 Kind::Scalar { text, .. } => {
                     if !v.is_null() {
@@ -2485,6 +2487,10 @@ impl Reader<'_> {
                                 ),
                             },
                             "description" => {}
+                            "options" => {
+                                let what = format!("{what}: \"{}\": options", e.key);
+                                options = self.string_list(&what, &f.value).map(|o| (o, f.key_line));
+                            }
                             "expand" => match f.value.as_bool() {
                                 Some(b) => var.raw = !b,
                                 None => self.error(
@@ -2514,6 +2520,19 @@ impl Reader<'_> {
                     );
                     continue;
                 }
+            }
+            if let Some((options, line)) = options
+                && !options.contains(&var.value)
+            {
+                self.error(
+                    line,
+                    format!(
+                        "{what}: \"{}\": the value {:?} is not one of its options: {}",
+                        e.key,
+                        var.value,
+                        options.join(", ")
+                    ),
+                );
             }
             out.push(var);
         }

@@ -51,23 +51,15 @@ fn the_corpus_agrees_with_gitlab_ci_local() {
             Err(e) => bad.push(format!("{name}: {e}")),
             Ok(c) if !c.agrees() => bad.push(format!(
                 "{name}:\n  {}\n--- slipway\n{}\n--- gitlab-ci-local\n{}",
-                c.differences
-                    .iter()
-                    .chain(&c.gitlab_differences)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join("\n  "),
+                c.disagreements().join("\n  "),
                 c.ours.log,
                 c.peer.log
             )),
-            Ok(c) => {
-                // A case where nothing ran proves little: each must run some job in one tool.
-                assert!(
-                    !c.ours.jobs.is_empty() || c.case.contains("workflow-filtered"),
-                    "{name}: no job ran\n{}",
-                    c.ours.log
-                );
+            // A case where nothing ran proves little (unless that is its point).
+            Ok(c) if c.ours.jobs.is_empty() && !c.case.contains("workflow-filtered") => {
+                bad.push(format!("{name}: no job ran\n{}", c.ours.log))
             }
+            Ok(_) => {}
         }
     }
     assert!(

@@ -9,7 +9,8 @@
 //! - `changes`: `{path: content}` committed on the branch, so `rules:changes` sees them against
 //!   `origin/main`;
 //! - `deviation`: where gitlab-ci-local departs from GitLab's documented behaviour, why; then
-//!   `gitlab` holds GitLab's outcome (`{job: status}`), which Slipway must give instead.
+//!   `gitlab` holds GitLab's outcome (`{job: status}`) and `gitlab_out` the lines GitLab's jobs
+//!   print (`{job: [lines]}`), which Slipway must give instead.
 //!
 //! Statuses compared: `success`, `failed`, `allowed` (failed, allowed to), or absent (not run:
 //! skipped, manual, left out). Key output: the lines a job prints that start with `OUT`.
@@ -309,15 +310,21 @@ pub fn run_slipway(slipway: &Path, case: &Case, project: &Path) -> Result<Outcom
     Ok(o)
 }
 
-/// GitLab names `parallel: N` jobs `name i/N`; gitlab-ci-local names them `name: [i/N]`.
+/// Job names as GitLab gives them. gitlab-ci-local names `parallel: N` jobs `name: [i/N]`
+/// (GitLab: `name i/N`) and matrix jobs `name: [a,b]` (GitLab: `name: [a, b]`): a naming
+/// deviation of the peer, mapped here so the cases compare what the jobs did.
 fn gitlab_name(peer: &str) -> String {
     if let Some((base, rest)) = peer.split_once(": [")
         && let Some(inner) = rest.strip_suffix(']')
-        && let Some((i, n)) = inner.split_once('/')
-        && i.parse::<u32>().is_ok()
-        && n.parse::<u32>().is_ok()
     {
-        return format!("{base} {inner}");
+        if let Some((i, n)) = inner.split_once('/')
+            && i.parse::<u32>().is_ok()
+            && n.parse::<u32>().is_ok()
+        {
+            return format!("{base} {inner}");
+        }
+        let values: Vec<&str> = inner.split(',').map(str::trim).collect();
+        return format!("{base}: [{}]", values.join(", "));
     }
     peer.to_string()
 }
@@ -325,10 +332,15 @@ fn gitlab_name(peer: &str) -> String {
 /// gitlab-ci-local on the prepared project (shell executor: no image is pulled).
 pub fn run_peer(case: &Case, project: &Path) -> Result<Outcome, FixtureError> {
     let mut cmd = Command::new("gitlab-ci-local");
-    cmd.current_dir(project)
-        .arg("--cwd")
-        .arg(project)
-        .args(["--no-color", "--shell-isolation"]);
+    // It wants a relative --cwd.
+    cmd.current_dir(project).args([
+        "--cwd",
+        ".",
+        "--no-color",
+        "--shell-isolation",
+        // Jobs with an image run in the shell too, as under Slipway's shell runner.
+        "--force-shell-executor",
+    ]);
     for v in variables(case) {
         cmd.arg("--variable").arg(v);
     }
@@ -345,7 +357,13 @@ pub fn run_peer(case: &Case, project: &Path) -> Result<Outcome, FixtureError> {
             (" FAIL  ", "failed"),
         ] {
             if let Some(rest) = line.strip_prefix(word) {
-                let name = rest.split("  ").next().unwrap_or_default().trim();
+                let mut name = rest.split("  ").next().unwrap_or_default().trim();
+                // `name 87.50% coverage`: the job's coverage after its name.
+                if let Some(head) = name.strip_suffix("% coverage")
+                    && let Some((n, _)) = head.rsplit_once(' ')
+                {
+                    name = n;
+                }
                 o.jobs.insert(gitlab_name(name), status.to_string());
             }
         }
@@ -387,7 +405,8 @@ pub fn differences(ours: &Outcome, peer: &Outcome) -> Vec<String> {
     out
 }
 
-/// Differences between Slipway's outcome and GitLab's documented one (`case.json`'s `gitlab`).
+/// Differences between Slipway's outcome and GitLab's documented one: `case.json`'s `gitlab`
+/// (`{job: status}`) and `gitlab_out` (`{job: [OUT lines]}`, for the jobs it names).
 pub fn against_gitlab(ours: &Outcome, case: &Case) -> Vec<String> {
     let mut want = Outcome::default();
     for (k, v) in case.spec["gitlab"].as_object().into_iter().flatten() {
@@ -396,7 +415,18 @@ pub fn against_gitlab(ours: &Outcome, case: &Case) -> Vec<String> {
         }
     }
     let mut ours = ours.clone();
-    ours.out.clear();
+    let named = case.spec["gitlab_out"].as_object();
+    ours.out
+        .retain(|k, _| named.is_some_and(|n| n.contains_key(k)));
+    for (k, v) in named.into_iter().flatten() {
+        let lines = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str().map(String::from))
+            .collect();
+        want.out.insert(k.clone(), lines);
+    }
     differences(&ours, &want)
 }
 
@@ -424,9 +454,14 @@ pub struct Compared {
 impl Compared {
     /// Whether the case agrees: with the peer, or with GitLab where the peer deviates.
     pub fn agrees(&self) -> bool {
+        self.disagreements().is_empty()
+    }
+
+    /// What disagrees: with the peer, or with GitLab where the peer deviates.
+    pub fn disagreements(&self) -> &[String] {
         match &self.deviation {
-            Some(_) => self.gitlab_differences.is_empty(),
-            None => self.differences.is_empty(),
+            Some(_) => &self.gitlab_differences,
+            None => &self.differences,
         }
     }
 }

@@ -2,8 +2,19 @@
 //! replaced by the variable's value (nothing when it is undefined), and `$$` stands for a
 //! literal `$`.
 
+use crate::model::Variable;
+
 /// `text` with `$VAR`, `${VAR}` and `$$` replaced, one level (values are not expanded again).
 pub(crate) fn expand(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> String {
+    expand_with(text, lookup, false)
+}
+
+/// [`expand`]; with `keep_undefined`, a reference to an undefined variable stays as written.
+fn expand_with(
+    text: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    keep_undefined: bool,
+) -> String {
     let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -31,7 +42,11 @@ pub(crate) fn expand(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Str
             rest = after;
             continue;
         }
-        out.push_str(&lookup(name).unwrap_or_default());
+        match lookup(name) {
+            Some(v) => out.push_str(&v),
+            None if keep_undefined => out.push_str(&rest[at..at + 1 + consumed]),
+            None => {}
+        }
         rest = &after[consumed..];
     }
     out.push_str(rest);
@@ -41,7 +56,7 @@ pub(crate) fn expand(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Str
 /// Expands every variable's value in place, in order, against the variables before it and
 /// itself excluded (as GitLab resolves `variables:` for rules): `raw` ones stay as written.
 /// Nested references resolve because earlier values are already expanded.
-pub(crate) fn expand_all(vars: &mut [crate::model::Variable]) {
+pub(crate) fn expand_all(vars: &mut [Variable]) {
     for i in 0..vars.len() {
         if vars[i].raw || !vars[i].value.contains('$') {
             continue;
@@ -62,10 +77,50 @@ pub(crate) fn expand_all(vars: &mut [crate::model::Variable]) {
     }
 }
 
+/// Job variables as a job sees them, as GitLab Runner expands them: each value's `$VAR`s are
+/// replaced by those variables' own expanded values (the last of a name wins), `$$` is a
+/// literal `$`, and raw (`expand: false`) and file-type values stay as written. A reference to
+/// a variable the job does not have stays as written (the job's shell may know it), as do
+/// references nested deeper than 10 (or circular ones).
+pub fn expand_variables(vars: &[Variable]) -> Vec<Variable> {
+    fn resolve(vars: &[Variable], name: &str, depth: usize) -> Option<String> {
+        let v = vars.iter().rev().find(|v| v.key == name)?;
+        if v.raw || v.file || depth > 10 || !v.value.contains('$') {
+            return Some(v.value.clone());
+        }
+        Some(expand_with(
+            &v.value,
+            &|n| {
+                if n == name {
+                    None
+                } else {
+                    resolve(vars, n, depth + 1)
+                }
+            },
+            true,
+        ))
+    }
+    vars.iter()
+        .map(|v| {
+            if v.raw || v.file || !v.value.contains('$') {
+                return v.clone();
+            }
+            let key = v.key.clone();
+            let value = expand_with(
+                &v.value,
+                &|n| {
+                    if n == key { None } else { resolve(vars, n, 1) }
+                },
+                true,
+            );
+            Variable { value, ..v.clone() }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Variable;
 
     #[test]
     fn expands_like_gitlab() {
@@ -78,6 +133,31 @@ mod tests {
         assert_eq!(expand("cost $$5 and $$A", &look), "cost $5 and $A");
         assert_eq!(expand("[$UNSET]", &look), "[]");
         assert_eq!(expand("a $ b ${ c", &look), "a $ b ${ c");
+    }
+
+    #[test]
+    fn job_variables_expand_like_the_runner() {
+        let vars = vec![
+            Variable::new("BASE", "/opt/app"),
+            Variable::new("BIN", "$BASE/bin"),
+            Variable::new("FULL", "${BIN}:$BASE"),
+            Variable::new("PRICE", "$$5"),
+            Variable {
+                raw: true,
+                ..Variable::new("RAW", "$BASE-raw")
+            },
+            Variable::new("LOOP_A", "$LOOP_B"),
+            Variable::new("LOOP_B", "$LOOP_A"),
+            Variable::new("SHELL_ONES", "$HOME/x ${PATH}"),
+        ];
+        let out = expand_variables(&vars);
+        let get = |k: &str| out.iter().find(|v| v.key == k).unwrap().value.as_str();
+        assert_eq!(get("FULL"), "/opt/app/bin:/opt/app");
+        assert_eq!(get("PRICE"), "$5");
+        assert_eq!(get("RAW"), "$BASE-raw");
+        assert_eq!(get("SHELL_ONES"), "$HOME/x ${PATH}");
+        // A cycle ends, leaving the innermost reference as written.
+        assert!(get("LOOP_A").len() < 100);
     }
 
     #[test]
