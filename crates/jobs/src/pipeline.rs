@@ -762,6 +762,8 @@ struct RawNeed {
     artifacts: bool,
     optional: bool,
     line: usize,
+    /// `parallel: matrix:`: only the jobs of the parallel job with these values.
+    matrix: Option<Vec<MatrixVars>>,
 }
 
 /// A job as read, before cross-job checks.
@@ -1108,6 +1110,38 @@ impl Reader<'_> {
                     .get(n.job.as_str())
                     .or_else(|| by_parallel.get(n.job.as_str()))
                     .map_or(&[][..], Vec::as_slice);
+                // `needs: parallel: matrix:` picks the jobs whose values match an entry.
+                let picked: Vec<usize>;
+                let targets = match &n.matrix {
+                    None => targets,
+                    Some(combos) => {
+                        picked = targets
+                            .iter()
+                            .copied()
+                            .filter(|&t| {
+                                combos.iter().any(|combo| {
+                                    combo.iter().all(|(k, v)| {
+                                        jobs[t]
+                                            .variables
+                                            .iter()
+                                            .any(|x| &x.key == k && &x.value == v)
+                                    })
+                                })
+                            })
+                            .collect();
+                        if picked.is_empty() && !targets.is_empty() {
+                            self.error(
+                                n.line,
+                                format!(
+                                    "{ctx}: needs: no job of \"{}\" has the matrix values asked for",
+                                    n.job
+                                ),
+                            );
+                            continue;
+                        }
+                        &picked
+                    }
+                };
                 match targets.first() {
                     None if n.optional => {}
                     None => self.error(n.line, format!("{ctx}: needs: unknown job \"{}\"", n.job)),
@@ -2121,6 +2155,7 @@ impl Reader<'_> {
                     artifacts: true,
                     optional: false,
                     line: item.line,
+                    matrix: None,
                 });
                 continue;
             }
@@ -2139,6 +2174,7 @@ impl Reader<'_> {
                 artifacts: true,
                 optional: false,
                 line: item.line,
+                matrix: None,
             };
             for e in entries {
                 match e.key.as_str() {
@@ -2164,6 +2200,15 @@ impl Reader<'_> {
                                 "{ctx}: needs:{k}: expected true or false, found {}",
                                 e.value.describe()
                             ),
+                        ),
+                    },
+                    "parallel" => match e.value.get("matrix") {
+                        Some(m) => {
+                            need.matrix = self.matrix(ctx, m.key_line, &m.value);
+                        }
+                        None => self.error(
+                            e.key_line,
+                            format!("{ctx}: needs:parallel: expected {{matrix: [...]}}"),
                         ),
                     },
                     k => self.unsupported(e.key_line, ctx, &format!("needs:{k}")),
