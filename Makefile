@@ -2,7 +2,7 @@
 CARGO ?= cargo
 PIPELINE ?= examples/pipeline.yml
 
-.PHONY: demo demo-vm test build lint bench bench-plugins
+.PHONY: demo demo-vm test build lint bench bench-plugins bench-pipelines
 # What the demos run: the manager, the local plugin, the guest agent (not the AWS SDK's build).
 DEMO_PKGS = -p slipway -p fleeting-plugin-local -p slipway-guest-agent
 
@@ -47,3 +47,9 @@ bench-plugins:
 	@scripts/deps.sh test
 	$(CARGO) build --release --workspace --bins
 	$(CARGO) bench -p slipway --bench plugins
+
+## The pipeline corpus under slipway exec and gitlab-ci-local: agreement and wall time.
+bench-pipelines:
+	@scripts/deps.sh test
+	$(CARGO) build --release -p slipway --bins
+	$(CARGO) bench -p slipway --bench pipelines

@@ -1,12 +1,13 @@
-//! Local pipeline files: a subset of `.gitlab-ci.yml`, read strictly.
+//! Local pipeline files: `.gitlab-ci.yml` as GitLab reads it, strictly.
 //!
-//! Supported: top-level `stages`, `default` (`before_script`, `after_script`, `timeout`, `image`,
-//! `tags`, `services`, `isolation`, `snapshot: on_failure`), `variables`, the deprecated global
-//! `image` / `before_script` / `after_script`, hidden templates (keys starting with `.`), and jobs
-//! with `stage`, `variables`, `before_script`, `script`, `after_script`, `needs`, `when`,
-//! `allow_failure`, `extends`, `artifacts` (`paths`, `when`), `timeout`, `image`, `services`,
-//! `tags`, `parallel` and the Slipway extensions below. YAML anchors, aliases and `<<` merge keys
-//! work.
+//! Reading goes in GitLab's order: the files are composed (`include.rs`: `include:` local,
+//! project, inputs, rules; deep merge), `!reference`s resolved (`reference.rs`), then top-level
+//! keywords (`stages`, `default`, `variables`, `workflow`), then each job with `extends`,
+//! `default:`/`inherit:`, `parallel:` and, per job it expands to, its `rules` or
+//! `only`/`except` (`rules.rs`, with the expression language in `expr.rs`) deciding whether it is
+//! in the pipeline and how it starts. Predefined variables come from the caller (see
+//! [`Checkout`]), the user's variables win over the file's. YAML anchors, aliases and `<<` merge
+//! keys work.
 //!
 //! `parallel:` expands a job as GitLab does, into at most 200 jobs, each with `CI_NODE_INDEX`
 //! (1-based) and `CI_NODE_TOTAL`:
