@@ -2009,6 +2009,12 @@ concurrent = 4
     fn embedded_config_is_valid() {
         let loaded = parse(EMBEDDED, "embedded").expect("embedded config");
         assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        // Locally built images run without a registry.
+        let docker = loaded.config.runners[0].docker.as_ref().expect("docker");
+        assert_eq!(
+            docker.pull_policy,
+            [slipway_executor::docker::PullPolicy::IfNotPresent]
+        );
     }
 
     #[test]
