@@ -776,3 +776,61 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
     );
     assert!(nest.qemus().is_empty(), "{:?}", nest.qemus());
 }
+
+/// The nesting executor plugin SIGKILLed while its job runs in a VM: that job fails as a
+/// system failure, the restarted plugin runs the next job, and no VM is left.
+#[test]
+fn a_nesting_plugin_killed_mid_job_fails_that_job_and_the_next_runs_on_the_restarted_plugin() {
+    let (w, nest, cfg) = vm_world_by(true);
+    let child = spawn_exec(
+        &w,
+        &cfg,
+        r#"
+stages: [one, two]
+victim:
+  stage: one
+  isolation: microvm
+  allow_failure: true
+  script:
+    - echo started
+    - sleep 600
+after:
+  stage: two
+  isolation: microvm
+  script:
+    - echo "ran after the crash"
+"#,
+    );
+    nest.wait_for_guest();
+    std::thread::sleep(Duration::from_secs(3));
+    // This run's plugin: it inherited the run's TMPDIR.
+    let tmp = format!("TMPDIR={}", w.tmp().display());
+    let ours = || -> Vec<u32> {
+        common::processes_matching("executor-plugin-nesting")
+            .into_iter()
+            .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+            .filter(|&pid| common::environ_of(pid).lines().any(|l| l == tmp))
+            .collect()
+    };
+    let victims = ours();
+    assert_eq!(victims.len(), 1, "{victims:?}");
+    common::signal(victims[0], "KILL");
+    let run = common::Run::from(wait_with_timeout(child, Duration::from_secs(600)));
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    assert_eq!(status(&run, "victim"), "failed (allowed)");
+    let victim = run.job_lines("victim").join("\n");
+    assert!(victim.contains("system failure"), "{}", run.explain());
+    assert_eq!(status(&run, "after"), "success");
+    assert!(
+        run.job_lines("after")
+            .contains(&"ran after the crash".to_string()),
+        "{}",
+        run.explain()
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || nest.qemus().is_empty()),
+        "VMs left: {:?}",
+        nest.qemus()
+    );
+    assert!(ours().is_empty(), "plugin left: {:?}", ours());
+}
