@@ -40,6 +40,6 @@ pub use model::{
 };
 pub use pipeline::{
     Checkout, Diagnostic, Need, Pipeline, PipelineError, PipelineJob, PipelineOptions, Retry,
-    expand_variables, parse_dotenv, parse_duration, read_variables_file,
+    expand_variables, parse_dotenv, parse_duration, project_files, read_variables_file,
 };
 pub use run::{JobStatus, PipelineRun, PipelineStatus, RunError, Selection};

@@ -62,6 +62,7 @@ mod varfile;
 mod variables;
 
 pub use checkout::{Checkout, slug};
+pub use glob::files as project_files;
 use include::{Composer, IncludeContext, Sources};
 pub use keywords::Retry;
 use rules::{Facts, RefFilter, Rule, RuleWhen};
@@ -2613,41 +2614,21 @@ fn snapshot_name(template: &str, vars: &[Variable]) -> Result<String, String> {
 }
 
 /// Replaces `$VAR` and `${VAR}` in `text` with the value of the last variable of that name in
-/// `vars` (one level: values are not expanded again). A `$` not starting a name stays as it is.
-/// `Err` carries the first name that is not defined.
+/// `vars` (one level: values are not expanded again). `Err` carries the first name that is not
+/// defined.
 fn expand_vars(text: &str, vars: &[Variable]) -> Result<String, String> {
-    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        let (var, consumed) = if let Some(braced) = after.strip_prefix('{') {
-            match braced.find('}') {
-                Some(end) if end > 0 && braced[..end].chars().all(is_name) => {
-                    (&braced[..end], end + 2)
-                }
-                _ => ("", 0),
-            }
-        } else {
-            let end = after.find(|c: char| !is_name(c)).unwrap_or(after.len());
-            (&after[..end], end)
-        };
-        if var.is_empty() {
-            out.push('$');
-            rest = after;
-            continue;
+    let missing = std::cell::RefCell::new(None::<String>);
+    let out = variables::expand(text, &|name| {
+        let found = lookup_in(vars, name);
+        if found.is_none() {
+            missing.borrow_mut().get_or_insert_with(|| name.to_string());
         }
-        let value = vars
-            .iter()
-            .rev()
-            .find(|v| v.key == var)
-            .ok_or_else(|| var.to_string())?;
-        out.push_str(&value.value);
-        rest = &after[consumed..];
+        found
+    });
+    match missing.into_inner() {
+        Some(name) => Err(name),
+        None => Ok(out),
     }
-    out.push_str(rest);
-    Ok(out)
 }
 
 /// Splits `job "x": image` into (`job "x"`, `image`); a bare key has context `top level`.

@@ -112,7 +112,7 @@ pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> anyhow::Result<Vec<u8>> {
             .filter(|p| !p.is_empty())
             .map(|p| String::from_utf8_lossy(p).into_owned())
             .collect(),
-        _ => walk(dir),
+        _ => slipway_jobs::project_files(dir),
     };
     let skip: Vec<PathBuf> = skip
         .iter()
@@ -140,34 +140,6 @@ pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> anyhow::Result<Vec<u8>> {
     builder
         .into_inner()
         .context("packing the project's files for the jobs")
-}
-
-fn walk(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), String::new())];
-    while let Some((abs, rel)) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&abs) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if rel.is_empty() && name == ".git" {
-                continue;
-            }
-            let path = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push((e.path(), path)),
-                Ok(_) => out.push(path),
-                Err(_) => {}
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// Adds dotenv variables to a job, each replacing one of its name.

@@ -124,9 +124,9 @@ fn glob(p: &[char], s: &[char]) -> bool {
     }
 }
 
-/// Every file under `dir` as a relative `/`-separated path, sorted; `.git` is skipped and
-/// symlinks are not followed (a pattern must not lead out of the project).
-pub(crate) fn files(dir: &Path) -> Vec<String> {
+/// Every file (and symlink) under `dir` as a relative `/`-separated path, sorted; `.git` is
+/// skipped and symlinks are listed, not followed (a pattern must not lead out of the project).
+pub fn files(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), String::new())];
     while let Some((abs, rel)) = stack.pop() {
@@ -145,8 +145,8 @@ pub(crate) fn files(dir: &Path) -> Vec<String> {
             };
             match entry.file_type() {
                 Ok(t) if t.is_dir() => stack.push((entry.path(), path)),
-                Ok(t) if t.is_file() => out.push(path),
-                _ => {}
+                Ok(_) => out.push(path),
+                Err(_) => {}
             }
             if out.len() >= MAX_FILES {
                 out.sort();
