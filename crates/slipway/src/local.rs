@@ -88,9 +88,12 @@ pub fn read(opts: &ExecOptions) -> anyhow::Result<Read> {
     })
 }
 
-/// The project's files, as GitLab would check them out (tracked ones, and with a working tree
-/// the ones not ignored), as a tar stream; without git, every file but `.git`. Files in
-/// `skip` (the variables file: secrets stay out of jobs' directories) are left out.
+/// The project's files, as GitLab would check them out: what git tracks, and with a working
+/// tree the files it does not ignore, as a tar stream. Outside a git checkout there is no
+/// project to check out (and the pipeline's directory may hold anything, sockets and VM disks
+/// included): jobs start empty, as before a checkout. Files in `skip` (the variables file:
+/// secrets stay out of jobs' directories) and anything but regular files and symlinks are left
+/// out.
 pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> anyhow::Result<Vec<u8>> {
     let listed = Command::new("git")
         .arg("-C")
@@ -112,7 +115,7 @@ pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> anyhow::Result<Vec<u8>> {
             .filter(|p| !p.is_empty())
             .map(|p| String::from_utf8_lossy(p).into_owned())
             .collect(),
-        _ => slipway_jobs::project_files(dir),
+        _ => return Ok(Vec::new()),
     };
     let skip: Vec<PathBuf> = skip
         .iter()
@@ -127,9 +130,10 @@ pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> anyhow::Result<Vec<u8>> {
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
-        if !seen.insert(rel.clone())
+        let kind = meta.file_type();
+        if !(kind.is_file() || kind.is_symlink())
+            || !seen.insert(rel.clone())
             || std::fs::canonicalize(&path).is_ok_and(|c| skip.contains(&c))
-            || meta.is_dir()
         {
             continue;
         }

@@ -12,10 +12,17 @@ use common::World;
 
 const SHELL: &str = "concurrent = 4\n[[runners]]\n  name = \"here\"\n  executor = \"shell\"\n";
 
+/// A git checkout holding `pipeline`, and a shell runner's config.
 fn project(w: &World, pipeline: &str) -> (String, String) {
     let dir = w.path().join("project");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(".gitlab-ci.yml"), pipeline).unwrap();
+    let st = std::process::Command::new("git")
+        .args(["init", "-q", "-b", "main"])
+        .current_dir(&dir)
+        .status()
+        .unwrap();
+    assert!(st.success());
     let cfg = w.write("shell.toml", SHELL);
     (
         dir.join(".gitlab-ci.yml").display().to_string(),
