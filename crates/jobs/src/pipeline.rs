@@ -1330,16 +1330,7 @@ impl Reader<'_> {
             }
         }
         stack.pop();
-        let own = Node {
-            line: node.line,
-            kind: Kind::Map(
-                entries
-                    .iter()
-                    .filter(|e| e.key != "extends")
-                    .cloned()
-                    .collect(),
-            ),
-        };
+        let own = node.without("extends");
         let result = if ok {
             Some(match acc {
                 None => own,

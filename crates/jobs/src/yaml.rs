@@ -104,6 +104,17 @@ impl Node {
         self.as_map()?.iter().find(|e| e.key == key)
     }
 
+    /// This mapping without the entry `key` (a node that is no mapping, as it is).
+    pub fn without(&self, key: &str) -> Node {
+        match &self.kind {
+            Kind::Map(entries) => Node {
+                line: self.line,
+                kind: Kind::Map(entries.iter().filter(|e| e.key != key).cloned().collect()),
+            },
+            _ => self.clone(),
+        }
+    }
+
     /// How a user would name this node's type in an error message.
     pub fn describe(&self) -> &'static str {
         match &self.kind {

@@ -178,16 +178,7 @@ impl<'a> Composer<'a> {
         let Some(include) = entries.iter().find(|e| e.key == "include").cloned() else {
             return node;
         };
-        let own = Node {
-            line: node.line,
-            kind: Kind::Map(
-                entries
-                    .iter()
-                    .filter(|e| e.key != "include")
-                    .cloned()
-                    .collect(),
-            ),
-        };
+        let own = node.without("include");
         let mut acc: Option<Node> = None;
         for target in self.targets(&include) {
             let Some(conf) = self.load(target) else {
