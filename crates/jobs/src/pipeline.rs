@@ -388,11 +388,14 @@ impl Pipeline {
             .project_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from("."));
-        let mut composer = Composer::new(IncludeContext {
-            project_dir: &project_dir,
-            include_root: opts.include_root.as_deref(),
-            variables: &lookup,
-        });
+        let mut composer = Composer::new(
+            IncludeContext {
+                project_dir: &project_dir,
+                include_root: opts.include_root.as_deref(),
+                variables: &lookup,
+            },
+            Facts::new(&project_dir, opts.changes_base.clone()),
+        );
         let mut root = composer.root(text, file_name, path);
         let mut composed = std::mem::take(&mut composer.errors);
         if let Some(root) = root.as_mut() {
@@ -405,7 +408,7 @@ impl Pipeline {
             ignored: Vec::new(),
             predefined: &opts.predefined,
             user: &opts.variables,
-            facts: Facts::new(&project_dir, opts.changes_base.clone()),
+            facts: composer.facts,
         };
         for (line, message) in composed {
             r.error(line, message);
@@ -1038,7 +1041,7 @@ impl Reader<'_> {
             self.error(
                 node.line,
                 format!(
-                    "{what}: invalid duration \"{text}\" (examples: \"30 seconds\", \"10 minutes\", \"1h 30m\")"
+                    "{what}: invalid duration \"{text}\" (examples: \"1h 30m\", \"10 minutes\", \"3600\")"
                 ),
             );
         }
@@ -2253,26 +2256,7 @@ impl Reader<'_> {
     }
 
     fn timeout(&mut self, ctx: &str, node: &Node) -> Option<Duration> {
-        let Some(text) = node.as_scalar() else {
-            self.error(
-                node.line,
-                format!(
-                    "{ctx}: timeout: expected a duration, found {}",
-                    node.describe()
-                ),
-            );
-            return None;
-        };
-        let d = parse_duration(text);
-        if d.is_none() {
-            self.error(
-                node.line,
-                format!(
-                    "{ctx}: timeout: invalid duration \"{text}\" (examples: \"1h 30m\", \"10 minutes\", \"3600\")"
-                ),
-            );
-        }
-        d
+        self.duration(&format!("{ctx}: timeout"), node)
     }
 
     /// `image:`: a name, or `{name, pull_policy, entrypoint, docker}`.

@@ -281,7 +281,10 @@ impl PipelineRun {
                             .collect(),
                         true,
                     ),
-                    None => (earlier(job), earlier(job), false),
+                    None => {
+                        let before = earlier(job);
+                        (before.clone(), before, false)
+                    }
                 };
                 if let Some(deps) = &job.dependencies {
                     artifact_from = deps.iter().flat_map(|d| named(d)).collect();

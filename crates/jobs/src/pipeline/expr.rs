@@ -277,6 +277,11 @@ fn pattern(source: &str, flags: &str) -> Result<Pattern, String> {
     })
 }
 
+/// Whether `text` matches `value` written as `/regex/flags`; `None` when `value` is no pattern.
+pub(crate) fn matches_pattern(value: &str, text: &str) -> Option<bool> {
+    pattern_of_value(value).map(|p| p.regex.is_match(text))
+}
+
 /// A value written as `/regex/flags`, as a variable may hold one.
 fn pattern_of_value(value: &str) -> Option<Pattern> {
     let rest = value.strip_prefix('/')?;

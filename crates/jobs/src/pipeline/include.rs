@@ -17,6 +17,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::expr::Expr;
 use super::glob;
+use super::rules::Facts;
 use crate::yaml::{self, Entry, Kind, Node};
 
 /// Lines per file in the shared line space.
@@ -66,8 +67,8 @@ pub(crate) struct Composer<'a> {
     count: usize,
     /// The files being expanded, outermost first (a file in here is a cycle).
     chain: Vec<PathBuf>,
-    /// The project's files, listed once for globs and `exists`.
-    listing: Option<Vec<String>>,
+    /// The project's files, for globs and `exists`; handed on to the reader's rules.
+    pub facts: Facts<'a>,
 }
 
 /// One file an `include:` entry names.
@@ -79,15 +80,15 @@ struct Target {
 }
 
 impl<'a> Composer<'a> {
-    /// A composer over `ctx`.
-    pub(crate) fn new(ctx: IncludeContext<'a>) -> Self {
+    /// A composer over `ctx`, listing files through `facts`.
+    pub(crate) fn new(ctx: IncludeContext<'a>, facts: Facts<'a>) -> Self {
         Composer {
             ctx,
             sources: Sources::default(),
             errors: Vec::new(),
             count: 0,
             chain: Vec::new(),
-            listing: None,
+            facts,
         }
     }
 
@@ -425,10 +426,9 @@ impl<'a> Composer<'a> {
         }
         let rel = path.trim_start_matches('/').trim_start_matches("./");
         if glob::is_pattern(rel) {
-            let listing = self
-                .listing
-                .get_or_insert_with(|| glob::files(self.ctx.project_dir));
-            let hits: Vec<String> = listing
+            let hits: Vec<String> = self
+                .facts
+                .listing()
                 .iter()
                 .filter(|f| (f.ends_with(".yml") || f.ends_with(".yaml")) && glob::matches(rel, f))
                 .cloned()
@@ -523,12 +523,7 @@ impl<'a> Composer<'a> {
                                 .collect(),
                             _ => e.value.as_scalar().map(String::from).into_iter().collect(),
                         };
-                        let listing = self
-                            .listing
-                            .get_or_insert_with(|| glob::files(self.ctx.project_dir));
-                        holds &= patterns
-                            .iter()
-                            .any(|p| listing.iter().any(|f| glob::matches(p, f)));
+                        holds &= self.facts.exists(&patterns, self.ctx.variables);
                     }
                     "when" => match e.value.as_scalar() {
                         Some("never") => when_never = true,

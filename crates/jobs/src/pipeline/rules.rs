@@ -92,10 +92,18 @@ impl<'a> Facts<'a> {
         }
     }
 
-    fn exists(&mut self, patterns: &[String], lookup: &dyn Fn(&str) -> Option<String>) -> bool {
-        let listing = self
-            .listing
-            .get_or_insert_with(|| glob::files(self.project_dir));
+    /// The project's files, listed once (see [`glob::files`]).
+    pub(crate) fn listing(&mut self) -> &[String] {
+        self.listing
+            .get_or_insert_with(|| glob::files(self.project_dir))
+    }
+
+    pub(crate) fn exists(
+        &mut self,
+        patterns: &[String],
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> bool {
+        let listing = self.listing();
         patterns.iter().any(|p| {
             let p = super::variables::expand(p, lookup);
             listing.iter().any(|f| glob::matches(&p, f))
@@ -195,8 +203,9 @@ fn ref_matches(entry: &str, lookup: &dyn Fn(&str) -> Option<String>) -> bool {
             source == want
         }
         "external_pull_requests" => source == "external_pull_request_event",
-        _ if entry.starts_with('/') && entry.len() > 1 => Expr::parse(&format!("$R =~ {entry}"))
-            .is_ok_and(|e| e.eval(&|n: &str| (n == "R").then(|| ref_name.clone()))),
+        _ if entry.starts_with('/') && entry.len() > 1 => {
+            super::expr::matches_pattern(entry, &ref_name).unwrap_or(false)
+        }
         name => name == ref_name,
     }
 }
