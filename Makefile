@@ -2,7 +2,7 @@
 CARGO ?= cargo
 PIPELINE ?= examples/pipeline.yml
 
-.PHONY: demo demo-vm test build lint bench bench-plugins bench-pipelines
+.PHONY: demo demo-vm test build lint bench bench-plugins bench-pipelines fuzz
 # What the demos run: the manager, the local plugin, the guest agent (not the AWS SDK's build).
 DEMO_PKGS = -p slipway -p fleeting-plugin-local -p slipway-guest-agent
 
@@ -53,3 +53,8 @@ bench-pipelines:
 	@scripts/deps.sh test
 	$(CARGO) build --release -p slipway --bins
 	$(CARGO) bench -p slipway --bench pipelines
+
+## Every fuzz target for SLIPWAY_FUZZ_EXECS execs (default 10 million) on 2 threads (bench/results/fuzz.json).
+fuzz:
+	@scripts/deps.sh test
+	$(CARGO) bench -p slipway-fuzz --bench fuzz

@@ -7,7 +7,8 @@ use tonic::{Code, Status};
 use crate::group::{ConnectInfo, ConnectorConfig, GroupError, ProviderInfo, State};
 use crate::proto::fleeting::v1 as pb;
 
-pub(crate) fn connector_to_pb(c: &ConnectorConfig) -> pb::ConnectorConfig {
+/// Contract connector config to the wire message.
+pub fn connector_to_pb(c: &ConnectorConfig) -> pb::ConnectorConfig {
     pb::ConnectorConfig {
         os: c.os.clone(),
         arch: c.arch.clone(),
@@ -26,7 +27,8 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-pub(crate) fn connector_from_pb(c: pb::ConnectorConfig) -> Result<ConnectorConfig, String> {
+/// Host side: a wire connector config to the contract's (a port above 65535 is an error).
+pub fn connector_from_pb(c: pb::ConnectorConfig) -> Result<ConnectorConfig, String> {
     let protocol_port = u16::try_from(c.protocol_port)
         .map_err(|_| format!("protocol_port {} is out of range", c.protocol_port))?;
     Ok(ConnectorConfig {
@@ -53,7 +55,8 @@ pub(crate) fn info_to_pb(i: ProviderInfo) -> pb::ProviderInfo {
     }
 }
 
-pub(crate) fn info_from_pb(i: pb::ProviderInfo) -> ProviderInfo {
+/// Host side: the `Init` reply's provider info.
+pub fn info_from_pb(i: pb::ProviderInfo) -> ProviderInfo {
     ProviderInfo {
         id: i.id,
         max_size: i.max_size,
@@ -76,7 +79,7 @@ pub(crate) fn state_to_pb(s: State) -> pb::State {
 /// Wire state to contract state. Suspend states and unknown values have no Rust counterpart yet;
 /// they map to `Timeout` so the taskscaler stops using (and removes) such an instance rather than
 /// scheduling jobs on it.
-pub(crate) fn state_from_pb(raw: i32) -> State {
+pub fn state_from_pb(raw: i32) -> State {
     match pb::State::try_from(raw) {
         Ok(pb::State::Creating) => State::Creating,
         Ok(pb::State::Running) => State::Running,
@@ -86,7 +89,8 @@ pub(crate) fn state_from_pb(raw: i32) -> State {
     }
 }
 
-pub(crate) fn connect_info_to_pb(c: ConnectInfo) -> pb::ConnectInfoResponse {
+/// Plugin side: contract connect info to the wire reply.
+pub fn connect_info_to_pb(c: ConnectInfo) -> pb::ConnectInfoResponse {
     let expires_unix = c
         .expires
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -101,7 +105,8 @@ pub(crate) fn connect_info_to_pb(c: ConnectInfo) -> pb::ConnectInfoResponse {
     }
 }
 
-pub(crate) fn connect_info_from_pb(c: pb::ConnectInfoResponse) -> Result<ConnectInfo, String> {
+/// Host side: a `ConnectInfo` reply to the contract's.
+pub fn connect_info_from_pb(c: pb::ConnectInfoResponse) -> Result<ConnectInfo, String> {
     // 0 means "never"; negative values are treated the same.
     let expires = if c.expires_unix > 0 {
         UNIX_EPOCH.checked_add(Duration::from_secs(c.expires_unix.unsigned_abs()))
@@ -129,7 +134,7 @@ pub(crate) fn error_to_status(e: GroupError) -> Status {
 }
 
 /// Host side: a status the plugin returned to a contract error.
-pub(crate) fn status_to_error(plugin: &str, s: &Status) -> GroupError {
+pub fn status_to_error(plugin: &str, s: &Status) -> GroupError {
     let m = s.message().to_owned();
     match s.code() {
         Code::InvalidArgument | Code::OutOfRange => GroupError::InvalidArgument(m),

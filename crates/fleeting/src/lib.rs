@@ -6,7 +6,7 @@
 //! - [`oci`]: plugins GitLab Runner installed from OCI references, found where it put them.
 //! - [`sdk`]: turns one [`InstanceGroup`] implementation into a plugin binary.
 
-mod convert;
+pub mod convert;
 pub mod group;
 pub mod host;
 pub mod oci;

@@ -300,7 +300,7 @@ fn origin(url: &str) -> Option<(String, String)> {
 }
 
 /// `location` resolved against `base` (absolute, scheme-relative, absolute-path or relative).
-fn resolve(base: &str, location: &str) -> Option<String> {
+pub fn resolve(base: &str, location: &str) -> Option<String> {
     let base_uri: Uri = base.parse().ok()?;
     let scheme = base_uri.scheme_str()?;
     let authority = base_uri.authority()?.as_str();

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use artifacts::{MAX_DOWNLOAD_SIZE, UploadOptions};
+pub use artifacts::{MAX_DOWNLOAD_SIZE, UploadOptions, resolve as resolve_redirect};
 pub use client::{ClientConfig, GitlabClient, RegisterOptions, RunnerCredentials};
 pub use error::GitlabError;
 pub use outbox::{INTERRUPTED_MESSAGE, Outbox, Owed};
@@ -39,7 +39,7 @@ pub use request::{JobRequestOutcome, Poller, PollerConfig};
 pub use system_id::SystemId;
 pub use trace::{
     DEFAULT_OUTPUT_LIMIT_KIB, PatchOutcome, RemoteJobState, TraceConfig, TraceSender,
-    limit_exceeded_message, mask_token_prefixes,
+    limit_exceeded_message, mask_token_prefixes, range_end, update_interval,
 };
 pub use update::{
     FailureReason, FinishOutcome, JobState, OutputInfo, PendingUpdate, UpdateOutcome,

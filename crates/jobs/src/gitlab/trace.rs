@@ -54,6 +54,21 @@ impl RemoteJobState {
     }
 }
 
+/// The end `N` of a 416 reply's `Range: 0-N` header (the bytes the server holds), if readable.
+pub fn range_end(value: &str) -> Option<u64> {
+    value.trim().rsplit('-').next()?.trim().parse::<u64>().ok()
+}
+
+/// An `X-GitLab-Trace-Update-Interval` header: whole seconds above 0.
+pub fn update_interval(value: &str) -> Option<Duration> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+}
+
 /// GitLab's answer to one trace PATCH.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PatchOutcome {
@@ -110,19 +125,15 @@ impl GitlabClient {
                 job_status,
                 update_interval: resp
                     .header("x-gitlab-trace-update-interval")
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .filter(|s| *s > 0)
-                    .map(Duration::from_secs),
+                    .and_then(update_interval),
             }),
             416 => {
-                let remote_len = resp
-                    .header("range")
-                    .and_then(|r| r.trim().rsplit('-').next())
-                    .and_then(|n| n.trim().parse::<u64>().ok())
-                    .ok_or_else(|| GitlabError::Decode {
+                let remote_len = resp.header("range").and_then(range_end).ok_or_else(|| {
+                    GitlabError::Decode {
                         endpoint: ep.clone(),
                         message: "416 without a usable Range header".into(),
-                    })?;
+                    }
+                })?;
                 Ok(PatchOutcome::RangeMismatch {
                     remote_len,
                     job_status,

@@ -271,9 +271,7 @@ impl GitlabClient {
             202 => Ok(UpdateOutcome::Retry {
                 after: resp
                     .header("x-gitlab-trace-update-interval")
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .filter(|s| *s > 0)
-                    .map(Duration::from_secs)
+                    .and_then(super::trace::update_interval)
                     .or_else(|| resp.retry_after()),
             }),
             status @ (403 | 404) => Ok(UpdateOutcome::JobGone {

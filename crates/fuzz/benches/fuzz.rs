@@ -1,0 +1,122 @@
+//! `make fuzz`: every target for `SLIPWAY_FUZZ_EXECS` execs (default 10 million; the real
+//! extraction and the plugin process get a fixed fraction, see below) on 2 threads, then
+//! `bench/results/fuzz.json`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+use slipway_fuzz::driver::{Outcome, run};
+use slipway_fuzz::{
+    archive, config, content_range, gitlab, guest_frame, paths, pipeline, plugin_reply,
+};
+
+type Target = (&'static str, u64, fn(u64, u64) -> Outcome);
+
+fn targets(execs: u64) -> Vec<Target> {
+    // Extraction runs GNU tar once per exec: a thousandth of the execs (at least 1,000).
+    let extract = (execs / 1000).max(1000.min(execs));
+    vec![
+        ("pipeline", execs, |n, s| run(n, s, 4096, pipeline::check)),
+        ("config", execs, |n, s| run(n, s, 4096, config::check)),
+        ("plugin_config", execs, |n, s| {
+            run(n, s, 4096, config::check_plugin)
+        }),
+        ("gitlab", execs, |n, s| run(n, s, 4096, gitlab::check)),
+        ("plugin_reply", execs, |n, s| {
+            run(n, s, 4096, plugin_reply::check)
+        }),
+        ("guest_frame", execs, |n, s| {
+            run(n, s, 4096, guest_frame::check)
+        }),
+        ("archive", execs, |n, s| run(n, s, 4096, archive::check)),
+        ("archive_extract", extract, |n, s| {
+            run(n, s, 4096, archive::check_extract)
+        }),
+        ("paths", execs, |n, s| run(n, s, 4096, paths::check)),
+        ("content_range", execs, |n, s| {
+            run(n, s, 4096, content_range::check)
+        }),
+    ]
+}
+
+fn main() {
+    let execs: u64 = std::env::var("SLIPWAY_FUZZ_EXECS")
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(10_000_000);
+    let only = std::env::var("SLIPWAY_FUZZ_TARGETS").ok();
+    let seed: u64 = std::env::var("SLIPWAY_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    // Panics are findings, reported below; keep the terminal readable.
+    std::panic::set_hook(Box::new(|_| {}));
+    let queue = Mutex::new(
+        targets(execs)
+            .into_iter()
+            .filter(|(name, _, _)| {
+                only.as_deref()
+                    .is_none_or(|o| o.split(',').any(|x| x == *name))
+            })
+            .collect::<Vec<_>>(),
+    );
+    let results: Mutex<BTreeMap<&'static str, Outcome>> = Mutex::new(BTreeMap::new());
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (queue, results) = (&queue, &results);
+            s.spawn(move || {
+                loop {
+                    let Some((name, n, f)) = queue.lock().unwrap().pop() else {
+                        break;
+                    };
+                    eprintln!("fuzz: {name}: {n} execs (thread {t})");
+                    let out = f(n, seed);
+                    eprintln!(
+                        "fuzz: {name}: {} execs in {:.1} s, {} crashes",
+                        out.execs,
+                        out.seconds,
+                        out.crashes.len()
+                    );
+                    for (input, message) in &out.crashes {
+                        eprintln!("fuzz: {name}: CRASH {message}\n  input: {input}");
+                    }
+                    results.lock().unwrap().insert(name, out);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap();
+    let mut targets = serde_json::Map::new();
+    let mut findings = Vec::new();
+    for (name, out) in &results {
+        targets.insert(
+            (*name).to_string(),
+            json!({
+                "execs": out.execs,
+                "seconds": (out.seconds * 10.0).round() / 10.0,
+                "execs_per_second": (out.execs as f64 / out.seconds.max(1e-9)).round(),
+                "crashes_found": out.crashes.len(),
+                "crashes_fixed": 0,
+            }),
+        );
+        for (input, message) in &out.crashes {
+            findings.push(json!({"target": name, "input summary": input.chars().take(300).collect::<String>(), "message": message, "fix commit or description": "open"}));
+        }
+    }
+    let doc: Value = json!({
+        "targets": targets,
+        "findings": findings,
+        "goal_execs_per_target": 10_000_000u64,
+        "seed": seed,
+    });
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (path, _) = slipway_sim::bench::write(&repo, "fuzz", "make fuzz", doc).unwrap();
+    eprintln!("fuzz: wrote {}", path.display());
+    if !findings.is_empty() {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,102 @@
+//! Cache keys and artifact paths: `slipway_executor::cache` (keys expanded from the job's
+//! variables, the project's cache directory, the restore and save scripts) and
+//! `slipway_executor::script::artifact_path_problem`. No accepted key or path may name a place
+//! outside the cache directory or the project directory.
+
+use slipway_executor::cache::{archive_script, expand, project_root, restore_script};
+use slipway_executor::script::{JobDirs, artifact_path_problem};
+use slipway_jobs::JobResponse;
+use slipway_jobs::{CacheSpec, Variable};
+
+/// The input: a cache entry, a project path and variables.
+#[derive(Debug, Clone, bolero::generator::TypeGenerator)]
+pub struct Input {
+    /// `cache:key` (may use `$VAR`).
+    pub key: String,
+    /// `cache:fallback_keys`.
+    pub fallback_keys: Vec<String>,
+    /// `cache:paths` / `artifacts:paths`.
+    pub paths: Vec<String>,
+    /// The project's full path (`group/project`).
+    pub project_full_path: String,
+    /// Variables `(key, value)`.
+    pub variables: Vec<(String, String)>,
+}
+
+/// Lexically resolves `path` (`/`-separated) under `root`: `None` when it climbs above it.
+fn inside(path: &str) -> Option<Vec<&str>> {
+    let mut parts = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            c => parts.push(c),
+        }
+    }
+    Some(parts)
+}
+
+/// Keys that pass become one directory under the project's cache root; artifact paths that
+/// pass stay inside the project directory; scripts are produced without panicking.
+pub fn check(input: &Input) {
+    for p in &input.paths {
+        if artifact_path_problem(p).is_none() {
+            assert!(!p.starts_with('/'), "absolute path {p:?} accepted");
+            assert!(
+                inside(p).is_some(),
+                "path {p:?} accepted but leaves the project directory"
+            );
+        }
+    }
+    let mut job = JobResponse::default();
+    job.job_info.project_full_path = input.project_full_path.clone();
+    job.job_info.project_id = 7;
+    job.variables = input
+        .variables
+        .iter()
+        .take(8)
+        .map(|(k, v)| Variable::new(k.clone(), v.clone()))
+        .collect();
+    let root = project_root("cache", &job);
+    assert!(
+        root.starts_with("\"$HOME\"/"),
+        "cache root {root:?} not under $HOME"
+    );
+    assert!(
+        !root.contains("/../") && !root.ends_with("/..") && !root.contains("'..'"),
+        "cache root {root:?}"
+    );
+    job.cache = vec![CacheSpec {
+        key: input.key.clone(),
+        fallback_keys: input.fallback_keys.clone(),
+        paths: input.paths.clone(),
+        ..Default::default()
+    }];
+    let dirs = JobDirs {
+        builds_dir: "builds".into(),
+        slot: 0,
+        job_id: 1,
+    };
+    let keys: Vec<String> = std::iter::once(&input.key)
+        .chain(&input.fallback_keys)
+        .map(|k| expand(k, &job))
+        .collect();
+    if let Some((script, skipped)) = restore_script("cache", &job, &dirs) {
+        for k in &keys {
+            let shown = format!("Checking cache for {k}...");
+            let used = script.contains(&shown) && !skipped.iter().any(|s| &s.key == k);
+            if used {
+                assert!(!k.contains('/'), "key {k:?} with a slash used");
+                assert!(
+                    !k.is_empty() && k.chars().any(|c| c != '.'),
+                    "key {k:?} names no directory"
+                );
+            }
+        }
+    }
+    for success in [true, false] {
+        let _ = archive_script("cache", &job, &dirs, success);
+    }
+}
