@@ -11,7 +11,8 @@ use std::sync::Mutex;
 use serde_json::{Value, json};
 use slipway_fuzz::driver::{Outcome, run};
 use slipway_fuzz::{
-    archive, config, content_range, gitlab, guest_frame, paths, pipeline, plugin_reply,
+    archive, config, content_range, gitlab, guest_frame, paths, pipeline, plugin_process,
+    plugin_reply,
 };
 
 type Target = (&'static str, u64, fn(u64, u64) -> Outcome);
@@ -19,6 +20,8 @@ type Target = (&'static str, u64, fn(u64, u64) -> Outcome);
 fn targets(execs: u64) -> Vec<Target> {
     // Extraction runs GNU tar once per exec: a thousandth of the execs (at least 1,000).
     let extract = (execs / 1000).max(1000.min(execs));
+    // A plugin process per exec (spawn, handshake with AutoMTLS, calls, stop): a ten-thousandth.
+    let process = (execs / 10_000).max(100.min(execs));
     vec![
         ("pipeline", execs, |n, s| run(n, s, 4096, pipeline::check)),
         ("config", execs, |n, s| run(n, s, 4096, config::check)),
@@ -35,6 +38,10 @@ fn targets(execs: u64) -> Vec<Target> {
         ("archive", execs, |n, s| run(n, s, 4096, archive::check)),
         ("archive_extract", extract, |n, s| {
             run(n, s, 4096, archive::check_extract)
+        }),
+        ("plugin_process", process, |n, s| {
+            let bin = std::path::Path::new(env!("CARGO_BIN_EXE_slipway-fuzz-plugin"));
+            run(n, s, 4096, |i| plugin_process::check(bin, i))
         }),
         ("paths", execs, |n, s| run(n, s, 4096, paths::check)),
         ("content_range", execs, |n, s| {

@@ -16,4 +16,5 @@ pub mod guest_frame;
 pub mod mutate;
 pub mod paths;
 pub mod pipeline;
+pub mod plugin_process;
 pub mod plugin_reply;

@@ -35,3 +35,12 @@ target!(
     content_range::Input,
     content_range::check
 );
+
+#[test]
+fn plugin_process() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_slipway-fuzz-plugin"));
+    bolero::check!()
+        .with_type::<slipway_fuzz::plugin_process::Input>()
+        .with_test_time(TIME)
+        .for_each(|input| slipway_fuzz::plugin_process::check(bin, input));
+}
