@@ -39,7 +39,7 @@ pub enum Input {
     Zip(Vec<Entry>),
     /// A zip of these entries, then bytes overwritten (position, value).
     ZipMutated(Vec<Entry>, Vec<(u32, u8)>),
-    /// `n` (modulo 4096) empty files.
+    /// `n` (modulo 2048) empty files.
     Many(u16),
     /// A tar of these entries, archived as zip and gzip.
     Tar(Vec<Entry>),
@@ -158,7 +158,7 @@ pub fn check(input: &Input) {
             check_zip(&z);
         }
         Input::Many(n) => {
-            let entries: Vec<Entry> = (0..usize::from(*n) % 4096)
+            let entries: Vec<Entry> = (0..usize::from(*n) % 2048)
                 .map(|i| Entry {
                     segments: Vec::new(),
                     free: Some(format!("f{i}")),

@@ -153,6 +153,14 @@ pub async fn serve(protocol: Protocol, add: impl AddService) -> Result<(), Serve
     let socket = socket_dir.join(format!("plugin{:08x}", rand::random::<u32>()));
     let listener = UnixListener::bind(&socket)
         .map_err(io_err(format!("listening on {}", socket.display())))?;
+    // Owner only, set before the socket is announced; its directory is private already
+    // (ours, or the host's), so nobody else could reach it in between.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        tokio::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+            .await
+            .map_err(io_err(format!("restricting {}", socket.display())))?;
+    }
 
     let result = serve_on(add, listener, tls, &socket, app_version, server_cert).await;
 

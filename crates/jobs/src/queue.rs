@@ -19,6 +19,7 @@
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read as _, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
@@ -258,9 +259,10 @@ impl Queue {
     /// Open (creating when missing) the queue at `dir`.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Queue> {
         let q = Queue { dir: dir.into() };
+        // Jobs hold their variables and logs their output: owner only, from creation on.
         for sub in [PENDING, RUNNING, DONE, LOGS, TMP] {
             let p = q.dir.join(sub);
-            fs::create_dir_all(&p).map_err(io_at(&p))?;
+            private_dirs(&p).map_err(io_at(&p))?;
         }
         Ok(q)
     }
@@ -282,6 +284,7 @@ impl Queue {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&path)
             .map_err(io_at(&path))?;
         match file.try_lock() {
@@ -298,6 +301,7 @@ impl Queue {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(io_at(&lock_path))?;
         lock.lock().map_err(io_at(&lock_path))?;
@@ -594,7 +598,7 @@ impl Queue {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        let mut f = File::create(&path).map_err(io_at(&path))?;
+        let mut f = private_file(&path).map_err(io_at(&path))?;
         f.write_all(bytes).map_err(io_at(&path))?;
         f.sync_all().map_err(io_at(&path))?;
         Ok(path)
@@ -647,6 +651,21 @@ fn sync_parent(path: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_at(dir))
+}
+
+/// Create `dir` and its missing parents as 0700 (umask may only narrow it).
+fn private_dirs(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Create (truncating) `path` as 0600.
+fn private_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
 }
 
 fn io_at(path: &Path) -> impl FnOnce(io::Error) -> QueueError + '_ {

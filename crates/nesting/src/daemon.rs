@@ -121,8 +121,11 @@ impl Daemon {
             store::vms_dir(&opts.state_dir),
             snapshot::dir(&opts.state_dir),
         ] {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::create_dir_all(&d)
+            use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&d)
                 .map_err(DaemonError::io(format!("creating {}", d.display())))?;
             // Snapshots hold what jobs held in memory, their variables included: owner only.
             std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
@@ -803,7 +806,6 @@ impl Daemon {
         socket: &Path,
         stop: CancellationToken,
     ) -> Result<(), DaemonError> {
-        use std::os::unix::fs::PermissionsExt as _;
         if socket.exists() {
             // A live daemon answers; a stale socket from a dead one is replaced.
             if tokio::net::UnixStream::connect(socket).await.is_ok() {
@@ -818,11 +820,10 @@ impl Daemon {
             std::fs::create_dir_all(parent)
                 .map_err(DaemonError::io(format!("creating {}", parent.display())))?;
         }
-        let listener = tokio::net::UnixListener::bind(socket).map_err(DaemonError::io(format!(
+        let listener = bind_private(socket).map_err(DaemonError::io(format!(
             "listening on {}",
             socket.display()
         )))?;
-        let _ = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600));
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         let service = nesting_server::NestingServer::new(Service(self.clone()));
         let result = tonic::transport::Server::builder()
@@ -893,6 +894,28 @@ fn check_state_dir(dir: &Path) -> Result<PathBuf, DaemonError> {
         )));
     }
     Ok(dir)
+}
+
+/// Listen on `socket`, reachable by its owner only from the first moment: bound inside a fresh
+/// 0700 directory beside it, made 0600 there, then renamed into place (a chmod after binding
+/// would leave a moment in which anyone could connect under a lax umask).
+fn bind_private(socket: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let parent = socket
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let private = parent.join(format!(".nesting-bind-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let staged = private.join("s");
+    let bound = tokio::net::UnixListener::bind(&staged).and_then(|l| {
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&staged, socket)?;
+        Ok(l)
+    });
+    let _ = std::fs::remove_dir_all(&private);
+    bound
 }
 
 /// The label that names the snapshot a snapshot's disk layer sits on.

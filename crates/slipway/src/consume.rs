@@ -248,9 +248,11 @@ async fn finish(queue: &Queue, result: JobResult, runner: &str) {
 
 /// Append a job's trace to its log file until the trace is dropped.
 async fn write_log(path: std::path::PathBuf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    // A trace may hold what a job printed: owner only, like the queue it lives in.
     let mut file = match tokio::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&path)
         .await
     {

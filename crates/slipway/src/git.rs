@@ -183,7 +183,11 @@ impl GitSources {
         self.root_ready
             .get_or_try_init(|| async {
                 let tmp = self.root.join("tmp");
-                tokio::fs::create_dir_all(&tmp)
+                // Private from creation on; an existing root is narrowed too.
+                tokio::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&tmp)
                     .await
                     .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
                 #[cfg(unix)]

@@ -45,9 +45,14 @@ impl Outbox {
     /// Opens (creating) the outbox in `dir`.
     pub async fn open(dir: impl Into<PathBuf>) -> Result<Self, GitlabError> {
         let dir = dir.into();
+        // Final states and traces waiting for GitLab: owner only, from creation on (an
+        // existing directory is narrowed too).
         for sub in ["running", "pending"] {
             let d = dir.join(sub);
-            tokio::fs::create_dir_all(&d)
+            tokio::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&d)
                 .await
                 .map_err(|e| io_error(&d, "creating", &e))?;
         }
@@ -176,7 +181,14 @@ impl Outbox {
         // Write, sync, rename, sync the directory: the record is whole or absent after a crash.
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::io::Write as _;
-            let mut f = std::fs::File::create(&tmp_owned)?;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            // Records hold the job's token: owner only.
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp_owned)?;
             f.write_all(&text)?;
             f.sync_all()?;
             std::fs::rename(&tmp_owned, &path_owned)?;

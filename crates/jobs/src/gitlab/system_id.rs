@@ -57,15 +57,28 @@ impl SystemId {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let id = Self::generate();
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    tokio::fs::create_dir_all(dir)
+                    // The manager's state directory: owner only from creation on.
+                    tokio::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(dir)
                         .await
                         .map_err(|e| err(format!("create directory: {e}")))?;
                 }
                 // Write to a temporary file and rename, so a crash never leaves a partial id.
                 let tmp = path.with_extension("tmp");
-                tokio::fs::write(&tmp, format!("{}\n", id.0))
+                let mut file = tokio::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)
                     .await
                     .map_err(|e| err(format!("write: {e}")))?;
+                tokio::io::AsyncWriteExt::write_all(&mut file, format!("{}\n", id.0).as_bytes())
+                    .await
+                    .map_err(|e| err(format!("write: {e}")))?;
+                drop(file);
                 tokio::fs::rename(&tmp, path)
                     .await
                     .map_err(|e| err(format!("rename: {e}")))?;
