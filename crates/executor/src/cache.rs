@@ -189,6 +189,7 @@ pub fn archive_script(
     let mut skipped = Vec::new();
     let mut s = script_start(dirs, "Saving cache");
     let _ = writeln!(s, "shopt -s globstar nullglob dotglob 2>/dev/null || :");
+    s.push_str(&crate::script::inside_function("cache", false));
     for spec in specs {
         let key = key_of(spec, job);
         if let Some(reason) = key_problem(&key) {
@@ -208,7 +209,7 @@ pub fn archive_script(
             // An unmatched glob stays literal without nullglob (busybox): keep only what exists.
             let _ = writeln!(
                 s,
-                "for f in {}; do [ -e \"$f\" ] || [ -L \"$f\" ] && set -- \"$@\" \"$f\"; done",
+                "for f in {}; do if {{ [ -e \"$f\" ] || [ -L \"$f\" ]; }} && __slipway_inside \"$f\"; then set -- \"$@\" \"$__p\"; fi; done",
                 glob_word(p)
             );
         }

@@ -394,7 +394,7 @@ impl JobRunner {
             } else {
                 "upload_artifacts_on_failure"
             };
-            match housekeeping(
+            match housekeeping_with_stderr(
                 host,
                 stage,
                 &script::collect_script(&dirs, &paths),
@@ -403,7 +403,14 @@ impl JobRunner {
             )
             .await
             {
-                Ok(tar) => artifacts.push(CollectedArtifacts { spec, tar }),
+                Ok((tar, err)) => {
+                    // The collect script's warnings (a path leaving through a symlink).
+                    let err = String::from_utf8_lossy(&err);
+                    for w in err.lines().filter(|l| l.starts_with("WARNING: ")) {
+                        trace.message(w);
+                    }
+                    artifacts.push(CollectedArtifacts { spec, tar })
+                }
                 Err(msg) => {
                     trace.message(&format!("ERROR: collecting artifacts failed: {msg}"));
                     if outcome.is_success() {
@@ -562,11 +569,24 @@ async fn housekeeping(
     stdin: Vec<u8>,
     limit: Duration,
 ) -> Result<Vec<u8>, String> {
+    housekeeping_with_stderr(host, stage, body, stdin, limit)
+        .await
+        .map(|(out, _)| out)
+}
+
+/// [`housekeeping`], with the script's stderr when it succeeded too.
+async fn housekeeping_with_stderr(
+    host: &dyn Host,
+    stage: &str,
+    body: &str,
+    stdin: Vec<u8>,
+    limit: Duration,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     let run = host.capture_stage(stage, body, stdin);
     match tokio::time::timeout(limit, run).await {
         Err(_) => Err(format!("timed out after {}", fmt_secs(limit))),
         Ok(Err(e)) => Err(e.to_string()),
-        Ok(Ok((status, out, _))) if status.success() => Ok(out),
+        Ok(Ok((status, out, err))) if status.success() => Ok((out, err)),
         Ok(Ok((status, _, err))) => Err(format!(
             "{status}: {}",
             String::from_utf8_lossy(&err).trim()

@@ -135,18 +135,40 @@ pub fn unpack_script(dirs: &JobDirs) -> String {
 /// Write a tar of the matching paths (globs, `**` included) to stdout.
 pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
     let mut s = format!(
-        "set -e\nshopt -s globstar nullglob dotglob 2>/dev/null || :\ncd {}\nset --\n",
-        dirs.project_dir()
+        "set -e\nshopt -s globstar nullglob dotglob 2>/dev/null || :\ncd {}\n{}set --\n",
+        dirs.project_dir(),
+        inside_function("artifact", true),
     );
     for p in paths {
         let _ = writeln!(
             s,
-            "for f in {}; do set -- \"$@\" \"$f\"; done",
+            "for f in {}; do if __slipway_inside \"$f\"; then set -- \"$@\" \"$__p\"; fi; done",
             glob_word(p)
         );
     }
     s.push_str("if [ $# -eq 0 ]; then tar -c -f - -T /dev/null; else tar -c -f - -- \"$@\"; fi\n");
     s
+}
+
+/// A shell function (bash and busybox `sh` alike) for scripts run in the project directory:
+/// `__slipway_inside PATH` sets `__p` to PATH without trailing slashes and succeeds when the
+/// directory holding it is inside the project directory once symlinks are resolved; otherwise
+/// it prints a warning naming the `what` path (on stderr with `to_stderr`) and fails. A path
+/// that is itself a symlink stays a symlink in the archive (tar does not follow it), so only
+/// the way to it is checked.
+pub(crate) fn inside_function(what: &str, to_stderr: bool) -> String {
+    let redirect = if to_stderr { " >&2" } else { "" };
+    format!(
+        "__slipway_root=$(pwd -P)\n\
+         __slipway_inside() {{\n\
+         \x20 __p=$1\n\
+         \x20 while :; do case $__p in ?*/) __p=${{__p%/}};; *) break;; esac; done\n\
+         \x20 __d=$(cd -- \"$(dirname -- \"$__p\")\" 2>/dev/null && pwd -P) || __d=\n\
+         \x20 case \"$__d/\" in \"$__slipway_root\"/*) return 0;; esac\n\
+         \x20 echo \"WARNING: {what} path \\\"$1\\\" leaves the project directory through a symlink; skipped\"{redirect}\n\
+         \x20 return 1\n\
+         }}\n"
+    )
 }
 
 /// A path pattern as an unquoted bash word: glob characters expand, everything else is

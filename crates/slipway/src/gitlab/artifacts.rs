@@ -83,8 +83,22 @@ pub(super) async fn upload_artifacts(
                 }
             },
         };
-        let (paths, exclude, untracked) =
-            (spec.paths.clone(), spec.exclude.clone(), spec.untracked);
+        // A path leaving the project directory was refused (with a warning) where the job
+        // ran; it matches nothing here either, and must not fail the other paths.
+        let inside = |p: &&String| slipway_executor::script::artifact_path_problem(p).is_none();
+        let (paths, exclude, untracked) = (
+            spec.paths
+                .iter()
+                .filter(inside)
+                .cloned()
+                .collect::<Vec<_>>(),
+            spec.exclude
+                .iter()
+                .filter(inside)
+                .cloned()
+                .collect::<Vec<_>>(),
+            spec.untracked,
+        );
         // Shared, not copied: the list can hold every file of a large repository.
         let tracked = Arc::clone(tracked);
         // Compressing is CPU work: off the runtime's threads.
