@@ -35,6 +35,7 @@ build:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@CARGO=$(CARGO) scripts/deny.sh
 
 ## Benchmarks: write bench/results/*.json (release build; the plugin binary is needed too).
 bench:
