@@ -108,6 +108,17 @@ impl std::fmt::Display for ResultStatus {
     }
 }
 
+/// What [`Queue::cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// The job was pending: it is now done, canceled.
+    Canceled,
+    /// The job is running: its manager was asked to cancel it.
+    Requested,
+    /// The job had already ended, with this status.
+    AlreadyDone(ResultStatus),
+}
+
 /// A claimed job was bound to a slot: written before it starts running.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Started {
@@ -428,6 +439,38 @@ impl Queue {
         self.drop_claim(id)
     }
 
+    /// Cancel job `id`: a pending job is finished as canceled at once; a running one gets a
+    /// cancel request its manager acts on (see [`Queue::cancel_requested`]).
+    pub fn cancel(&self, id: u64) -> Result<Cancel> {
+        if let Some(r) = self.result(id)? {
+            return Ok(Cancel::AlreadyDone(r.status));
+        }
+        if let Some(job) = self.claim(id)? {
+            let mut result = JobResult::new(&job, ResultStatus::Canceled);
+            result.message = "canceled before it started".into();
+            self.finish(&result)?;
+            return Ok(Cancel::Canceled);
+        }
+        // Claimed by a manager (or by a canceller) between the two looks.
+        if self.file(RUNNING, id).exists() {
+            self.write_atomic(&self.cancel_file(id), b"")?;
+            return Ok(Cancel::Requested);
+        }
+        match self.result(id)? {
+            Some(r) => Ok(Cancel::AlreadyDone(r.status)),
+            None => Err(QueueError::NotFound {
+                id,
+                wanted: "pending or running",
+                path: self.file(PENDING, id),
+            }),
+        }
+    }
+
+    /// Whether someone asked to cancel claimed job `id`.
+    pub fn cancel_requested(&self, id: u64) -> bool {
+        self.cancel_file(id).exists()
+    }
+
     /// The result of job `id`, once done.
     pub fn result(&self, id: u64) -> Result<Option<JobResult>> {
         self.read_json(&self.file(DONE, id))
@@ -528,7 +571,11 @@ impl Queue {
     }
 
     fn drop_claim(&self, id: u64) -> Result<()> {
-        for p in [self.started_file(id), self.file(RUNNING, id)] {
+        for p in [
+            self.started_file(id),
+            self.cancel_file(id),
+            self.file(RUNNING, id),
+        ] {
             match fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -544,6 +591,10 @@ impl Queue {
 
     fn started_file(&self, id: u64) -> PathBuf {
         self.dir.join(RUNNING).join(format!("{id}.started"))
+    }
+
+    fn cancel_file(&self, id: u64) -> PathBuf {
+        self.dir.join(RUNNING).join(format!("{id}.cancel"))
     }
 
     fn ids(&self, sub: &str) -> Result<Vec<u64>> {
@@ -598,10 +649,18 @@ impl Queue {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        let mut f = private_file(&path).map_err(io_at(&path))?;
-        f.write_all(bytes).map_err(io_at(&path))?;
-        f.sync_all().map_err(io_at(&path))?;
-        Ok(path)
+        let written = private_file(&path).and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        });
+        match written {
+            Ok(()) => Ok(path),
+            Err(e) => {
+                // A full disk leaves no half-written file behind.
+                let _ = fs::remove_file(&path);
+                Err(QueueError::Io { path, source: e })
+            }
+        }
     }
 
     /// Replace `path` atomically.
@@ -655,7 +714,10 @@ fn sync_parent(path: &Path) -> Result<()> {
 
 /// Create `dir` and its missing parents as 0700 (umask may only narrow it).
 fn private_dirs(dir: &Path) -> io::Result<()> {
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 /// Create (truncating) `path` as 0600.
@@ -737,6 +799,41 @@ mod tests {
         assert!(matches!(err, QueueError::NotFound { id: 1, .. }), "{err}");
         assert!(err.to_string().contains("running/1.json"), "{err}");
         assert_eq!(q.list().unwrap()[0].state.label(), "success");
+    }
+
+    #[test]
+    fn cancel_ends_a_pending_job_and_asks_a_running_one_to_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = Queue::open(dir.path()).unwrap();
+        let (a, b) = (job(&q, "a"), job(&q, "b"));
+        q.enqueue(&a).unwrap();
+        q.enqueue(&b).unwrap();
+        assert_eq!(q.cancel(a.id).unwrap(), Cancel::Canceled);
+        let r = q.result(a.id).unwrap().unwrap();
+        assert_eq!(r.status, ResultStatus::Canceled);
+        assert!(q.pending().unwrap() == vec![b.id]);
+
+        let claimed = q.claim(b.id).unwrap().unwrap();
+        assert!(!q.cancel_requested(b.id));
+        assert_eq!(q.cancel(b.id).unwrap(), Cancel::Requested);
+        assert!(q.cancel_requested(b.id));
+        // The request is not a job: listings do not see it, and finishing clears it.
+        assert_eq!(q.running().unwrap(), vec![b.id]);
+        q.finish(&JobResult::new(&claimed, ResultStatus::Canceled))
+            .unwrap();
+        assert!(!q.cancel_requested(b.id));
+        assert_eq!(
+            q.cancel(b.id).unwrap(),
+            Cancel::AlreadyDone(ResultStatus::Canceled)
+        );
+        let err = q.cancel(99).unwrap_err();
+        assert!(err.to_string().contains("99"), "{err}");
+        assert!(
+            std::fs::read_dir(dir.path().join("running"))
+                .unwrap()
+                .next()
+                .is_none()
+        );
     }
 
     #[test]

@@ -17,7 +17,6 @@ use anyhow::Context as _;
 use slipway_executor::{FailureReason, JobOutcome, Trace};
 use slipway_jobs::queue::{JobResult, Queue, QueueError, Recovery, ResultStatus, Started, unix_ms};
 use slipway_jobs::{JobResponse, JobStatus};
-use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -86,8 +85,27 @@ pub async fn recover(
     if claimed.is_empty() {
         return Ok(Some(Recovery::default()));
     }
-    let q = queue.clone();
-    let rec = blocking(move || q.recover(&claimed, &acquired, RESTART_MESSAGE)).await?;
+    // A full disk must not leave the dead manager's jobs claimed for ever: retried until it
+    // works (each pass skips what the last one finished).
+    let claimed = Arc::new(claimed);
+    let acquired = Arc::new(acquired);
+    let mut warned = false;
+    let rec = loop {
+        let (q, c, a) = (queue.clone(), claimed.clone(), acquired.clone());
+        match blocking(move || q.recover(&c, &a, RESTART_MESSAGE)).await {
+            Ok(rec) => break rec,
+            Err(e) => {
+                if !warned {
+                    tracing::warn!("recovering the jobs of the last run: {e:#}; retrying");
+                    warned = true;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    };
     for id in &rec.failed {
         tracing::warn!(
             job = id,
@@ -237,41 +255,125 @@ async fn claim(queue: &Queue, id: u64) -> anyhow::Result<Option<JobResponse>> {
     blocking(move || q.claim(id)).await
 }
 
+/// How long a result that cannot be written (a full disk, say) is retried before the job is
+/// left claimed for the next start to report.
+const FINISH_RETRY: Duration = Duration::from_secs(300);
+
 async fn finish(queue: &Queue, result: JobResult, runner: &str) {
     let id = result.id;
-    let q = queue.clone();
-    if let Err(e) = blocking(move || q.finish(&result)).await {
-        // It stays claimed: the next start reports it failed.
-        tracing::error!(%runner, job = id, "writing the job's result: {e:#}");
+    let result = Arc::new(result);
+    let deadline = tokio::time::Instant::now() + FINISH_RETRY;
+    let mut warned = false;
+    loop {
+        let (q, r) = (queue.clone(), result.clone());
+        match blocking(move || q.finish(&r)).await {
+            Ok(()) => {
+                if warned {
+                    tracing::info!(%runner, job = id, "the job's result is written");
+                }
+                return;
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                if !warned {
+                    tracing::warn!(%runner, job = id, "writing the job's result: {e:#}; retrying");
+                    warned = true;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => {
+                // It stays claimed: the next start reports it failed.
+                tracing::error!(%runner, job = id, "writing the job's result: {e:#}");
+                return;
+            }
+        }
     }
 }
 
 /// Append a job's trace to its log file until the trace is dropped.
 async fn write_log(path: std::path::PathBuf, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
-    // A trace may hold what a job printed: owner only, like the queue it lives in.
-    let mut file = match tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&path)
+    let opened = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            // A trace may hold what a job printed: owner only, like the queue it lives in.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&path)
+        })
         .await
-    {
-        Ok(f) => Some(f),
+        .context("opening the job log")
+        .and_then(|r| r.context("opening the job log"))
+    };
+    let mut log = match opened {
+        Ok(file) => Some(Log {
+            file,
+            unwritten: Vec::new(),
+            warned: false,
+        }),
         Err(e) => {
-            tracing::warn!(path = %path.display(), "job log: {e}");
+            tracing::warn!(path = %path.display(), "job log: {e:#}");
             None
         }
     };
     while let Some(chunk) = rx.recv().await {
-        if let Some(f) = &mut file
-            && let Err(e) = f.write_all(&chunk).await
-        {
-            tracing::warn!(path = %path.display(), "job log: {e}");
-            file = None;
+        if let Some(mut l) = log.take() {
+            l.unwritten.extend_from_slice(&chunk);
+            log = l.flush(&path).await;
         }
     }
-    if let Some(f) = &mut file {
-        let _ = f.flush().await;
+    // What a full disk held back: retried for a while before it is given up.
+    let deadline = tokio::time::Instant::now() + FINISH_RETRY;
+    while let Some(l) = log.take() {
+        if l.unwritten.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::error!(path = %path.display(), bytes = l.unwritten.len(), "job log: not written");
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        log = l.flush(&path).await;
+    }
+}
+
+/// A job's open log and the bytes not written to it yet (a full disk): kept in order and
+/// written with the next chunk, so a trace survives a while without space instead of losing
+/// its middle.
+struct Log {
+    file: std::fs::File,
+    unwritten: Vec<u8>,
+    warned: bool,
+}
+
+impl Log {
+    /// Write what is pending; `None` only if the blocking task itself failed.
+    async fn flush(self, path: &std::path::Path) -> Option<Log> {
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write as _;
+            let mut l = self;
+            while !l.unwritten.is_empty() {
+                match l.file.write(&l.unwritten) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        l.unwritten.drain(..n);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        if !l.warned {
+                            tracing::warn!(path = %path.display(), "job log: {e}; keeping the rest until it can be written");
+                            l.warned = true;
+                        }
+                        break;
+                    }
+                }
+            }
+            l
+        })
+        .await
+        .ok()
     }
 }
 
@@ -303,7 +405,10 @@ impl JobTask {
         } = self;
         let writer = tokio::spawn(write_log(queue.log_path(id), log));
         let name = runner.name.clone();
-        match job::acquire(&runner, &key, &mut trace, &stop).await {
+        // `slipway cancel` stops this job alone; a shutdown stops them all.
+        let cancel = stop.child_token();
+        let watcher = tokio::spawn(watch_cancel(queue.clone(), id, cancel.clone()));
+        match job::acquire(&runner, &key, &mut trace, &cancel).await {
             Err(no) if no.status == JobStatus::Canceled && stop.is_cancelled() => {
                 // It never ran: the next manager runs it.
                 trace.message("Manager shutting down before the job started: back to pending");
@@ -341,9 +446,16 @@ impl JobTask {
                             "Running on instance {} slot {}",
                             acq.instance_id, acq.slot
                         ));
-                        let (outcome, _artifacts) =
-                            job::execute(&runner, &acq, &job, Vec::new(), &mut trace, &stop, None)
-                                .await;
+                        let (outcome, _artifacts) = job::execute(
+                            &runner,
+                            &acq,
+                            &job,
+                            Vec::new(),
+                            &mut trace,
+                            &cancel,
+                            None,
+                        )
+                        .await;
                         outcome
                     }
                 };
@@ -368,9 +480,29 @@ impl JobTask {
                 runner.release(&key);
             }
         }
+        watcher.abort();
         trace.finish();
         drop(trace);
         let _ = writer.await;
+    }
+}
+
+/// Cancel `token` once someone asks the queue to cancel job `id` (polled; ends with the job).
+async fn watch_cancel(queue: Queue, id: u64, token: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(POLL) => {}
+        }
+        let q = queue.clone();
+        let asked = tokio::task::spawn_blocking(move || q.cancel_requested(id))
+            .await
+            .unwrap_or(false);
+        if asked {
+            tracing::info!(job = id, "canceled by request");
+            token.cancel();
+            return;
+        }
     }
 }
 

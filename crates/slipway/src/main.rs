@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use slipway::config::{self, Loaded, RunnerConfig};
 use slipway::{consume, exec, gitlab, plugin_check, runner, vm};
-use slipway_jobs::queue::{Entry, JobState, Queue};
+use slipway_jobs::queue::{Cancel, Entry, JobState, Queue};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -101,6 +101,16 @@ enum Command {
         /// Warn about pipeline keys this version does not support instead of failing.
         #[arg(long)]
         allow_unsupported: bool,
+    },
+    /// Cancel jobs of the embedded queue: a pending job ends at once, a running one is stopped
+    /// by its manager (its `after_script` does not run), both reported `canceled`.
+    Cancel {
+        /// Job ids (as `slipway submit` and `slipway jobs` print them).
+        #[arg(required = true)]
+        ids: Vec<u64>,
+        /// config.toml whose queue to use (the queue lives beside it).
+        #[arg(short, long, default_value = "config.toml")]
+        config: PathBuf,
     },
     /// List the embedded queue's jobs: pending, running, and finished with their results.
     Jobs {
@@ -467,6 +477,23 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
             let queue = open_queue(queue, &config).await?;
             submit(&queue, &file, allow_unsupported).await?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Cancel { ids, config } => {
+            let queue = open_queue(queue, &config).await?;
+            let mut code = ExitCode::SUCCESS;
+            for id in ids {
+                let q = queue.clone();
+                match consume::blocking(move || q.cancel(id)).await {
+                    Ok(Cancel::Canceled) => println!("{id}\tcanceled"),
+                    Ok(Cancel::Requested) => println!("{id}\tcancel requested"),
+                    Ok(Cancel::AlreadyDone(status)) => println!("{id}\talready {status}"),
+                    Err(e) => {
+                        eprintln!("error: job {id}: {e:#}");
+                        code = ExitCode::FAILURE;
+                    }
+                }
+            }
+            Ok(code)
         }
         Command::Jobs { config } => {
             let queue = open_queue(queue, &config).await?;
