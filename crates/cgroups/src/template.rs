@@ -7,6 +7,10 @@ use crate::error::{CgroupError, Result};
 /// The placeholder for the slot number in Slipway's syntax; GitLab's `${slot}` is accepted too.
 pub const SLOT_PLACEHOLDER: &str = "{slot}";
 
+/// The placeholder for the instance's id: instances that share one kernel (the local plugin's
+/// test hosts) keep their slots apart with it.
+pub const INSTANCE_PLACEHOLDER: &str = "{instance}";
+
 /// Slipway's default slot cgroup template.
 pub const DEFAULT_TEMPLATE: &str = "slipway/slot-{slot}";
 
@@ -37,6 +41,7 @@ impl SlotTemplate {
         };
         let normalised = template
             .replace("${slot}", SLOT_PLACEHOLDER)
+            .replace("${instance}", INSTANCE_PLACEHOLDER)
             .trim_start_matches('/')
             .trim_end_matches('/')
             .to_string();
@@ -50,7 +55,9 @@ impl SlotTemplate {
             if component.matches(SLOT_PLACEHOLDER).count() > 1 {
                 return Err(err("more than one {slot} in one path component"));
             }
-            let rest = component.replace(SLOT_PLACEHOLDER, "");
+            let rest = component
+                .replace(SLOT_PLACEHOLDER, "")
+                .replace(INSTANCE_PLACEHOLDER, "");
             if let Some(c) = rest.chars().find(|c| !is_safe_char(*c)) {
                 return Err(err(&format!(
                     "character {c:?} not allowed (use letters, digits and ._-@:+=)"
@@ -72,9 +79,27 @@ impl SlotTemplate {
         !self.template.contains(SLOT_PLACEHOLDER)
     }
 
-    /// The slot cgroup path for `slot`, relative to each hierarchy's mount.
+    /// The slot cgroup path for `slot`, relative to each hierarchy's mount (`{instance}`, if
+    /// any, left for [`SlotTemplate::expand_on`]: use that where the instance is known).
     pub fn expand(&self, slot: u32) -> SlotPath {
         SlotPath(self.template.replace(SLOT_PLACEHOLDER, &slot.to_string()))
+    }
+
+    /// The slot cgroup path for `slot` on instance `instance` (characters a path component
+    /// may not hold become `_`).
+    pub fn expand_on(&self, instance: &str, slot: u32) -> SlotPath {
+        let mut id: String = instance
+            .chars()
+            .map(|c| if is_safe_char(c) { c } else { '_' })
+            .collect();
+        if id.is_empty() || id.chars().all(|c| c == '.') {
+            id = "_".into();
+        }
+        SlotPath(
+            self.template
+                .replace(SLOT_PLACEHOLDER, &slot.to_string())
+                .replace(INSTANCE_PLACEHOLDER, &id),
+        )
     }
 
     /// The part of the template above the first `{slot}` component, and that component split
@@ -157,6 +182,15 @@ fn is_safe_char(c: char) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn an_instance_placeholder_keeps_instances_apart() {
+        let t = SlotTemplate::parse("ci/${instance}/slot-${slot}").unwrap();
+        assert_eq!(t.expand_on("sk1-ab", 2).as_str(), "ci/sk1-ab/slot-2");
+        assert_eq!(t.expand_on("a b/..", 0).as_str(), "ci/a_b_../slot-0");
+        assert_eq!(t.expand_on("..", 0).as_str(), "ci/_/slot-0");
+        assert!(SlotTemplate::parse("ci/{instance}$/slot-{slot}").is_err());
+    }
 
     #[test]
     fn expands_both_syntaxes() {

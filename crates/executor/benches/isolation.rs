@@ -206,7 +206,7 @@ async fn levels(
         ..SlotCgroups::default()
     };
     let mut runner = runner.clone();
-    slots.apply(&mut runner, 0, &LIMITS)?;
+    slots.apply(&mut runner, "local", 0, &LIMITS)?;
     let hierarchy = Hierarchy::detect()?;
     let template = slots.template.clone();
     let (start, primitive) = measure(

@@ -47,10 +47,11 @@ impl SlotCgroups {
     pub fn apply(
         &self,
         runner: &mut JobRunner,
+        instance: &str,
         slot: u32,
         limits: &Limits,
     ) -> Result<SlotPath, CgroupError> {
-        let path = self.template.expand(slot);
+        let path = self.template.expand_on(instance, slot);
         runner.prepare = cg::create(&self.root, &path, limits)?;
         let mut prologue = cg::enter(&self.root, &path);
         for (k, v) in path.env() {
@@ -98,7 +99,7 @@ mod tests {
     fn a_runner_gets_prepare_prologue_and_teardown() {
         let mut runner = JobRunner::default();
         let path = SlotCgroups::default()
-            .apply(&mut runner, 3, &limits_for(500, 64 << 20))
+            .apply(&mut runner, "i-1", 3, &limits_for(500, 64 << 20))
             .unwrap();
         assert_eq!(path.as_str(), "slipway/slot-3");
         assert!(runner.prepare.contains("slipway/slot-3"));

@@ -45,7 +45,7 @@ async fn run(cgroups: &SlotCgroups, slot: u32, limits: Limits, job: &JobResponse
         builds_dir: dir.path().display().to_string(),
         ..JobRunner::default()
     };
-    cgroups.apply(&mut runner, slot, &limits).unwrap();
+    cgroups.apply(&mut runner, "local", slot, &limits).unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut trace = Trace::new(Vec::<String>::new(), tx);
     let result = runner

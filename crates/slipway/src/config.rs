@@ -132,7 +132,8 @@ pub struct RunnerConfig {
     pub isolation: Option<String>,
     /// GitLab's switch: every job in its slot's cgroup (the `cgroup` level by default).
     pub use_slot_cgroups: bool,
-    /// Slot cgroup path; `${slot}` (GitLab) or `{slot}` is the slot number.
+    /// Slot cgroup path; `${slot}` (GitLab) or `{slot}` is the slot number, `{instance}` the
+    /// instance's id (for instances sharing one kernel, as the local plugin's do).
     pub slot_cgroup_template: Option<String>,
     /// `[runners.autoscaler]`.
     pub autoscaler: Option<AutoscalerConfig>,

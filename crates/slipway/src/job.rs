@@ -302,7 +302,10 @@ fn enter_cgroup(
         .or_else(|| crate::request::of_job(job).ok())
         .unwrap_or_default();
     let limits = cgroup::limits_for(share.cpu_millis, share.memory_bytes);
-    match runner.cgroups.apply(steps, acq.slot, &limits) {
+    match runner
+        .cgroups
+        .apply(steps, &acq.instance_id, acq.slot, &limits)
+    {
         Ok(path) => {
             trace.message(&format!("Using isolation cgroup in {path}"));
             Ok(path.to_string())
@@ -402,7 +405,13 @@ async fn run_on(
         JobSlot {
             slot: acq.slot,
             // Containers live under the slot's cgroup, as GitLab does with use_slot_cgroups.
-            cgroup: Some(runner.cgroups.template.expand(acq.slot).to_string()),
+            cgroup: Some(
+                runner
+                    .cgroups
+                    .template
+                    .expand_on(&acq.instance_id, acq.slot)
+                    .to_string(),
+            ),
             trace,
             cancel: stops.cancel.clone(),
             abort: stops.abort.clone(),
