@@ -88,6 +88,9 @@ pub const LABEL_RUNNER: &str = "com.slipway.runner";
 pub const LABEL_RUN: &str = "com.slipway.run";
 /// Label marking a persistent cache volume (kept across jobs, like GitLab's).
 pub const LABEL_CACHE: &str = "com.slipway.cache";
+/// Label carrying the manager process's session (one per process start): what a later start
+/// finds with another session belongs to jobs that cannot resume, and is removed.
+pub const LABEL_SESSION: &str = "com.slipway.session";
 /// Label marking a slot's warm network; its value is the owning executor's token.
 pub const LABEL_SLOT_NETWORK: &str = "com.slipway.slot-network";
 /// Where the per-job builds volume is mounted in the build container.
@@ -818,6 +821,44 @@ impl DockerExecutor {
         }
     }
 
+    /// Remove the job containers and volumes of `runner` on this engine: those of another
+    /// session (a killed manager's, whose jobs were reported failed), or with `all`, this
+    /// session's too (at shutdown, when no job runs). Cache volumes are kept.
+    pub async fn sweep_job_leftovers(
+        docker: &Docker,
+        runner: &str,
+        all: bool,
+    ) -> slipway_docker::Result<usize> {
+        let label = format!("{LABEL_RUNNER}={runner}");
+        let stale = |labels: Option<&std::collections::HashMap<String, String>>| {
+            labels.is_some_and(|l| {
+                l.contains_key(LABEL_RUN)
+                    && !l.contains_key(LABEL_CACHE)
+                    && (all || l.get(LABEL_SESSION).map(String::as_str) != Some(session()))
+            })
+        };
+        let mut removed = 0;
+        for c in docker.list_containers(Some(&label)).await? {
+            if stale(c.labels.as_ref()) {
+                match docker.remove_container(&c.id, true, true).await {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for v in docker.list_volumes(Some(&label)).await? {
+            if stale(v.labels.as_ref()) {
+                match docker.remove_volume(&v.name, true).await {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Remove every slot network of `runner` left by any executor (a crashed runner's, say):
     /// a sweep for when no job of that runner is running.
     pub async fn sweep_slot_networks(docker: &Docker, runner: &str) -> slipway_docker::Result<()> {
@@ -1375,6 +1416,18 @@ struct RunNames {
     runner: String,
 }
 
+/// This process's session id (its pid and start time), for [`LABEL_SESSION`].
+pub fn session() -> &'static str {
+    static SESSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SESSION.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        format!("{}-{nanos:x}", std::process::id())
+    })
+}
+
 impl RunNames {
     fn new(runner: &str, job_id: u64) -> Self {
         static N: AtomicU64 = AtomicU64::new(0);
@@ -1400,6 +1453,7 @@ impl RunNames {
             (LABEL_JOB.to_string(), job_id.to_string()),
             (LABEL_RUNNER.to_string(), self.runner.clone()),
             (LABEL_RUN.to_string(), self.prefix.clone()),
+            (LABEL_SESSION.to_string(), session().to_string()),
             ("com.slipway.slot".to_string(), slot.to_string()),
         ]
         .into()

@@ -272,6 +272,14 @@ impl Runner {
         };
         exec.runner_name = self.name.clone();
         exec.cache_dir = Some(self.container_cache_dir.clone());
+        match DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, false).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(runner = %self.name, engine = key, removed = n,
+                "removed containers and volumes an earlier run's jobs left"),
+            Err(e) => {
+                tracing::warn!(runner = %self.name, engine = key, "sweeping an earlier run's containers: {e}")
+            }
+        }
         if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name).await {
             tracing::warn!(runner = %self.name, engine = key, "sweeping old slot networks: {e}");
         }
@@ -284,6 +292,18 @@ impl Runner {
     pub async fn shutdown(&self) {
         let execs: Vec<(String, DockerExecutor)> = self.docker_execs.lock().await.drain().collect();
         for (engine, exec) in execs {
+            // Every job has ended: what a job whose cleanup failed (its instance's connection
+            // lost, say) left on a still reachable engine goes now.
+            if let Err(e) =
+                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, true).await
+            {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing jobs' leftovers: {e}");
+            }
+            // Slot networks of executors whose instance is gone, on an engine they shared
+            // with this one (the local plugin's instances share this host's).
+            if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name).await {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing old slot networks: {e}");
+            }
             if let Err(e) = exec.shutdown().await {
                 tracing::warn!(runner = %self.name, engine = %engine, "removing slot networks: {e}");
             }
