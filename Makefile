@@ -2,7 +2,7 @@
 CARGO ?= cargo
 PIPELINE ?= examples/pipeline.yml
 
-.PHONY: demo demo-vm test build lint bench bench-plugins bench-pipelines fuzz
+.PHONY: demo demo-vm test build lint bench bench-plugins bench-pipelines fuzz soak
 # What the demos run: the manager, the local plugin, the guest agent (not the AWS SDK's build).
 DEMO_PKGS = -p slipway -p fleeting-plugin-local -p slipway-guest-agent
 
@@ -59,3 +59,9 @@ bench-pipelines:
 fuzz:
 	@scripts/deps.sh test
 	$(CARGO) bench -p slipway-fuzz --bench fuzz
+
+## The chaos soak: 2,000 jobs on the queue and on the GitLab fake under faults (bench/results/soak.json).
+soak:
+	@scripts/deps.sh test
+	$(CARGO) build --release -p slipway -p fleeting-plugin-local --bins
+	$(CARGO) bench -p slipway --bench soak

@@ -69,6 +69,11 @@ pub enum Outage {
     /// Every `/api/v4` request is read, recorded with status 0, and its connection closed
     /// without any response.
     Drop,
+    /// Every `/api/v4` request answers this status (500, 502, …) with a short body.
+    Status(u16),
+    /// Every `/api/v4` request is read, recorded with status 0, and never answered: the
+    /// client's timeout is what ends it.
+    Hang,
 }
 
 /// One artifact uploaded with `POST jobs/:id/artifacts` (or put with
@@ -104,6 +109,11 @@ pub struct JobRecord {
     pub trace_patches: usize,
     /// The payload `jobs/request` hands out (with `id` and `token` filled in).
     pub payload: Value,
+    /// When `jobs/request` handed the job out (Unix milliseconds).
+    pub handed_out_ms: Option<i64>,
+    /// Why GitLab itself failed the job (no runner did), as its stuck-jobs worker does with a
+    /// running job no runner has touched for a while: see [`FakeGitlab::set_stale_after`].
+    pub dropped_reason: Option<String>,
 }
 
 impl JobRecord {
@@ -171,6 +181,8 @@ struct Job {
     record: JobRecord,
     /// Final PUTs answered 202 so far.
     accepted_202: u32,
+    /// When a runner last handled it (handed out, trace PATCH, PUT).
+    touched: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -187,6 +199,7 @@ struct State {
     downloads: Vec<ObjectDownload>,
     update_accepted_after: u32,
     trace_update_interval: u32,
+    stale_after: Option<Duration>,
     queue_version: u64,
     last_features: Option<Value>,
 }
@@ -251,6 +264,7 @@ impl FakeGitlab {
                 downloads: Vec::new(),
                 update_accepted_after: 0,
                 trace_update_interval: 1,
+                stale_after: None,
                 queue_version: 1,
                 last_features: None,
             }),
@@ -331,8 +345,11 @@ impl FakeGitlab {
                     artifacts: Vec::new(),
                     trace_patches: 0,
                     payload: job,
+                    handed_out_ms: None,
+                    dropped_reason: None,
                 },
                 accepted_202: 0,
+                touched: None,
             },
         );
         st.queue.push_back(id);
@@ -342,17 +359,16 @@ impl FakeGitlab {
 
     /// A snapshot of job `id`.
     pub fn job(&self, id: u64) -> Option<JobRecord> {
-        self.shared.lock().jobs.get(&id).map(|j| j.record.clone())
+        let mut st = self.shared.lock();
+        drop_stale(&mut st);
+        st.jobs.get(&id).map(|j| j.record.clone())
     }
 
     /// Every job, by id.
     pub fn jobs(&self) -> Vec<JobRecord> {
-        self.shared
-            .lock()
-            .jobs
-            .values()
-            .map(|j| j.record.clone())
-            .collect()
+        let mut st = self.shared.lock();
+        drop_stale(&mut st);
+        st.jobs.values().map(|j| j.record.clone()).collect()
     }
 
     /// Cancel job `id` from the UI: a queued job leaves the queue as `canceled`; a running
@@ -404,6 +420,13 @@ impl FakeGitlab {
         self.shared.lock().update_accepted_after = n;
     }
 
+    /// Fail a running job no runner has touched (trace PATCH, PUT) for `after` with
+    /// `stuck_or_timeout_failure`, as GitLab's stuck-jobs worker does (there: after an hour).
+    /// A job handed out to a runner that died before it read the answer ends this way.
+    pub fn set_stale_after(&self, after: Duration) {
+        self.shared.lock().stale_after = Some(after);
+    }
+
     /// The `X-GitLab-Trace-Update-Interval` the trace PATCH answers carry (default 1).
     pub fn set_trace_update_interval(&self, secs: u32) {
         self.shared.lock().trace_update_interval = secs;
@@ -430,8 +453,11 @@ impl FakeGitlab {
                 artifacts: Vec::new(),
                 trace_patches: 0,
                 payload: Value::Null,
+                handed_out_ms: None,
+                dropped_reason: None,
             },
             accepted_202: 0,
+            touched: None,
         });
         job.record.artifacts.push(UploadedArtifact {
             filename: "artifacts.zip".into(),
@@ -635,12 +661,15 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>, kill: Arc<Notify>) 
         headers,
         body,
     };
+    let hang = shared.lock().outage == Outage::Hang;
     let resp = {
         let mut st = shared.lock();
         let api = req.path == "/api/v4" || req.path.starts_with("/api/v4/");
         let (status, resp) = match (api, st.outage) {
             (true, Outage::Drop) => (0, None),
             (true, Outage::Unavailable) => (503, Some(reply(503, &[], "GitLab is not responding"))),
+            (true, Outage::Status(code)) => (code, Some(reply(code, &[], "GitLab is failing"))),
+            (true, Outage::Hang) => (0, None),
             _ => {
                 let resp = route(&mut st, &req);
                 (resp.status().as_u16(), Some(resp))
@@ -657,6 +686,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>, kill: Arc<Notify>) 
     };
     match resp {
         Some(resp) => resp,
+        None if hang => std::future::pending().await,
         None => {
             kill.notify_one();
             std::future::pending().await
@@ -664,7 +694,22 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>, kill: Arc<Notify>) 
     }
 }
 
+/// GitLab's stuck-jobs worker: running jobs untouched for `stale_after` fail.
+fn drop_stale(st: &mut State) {
+    let Some(after) = st.stale_after else {
+        return;
+    };
+    for job in st.jobs.values_mut() {
+        let stale = job.touched.is_some_and(|t| t.elapsed() > after);
+        if stale && is_active(&job.record.state) {
+            job.record.state = "failed".into();
+            job.record.dropped_reason = Some("stuck_or_timeout_failure".into());
+        }
+    }
+}
+
 fn route(st: &mut State, req: &Req) -> Resp {
+    drop_stale(st);
     if let Some(rest) = req.path.strip_prefix("/object-storage/") {
         return match (req.method.as_str(), rest.parse::<u64>()) {
             ("GET", Ok(id)) => object_storage(st, req, id),
@@ -768,6 +813,11 @@ fn request_job(st: &mut State, req: &Req) -> Resp {
             continue;
         }
         job.record.state = "running".into();
+        job.touched = Some(Instant::now());
+        job.record.handed_out_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .and_then(|d| i64::try_from(d.as_millis()).ok());
         let payload = job.record.payload.clone();
         return json_reply(201, &[last_update(st)], &payload);
     }
@@ -828,6 +878,7 @@ fn patch_trace(st: &mut State, req: &Req, id: u64) -> Resp {
     }
     job.record.trace.extend_from_slice(&req.body);
     job.record.trace_patches += 1;
+    job.touched = Some(Instant::now());
     let range = ("range", format!("0-{}", job.record.trace.len()));
     reply(202, &[status(job), iv, range], "")
 }
@@ -846,6 +897,7 @@ fn update_job(st: &mut State, req: &Req, id: u64) -> Resp {
         .and_then(Value::as_str)
         .unwrap_or_default();
     let current = job.record.state.clone();
+    job.touched = Some(Instant::now());
     let (code, new_state) = match (current.as_str(), wanted) {
         ("running" | "canceling", "running") => (200, None),
         ("running" | "canceling", "success" | "failed") => {
