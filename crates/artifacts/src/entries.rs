@@ -143,6 +143,10 @@ pub(crate) fn normalize(raw: &[u8]) -> Result<String, ArtifactsError> {
     if text.starts_with('/') {
         return Err(unsafe_path("absolute path"));
     }
+    if text.contains('\0') {
+        // A PAX `path` record can hold one; no file system or gzip header can.
+        return Err(unsafe_path("name contains a NUL byte"));
+    }
     if looks_like_windows_escape(text) {
         // The archive may be unpacked on Windows, where these are roots or parent references.
         return Err(unsafe_path("Windows-style absolute or parent path"));
@@ -189,6 +193,36 @@ mod tests {
             b"\xff",
         ] {
             assert!(normalize(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Found by fuzzing (`slipway-fuzz`, target `archive`): a PAX `path` record may hold a NUL
+    /// byte, which panicked the gzip writer (a gzip header's FNAME cannot hold one).
+    #[test]
+    fn a_nul_in_a_pax_path_is_refused_not_a_panic() {
+        let name = b"out/a\0b.txt";
+        let record = {
+            let body = format!(" path={}\n", String::from_utf8_lossy(name));
+            let len = body.len() + 2;
+            assert_eq!(len.to_string().len(), 2);
+            format!("{len}{body}").into_bytes()
+        };
+        let mut b = tar::Builder::new(Vec::new());
+        let mut x = tar::Header::new_ustar();
+        x.set_entry_type(tar::EntryType::XHeader);
+        x.set_size(record.len() as u64);
+        x.set_cksum();
+        b.append(&x, record.as_slice()).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_path("out/a.txt").unwrap();
+        h.set_size(2);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append(&h, &b"hi"[..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        for format in [crate::Format::Gzip, crate::Format::Zip] {
+            let e = crate::archive_from_tar(&tar, format, &|_| true).unwrap_err();
+            assert!(e.to_string().contains("NUL"), "{e}");
         }
     }
 }
