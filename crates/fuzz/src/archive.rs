@@ -39,10 +39,10 @@ pub enum Input {
     Zip(Vec<Entry>),
     /// A zip of these entries, then bytes overwritten (position, value).
     ZipMutated(Vec<Entry>, Vec<(u32, u8)>),
-    /// `n` (modulo 2048) empty files.
+    /// `n` empty files: up to 63, or about 2,000 for `n` above 65,000.
     Many(u16),
-    /// A tar of these entries, archived as zip and gzip.
-    Tar(Vec<Entry>),
+    /// A tar of these entries (names in PAX `path` records when set), archived as zip and gzip.
+    Tar(Vec<Entry>, bool),
 }
 
 const SEGMENTS: &[&str] = &[
@@ -85,12 +85,35 @@ pub fn build_zip(entries: &[Entry]) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Builds a tar stream of `entries` with raw names (nothing normalized or refused).
-pub fn build_tar(entries: &[Entry]) -> Vec<u8> {
+/// One PAX extended-header record: `LEN key=value\n`, `LEN` counting itself.
+fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
+    let body = key.len() + value.len() + 3;
+    let mut len = body + 1;
+    while len != body + len.to_string().len() {
+        len = body + len.to_string().len();
+    }
+    let mut r = format!("{len} {key}=").into_bytes();
+    r.extend_from_slice(value);
+    r.push(b'\n');
+    r
+}
+
+/// Builds a tar stream of `entries` with raw names (nothing normalized or refused); with `pax`
+/// each name also goes in a PAX `path` record, which may hold any byte.
+pub fn build_tar(entries: &[Entry], pax: bool) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for e in entries.iter().take(64) {
-        let mut h = tar::Header::new_old();
         let n = name(e);
+        if pax {
+            let record = pax_record("path", n.as_bytes());
+            let mut x = tar::Header::new_ustar();
+            x.set_entry_type(tar::EntryType::XHeader);
+            x.set_size(record.len() as u64);
+            x.set_mode(0o644);
+            x.set_cksum();
+            let _ = b.append(&x, record.as_slice());
+        }
+        let mut h = tar::Header::new_old();
         let raw = n.as_bytes();
         let len = raw.len().min(99);
         h.as_old_mut().name[..len].copy_from_slice(&raw[..len]);
@@ -158,7 +181,12 @@ pub fn check(input: &Input) {
             check_zip(&z);
         }
         Input::Many(n) => {
-            let entries: Vec<Entry> = (0..usize::from(*n) % 2048)
+            let count = if *n > 65_000 {
+                usize::from(*n) - 63_000
+            } else {
+                usize::from(*n) % 64
+            };
+            let entries: Vec<Entry> = (0..count)
                 .map(|i| Entry {
                     segments: Vec::new(),
                     free: Some(format!("f{i}")),
@@ -175,15 +203,15 @@ pub fn check(input: &Input) {
                 .unwrap_or_default();
             check_zip(&z);
         }
-        Input::Tar(entries) => {
-            let tar = build_tar(entries);
+        Input::Tar(entries, pax) => {
+            let tar = build_tar(entries, *pax);
             for format in [Format::Zip, Format::Gzip] {
                 match archive_from_tar(&tar, format, &|_| true) {
                     Ok(a) => {
                         if format == Format::Zip {
                             let back = zip_to_tar(&a.bytes).expect("our own zip reads back");
                             assert_eq!(check_tar_listing(&back), a.files, "entries lost");
-                        } else {
+                        } else if a.files > 0 {
                             let mut out = Vec::new();
                             flate2::read::MultiGzDecoder::new(a.bytes.as_slice())
                                 .read_to_end(&mut out)
@@ -210,7 +238,7 @@ fn check_zip(z: &[u8]) {
 /// artifacts, into `ROOT/dest` beside a canary directory; nothing but `dest` may change.
 pub fn check_extract(input: &Input) {
     let z = match input {
-        Input::Zip(entries) | Input::Tar(entries) => build_zip(entries),
+        Input::Zip(entries) | Input::Tar(entries, _) => build_zip(entries),
         Input::ZipMutated(entries, edits) => {
             let mut z = build_zip(entries);
             if !z.is_empty() {

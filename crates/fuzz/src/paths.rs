@@ -70,8 +70,8 @@ pub fn check(input: &Input) {
     );
     job.cache = vec![CacheSpec {
         key: input.key.clone(),
-        fallback_keys: input.fallback_keys.clone(),
-        paths: input.paths.clone(),
+        fallback_keys: input.fallback_keys.iter().take(4).cloned().collect(),
+        paths: input.paths.iter().take(8).cloned().collect(),
         ..Default::default()
     }];
     let dirs = JobDirs {
@@ -80,7 +80,7 @@ pub fn check(input: &Input) {
         job_id: 1,
     };
     let keys: Vec<String> = std::iter::once(&input.key)
-        .chain(&input.fallback_keys)
+        .chain(input.fallback_keys.iter().take(4))
         .map(|k| expand(k, &job))
         .collect();
     if let Some((script, skipped)) = restore_script("cache", &job, &dirs) {
