@@ -15,6 +15,15 @@ use slipway_fuzz::{
     plugin_reply,
 };
 
+/// Crashes found and fixed while the targets were built, before this run: (target, input, fix).
+const FIXED: &[(&str, &str, &str)] = &[(
+    "archive",
+    "a tar stream whose PAX `path` record holds a NUL byte, archived as gzip: flate2's \
+     GzBuilder::filename panicked (FNAME cannot hold NUL)",
+    "commit 218efd8: slipway_artifacts refuses a NUL in an entry name as an unsafe path; \
+     regression test entries::tests::a_nul_in_a_pax_path_is_refused_not_a_panic",
+)];
+
 type Target = (&'static str, u64, fn(u64, u64) -> Outcome);
 
 fn targets(execs: u64) -> Vec<Target> {
@@ -98,16 +107,20 @@ fn main() {
     });
     let results = results.into_inner().unwrap();
     let mut targets = serde_json::Map::new();
-    let mut findings = Vec::new();
+    let mut findings: Vec<Value> = FIXED
+        .iter()
+        .map(|(t, input, fix)| json!({"target": t, "input summary": input, "fix commit or description": fix}))
+        .collect();
     for (name, out) in &results {
+        let fixed = FIXED.iter().filter(|(t, _, _)| t == name).count();
         targets.insert(
             (*name).to_string(),
             json!({
                 "execs": out.execs,
                 "seconds": (out.seconds * 10.0).round() / 10.0,
                 "execs_per_second": (out.execs as f64 / out.seconds.max(1e-9)).round(),
-                "crashes_found": out.crashes.len(),
-                "crashes_fixed": 0,
+                "crashes_found": out.crashes.len() + fixed,
+                "crashes_fixed": fixed,
             }),
         );
         for (input, message) in &out.crashes {
@@ -118,12 +131,16 @@ fn main() {
         "targets": targets,
         "findings": findings,
         "goal_execs_per_target": 10_000_000u64,
+        "not_parser_targets": {
+            "archive_extract": "the real extraction (zip_to_tar, then GNU tar into a fresh temp dir): one tar process per exec, a thousandth of the execs",
+            "plugin_process": "the real plugin host against a fake plugin process: one process, handshake (AutoMTLS) and up to 12 gRPC calls per exec, a ten-thousandth of the execs",
+        },
         "seed": seed,
     });
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (path, _) = slipway_sim::bench::write(&repo, "fuzz", "make fuzz", doc).unwrap();
     eprintln!("fuzz: wrote {}", path.display());
-    if !findings.is_empty() {
+    if results.values().any(|o| !o.crashes.is_empty()) {
         std::process::exit(1);
     }
 }
