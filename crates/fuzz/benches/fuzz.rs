@@ -52,7 +52,7 @@ fn targets(execs: u64) -> Vec<Target> {
             let bin = std::path::Path::new(env!("CARGO_BIN_EXE_slipway-fuzz-plugin"));
             run(n, s, 4096, |i| plugin_process::check(bin, i))
         }),
-        ("paths", execs, |n, s| run(n, s, 4096, paths::check)),
+        ("paths", execs, |n, s| run(n, s, 512, paths::check)),
         ("content_range", execs, |n, s| {
             run(n, s, 4096, content_range::check)
         }),
