@@ -86,6 +86,14 @@ pub(crate) fn read_tar<'a>(
                         reason: "symlink target is not UTF-8",
                     }
                 })?;
+                if target.split('/').all(|c| c.is_empty() || c == ".") {
+                    // A tar stream cannot carry it back (no path component): refused here
+                    // rather than when the archive is downloaded.
+                    return Err(ArtifactsError::UnsafePath {
+                        path,
+                        reason: "symlink target names no file",
+                    });
+                }
                 Kind::Symlink(target)
             }
             // Devices, FIFOs, global PAX headers and unknown types carry no artifact content.
@@ -159,7 +167,12 @@ pub(crate) fn normalize(raw: &[u8]) -> Result<String, ArtifactsError> {
             s => segments.push(s),
         }
     }
-    Ok(segments.join("/"))
+    let joined = segments.join("/");
+    if looks_like_windows_escape(&joined) {
+        // `./c:x` is only refused once `./` is gone: refuse it the same either way.
+        return Err(unsafe_path("Windows-style absolute or parent path"));
+    }
+    Ok(joined)
 }
 
 /// Whether a name would be absolute or climb out on Windows (`C:...`, `\x`, `..\x`).
@@ -191,8 +204,31 @@ mod tests {
             b"C:/x",
             b"..\\x",
             b"\xff",
+            // Found by fuzzing: accepted when archiving, refused when unpacking the same zip.
+            b"./c:\\x/",
+            b".//C:x",
         ] {
             assert!(normalize(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Found by fuzzing (`slipway-fuzz`, target `archive`): a symlink to `""`, `/` or `.` was
+    /// archived, then the downloaded zip could not be turned back into a tar stream.
+    #[test]
+    fn a_symlink_naming_no_file_is_refused_when_archiving() {
+        for target in ["", "/", ".", "//./"] {
+            let mut b = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_old();
+            h.as_old_mut().name[..5].copy_from_slice(b"out/l");
+            h.as_old_mut().linkname[..target.len()].copy_from_slice(target.as_bytes());
+            h.set_entry_type(tar::EntryType::Symlink);
+            h.set_size(0);
+            h.set_mode(0o777);
+            h.set_cksum();
+            b.append(&h, &[][..]).unwrap();
+            let tar = b.into_inner().unwrap();
+            let e = crate::archive_from_tar(&tar, crate::Format::Zip, &|_| true).unwrap_err();
+            assert!(e.to_string().contains("symlink target"), "{target:?}: {e}");
         }
     }
 
