@@ -63,5 +63,5 @@ fuzz:
 ## The chaos soak: 2,000 jobs on the queue and on the GitLab fake under faults (bench/results/soak.json).
 soak:
 	@scripts/deps.sh test
-	$(CARGO) build --release -p slipway -p fleeting-plugin-local --bins
+	$(CARGO) build --release -p slipway -p fleeting-plugin-local -p executor-plugin-nesting --bins
 	$(CARGO) bench -p slipway --bench soak

@@ -155,8 +155,8 @@ impl Drop for StateDisk {
 }
 
 /// Slow down instance network namespace `ns`: netem's delay where the kernel has it, else a
-/// token bucket so slow that SSH traffic queues. The device shaped, for [`undelay`].
-pub fn delay(ns: &str) -> Option<String> {
+/// token bucket so slow that SSH traffic queues. The device shaped (for [`undelay`]) and how.
+pub fn delay(ns: &str) -> Option<(String, &'static str)> {
     let out = Command::new("ip")
         .args(["-n", ns, "-o", "link", "show"])
         .output()
@@ -172,12 +172,16 @@ pub fn delay(ns: &str) -> Option<String> {
                 "netns", "exec", ns, "tc", "qdisc", "replace", "dev", &dev, "root",
             ])
             .args(args)
+            .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
-    (tc(&["netem", "delay", "150ms", "50ms"])
-        || tc(&["tbf", "rate", "256kbit", "burst", "8kb", "latency", "2s"]))
-    .then_some(dev)
+    if tc(&["netem", "delay", "150ms", "50ms"]) {
+        return Some((dev, "netem delay 150ms ±50ms"));
+    }
+    // Kernels without sch_netem (this machine's): queueing behind a slow token bucket.
+    tc(&["tbf", "rate", "256kbit", "burst", "8kb", "latency", "2s"])
+        .then_some((dev, "tbf rate 256kbit (no sch_netem in this kernel)"))
 }
 
 /// Lift [`delay`] (the namespace may be gone by then: nothing to do).
@@ -186,6 +190,7 @@ pub fn undelay(ns: &str, dev: &str) {
         .args([
             "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root",
         ])
+        .stderr(std::process::Stdio::null())
         .status();
 }
 

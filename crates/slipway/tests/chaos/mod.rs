@@ -109,6 +109,8 @@ pub struct Report {
     pub rss_kb: (u64, u64, u64),
     /// Jobs failed by faults (`runner_system_failure`).
     pub failed_by_faults: u32,
+    /// How the instance's network was slowed.
+    pub network_delay: &'static str,
     /// Jobs GitLab itself failed as stuck: handed out to a manager that was killed before it
     /// read the answer (no runner can learn of such a job; GitLab times it out).
     pub timed_out_by_gitlab: Vec<String>,
@@ -175,6 +177,7 @@ impl Report {
             "max_use_count_overruns": self.overruns.len(),
             "failed_by_faults": self.failed_by_faults,
             "timed_out_by_gitlab": self.timed_out_by_gitlab.len(),
+            "network_delay": self.network_delay,
             "empty_cgroup_dirs_of_local_instances": self.empty_cgroups,
             "outcomes": self.outcomes,
             "dispatch_ms_p50": r(self.dispatch_percentile(0.5)),
@@ -477,6 +480,7 @@ pub fn run(plan: &Plan) -> Report {
                 &mut delayed,
                 &mut filler,
                 &mut kills_ms,
+                &mut report.network_delay,
             );
             if done {
                 events.pop();
@@ -710,6 +714,7 @@ fn inject(
     delayed: &mut Option<(String, String)>,
     filler: &mut Option<PathBuf>,
     kills_ms: &mut Vec<i64>,
+    delay_method: &mut &'static str,
 ) -> bool {
     match fault {
         Fault::KillPlugin => {
@@ -741,8 +746,9 @@ fn inject(
             };
             let ns = crate::common::netns_of(i);
             match faults::delay(&ns) {
-                Some(dev) => {
+                Some((dev, how)) => {
                     *delayed = Some((ns, dev));
+                    *delay_method = how;
                     true
                 }
                 None => false,
