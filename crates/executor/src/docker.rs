@@ -859,15 +859,21 @@ impl DockerExecutor {
         Ok(removed)
     }
 
-    /// Remove every slot network of `runner` left by any executor (a crashed runner's, say):
-    /// a sweep for when no job of that runner is running.
-    pub async fn sweep_slot_networks(docker: &Docker, runner: &str) -> slipway_docker::Result<()> {
+    /// Remove the slot networks of `runner` another session left (a killed manager's), or with
+    /// `all` this session's too (at shutdown, when no job runs). This session's are kept
+    /// otherwise: instances may share an engine (the local plugin's do), and a job on one of
+    /// them may be about to start in its network.
+    pub async fn sweep_slot_networks(
+        docker: &Docker,
+        runner: &str,
+        all: bool,
+    ) -> slipway_docker::Result<()> {
         let label = format!("{LABEL_RUNNER}={runner}");
         for n in docker.list_networks(Some(&label)).await? {
-            let ours = n
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(LABEL_SLOT_NETWORK));
+            let ours = n.labels.as_ref().is_some_and(|l| {
+                l.contains_key(LABEL_SLOT_NETWORK)
+                    && (all || l.get(LABEL_SESSION).map(String::as_str) != Some(session()))
+            });
             if ours {
                 match docker.remove_network(&n.id).await {
                     Ok(()) => {}
@@ -1073,6 +1079,7 @@ impl DockerExecutor {
                     Some(l) => [
                         (LABEL_RUNNER.to_string(), self.runner_name.clone()),
                         (LABEL_SLOT_NETWORK.to_string(), l.nets.token.clone()),
+                        (LABEL_SESSION.to_string(), session().to_string()),
                         ("com.slipway.slot".to_string(), slot.to_string()),
                     ]
                     .into(),

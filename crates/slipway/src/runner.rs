@@ -280,7 +280,8 @@ impl Runner {
                 tracing::warn!(runner = %self.name, engine = key, "sweeping an earlier run's containers: {e}")
             }
         }
-        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name).await {
+        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, false).await
+        {
             tracing::warn!(runner = %self.name, engine = key, "sweeping old slot networks: {e}");
         }
         cache.insert(key.to_string(), exec.clone());
@@ -301,7 +302,9 @@ impl Runner {
             }
             // Slot networks of executors whose instance is gone, on an engine they shared
             // with this one (the local plugin's instances share this host's).
-            if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name).await {
+            if let Err(e) =
+                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, true).await
+            {
                 tracing::warn!(runner = %self.name, engine = %engine, "removing old slot networks: {e}");
             }
             if let Err(e) = exec.shutdown().await {

@@ -15,6 +15,8 @@ pub struct Seen {
     pub extra_finals: usize,
     /// The trace (queue log or GitLab trace).
     pub trace: String,
+    /// The result's message (the queue's; empty for GitLab).
+    pub message: String,
 }
 
 /// Problems with one job's trace, if any: for a job that succeeded, every numbered line once
@@ -66,6 +68,33 @@ pub fn trace_problems(job: &SoakJob, seen: &Seen) -> Vec<String> {
         ));
     }
     out
+}
+
+/// Why a job failed: its result's message, else its trace's last `ERROR:` line, with words
+/// holding digits (ids, addresses) dropped so like causes count together.
+pub fn why(message: &str, trace: &str) -> String {
+    let line = if message.trim().is_empty() {
+        trace
+            .lines()
+            .rev()
+            .find(|l| l.contains("ERROR"))
+            .unwrap_or("(no ERROR line)")
+    } else {
+        message
+    };
+    let words: Vec<String> = line
+        .split_whitespace()
+        .map(|w| {
+            if w.chars().any(|c| c.is_ascii_digit()) {
+                "#".to_string()
+            } else {
+                w.to_string()
+            }
+        })
+        .collect();
+    let mut text = words.join(" ");
+    text.truncate(160);
+    text
 }
 
 /// The instance each job ran on, from its `Running on instance ID slot N` line.

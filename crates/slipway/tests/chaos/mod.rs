@@ -109,6 +109,9 @@ pub struct Report {
     pub rss_kb: (u64, u64, u64),
     /// Jobs failed by faults (`runner_system_failure`).
     pub failed_by_faults: u32,
+    /// Why jobs failed with `runner_system_failure`: the error line of their traces (digits
+    /// dropped), counted.
+    pub system_failures: BTreeMap<String, u32>,
     /// How the instance's network was slowed.
     pub network_delay: &'static str,
     /// Jobs GitLab itself failed as stuck: handed out to a manager that was killed before it
@@ -176,6 +179,7 @@ impl Report {
             "trace_problems": self.traces.len(),
             "max_use_count_overruns": self.overruns.len(),
             "failed_by_faults": self.failed_by_faults,
+            "system_failures": self.system_failures,
             "timed_out_by_gitlab": self.timed_out_by_gitlab.len(),
             "network_delay": self.network_delay,
             "empty_cgroup_dirs_of_local_instances": self.empty_cgroups,
@@ -564,7 +568,13 @@ pub fn run(plan: &Plan) -> Report {
                     report.unexpected.push(format!("{}: {f:?}", j.name));
                 }
                 match f.reason.as_deref() {
-                    Some("runner_system_failure") => report.failed_by_faults += 1,
+                    Some("runner_system_failure") => {
+                        report.failed_by_faults += 1;
+                        *report
+                            .system_failures
+                            .entry(audit::why(&s.message, &s.trace))
+                            .or_insert(0) += 1;
+                    }
                     Some("stuck_or_timeout_failure") => {
                         report.timed_out_by_gitlab.push(j.name.clone())
                     }
@@ -793,6 +803,12 @@ fn seen_in_queue(queue: &Queue, id: u64) -> Seen {
         exit_code: r.exit_code,
     });
     Seen {
+        message: queue
+            .result(id)
+            .ok()
+            .flatten()
+            .map(|r| r.message)
+            .unwrap_or_default(),
         last,
         extra_finals: 0,
         trace: std::fs::read_to_string(queue.log_path(id)).unwrap_or_default(),
@@ -805,6 +821,7 @@ fn seen_in_gitlab(gl: &FakeGitlab, id: u64) -> Seen {
             last: None,
             extra_finals: 0,
             trace: String::new(),
+            message: String::new(),
         };
     };
     let accepted = rec.accepted_final_states();
@@ -832,5 +849,6 @@ fn seen_in_gitlab(gl: &FakeGitlab, id: u64) -> Seen {
         last,
         extra_finals: distinct.len().saturating_sub(1) + canceled_twice,
         trace: rec.trace_text(),
+        message: String::new(),
     }
 }
