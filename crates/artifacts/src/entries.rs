@@ -1,7 +1,7 @@
 //! Reading the executor's tar stream into normalized entries.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 
 use tar::EntryType;
@@ -116,6 +116,25 @@ pub(crate) fn read_tar<'a>(
             }
         }
     }
+    // Unpacking refuses anything under a symlink of the archive (see `zip_to_tar`): refuse it
+    // here too (concatenated streams can turn a directory into a symlink).
+    let symlinks: HashSet<&str> = entries
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::Symlink(_)))
+        .map(|e| e.path.as_str())
+        .collect();
+    if !symlinks.is_empty()
+        && let Some(e) = entries.iter().find(|e| {
+            e.path
+                .match_indices('/')
+                .any(|(i, _)| symlinks.contains(&e.path[..i]))
+        })
+    {
+        return Err(ArtifactsError::UnsafePath {
+            path: e.path.clone(),
+            reason: "a parent directory is a symlink of the archive",
+        });
+    }
     Ok(entries)
 }
 
@@ -210,6 +229,30 @@ mod tests {
         ] {
             assert!(normalize(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Found by `make fuzz` (target `archive`): a symlink `a` and an entry `a/b` in one stream
+    /// were archived, then refused when the downloaded zip was unpacked.
+    #[test]
+    fn an_entry_under_a_symlink_of_the_stream_is_refused_when_archiving() {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut d = tar::Header::new_gnu();
+        d.set_path("a/b").unwrap();
+        d.set_size(1);
+        d.set_mode(0o644);
+        d.set_cksum();
+        b.append(&d, &b"x"[..]).unwrap();
+        let mut l = tar::Header::new_gnu();
+        l.set_entry_type(tar::EntryType::Symlink);
+        l.set_path("a").unwrap();
+        l.set_link_name("/etc").unwrap();
+        l.set_size(0);
+        l.set_mode(0o777);
+        l.set_cksum();
+        b.append(&l, &[][..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        let e = crate::archive_from_tar(&tar, crate::Format::Zip, &|_| true).unwrap_err();
+        assert!(e.to_string().contains("symlink of the archive"), "{e}");
     }
 
     /// Found by fuzzing (`slipway-fuzz`, target `archive`): a symlink to `""`, `/` or `.` was
