@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use russh::client::{Config, Handle};
 use russh::keys::{PrivateKey, PrivateKeyWithHashAlg, PublicKey, PublicKeyOrCertificate};
 use russh::{ChannelMsg, ChannelOpenFailure, Disconnect, Sig};
@@ -17,6 +18,9 @@ use crate::error::{ConnectError, HostKeyStoreError};
 use crate::hostkeys::{Check, HostKeyStore, fingerprint};
 use crate::stream::{ExecStream, ForwardedStream};
 use crate::{DEFAULT_KEEPALIVE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT, KEEPALIVE_MAX};
+
+/// How long starting a command ahead may take before the attempt is dropped.
+const READY_AHEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runner-side dial settings (GitLab's `connector.DialOptions`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +38,9 @@ pub struct RunOptions {
     pub stdin: Vec<u8>,
     /// Give up (closing the channel) after this long; `None` waits forever.
     pub timeout: Option<Duration>,
+    /// Keep one more channel with this same command started and waiting for its stdin, so the
+    /// next such run skips the channel round trip and the remote process start-up.
+    pub ready_ahead: bool,
 }
 
 impl RunOptions {
@@ -54,6 +61,14 @@ impl RunOptions {
     /// Set the run timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Start the next run of this command ahead of time (see [`RunOptions::ready_ahead`]).
+    /// Only for commands that do nothing before reading their stdin (a shell reading its
+    /// script), since the started one waits, possibly long, for a run to use it.
+    pub fn ready_ahead(mut self) -> Self {
+        self.ready_ahead = true;
         self
     }
 }
@@ -112,6 +127,14 @@ pub struct Client {
     handle: Handle<Handler>,
     instance: String,
     addr: String,
+    /// A command started ahead on its own channel, waiting for a run to feed it stdin.
+    ready: std::sync::Mutex<Option<Ready>>,
+}
+
+/// A channel whose command is already started and has not been given any input.
+struct Ready {
+    command: String,
+    channel: russh::Channel<russh::client::Msg>,
 }
 
 impl fmt::Debug for Client {
@@ -212,6 +235,7 @@ impl Client {
             handle,
             instance,
             addr,
+            ready: std::sync::Mutex::new(None),
         })
     }
 
@@ -244,6 +268,7 @@ impl Client {
             command,
             stdin,
             timeout,
+            ready_ahead,
         } = opts;
         let deadline = timeout.map(|t| Instant::now() + t);
         let timed_out = || ConnectError::Timeout {
@@ -251,16 +276,27 @@ impl Client {
             addr: self.addr.clone(),
             timeout: timeout.unwrap_or_default(),
         };
-        let channel = within(deadline, self.handle.channel_open_session())
-            .await
-            .ok_or_else(timed_out)?
-            .map_err(|e| self.channel_error(e))?;
+        let started = if ready_ahead {
+            self.take_ready(&command).await
+        } else {
+            None
+        };
+        let fresh = started.is_none();
+        let channel = match started {
+            Some(channel) => channel,
+            None => within(deadline, self.open_session())
+                .await
+                .ok_or_else(timed_out)?
+                .map_err(|e| self.channel_error(e))?,
+        };
         let (mut read, write) = channel.split();
         let drive = async {
-            write
-                .exec(true, command.as_bytes())
-                .await
-                .map_err(|e| self.channel_error(e))?;
+            if fresh {
+                write
+                    .exec(true, command.as_bytes())
+                    .await
+                    .map_err(|e| self.channel_error(e))?;
+            }
             // Stdin is written concurrently with reading output: a command that produces output
             // before consuming its input must not deadlock on SSH window sizes.
             let feed = async {
@@ -285,7 +321,14 @@ impl Client {
                 }
             }
         };
-        match within(deadline, drive).await {
+        // The next run's channel is started while this one runs, off its critical path.
+        let ahead = async {
+            if ready_ahead {
+                self.start_ready(&command).await;
+            }
+        };
+        let (done, ()) = tokio::join!(within(deadline, drive), ahead);
+        match done {
             Some(Ok(Collected::Exited(status))) => Ok(status),
             Some(Ok(Collected::Rejected)) => Err(ConnectError::Rejected {
                 instance: self.instance.clone(),
@@ -304,12 +347,84 @@ impl Client {
         }
     }
 
+    /// A new session channel. sshd caps sessions per connection (OpenSSH's `MaxSessions`,
+    /// 10 by default): when it refuses one, a started-ahead channel gives its place up.
+    async fn open_session(&self) -> Result<russh::Channel<russh::client::Msg>, russh::Error> {
+        match self.handle.channel_open_session().await {
+            Err(russh::Error::ChannelOpenFailure(why)) => {
+                let Some(spare) = self.lock_ready().take() else {
+                    return Err(russh::Error::ChannelOpenFailure(why));
+                };
+                let _ = spare.channel.close().await;
+                self.handle.channel_open_session().await
+            }
+            other => other,
+        }
+    }
+
+    /// The started-ahead channel for `command`, if there is one whose command has not ended.
+    async fn take_ready(&self, command: &str) -> Option<russh::Channel<russh::client::Msg>> {
+        let ready = self.lock_ready().take()?;
+        let mut channel = ready.channel;
+        if ready.command != command {
+            let _ = channel.close().await;
+            return None;
+        }
+        // Anything but the exec's acknowledgement arriving before any input (an exit, a close,
+        // output, a refusal) means the command is not waiting for us: start a fresh one.
+        loop {
+            match channel.wait().now_or_never() {
+                None => return Some(channel),
+                Some(Some(ChannelMsg::Success | ChannelMsg::WindowAdjusted { .. })) => {}
+                Some(other) => {
+                    tracing::debug!(instance = %self.instance, "started-ahead command not usable: {other:?}");
+                    let _ = channel.close().await;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Open a channel, start `command` on it and keep it for the next run of that command.
+    async fn start_ready(&self, command: &str) {
+        if self.lock_ready().is_some() {
+            return;
+        }
+        let started = async {
+            let channel = self.handle.channel_open_session().await?;
+            channel.exec(true, command.as_bytes()).await?;
+            Ok::<_, russh::Error>(channel)
+        };
+        match tokio::time::timeout(READY_AHEAD_TIMEOUT, started).await {
+            Ok(Ok(channel)) => {
+                let mut ready = self.lock_ready();
+                // A concurrent run may have started one too: keep the first.
+                if ready.is_none() {
+                    *ready = Some(Ready {
+                        command: command.to_string(),
+                        channel,
+                    });
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(instance = %self.instance, "starting a command ahead: {e}");
+            }
+            Err(_) => {
+                tracing::debug!(instance = %self.instance, "starting a command ahead timed out");
+            }
+        }
+    }
+
+    fn lock_ready(&self) -> std::sync::MutexGuard<'_, Option<Ready>> {
+        // Poisoning only means a panic elsewhere; an Option is always consistent.
+        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Start `command` on its own channel and hand back its stdin and stdout as one byte
     /// stream (for `docker system dial-stdio` and other stdio tunnels).
     pub async fn open_stream(&self, command: &str) -> Result<ExecStream, ConnectError> {
         let channel = self
-            .handle
-            .channel_open_session()
+            .open_session()
             .await
             .map_err(|e| self.channel_error(e))?;
         channel

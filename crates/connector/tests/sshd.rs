@@ -701,3 +701,48 @@ async fn forwarding_disabled_in_sshd_is_an_error_naming_the_path() {
         "{msg}"
     );
 }
+
+/// Runs `script` through `exec bash -s` with a shell kept started ahead; returns its stdout.
+async fn run_ready_ahead(client: &Client, script: &str) -> String {
+    let (tx, rx) = mpsc::channel(16);
+    let opts = RunOptions::new("exec bash --noprofile --norc -s")
+        .stdin(script)
+        .ready_ahead();
+    let (st, (out, err)) = tokio::join!(client.run(opts, tx), Output::gather(rx));
+    let st = st.unwrap();
+    assert!(st.success(), "{st}: {}", String::from_utf8_lossy(&err));
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test]
+async fn a_shell_started_ahead_runs_the_next_script_and_yields_to_other_sessions() {
+    // Two sessions at most: the spare shell takes one of them.
+    let sshd = Sshd::start_with("MaxSessions 2\n").await;
+    let client = connect(&sshd, &HostKeyStore::new()).await;
+    // The shell's age when the script runs: /proc uptime less the process's start (ticks).
+    let age = "read -r up _ < /proc/uptime; read -ra f < /proc/$$/stat; echo \"$$ $up ${f[21]}\"";
+    let parse = |out: &str| {
+        let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        (v[0] as u32, v[1] - v[2] / 100.0)
+    };
+    let (first_pid, _) = parse(&run_ready_ahead(&client, age).await);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (second_pid, second_age) = parse(&run_ready_ahead(&client, age).await);
+    assert_ne!(first_pid, second_pid, "each run gets its own shell");
+    // The second script ran in a shell started while the first ran, well before it was asked.
+    assert!(
+        second_age > 1.0,
+        "the second run's shell was {second_age} s old: not started ahead"
+    );
+    // The spare holds a session: two more at once still run, the spare giving its place up.
+    let (a, b) = tokio::join!(
+        client.run_capture("sleep 0.3; echo a", Vec::new()),
+        client.run_capture("sleep 0.3; echo b", Vec::new())
+    );
+    assert_eq!(a.unwrap().1, b"a\n");
+    assert_eq!(b.unwrap().1, b"b\n");
+    // With the spare gone, a run starts its shell afresh and works as before.
+    let out = run_ready_ahead(&client, "echo fresh").await;
+    assert_eq!(out, "fresh\n");
+    client.close().await;
+}

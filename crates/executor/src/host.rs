@@ -85,7 +85,7 @@ impl Host for SshHost<'_> {
         output: mpsc::Sender<Output>,
     ) -> Result<ExitStatus, String> {
         self.0
-            .run(RunOptions::new(SHELL).stdin(script), output)
+            .run(RunOptions::new(SHELL).stdin(script).ready_ahead(), output)
             .await
             .map_err(|e| e.to_string())
     }

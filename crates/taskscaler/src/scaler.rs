@@ -718,6 +718,12 @@ impl Taskscaler {
             .any(|i| i.assignable(cfg) && i.fits(slots, cfg))
     }
 
+    /// A receiver that sees a change whenever slots may have freed or instances changed (a
+    /// release, a scaling pass), for callers that place waiting jobs themselves.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changed.subscribe()
+    }
+
     /// The instance group's id (from the plugin).
     pub fn group_id(&self) -> &str {
         &self.inner.provider.id
@@ -920,9 +926,13 @@ impl Taskscaler {
             self.inner
                 .metrics
                 .acquisition_wait(asked.elapsed().as_secs_f64());
-            // A taken slot may leave less idle capacity than the policy wants: refill now.
+            // A taken slot may leave less idle capacity than the policy wants: refill now. A
+            // pass while enough is still idle would only cost a plugin Update per job (on the
+            // cores the job is starting on); the next interval's pass sees the same.
             let p = self.inner.policy();
-            if p.idle_count > 0 || p.scale_factor > 0.0 || self.inner.cfg.forecast.is_some() {
+            if (p.idle_count > 0 || p.scale_factor > 0.0 || self.inner.cfg.forecast.is_some())
+                && self.inner.idle_short()
+            {
                 self.inner.wake.notify_one();
             }
             let cfg = &self.inner.cfg;
@@ -1231,6 +1241,15 @@ impl Inner {
         let p = crate::policy::active(&policies, now);
         *cache = Some((minute, p.clone()));
         p
+    }
+
+    /// Whether the idle slots (with those of instances on their way) fall short of what the
+    /// policy wants idle beside the pending jobs.
+    fn idle_short(&self) -> bool {
+        let book = self.lock();
+        let d = self.demand(&book);
+        let coming = u64::from(book.requested) * u64::from(self.cfg.usable_slots_per_instance());
+        u64::from(d.pending) + u64::from(d.idle_target) > book.totals.idle + coming
     }
 
     /// What this pass wants: pending jobs, the policy's idle target (with scale factor), and

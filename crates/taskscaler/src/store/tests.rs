@@ -188,6 +188,33 @@ fn writes_are_durable_without_close() {
 }
 
 #[test]
+fn a_release_leaves_the_next_acquisition_fully_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_path(&dir);
+    let mut s = StateStore::open(&path, &ident()).unwrap();
+    s.record_instance(&inst("a")).unwrap();
+    s.increment_use("a", "k1", 0, "job-1").unwrap();
+    assert!(s.release("k1").unwrap());
+    // The release skipped its own fsync; acquisitions must not: FULL (2) is back.
+    let sync: i64 = s
+        .conn
+        .pragma_query_value(None, "synchronous", |r| r.get(0))
+        .unwrap();
+    assert_eq!(sync, 2, "synchronous left relaxed after a release");
+    s.increment_use("a", "k2", 0, "job-2").unwrap();
+    let copy = dir.path().join("crashed.sqlite");
+    crash_copy(&path, &copy);
+    std::mem::forget(s);
+    let snap = StateStore::open(&copy, &ident()).unwrap().load().unwrap();
+    let keys: Vec<_> = snap.acquisitions.iter().map(|a| a.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["k2"],
+        "the release and the next acquisition, in order"
+    );
+}
+
+#[test]
 fn reopen_after_drop() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_path(&dir);
