@@ -60,6 +60,21 @@ impl Default for Retention {
     }
 }
 
+/// Where QEMU guests keep their RAM (Firecracker and Cloud Hypervisor always map their
+/// memory files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryChoice {
+    /// A file when this QEMU supports it (≥ 5.0), else anonymous memory.
+    #[default]
+    Auto,
+    /// A file: snapshots keep it, restores map it copy-on-write. Init fails on an older QEMU.
+    File,
+    /// Anonymous memory: snapshots stream RAM and restores read it all (the pre-file path;
+    /// no guest RAM is written back to the state directory's disk).
+    Anonymous,
+}
+
 /// The `Init` configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,6 +105,9 @@ pub struct Config {
     /// Path of the hypervisor binary (default: by name on PATH).
     #[serde(default)]
     pub binary: Option<PathBuf>,
+    /// Where QEMU guests keep their RAM: `auto`, `file` or `anonymous`.
+    #[serde(default)]
+    pub memory: MemoryChoice,
 }
 
 impl Config {
@@ -127,9 +145,10 @@ mod tests {
     fn keys_parse() {
         let c = Config::parse(
             br#"{"hypervisor":"cloud-hypervisor","accel":"tcg","memory_mib":512,
-                 "snapshots":{"max_count":3,"max_age_secs":60}}"#,
+                 "snapshots":{"max_count":3,"max_age_secs":60},"memory":"anonymous"}"#,
         )
         .unwrap();
+        assert_eq!(c.memory, MemoryChoice::Anonymous);
         assert_eq!(c.hypervisor, HypervisorKind::CloudHypervisor);
         assert_eq!(c.accel, AccelChoice::Tcg);
         assert_eq!(c.memory_mib, Some(512));

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::accel;
 use crate::agent;
-use crate::config::{Config, HypervisorKind};
+use crate::config::{Config, HypervisorKind, MemoryChoice};
 use crate::disk;
 use crate::error::{DaemonError, check_name};
 use crate::hypervisor::cloud_hypervisor::CloudHypervisor;
@@ -24,7 +24,7 @@ use crate::image::{self, ImageManifest};
 use crate::process;
 use crate::proto::{self, nesting_server};
 use crate::snapshot::{self, SnapshotMeta};
-use crate::spec::{Accel, AgentChannel, Disk, DiskFormat, Level, VmSpec};
+use crate::spec::{Accel, AgentChannel, Disk, DiskFormat, GuestMemory, Level, VmSpec};
 use crate::store::{self, VmRecord};
 
 /// How long a stopped VM gets to quit before SIGKILL.
@@ -49,6 +49,8 @@ struct Active {
     accel: Accel,
     images_dir: PathBuf,
     boot_timeout: Duration,
+    /// QEMU guests keep their RAM in a file (decided at `Init`, see [`MemoryChoice`]).
+    file_memory: bool,
 }
 
 /// The daemon.
@@ -100,9 +102,9 @@ fn new_id() -> String {
 /// The backend for `kind`, with `binary` or the default name.
 pub fn backend(kind: HypervisorKind, binary: Option<PathBuf>) -> Arc<dyn Hypervisor> {
     match kind {
-        HypervisorKind::Qemu => Arc::new(Qemu {
-            binary: binary.unwrap_or_else(|| PathBuf::from("qemu-system-x86_64")),
-        }),
+        HypervisorKind::Qemu => Arc::new(Qemu::new(
+            binary.unwrap_or_else(|| PathBuf::from("qemu-system-x86_64")),
+        )),
         HypervisorKind::Firecracker => Arc::new(Firecracker {
             binary: binary.unwrap_or_else(|| PathBuf::from("firecracker")),
         }),
@@ -291,10 +293,33 @@ impl Daemon {
                 reason: format!("{} needs KVM", config.hypervisor.as_str()),
             }
         };
+        let (file_memory, memory_reason) = if config.hypervisor == HypervisorKind::Qemu {
+            let qemu = Qemu::new(PathBuf::from(&binary));
+            match (config.memory, qemu.file_memory().await) {
+                (MemoryChoice::Anonymous, _) => (
+                    false,
+                    "memory: anonymous (configured): snapshots stream guest RAM".to_string(),
+                ),
+                (_, Ok(why)) => (true, why),
+                (MemoryChoice::File, Err(why)) => {
+                    return Err(DaemonError::Config(format!(
+                        "memory: file is not possible here: {why}"
+                    )));
+                }
+                (MemoryChoice::Auto, Err(why)) => (false, why),
+            }
+        } else {
+            (
+                false,
+                format!("{} maps its memory file", config.hypervisor.as_str()),
+            )
+        };
         tracing::info!(
             hypervisor = config.hypervisor.as_str(),
             accel = probe.accel.as_str(),
             reason = %probe.reason,
+            memory = if file_memory { "file" } else { "anonymous" },
+            memory_reason = %memory_reason,
             "nesting initialised"
         );
         let boot_timeout =
@@ -308,6 +333,7 @@ impl Daemon {
             accel: probe.accel,
             images_dir,
             boot_timeout,
+            file_memory,
         }));
         Ok(())
     }
@@ -330,6 +356,7 @@ impl Daemon {
         image_dir: &Path,
         m: &ImageManifest,
         size: Option<(u32, u32)>,
+        snapshot_memory: Option<PathBuf>,
     ) -> VmSpec {
         let run_dir = store::vm_dir(&self.opts.state_dir, id);
         let (vcpus, memory_mib) = size.unwrap_or((
@@ -369,6 +396,14 @@ impl Daemon {
                 }
             },
             accel: active.accel,
+            memory: match snapshot_memory {
+                // Whatever this daemon's choice: that file is where the saved RAM is.
+                Some(path) => GuestMemory::PrivateFile { path },
+                None if qemu && active.file_memory => GuestMemory::SharedFile {
+                    path: crate::hypervisor::qemu::memory_file(&run_dir),
+                },
+                None => GuestMemory::Anonymous,
+            },
             run_dir,
         }
     }
@@ -499,7 +534,7 @@ impl Daemon {
         let (image_dir, manifest) = self.image(&active, image_name)?;
         let (_slot, stomped) = self.take_slot(slot).await?;
         let id = new_id();
-        let spec = self.spec(&active, &id, &image_dir, &manifest, None);
+        let spec = self.spec(&active, &id, &image_dir, &manifest, None, None);
         let base = manifest.disk_path(&image_dir);
         let rec = VmRecord {
             id: id.clone(),
@@ -671,6 +706,12 @@ impl Daemon {
                 base_disk: rec.base_disk.clone(),
                 base_disk_len: base_len,
                 base_disk_mtime: base_mtime,
+                memory_file_stamp: files
+                    .memory
+                    .as_deref()
+                    .map(snapshot::file_stamp)
+                    .transpose()
+                    .map_err(DaemonError::io("reading the snapshot's memory file"))?,
                 labels,
                 memory_bytes,
                 disk_bytes: disk::allocated_bytes(&tmp.join(&disk_name)),
@@ -751,18 +792,21 @@ impl Daemon {
         let meta = snapshot::load(&self.opts.state_dir, name)?;
         let (image_dir, manifest) = self.image(&active, &meta.image)?;
         let id = new_id();
+        let snap_dir = snapshot::dir(&self.opts.state_dir).join(name);
+        let memory = meta.files.memory.as_ref().map(|m| snap_dir.join(m));
         let spec = self.spec(
             &active,
             &id,
             &image_dir,
             &manifest,
             Some((meta.vcpus, meta.memory_mib)),
+            memory,
         );
         let here = active.hv.identity(&spec).await?;
         meta.check_compatible(&here, active.accel)?;
         meta.check_base()?;
+        meta.check_memory(&snap_dir)?;
         let (_slot, stomped) = self.take_slot(slot).await?;
-        let snap_dir = snapshot::dir(&self.opts.state_dir).join(name);
         let frozen = snap_dir.join(spec.disks[0].path.file_name().unwrap_or_default());
         let rec = VmRecord {
             id: id.clone(),
@@ -1103,6 +1147,7 @@ mod tests {
                 },
                 accel: Accel::Tcg,
                 run_dir: store::vm_dir(&state, "dead0001"),
+                memory: GuestMemory::Anonymous,
             },
             process: Some(VmProcess {
                 pid: 0,

@@ -32,4 +32,4 @@ pub mod spec;
 pub mod store;
 
 pub use hypervisor::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess};
-pub use spec::{Accel, AgentChannel, Capabilities, Disk, DiskFormat, Level, VmSpec};
+pub use spec::{Accel, AgentChannel, Capabilities, Disk, DiskFormat, GuestMemory, Level, VmSpec};

@@ -1,7 +1,9 @@
 //! Snapshots on disk: `<state>/snapshots/<name>/` holds `meta.json`, the hypervisor's state
 //! (and memory) files and `disk.qcow2`, the VM's disk layer frozen at the snapshot. Restores
-//! layer a new qcow2 over that disk and read the memory image in place, so branches share
-//! both. Every snapshot records what a restore must match; retention removes the oldest.
+//! layer a new qcow2 over that disk and map the memory file in place (copy-on-write), so
+//! branches share both. A QEMU snapshot of a VM with anonymous memory (or of a branch, whose
+//! RAM is a private mapping) has no memory file: its `state` stream carries the RAM. Every
+//! snapshot records what a restore must match; retention removes the oldest.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,10 @@ pub struct SnapshotMeta {
     pub base_disk_len: u64,
     /// Modification time of the base disk (unix seconds).
     pub base_disk_mtime: i64,
+    /// Size and mtime of the memory file when it was saved (none: no memory file, or a snapshot
+    /// from before memory files); a restore maps that file, so a changed one is refused.
+    #[serde(default)]
+    pub memory_file_stamp: Option<(u64, i64)>,
     /// Free-form labels (job id, pipeline, project).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -135,6 +141,37 @@ impl SnapshotMeta {
                 "snapshot {:?} was taken over image {:?} as it was at {}; that image has been \
                  rebuilt since, so the snapshot's disk layer no longer fits it",
                 self.name, self.image, self.base_disk_mtime
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl SnapshotMeta {
+    /// Refuse a restore when the snapshot's memory file (in `dir`, the snapshot's directory) is
+    /// missing or changed since it was saved: a restore maps it as the guest's RAM.
+    pub fn check_memory(&self, dir: &Path) -> Result<(), DaemonError> {
+        let (Some(file), Some((len, mtime))) = (&self.files.memory, self.memory_file_stamp) else {
+            return Ok(());
+        };
+        let path = dir.join(file);
+        let here = file_stamp(&path).map_err(|e| {
+            DaemonError::Incompatible(format!(
+                "snapshot {:?} needs its memory file {}: {e}",
+                self.name,
+                path.display()
+            ))
+        })?;
+        if here != (len, mtime) {
+            return Err(DaemonError::Incompatible(format!(
+                "snapshot {:?}: its memory file {} changed since it was saved ({} bytes at {}, \
+                 now {} bytes at {}); the guest's RAM would not be what was saved",
+                self.name,
+                path.display(),
+                len,
+                mtime,
+                here.0,
+                here.1
             )));
         }
         Ok(())
@@ -250,10 +287,37 @@ mod tests {
             base_disk: "/img/disk.qcow2".into(),
             base_disk_len: 1,
             base_disk_mtime: 1,
+            memory_file_stamp: None,
             labels: BTreeMap::new(),
             memory_bytes: 0,
             disk_bytes: 0,
         }
+    }
+
+    #[test]
+    fn metadata_from_before_memory_files_still_reads() {
+        let mut v = serde_json::to_value(meta("old", 0)).unwrap();
+        v.as_object_mut().unwrap().remove("memory_file_stamp");
+        let m: SnapshotMeta = serde_json::from_value(v).unwrap();
+        assert_eq!(m.memory_file_stamp, None);
+        assert_eq!(m.files.memory, None);
+        m.check_memory(Path::new("/nonexistent")).unwrap();
+    }
+
+    #[test]
+    fn a_changed_or_missing_memory_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("memory"), vec![0u8; 4096]).unwrap();
+        let mut m = meta("mapped", 0);
+        m.files.memory = Some("memory".into());
+        m.memory_file_stamp = Some(file_stamp(&dir.path().join("memory")).unwrap());
+        m.check_memory(dir.path()).unwrap();
+        std::fs::write(dir.path().join("memory"), vec![0u8; 8192]).unwrap();
+        let e = m.check_memory(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("changed since it was saved"), "{e}");
+        std::fs::remove_file(dir.path().join("memory")).unwrap();
+        let e = m.check_memory(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("needs its memory file"), "{e}");
     }
 
     #[test]

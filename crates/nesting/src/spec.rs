@@ -132,6 +132,42 @@ pub struct VmSpec {
     /// Directory for the VM's sockets, pid file and console log (short: unix socket paths are
     /// limited to about 108 bytes).
     pub run_dir: PathBuf,
+    /// Where guest RAM lives (records written before this field existed: anonymous memory).
+    #[serde(default)]
+    pub memory: GuestMemory,
+}
+
+/// Where a VM's RAM lives. A file lets a snapshot keep the RAM by renaming the file and a
+/// restore map it instead of reading it all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum GuestMemory {
+    /// Anonymous memory of the hypervisor process: snapshots carry the RAM in their stream.
+    #[default]
+    Anonymous,
+    /// RAM in `path`, mapped shared: the file is the guest's memory, so a snapshot of the
+    /// stopped VM is that file.
+    SharedFile {
+        /// The memory file (created by the hypervisor when missing).
+        path: PathBuf,
+    },
+    /// RAM mapped privately (copy-on-write) from `path`, a snapshot's memory file: pages the
+    /// guest does not write stay shared with every other VM restored from it.
+    PrivateFile {
+        /// The snapshot's memory file (never written).
+        path: PathBuf,
+    },
+}
+
+impl GuestMemory {
+    /// `anonymous`, `shared-file` or `private-file`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GuestMemory::Anonymous => "anonymous",
+            GuestMemory::SharedFile { .. } => "shared-file",
+            GuestMemory::PrivateFile { .. } => "private-file",
+        }
+    }
 }
 
 /// What a backend can do; a caller checks before asking.

@@ -19,9 +19,50 @@ use tokio_util::sync::CancellationToken;
 struct Fixture {
     _dir: tempfile::TempDir,
     state: PathBuf,
+    images: PathBuf,
     socket: PathBuf,
     stop: CancellationToken,
     server: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A daemon over `state` serving on `socket`, initialised with `config`.
+async fn serve(
+    state: &Path,
+    images: &Path,
+    socket: &Path,
+    config: &str,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+    NestingClient,
+) {
+    let daemon = Daemon::new(DaemonOptions {
+        state_dir: state.to_path_buf(),
+        images_dir: images.to_path_buf(),
+    })
+    .await
+    .unwrap();
+    let stop = CancellationToken::new();
+    let server = tokio::spawn({
+        let stop = stop.clone();
+        let socket = socket.to_path_buf();
+        async move {
+            daemon.serve(&socket, stop).await.unwrap();
+        }
+    });
+    let mut client = None;
+    for _ in 0..100 {
+        if socket.exists()
+            && let Ok(c) = NestingClient::connect_unix(socket).await
+        {
+            client = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut client = client.expect("daemon socket");
+    client.init(config.as_bytes()).await.unwrap();
+    (stop, server, client)
 }
 
 impl Fixture {
@@ -37,42 +78,44 @@ impl Fixture {
             .unwrap();
         let state = dir.path().join("s");
         let socket = dir.path().join("n.sock");
-        let daemon = Daemon::new(DaemonOptions {
-            state_dir: state.clone(),
-            images_dir: images,
-        })
-        .await
-        .unwrap();
-        let stop = CancellationToken::new();
-        let server = tokio::spawn({
-            let stop = stop.clone();
-            let socket = socket.clone();
-            async move {
-                daemon.serve(&socket, stop).await.unwrap();
-            }
-        });
-        let mut client = None;
-        for _ in 0..100 {
-            if socket.exists()
-                && let Ok(c) = NestingClient::connect_unix(&socket).await
-            {
-                client = Some(c);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let mut client = client.expect("daemon socket");
-        client.init(config.as_bytes()).await.unwrap();
+        let (stop, server, client) = serve(&state, &images, &socket, config).await;
         (
             Fixture {
                 _dir: dir,
                 state,
+                images,
                 socket,
                 stop,
                 server: Some(server),
             },
             client,
         )
+    }
+
+    /// Stop the daemon (its VMs keep running) and start a new one over the same state.
+    async fn restart(&mut self, config: &str) -> NestingClient {
+        self.stop.cancel();
+        if let Some(s) = self.server.take() {
+            s.await.unwrap();
+        }
+        let (stop, server, client) = serve(&self.state, &self.images, &self.socket, config).await;
+        self.stop = stop;
+        self.server = Some(server);
+        client
+    }
+
+    /// A snapshot's metadata as the daemon wrote it.
+    fn meta(&self, name: &str) -> serde_json::Value {
+        let path = self.state.join("snapshots").join(name).join("meta.json");
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    /// The command line of the one hypervisor process running.
+    fn only_cmdline(&self) -> String {
+        let pids = self.qemu_processes();
+        assert_eq!(pids.len(), 1, "{pids:?}");
+        String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", pids[0])).unwrap())
+            .replace('\0', " ")
     }
 
     /// Hypervisor processes started under this fixture's state directory.
@@ -336,5 +379,95 @@ async fn a_snapshot_from_another_hypervisor_build_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(bad.contains("invalid snapshot name"), "{bad}");
+    fx.shutdown(&mut client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_map_their_memory_file_and_outlive_a_daemon_restart() {
+    // A snapshot as daemons before memory files wrote them: RAM in the stream, no memory file.
+    let (mut fx, mut client) = Fixture::start(r#"{"accel":"tcg","memory":"anonymous"}"#).await;
+    let (vm, _) = client.create(MICROVM_IMAGE, None).await.unwrap();
+    assert!(!fx.only_cmdline().contains("memory-backend"));
+    let agent = agent_of(&vm).await;
+    let (code, out) = sh(&agent, "echo one > /tmp/one && sync").await;
+    assert_eq!(code, 0, "{out}");
+    drop(agent);
+    client
+        .snapshot(&vm.id, "streamed", Default::default())
+        .await
+        .unwrap();
+    let meta = fx.meta("streamed");
+    assert!(meta["files"]["memory"].is_null(), "{meta}");
+    let state = fx.state.join("snapshots/streamed/state");
+    assert!(
+        std::fs::metadata(&state).unwrap().len() > 8 << 20,
+        "the stream carries the RAM"
+    );
+
+    // A new daemon that keeps RAM in files restores it, into a shared memory file.
+    let mut client = fx.restart(r#"{"accel":"tcg"}"#).await;
+    let (vm, _) = client.restore("streamed", None).await.unwrap();
+    let cmdline = fx.only_cmdline();
+    assert!(
+        cmdline.contains("memory-backend=microvm.ram") && cmdline.contains("share=on"),
+        "{cmdline}"
+    );
+    let agent = agent_of(&vm).await;
+    let (code, out) = sh(&agent, "cat /tmp/one; echo two > /tmp/two && sync").await;
+    assert_eq!((code, out.as_str()), (0, "one\n"), "{out}");
+    drop(agent);
+
+    // Its snapshot keeps the RAM as a file and streams only device state.
+    client
+        .snapshot(&vm.id, "mapped", Default::default())
+        .await
+        .unwrap();
+    let meta = fx.meta("mapped");
+    assert_eq!(meta["files"]["memory"], "memory", "{meta}");
+    let dir = fx.state.join("snapshots/mapped");
+    let memory = std::fs::metadata(dir.join("memory")).unwrap();
+    assert_eq!(memory.len(), 256 << 20, "the guest's 256 MiB");
+    let state = std::fs::metadata(dir.join("state")).unwrap().len();
+    assert!(state < 1 << 20, "device state only: {state} bytes");
+
+    // After another restart, a restore maps that file privately and sees the saved RAM.
+    let mut client = fx.restart(r#"{"accel":"tcg"}"#).await;
+    let (vm, _) = client.restore("mapped", None).await.unwrap();
+    let cmdline = fx.only_cmdline();
+    assert!(
+        cmdline.contains(&format!(
+            "mem-path={},share=off",
+            dir.join("memory").display()
+        )),
+        "{cmdline}"
+    );
+    let agent = agent_of(&vm).await;
+    let (code, out) = sh(&agent, "cat /tmp/one /tmp/two; echo three > /tmp/three").await;
+    assert_eq!((code, out.as_str()), (0, "one\ntwo\n"), "{out}");
+    drop(agent);
+    let stamp_before = std::fs::metadata(dir.join("memory"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    // A branch's RAM is a private mapping: its snapshot streams the RAM again.
+    client
+        .snapshot(&vm.id, "branch", Default::default())
+        .await
+        .unwrap();
+    assert!(fx.meta("branch")["files"]["memory"].is_null());
+    assert_eq!(
+        std::fs::metadata(dir.join("memory"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        stamp_before,
+        "a branch never writes the snapshot's memory file"
+    );
+    let (vm, _) = client.restore("branch", None).await.unwrap();
+    let agent = agent_of(&vm).await;
+    let (code, out) = sh(&agent, "cat /tmp/one /tmp/two /tmp/three").await;
+    assert_eq!((code, out.as_str()), (0, "one\ntwo\nthree\n"), "{out}");
+    drop(agent);
     fx.shutdown(&mut client).await;
 }
