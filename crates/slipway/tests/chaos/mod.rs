@@ -195,6 +195,9 @@ impl Report {
     }
 }
 
+/// How long after a killed manager was reaped a handout may still be the answer to its request.
+const HANDOUT_GRACE_MS: i64 = 100;
+
 /// A running `slipway run`, its output going to files in the world.
 struct Manager {
     child: Child,
@@ -341,7 +344,8 @@ pub fn run(plan: &Plan) -> Report {
     let mut timed: Vec<Timed> = Vec::new();
     let mut delayed: Option<(String, String)> = None;
     let mut filler: Option<PathBuf> = None;
-    let mut kills_ms: Vec<i64> = Vec::new();
+    // (SIGKILL sent, the killed manager reaped), unix ms.
+    let mut kills_ms: Vec<(i64, i64)> = Vec::new();
     let mut instances = BTreeSet::new();
     let mut rss: Vec<(u32, f64, u64)> = Vec::new();
     let mut last_rss = Instant::now() - Duration::from_secs(10);
@@ -631,8 +635,15 @@ pub fn run(plan: &Plan) -> Report {
                 continue;
             }
             let handed = gl.job(s.id).and_then(|r| r.handed_out_ms);
-            let near_kill =
-                handed.is_some_and(|h| kills_ms.iter().any(|k| h <= *k && *k - h < 5_000));
+            // Handed out in the few seconds before the kill, or while the manager was dying: a
+            // request it sent before the SIGKILL can be answered after it (the fake answers
+            // what it already read), but no later manager existed until the old one was reaped
+            // (and it needs far more than HANDOUT_GRACE_MS to start and ask for a job).
+            let near_kill = handed.is_some_and(|h| {
+                kills_ms
+                    .iter()
+                    .any(|(sent, reaped)| h <= reaped + HANDOUT_GRACE_MS && sent - h < 5_000)
+            });
             if !near_kill {
                 report.lost.push(format!(
                     "{}: handed out at {handed:?}, not just before a manager kill ({kills_ms:?}), and never reported",
@@ -723,7 +734,7 @@ fn inject(
     timed: &mut Vec<Timed>,
     delayed: &mut Option<(String, String)>,
     filler: &mut Option<PathBuf>,
-    kills_ms: &mut Vec<i64>,
+    kills_ms: &mut Vec<(i64, i64)>,
     delay_method: &mut &'static str,
 ) -> bool {
     match fault {
@@ -771,9 +782,13 @@ fn inject(
             true
         }
         Fault::KillManager => {
-            kills_ms.push(slipway_jobs::queue::unix_ms(std::time::SystemTime::now()));
+            let sent = slipway_jobs::queue::unix_ms(std::time::SystemTime::now());
             faults::kill(manager.child.id(), "KILL");
             let _ = manager.child.wait();
+            kills_ms.push((
+                sent,
+                slipway_jobs::queue::unix_ms(std::time::SystemTime::now()),
+            ));
             *manager = Manager::start(w, cfg, manager.incarnation + 1);
             true
         }
