@@ -1,15 +1,19 @@
 //! `cargo bench -p slipway-sim --bench sim`: baseline vs Slipway vs oracle on the diurnal,
 //! burst and weekend traces, each policy at the cheapest of its own settings that meets a
-//! p95 wait of 30 s. Writes `bench/results/sim.json`.
+//! p95 wait of 30 s; and on the `mixed` trace (jobs of three sizes) GitLab's one shape,
+//! GitLab's tagged runners and Slipway's shapes, in USD. Writes `bench/results/sim.json`.
 //!
 //! Environment: `SIM_SEED` (default 1), `SIM_THREADS` (default: all cores),
-//! `SIM_TRACES` (comma list, default `diurnal,burst,weekend`).
+//! `SIM_TRACES` (comma list, default `diurnal,burst,weekend,mixed`). A run of some of the
+//! traces replaces only their entries in an existing `sim.json` and keeps the rest as it was
+//! (`SIM_TRACES=mixed` reruns the mixed comparison alone).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
 
 use serde_json::{Map, Value, json};
+use slipway_sim::mixed::{self, MixedOptions};
 use slipway_sim::sweep::{self, CAPACITY_PER_INSTANCE, Evaluated, Settings, SweepResult};
 use slipway_sim::{FleetSpec, oracle, run, trace};
 
@@ -98,12 +102,17 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let traces = std::env::var("SIM_TRACES").unwrap_or_else(|_| "diurnal,burst,weekend".into());
+    const ALL: &str = "diurnal,burst,weekend,mixed";
+    let traces = std::env::var("SIM_TRACES").unwrap_or_else(|_| ALL.into());
     let fleet = FleetSpec::default();
     let started = Instant::now();
     let mut results = Map::new();
     for name in traces.split(',') {
         let t0 = Instant::now();
+        if name == "mixed" {
+            results.insert(name.into(), mixed_results(seed, threads));
+            continue;
+        }
         let t = trace::named(name, seed).expect("known trace");
         let o = oracle(&t, &fleet, CAPACITY_PER_INSTANCE);
         let base = sweep::sweep(
@@ -187,6 +196,18 @@ fn main() {
         eprintln!("  slipway:  {}", slip.best.settings.describe());
         results.insert(name.to_string(), Value::Object(m));
     }
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut all: Vec<&str> = ALL.split(',').collect();
+    let mut ran: Vec<&str> = traces.split(',').collect();
+    all.sort_unstable();
+    ran.sort_unstable();
+    if ran != all {
+        let (path, text) =
+            slipway_sim::bench::merge(&repo, "sim", results).expect("merge into sim.json");
+        println!("{text}");
+        eprintln!("updated {} ({traces} only)", path.display());
+        return;
+    }
     let d = FleetSpec::default();
     results.insert(
         "fleet".into(),
@@ -205,7 +226,6 @@ fn main() {
         "total_wall_s".into(),
         json!(round(started.elapsed().as_secs_f64(), 1)),
     );
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (path, text) = slipway_sim::bench::write(
         &repo,
         "sim",
@@ -215,4 +235,67 @@ fn main() {
     .expect("write sim.json");
     println!("{text}");
     eprintln!("wrote {}", path.display());
+}
+
+/// The mixed-size comparison, swept, with a holdout on seed + 1.
+fn mixed_results(seed: u64, threads: usize) -> Value {
+    let t0 = Instant::now();
+    let opts = MixedOptions {
+        target_p95_s: TARGET_P95_S,
+        sweep: true,
+        threads,
+        ..MixedOptions::default()
+    };
+    let t = trace::mixed(seed);
+    let report = mixed::compare_mixed(&t, seed, &opts).expect("mixed comparison");
+    eprint!("{}", report.table());
+    let mut m = match report.to_json() {
+        Value::Object(m) => m,
+        _ => unreachable!("to_json returns an object"),
+    };
+    let held = trace::mixed(seed + 1);
+    let (one, tagged, slip) =
+        mixed::rerun(&held, seed + 1, &opts, &report.chosen()).expect("mixed holdout");
+    let better = if tagged.cost_usd <= one.cost_usd {
+        &tagged
+    } else {
+        &one
+    };
+    m.insert(
+        "holdout_seed_plus_1".into(),
+        json!({
+            "gitlab_one_shape_cost": round(one.cost_usd, 2),
+            "gitlab_one_shape_wait_p95_s": round(one.wait_p95_s, 2),
+            "gitlab_tagged_cost": round(tagged.cost_usd, 2),
+            "gitlab_tagged_wait_p95_s": round(tagged.wait_p95_s, 2),
+            "slipway_cost": round(slip.cost_usd, 2),
+            "slipway_wait_p95_s": round(slip.wait_p95_s, 2),
+            "slipway_vs_better_gitlab_cost": round(slip.cost_usd / better.cost_usd, 3),
+        }),
+    );
+    let d = FleetSpec::default();
+    m.insert(
+        "fleet".into(),
+        json!({
+            "provisioning": format!("{:?}", d.provisioning),
+            "deletion": format!("{:?}", d.deletion),
+            "api_latency": format!("{:?}", d.api_latency),
+            "boot_failure": d.boot_failure,
+            "error_rate": d.error_rate,
+            "runner_check_interval_s": slipway_sim::run::CHECK_INTERVAL.as_secs_f64(),
+            "same for every instance type": true,
+        }),
+    );
+    m.insert("seed".into(), json!(seed));
+    m.insert(
+        "command".into(),
+        json!("SIM_TRACES=mixed cargo bench -p slipway-sim --bench sim"),
+    );
+    m.insert("machine".into(), json!(slipway_sim::bench::machine()));
+    m.insert(
+        "date".into(),
+        json!(chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()),
+    );
+    m.insert("wall_s".into(), json!(round(t0.elapsed().as_secs_f64(), 1)));
+    Value::Object(m)
 }

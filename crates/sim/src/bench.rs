@@ -43,3 +43,29 @@ pub fn write(
     std::fs::write(&path, &text)?;
     Ok((path, text))
 }
+
+/// Replace the `results` entries named in `entries` of an existing
+/// `<repo>/bench/results/<name>.json`, keeping every other byte of it (the other results,
+/// and the top-level `command`, `machine` and `date` that describe them); return the path and
+/// text written.
+pub fn merge(
+    repo: &Path,
+    name: &str,
+    entries: serde_json::Map<String, Value>,
+) -> std::io::Result<(PathBuf, String)> {
+    let path = repo.join("bench/results").join(format!("{name}.json"));
+    let old = std::fs::read_to_string(&path)?;
+    let mut doc: Value = serde_json::from_str(&old).map_err(std::io::Error::other)?;
+    let Some(results) = doc.get_mut("results").and_then(Value::as_object_mut) else {
+        return Err(std::io::Error::other(format!(
+            "{} has no \"results\" object to merge into",
+            path.display()
+        )));
+    };
+    for (k, v) in entries {
+        results.insert(k, v);
+    }
+    let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)? + "\n";
+    std::fs::write(&path, &text)?;
+    Ok((path, text))
+}

@@ -6,11 +6,14 @@
 //! - [`run`]: one trace through one taskscaler configuration on tokio's paused clock.
 //! - [`oracle`]: the clairvoyant zero-wait lower bound.
 //! - [`sweep`]: the policies (GitLab's baseline, Slipway's forecast) and the fair comparison.
+//! - [`mixed`]: jobs of several sizes on shapes of a real price list — GitLab's one shape,
+//!   GitLab's tagged runners, Slipway's shapes with packing.
 //!
 //! [`compare`] / [`run_named`] put it together for `slipway sim`.
 
 pub mod bench;
 pub mod fleet;
+pub mod mixed;
 pub mod oracle;
 pub mod rng;
 pub mod run;
@@ -240,6 +243,22 @@ pub fn compare(trace: &Trace, seed: u64, opts: &SimOptions) -> Result<Report, Si
         },
         simulations,
     })
+}
+
+/// `slipway sim`'s table for `trace`: [`mixed::compare_mixed`] for `mixed`, else
+/// [`run_named`].
+pub fn run_named_table(trace: &str, seed: u64, opts: &SimOptions) -> Result<String, SimError> {
+    if trace == "mixed" {
+        let m = mixed::MixedOptions {
+            target_p95_s: opts.target_p95_s,
+            sweep: opts.sweep,
+            threads: opts.threads,
+            fleet: opts.fleet.clone(),
+            ..mixed::MixedOptions::default()
+        };
+        return Ok(mixed::compare_mixed(&trace::mixed(seed), seed, &m)?.table());
+    }
+    Ok(run_named(trace, seed, opts)?.table())
 }
 
 /// [`compare`] on a named trace (`diurnal`, `burst`, `weekend`) or, for a name ending in

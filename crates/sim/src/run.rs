@@ -34,7 +34,7 @@ pub enum SimError {
     #[error("trace {0}")]
     Trace(String),
     /// Unknown trace name.
-    #[error("unknown trace {0:?} (known: diurnal, burst, weekend, or a CSV file)")]
+    #[error("unknown trace {0:?} (known: diurnal, burst, weekend, mixed, or a CSV file)")]
     UnknownTrace(String),
 }
 

@@ -14,9 +14,9 @@ pub struct Job {
     pub arrival_s: f64,
     /// How long it holds its slot, in seconds.
     pub duration_s: f64,
-    /// CPUs requested (carried through; the taskscaler places by slots today).
+    /// CPUs requested (the single-group traces carry it through; [`crate::mixed`] places by it).
     pub cpu: f64,
-    /// Memory requested (carried through, unit as in the source).
+    /// Memory requested, in MiB.
     pub memory: f64,
 }
 
@@ -52,14 +52,15 @@ fn at(secs: u64) -> SystemTime {
 }
 
 /// Names accepted by [`named`].
-pub const NAMES: &[&str] = &["diurnal", "burst", "weekend"];
+pub const NAMES: &[&str] = &["diurnal", "burst", "weekend", "mixed"];
 
-/// A generated trace by name (`diurnal`, `burst`, `weekend`).
+/// A generated trace by name (`diurnal`, `burst`, `weekend`, `mixed`).
 pub fn named(name: &str, seed: u64) -> Option<Trace> {
     match name {
         "diurnal" => Some(diurnal(seed)),
         "burst" => Some(burst(seed)),
         "weekend" => Some(weekend(seed)),
+        "mixed" => Some(mixed(seed)),
         _ => None,
     }
 }
@@ -179,6 +180,38 @@ pub fn weekend(seed: u64) -> Trace {
         horizon_s: 2.0 * DAY,
         start: at(MONDAY + 5 * 86_400),
     }
+}
+
+/// The job sizes of [`mixed`]: share of jobs, CPUs, memory in MiB.
+pub const MIXED_SIZES: [(f64, f64, f64); 3] = [
+    (0.70, 1.0, 2048.0),
+    (0.25, 4.0, 8192.0),
+    (0.05, 16.0, 65536.0),
+];
+
+/// The diurnal weekday (same seed, same arrivals and durations) with jobs of three sizes:
+/// 70 % of 1 CPU / 2 GiB, 25 % of 4 CPU / 8 GiB, 5 % of 16 CPU / 64 GiB, no GPU. Sizes come
+/// from a random stream of their own, so [`diurnal`] is unchanged by this trace existing.
+pub fn mixed(seed: u64) -> Trace {
+    let mut t = diurnal(seed);
+    let mut rng = Rng::stream(seed, 4);
+    for j in &mut t.jobs {
+        let u = rng.f64();
+        let mut acc = 0.0;
+        // The last size takes whatever rounding leaves above the cumulative shares.
+        let mut size = MIXED_SIZES[MIXED_SIZES.len() - 1];
+        for s in MIXED_SIZES {
+            acc += s.0;
+            if u < acc {
+                size = s;
+                break;
+            }
+        }
+        j.cpu = size.1;
+        j.memory = size.2;
+    }
+    t.name = "mixed".into();
+    t
 }
 
 /// The CSV header this module reads and writes.
