@@ -1,25 +1,39 @@
-//! VM start: cold boot vs snapshot restore on the same guest, and the disk four branches of one
-//! snapshot take vs four full copies, measured in one run on this machine.
+//! VM start: cold boot vs snapshot restore on the same guest, and the disk and memory four
+//! branches of one snapshot take, measured in one run on this machine.
 //!
 //! - `cold_boot_ms_*`: `Create` on the nesting daemon (disk layer, QEMU started, guest boots)
 //!   until the guest agent's first answer — the daemon's `Create` returns at that moment.
 //! - `restore_ms_*`: `Restore` of a snapshot of that same guest (taken once it had booted) until
 //!   the agent's first answer.
+//! - `restore_steps_ms_p50`: where a restore's time goes, from the daemon's own timings: disk
+//!   layer (`qemu-img create`), QEMU start until QMP answers, device state loaded, running, and
+//!   the guest agent's first answer.
+//! - `restore_memory`: how the snapshot holds guest RAM — `mapped` (a memory file the restore
+//!   maps copy-on-write, device state alone in the stream) or `streamed` (RAM in the stream).
 //! - `branch4_disk_bytes`: after 32 MiB were written to the guest's disk and the VM was
 //!   snapshotted, four branches restored and each wrote 1 MiB of its own: the bytes allocated by
-//!   the snapshot (memory image + frozen disk layer) plus the four branch layers.
+//!   the snapshot (device state + memory file + frozen disk layer) plus the four branch layers.
 //! - `full_copy4_disk_bytes`: four independent copies of the same state: per copy the memory
-//!   image plus the disk chain flattened into one qcow2 (`qemu-img convert`), plus the same
-//!   1 MiB of writes each.
+//!   image (state stream + memory file) plus the disk chain flattened into one qcow2
+//!   (`qemu-img convert`), plus the same 1 MiB of writes each.
+//! - `one_restored_rss_bytes`: one VM restored alone that wrote 1 MiB to its disk and 16 MiB to
+//!   its RAM (`/tmp`, the initramfs root: RAM-backed): its QEMU process's proportional set size
+//!   (`Pss` of `/proc/<pid>/smaps_rollup`). `branch4_rss_bytes`: the same for four branches
+//!   running at once, summed — pages they share count once in the sum.
 //! - `accel`: `kvm` or `tcg` (this machine's KVM does not run guests: expect `tcg`).
 //!
-//! Goals (issue 6): restore p50 at most a quarter of cold boot p50; four branches under 1.2 × the
-//! disk of one full copy.
+//! Goals (issue 16): restore p50 at most 1/20 of cold boot p50; four branches' PSS at most 1.5 ×
+//! one restored guest's; four branches' disk under 1.2 × one full copy (issue 6).
+//!
+//! `SLIPWAY_BENCH_MEMORY=anonymous` runs the same on the streamed path (RAM in the snapshot's
+//! stream, as before issue 16) and prints the figures without writing them.
 //!
 //! Regenerate with `cargo bench -p slipway-nesting --bench vm` (as root: it installs QEMU and the
 //! image tools when missing and builds a guest image). Every VM it starts is deleted at the end.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -35,6 +49,89 @@ use tokio_util::sync::CancellationToken;
 const COMMAND: &str = "cargo bench -p slipway-nesting --bench vm";
 /// Samples of each start kind.
 const SAMPLES: usize = 10;
+
+/// What each branch does after its restore: 1 MiB to its disk, 16 MiB to its RAM.
+const BRANCH_WORK: &str = "head -c 1048576 /dev/urandom > /work/data/branch && sync && \
+     head -c 16777216 /dev/urandom > /tmp/w";
+
+/// The daemon's step timings (`VM started`, `restored` debug events), by field name.
+#[derive(Clone, Default)]
+struct Steps(Arc<Mutex<BTreeMap<String, Vec<f64>>>>);
+
+struct StepVisitor<'a>(&'a mut Vec<(String, f64)>, &'a mut bool);
+
+impl tracing::field::Visit for StepVisitor<'_> {
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.push((field.name().to_string(), value));
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        if field.name() == "restore" {
+            *self.1 = value;
+        }
+    }
+    fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Steps {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = Vec::new();
+        // `restored` events come from restores only; `VM started` say which they are.
+        let mut restore = event.metadata().target().ends_with("qemu");
+        event.record(&mut StepVisitor(&mut fields, &mut restore));
+        if !restore || fields.is_empty() {
+            return;
+        }
+        if let Ok(mut m) = self.0.lock() {
+            for (k, v) in fields {
+                m.entry(k).or_default().push(v);
+            }
+        }
+    }
+}
+
+impl Steps {
+    fn clear(&self) {
+        if let Ok(mut m) = self.0.lock() {
+            m.clear();
+        }
+    }
+    fn p50(&self) -> serde_json::Value {
+        let Ok(m) = self.0.lock() else {
+            return serde_json::Value::Null;
+        };
+        let mut out = serde_json::Map::new();
+        for (k, v) in m.iter() {
+            let mut v = v.clone();
+            v.sort_by(f64::total_cmp);
+            out.insert(k.clone(), round(p(&v, 0.5)).into());
+        }
+        out.into()
+    }
+}
+
+/// Proportional set size of process `pid` (its unique pages plus its share of shared ones),
+/// and the anonymous and file parts of it.
+fn pss(pid: u32) -> anyhow::Result<(u64, u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    Ok((field("Pss:"), field("Pss_Anon:"), field("Pss_File:")))
+}
+
+/// The pid of `vm`'s hypervisor.
+fn vm_pid(state: &Path, vm: &VirtualMachine) -> anyhow::Result<u32> {
+    slipway_nesting::store::processes_under(state)
+        .into_iter()
+        .find(|(_, id)| *id == vm.id)
+        .map(|(pid, _)| pid)
+        .with_context(|| format!("no process for VM {}", vm.id))
+}
 
 fn p(sorted: &[f64], q: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
@@ -87,7 +184,7 @@ async fn flattened_bytes(layer: &Path, out: &Path) -> anyhow::Result<u64> {
     Ok(bytes)
 }
 
-async fn run(repo: &Path, work: &Path) -> anyhow::Result<serde_json::Value> {
+async fn run(repo: &Path, work: &Path, steps: &Steps) -> anyhow::Result<serde_json::Value> {
     slipway_testkit::guest::ensure_vm_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
     let images = work.join("images");
     let agent_bin = build_agent(repo).await?;
@@ -118,8 +215,9 @@ async fn run(repo: &Path, work: &Path) -> anyhow::Result<serde_json::Value> {
     }
     let mut c = c.context("the daemon did not listen")?;
     // `auto`: KVM only where a guest really runs under it.
-    c.init(br#"{"accel":"auto"}"#).await?;
-    let result = measure(&mut c, &state, work).await;
+    c.init(format!(r#"{{"accel":"auto","memory":"{}"}}"#, memory_choice()).as_bytes())
+        .await?;
+    let result = measure(&mut c, &state, work, steps).await;
     let _ = c.shutdown().await;
     stop.cancel();
     let _ = server.await;
@@ -130,6 +228,7 @@ async fn measure(
     c: &mut NestingClient,
     state: &Path,
     work: &Path,
+    steps: &Steps,
 ) -> anyhow::Result<serde_json::Value> {
     // Warm the page cache (kernel, initrd, QEMU) with one unmeasured boot of each kind.
     let (vm, _) = c.create("bench", Some(0)).await?;
@@ -140,10 +239,27 @@ async fn measure(
     .await?;
     c.snapshot(&vm.id, "base", Default::default()).await?;
     let (vm, _) = c.restore("base", Some(0)).await?;
+    let guest_tmp = sh(
+        &vm,
+        "grep -E ' /tmp | / ' /proc/mounts | cut -d' ' -f2,3 | tr '\\n' ' '",
+    )
+    .await?
+    .trim()
+    .to_string();
     c.delete(&vm.id).await?;
+    let snap_dir = state.join("snapshots/base");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(snap_dir.join("meta.json"))?)?;
+    let memory_file = meta["files"]["memory"].as_str().map(|m| snap_dir.join(m));
+    let restore_memory = if memory_file.is_some() {
+        "mapped"
+    } else {
+        "streamed"
+    };
 
     let mut cold = Vec::new();
     let mut restore = Vec::new();
+    steps.clear();
     for _ in 0..SAMPLES {
         let t = Instant::now();
         let (vm, _) = c.create("bench", Some(0)).await?;
@@ -156,29 +272,43 @@ async fn measure(
     }
     cold.sort_by(f64::total_cmp);
     restore.sort_by(f64::total_cmp);
+    let restore_steps = steps.p50();
 
-    // Four branches, each writing 1 MiB of its own.
+    // One restored guest alone, after the branch work.
+    let (vm, _) = c.restore("base", Some(0)).await?;
+    let pid = vm_pid(state, &vm)?;
+    let (one_before, _, _) = pss(pid)?;
+    sh(&vm, BRANCH_WORK).await?;
+    let (one, one_anon, one_file) = pss(pid)?;
+    c.delete(&vm.id).await?;
+
+    // Four branches at once, each doing the same work.
     let mut branches = Vec::new();
     for slot in 0..4 {
         let (vm, _) = c.restore("base", Some(slot)).await?;
-        sh(
-            &vm,
-            &format!("head -c 1048576 /dev/urandom > /work/data/branch-{slot} && sync"),
-        )
-        .await?;
+        sh(&vm, BRANCH_WORK).await?;
         branches.push(vm);
     }
-    let snap_dir = state.join("snapshots/base");
-    let snapshot_bytes =
-        allocated_bytes(&snap_dir.join("state")) + allocated_bytes(&snap_dir.join("disk.qcow2"));
+    let mut branch4_rss = 0;
+    let mut branch4_anon = 0;
+    for vm in &branches {
+        let (all, anon, _) = pss(vm_pid(state, vm)?)?;
+        branch4_rss += all;
+        branch4_anon += anon;
+    }
+    let memory_bytes = allocated_bytes(&snap_dir.join("state"))
+        + memory_file.as_deref().map(allocated_bytes).unwrap_or(0);
+    let snapshot_bytes = memory_bytes
+        + allocated_bytes(&snap_dir.join("disk.qcow2"))
+        + allocated_bytes(&snap_dir.join(slipway_nesting::disk::LAYER_TEMPLATE));
     let mut branch4 = snapshot_bytes;
     let mut full4 = 0;
     for (i, vm) in branches.iter().enumerate() {
         let layer = state.join("vms").join(&vm.id).join("disk.qcow2");
         branch4 += allocated_bytes(&layer);
-        // A full copy: the memory image and the whole disk chain as one standalone file.
-        full4 += allocated_bytes(&snap_dir.join("state"))
-            + flattened_bytes(&layer, &work.join(format!("full-{i}.qcow2"))).await?;
+        // A full copy: the memory image and the whole disk chain as standalone files.
+        full4 +=
+            memory_bytes + flattened_bytes(&layer, &work.join(format!("full-{i}.qcow2"))).await?;
     }
     for vm in &branches {
         c.delete(&vm.id).await?;
@@ -192,33 +322,64 @@ async fn measure(
         .unwrap_or_default();
     let (cold50, restore50) = (p(&cold, 0.5), p(&restore, 0.5));
     let one_copy = full4 as f64 / 4.0;
+    let mib = |b: u64| b as f64 / 1048576.0;
     println!(
-        "accel {accel}: cold boot p50 {cold50:.1} ms, restore p50 {restore50:.1} ms ({:.3} of cold)",
+        "accel {accel}, memory {restore_memory}: cold boot p50 {cold50:.1} ms, restore p50 \
+         {restore50:.1} ms ({:.4} of cold, goal <= 0.05)",
         restore50 / cold50
+    );
+    println!("restore steps p50 (ms, cumulative within each part): {restore_steps}");
+    println!(
+        "memory: one restored {:.1} MiB PSS ({:.1} MiB before its writes; anon {:.1}, file \
+         {:.1}), 4 branches {:.1} MiB ({:.3} x one, goal <= 1.5; anon {:.1})",
+        mib(one),
+        mib(one_before),
+        mib(one_anon),
+        mib(one_file),
+        mib(branch4_rss),
+        branch4_rss as f64 / one as f64,
+        mib(branch4_anon),
     );
     println!(
         "disk: 4 branches {:.1} MiB, 4 full copies {:.1} MiB ({:.3} x one copy)",
-        branch4 as f64 / 1048576.0,
-        full4 as f64 / 1048576.0,
+        mib(branch4),
+        mib(full4),
         branch4 as f64 / one_copy
     );
     Ok(serde_json::json!({
         "accel": accel,
         "samples": SAMPLES,
         "guest": "microvm image from `slipway image build` (Debian cloud kernel, busybox initramfs, 1 vCPU, 256 MiB), QEMU -M microvm",
+        "guest_root_and_tmp": guest_tmp,
+        "restore_memory": restore_memory,
         "cold_boot_ms_p50": round(cold50),
         "cold_boot_ms_p95": round(p(&cold, 0.95)),
         "restore_ms_p50": round(restore50),
         "restore_ms_p95": round(p(&restore, 0.95)),
+        "restore_steps_ms_p50": restore_steps,
         "restore_over_cold_boot": round(restore50 / cold50),
-        "restore_goal_met": restore50 <= cold50 / 4.0,
+        "restore_goal_met": restore50 <= cold50 / 20.0,
+        "one_restored_rss_bytes": one,
+        "one_restored_rss_before_writes_bytes": one_before,
+        "one_restored_pss_anon_bytes": one_anon,
+        "one_restored_pss_file_bytes": one_file,
+        "branch4_rss_bytes": branch4_rss,
+        "branch4_pss_anon_bytes": branch4_anon,
+        "branch4_rss_over_one": round(branch4_rss as f64 / one as f64),
+        "branch_rss_goal_met": (branch4_rss as f64) <= 1.5 * one as f64,
+        "snapshot_memory_bytes": memory_bytes,
         "branch4_disk_bytes": branch4,
         "full_copy4_disk_bytes": full4,
         "branch4_over_one_copy": round(branch4 as f64 / one_copy),
         "branch_goal_met": (branch4 as f64) < 1.2 * one_copy,
-        "disk_writes": "32 MiB on the disk before the snapshot; 1 MiB per branch after it",
-        "goal": "restore_ms_p50 <= cold_boot_ms_p50 / 4; branch4_disk_bytes < 1.2 x full_copy4_disk_bytes / 4",
+        "disk_writes": "32 MiB on the disk before the snapshot; per branch 1 MiB to the disk and 16 MiB to /tmp after it",
+        "goal": "restore_ms_p50 <= cold_boot_ms_p50 / 20; branch4_rss_bytes <= 1.5 x one_restored_rss_bytes; branch4_disk_bytes < 1.2 x full_copy4_disk_bytes / 4",
     }))
+}
+
+/// `SLIPWAY_BENCH_MEMORY=anonymous` measures the streamed path for comparison (printed only).
+fn memory_choice() -> String {
+    std::env::var("SLIPWAY_BENCH_MEMORY").unwrap_or_else(|_| "auto".into())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -229,11 +390,26 @@ fn main() -> anyhow::Result<()> {
     let work = tempfile::Builder::new()
         .prefix("vmbench")
         .tempdir_in("/tmp")?;
+    let steps = Steps::default();
+    {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let fmt = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(tracing_subscriber::EnvFilter::from_default_env());
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::registry().with(steps.clone()).with(fmt),
+        )?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let results = rt.block_on(run(&repo, work.path()))?;
-    let (path, _) = slipway_sim::bench::write(&repo, "vm", COMMAND, results)?;
-    println!("wrote {}", path.display());
+    let results = rt.block_on(run(&repo, work.path(), &steps))?;
+    if memory_choice() == "auto" {
+        let (path, _) = slipway_sim::bench::write(&repo, "vm", COMMAND, results)?;
+        println!("wrote {}", path.display());
+    } else {
+        println!("{results:#}");
+    }
     Ok(())
 }
