@@ -156,6 +156,16 @@ impl NestingExecutor {
     }
 }
 
+/// How a restored VM got its RAM, for the "ready in" line (nothing for a cold boot, or from a
+/// daemon that does not say).
+fn memory_note(snapshot: &str, memory: &str) -> String {
+    match (snapshot, memory) {
+        ("", _) | (_, "") => String::new(),
+        (s, "private-file") => format!(" (restored from {s}: memory mapped copy-on-write)"),
+        (s, _) => format!(" (restored from {s}: memory read from the snapshot's stream)"),
+    }
+}
+
 fn system_failure(msg: String) -> RunResult {
     RunResult {
         outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
@@ -298,10 +308,11 @@ impl NestingExecutor {
             trace.message(&format!("Stomped nesting VM {id} left in slot {slot}"));
         }
         trace.message(&format!(
-            "VM {} ({}) ready in {:.1} s",
+            "VM {} ({}) ready in {:.1} s{}",
             vm.id,
             vm.name,
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            memory_note(&vm.snapshot, &vm.memory)
         ));
         let agent = self.agent(&vm.addr).await;
         Ok(StartedVm {
@@ -604,5 +615,19 @@ mod tests {
         assert!(!glob_match("a*b*c", "axxbyy"));
         assert!(glob_match("exact", "exact"));
         assert!(!glob_match("exact", "exactly"));
+    }
+
+    #[test]
+    fn the_ready_line_says_how_a_restore_got_its_memory() {
+        assert_eq!(memory_note("", "shared-file"), "");
+        assert_eq!(memory_note("deps", ""), "");
+        assert_eq!(
+            memory_note("deps", "private-file"),
+            " (restored from deps: memory mapped copy-on-write)"
+        );
+        assert_eq!(
+            memory_note("deps", "shared-file"),
+            " (restored from deps: memory read from the snapshot's stream)"
+        );
     }
 }

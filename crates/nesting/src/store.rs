@@ -60,6 +60,7 @@ impl VmRecord {
             image: self.image.clone(),
             snapshot: self.snapshot.clone(),
             level: self.spec.level.as_str().into(),
+            memory: self.spec.memory.as_str().into(),
         }
     }
 }

@@ -407,6 +407,7 @@ async fn snapshots_map_their_memory_file_and_outlive_a_daemon_restart() {
     // A new daemon that keeps RAM in files restores it, into a shared memory file.
     let mut client = fx.restart(r#"{"accel":"tcg"}"#).await;
     let (vm, _) = client.restore("streamed", None).await.unwrap();
+    assert_eq!(vm.memory, "shared-file");
     let cmdline = fx.only_cmdline();
     assert!(
         cmdline.contains("memory-backend=microvm.ram") && cmdline.contains("share=on"),
@@ -433,6 +434,7 @@ async fn snapshots_map_their_memory_file_and_outlive_a_daemon_restart() {
     // After another restart, a restore maps that file privately and sees the saved RAM.
     let mut client = fx.restart(r#"{"accel":"tcg"}"#).await;
     let (vm, _) = client.restore("mapped", None).await.unwrap();
+    assert_eq!(vm.memory, "private-file");
     let cmdline = fx.only_cmdline();
     assert!(
         cmdline.contains(&format!(
