@@ -85,7 +85,12 @@ impl Host for SshHost<'_> {
         output: mpsc::Sender<Output>,
     ) -> Result<ExitStatus, String> {
         self.0
-            .run(RunOptions::new(SHELL).stdin(script).ready_ahead(), output)
+            .run(
+                RunOptions::new(SHELL)
+                    .stdin(script::fed_on_stdin(&script))
+                    .ready_ahead(),
+                output,
+            )
             .await
             .map_err(|e| e.to_string())
     }
@@ -142,7 +147,9 @@ impl Host for LocalHost {
         let mut stderr = child.stderr.take().ok_or("bash has no stderr")?;
         let feed = async move {
             // A script that exits early stops reading: a broken pipe is not an error here.
-            let _ = stdin.write_all(script.as_bytes()).await;
+            let _ = stdin
+                .write_all(script::fed_on_stdin(&script).as_bytes())
+                .await;
             drop(stdin);
         };
         let out_tx = output.clone();

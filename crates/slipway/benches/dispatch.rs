@@ -69,7 +69,7 @@ async fn bench() -> anyhow::Result<()> {
     .await?;
     let result = measure(&runner).await;
     runner.shutdown().await;
-    let (dispatch, ssh_exec) = result?;
+    let (dispatch, acquire, ssh_exec) = result?;
 
     let mut spawn = Vec::with_capacity(BASELINE_RUNS);
     for _ in 0..BASELINE_RUNS {
@@ -87,6 +87,7 @@ async fn bench() -> anyhow::Result<()> {
     let d95 = percentile(&dispatch, 95.0);
     let s50 = percentile(&ssh_exec, 50.0);
     let p50 = percentile(&spawn, 50.0);
+    let a50 = percentile(&acquire, 50.0);
     let results = serde_json::json!({
         "jobs": dispatch.len(),
         "dispatch_ms_p50": round(d50),
@@ -95,6 +96,10 @@ async fn bench() -> anyhow::Result<()> {
         "spawn_ms_p50": round(p50),
         "dispatch_over_ssh_exec_p50": round(d50 / s50),
         "dispatch_over_spawn_p50": round(d50 / p50),
+        // Where the time goes: reserve and acquire (the write-ahead record included), then the
+        // rest (the job's script reaching the instance's shell, to its first line).
+        "acquire_ms_p50": round(a50),
+        "acquired_to_first_line_ms_p50": round(d50 - a50),
     });
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (_, text) = slipway_sim::bench::write(&repo, "dispatch", COMMAND, results)?;
@@ -106,8 +111,9 @@ fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// Run trivial jobs one after another; returns (queue→first line, bare ssh exec) in ms, sorted.
-async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+/// Run trivial jobs one after another; returns (queue→first line, queue→acquired, bare ssh exec)
+/// in ms, sorted.
+async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
     let pipeline = Pipeline::parse(
         "bench:\n  script: [echo hi]\n",
         "bench.yml",
@@ -121,13 +127,16 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     anyhow::ensure!(warm.is_some(), "warm-up job produced no output");
 
     let mut dispatch = Vec::with_capacity(JOBS);
+    let mut acquire = Vec::with_capacity(JOBS);
     for i in 1..=JOBS {
-        let first = runner_job(runner, &exec, job, i as u64)
+        let (first, acquired) = runner_job(runner, &exec, job, i as u64)
             .await?
             .context("no output")?;
         dispatch.push(first);
+        acquire.push(acquired);
     }
     dispatch.sort_by(f64::total_cmp);
+    acquire.sort_by(f64::total_cmp);
 
     runner
         .reserve_wait("ssh-baseline", &Resources::default())
@@ -143,22 +152,23 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     }
     runner.release("ssh-baseline");
     ssh.sort_by(f64::total_cmp);
-    Ok((dispatch, ssh))
+    Ok((dispatch, acquire, ssh))
 }
 
-/// Queue one job and return the time until its first output chunk.
+/// Queue one job and return the time until its first output chunk and until it was acquired.
 async fn runner_job(
     runner: &Runner,
     exec: &InstanceExecutor,
     job: &slipway_jobs::PipelineJob,
     id: u64,
-) -> anyhow::Result<Option<f64>> {
+) -> anyhow::Result<Option<(f64, f64)>> {
     let payload = job.to_job_response(id + 1, 1, &[]);
     let key = format!("bench-{id}");
     let queued = Instant::now();
     // Preemptive mode (idle_count > 0) refuses a reservation until an idle slot is ready.
     runner.reserve_wait(&key, &Resources::default()).await?;
     let acq = runner.acquire(&key).await?;
+    let acquired = ms(queued.elapsed());
     let client = runner.client(&acq).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut trace = Trace::new(Vec::<String>::new(), tx);
@@ -182,5 +192,5 @@ async fn runner_job(
         "bench job failed: {:?}",
         result.outcome
     );
-    Ok(first.await?.map(ms))
+    Ok(first.await?.map(|d| (ms(d), acquired)))
 }
