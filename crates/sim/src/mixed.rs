@@ -1040,7 +1040,12 @@ pub fn compare_mixed(
     } else {
         let gitlab = vec![Family {
             base: default_mixed_settings(Kind::Baseline),
-            ladder: vec![f64::from(default_mixed_settings(Kind::Baseline).idle_count)],
+            // `Family::at` puts the ladder value where the primary knob is: here the
+            // business-hours idle count.
+            ladder: vec![{
+                let d = default_mixed_settings(Kind::Baseline);
+                f64::from(d.business_idle_count.unwrap_or(d.idle_count))
+            }],
         }];
         (
             gitlab.clone(),

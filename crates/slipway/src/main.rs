@@ -121,7 +121,9 @@ enum Command {
     /// Simulate a day of jobs on a simulated cloud: GitLab's algorithm, Slipway's, and a
     /// clairvoyant bound, all through the real taskscaler on simulated time.
     Sim {
-        /// Trace: `diurnal`, `burst`, `weekend`, or a CSV file (arrival_s,duration_s,cpu,memory).
+        /// Trace: `diurnal`, `burst`, `weekend`, `mixed` (jobs of three sizes: GitLab's one
+        /// shape and tagged runners against Slipway's shapes, in USD), or a CSV file
+        /// (arrival_s,duration_s,cpu,memory).
         #[arg(long, default_value = "diurnal")]
         trace: String,
         /// Random seed of the trace and the simulated cloud.
@@ -372,9 +374,9 @@ fn main() -> ExitCode {
             sweep: *sweep,
             ..slipway_sim::SimOptions::default()
         };
-        return match slipway_sim::run_named(trace, *seed, &opts) {
-            Ok(report) => {
-                print!("{}", report.table());
+        return match slipway_sim::run_named_table(trace, *seed, &opts) {
+            Ok(table) => {
+                print!("{table}");
                 ExitCode::SUCCESS
             }
             Err(e) => {
