@@ -397,12 +397,13 @@ impl Daemon {
             },
             accel: active.accel,
             memory: match snapshot_memory {
-                // Whatever this daemon's choice: that file is where the saved RAM is.
-                Some(path) => GuestMemory::PrivateFile { path },
+                // Whatever this daemon's choice: that file is where the saved RAM is. (Firecracker
+                // and Cloud Hypervisor find their memory files in the snapshot themselves.)
+                Some(path) if qemu => GuestMemory::PrivateFile { path },
                 None if qemu && active.file_memory => GuestMemory::SharedFile {
                     path: crate::hypervisor::qemu::memory_file(&run_dir),
                 },
-                None => GuestMemory::Anonymous,
+                _ => GuestMemory::Anonymous,
             },
             run_dir,
         }
