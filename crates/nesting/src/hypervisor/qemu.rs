@@ -343,7 +343,8 @@ impl Qemu {
                     after: limit,
                 });
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            // The socket appears some 20 ms after exec; a restore waits on exactly this.
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         // Dropping the child leaves QEMU running; tokio reaps it when it exits.
         drop(child);
