@@ -273,7 +273,7 @@ impl Daemon {
             return Err(DaemonError::AlreadyInitialized);
         }
         let config = Config::parse(bytes).map_err(DaemonError::Config)?;
-        let hv = backend(config.hypervisor, config.binary.clone());
+        let mut hv = backend(config.hypervisor, config.binary.clone());
         let binary = config
             .binary
             .clone()
@@ -294,8 +294,11 @@ impl Daemon {
             }
         };
         let (file_memory, memory_reason) = if config.hypervisor == HypervisorKind::Qemu {
+            // The backend that runs the VMs, so its cached version serves every restore.
             let qemu = Qemu::new(PathBuf::from(&binary));
-            match (config.memory, qemu.file_memory().await) {
+            let support = qemu.file_memory().await;
+            hv = Arc::new(qemu);
+            match (config.memory, support) {
                 (MemoryChoice::Anonymous, _) => (
                     false,
                     "memory: anonymous (configured): snapshots stream guest RAM".to_string(),

@@ -368,7 +368,13 @@ impl Hypervisor for Qemu {
             vsock: false,
             pause: true,
             without_kvm: true,
-            lazy_restore: false,
+            // Snapshots with a memory file restore by mapping it; known once the version was
+            // asked (the daemon asks at `Init`).
+            lazy_restore: self
+                .version
+                .get()
+                .and_then(|v| parse_version(v))
+                .is_some_and(|v| v >= FILE_MEMORY_SINCE),
         }
     }
 
@@ -703,6 +709,20 @@ mod tests {
         assert_eq!(parse_version("unknown"), None);
         assert!(parse_version("7.2.22").unwrap() >= FILE_MEMORY_SINCE);
         assert!(parse_version("4.2.1").unwrap() < FILE_MEMORY_SINCE);
+    }
+
+    #[tokio::test]
+    async fn the_installed_qemu_keeps_guest_ram_in_a_file() {
+        let qemu = Qemu::default();
+        assert!(!qemu.capabilities().lazy_restore, "not known before asking");
+        let why = qemu.file_memory().await.unwrap();
+        assert!(why.contains("x-ignore-shared"), "{why}");
+        assert!(qemu.capabilities().lazy_restore);
+        // Asked once: a clone shares the answer.
+        assert_eq!(
+            qemu.clone().version().await.unwrap(),
+            qemu.version().await.unwrap()
+        );
     }
 
     #[test]
