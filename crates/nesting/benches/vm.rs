@@ -26,7 +26,7 @@
 //! one restored guest's; four branches' disk under 1.2 × one full copy (issue 6).
 //!
 //! `SLIPWAY_BENCH_MEMORY=anonymous` runs the same on the streamed path (RAM in the snapshot's
-//! stream, as before issue 16) and prints the figures without writing them.
+//! stream, as before issue 16) and merges its figures into `vm.json` as `anonymous_comparison`.
 //!
 //! Regenerate with `cargo bench -p slipway-nesting --bench vm` (as root: it installs QEMU and the
 //! image tools when missing and builds a guest image). Every VM it starts is deleted at the end.
@@ -410,6 +410,17 @@ fn main() -> anyhow::Result<()> {
         println!("wrote {}", path.display());
     } else {
         println!("{results:#}");
+        // Kept next to the main figures, saying how and when it was measured (another run).
+        let mut results = results;
+        results["command"] = format!("SLIPWAY_BENCH_MEMORY={} {COMMAND}", memory_choice()).into();
+        results["measured_at_unix"] = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs()
+            .into();
+        let mut entry = serde_json::Map::new();
+        entry.insert(format!("{}_comparison", memory_choice()), results);
+        let (path, _) = slipway_sim::bench::merge(&repo, "vm", entry)?;
+        println!("merged into {}", path.display());
     }
     Ok(())
 }
