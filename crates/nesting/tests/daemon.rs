@@ -249,6 +249,8 @@ async fn a_snapshot_branches_four_ways_on_one_shared_base() {
         "the snapshot consumed the VM"
     );
     assert!(fx.qemu_processes().is_empty());
+    // Let the snapshot's clock fall behind: a restored guest must be set to the host's time.
+    tokio::time::sleep(Duration::from_secs(5)).await;
 
     // Four branches at once, each in its own slot.
     let mut handles = Vec::new();
@@ -261,7 +263,7 @@ async fn a_snapshot_branches_four_ways_on_one_shared_base() {
             let (code, out) = sh(
                 &agent,
                 &format!(
-                    "cat /tmp/ram; md5sum /work/deps/blob | cut -c1-32; echo {slot} > /work/branch-{slot}; head -c 1048576 /dev/urandom > /work/deps/blob-{slot}; sync; sleep 2; ls /work"
+                    "cat /tmp/ram; md5sum /work/deps/blob | cut -c1-32; echo {slot} > /work/branch-{slot}; head -c 1048576 /dev/urandom > /work/deps/blob-{slot}; sync; sleep 2; ls /work; date +%s"
                 ),
             )
             .await;
@@ -273,6 +275,15 @@ async fn a_snapshot_branches_four_ways_on_one_shared_base() {
         let (slot, vm, code, out) = h.await.unwrap();
         assert_eq!(code, 0, "{out}");
         assert!(out.starts_with("in-ram\n"), "memory restored: {out}");
+        let host_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let guest_now: u64 = out.lines().last().unwrap().trim().parse().unwrap();
+        assert!(
+            host_now.abs_diff(guest_now) <= 3,
+            "branch {slot}'s clock was not set to the host's: guest {guest_now}, host {host_now}"
+        );
         assert!(
             out.contains(&sum),
             "branch {slot} sees the saved disk: {out}"
