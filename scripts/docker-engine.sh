@@ -69,8 +69,12 @@ if ! engine_up; then
     log "starting dockerd (log: $LOG)"
     # overlay2 + cgroupfs are what works on this machine (machine-notes.md). Fd 9 (the lock) is
     # closed so the daemon does not hold it forever.
+    # Every docker-level slot holds a network, and the tests' instances share this one engine:
+    # Docker's default pools (31 networks) run out under a soak's 20 slots. /24s from
+    # 172.18.0.0/15 (beside docker0's 172.17.0.0/16) give 512.
     setsid "$DOCKERD" --host "unix://$SOCK" --storage-driver overlay2 \
-      --exec-opt native.cgroupdriver=cgroupfs >>"$LOG" 2>&1 </dev/null 9>&- &
+      --exec-opt native.cgroupdriver=cgroupfs \
+      --default-address-pool base=172.18.0.0/15,size=24 >>"$LOG" 2>&1 </dev/null 9>&- &
   fi
   for _ in $(seq 1 120); do
     engine_up && break
