@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use async_trait::async_trait;
 use slipway_connector::{Client, DialOptions, HostKeyStore};
+use slipway_executor::docker::DockerExecutor;
 use slipway_fleeting::{ConnectInfo, InstanceGroup};
 use slipway_taskscaler::InstanceHooks;
 
@@ -14,6 +15,10 @@ use slipway_taskscaler::InstanceHooks;
 const HEARTBEAT_FRESH: Duration = Duration::from_secs(2);
 /// How long `instance_ready_command` may run.
 const READY_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A runner's Docker executors by instance (`localhost`: this machine's engine), each keeping
+/// its slots' networks warm across jobs.
+pub type DockerExecs = Arc<tokio::sync::Mutex<HashMap<String, DockerExecutor>>>;
 
 /// Pooled connections with per-instance pinned host keys.
 #[derive(Debug)]
@@ -79,6 +84,8 @@ pub struct Checks {
     pub ready_command: Option<String>,
     /// When each instance last passed a heartbeat.
     pub alive: Mutex<HashMap<String, Instant>>,
+    /// The runner's Docker executors: an instance's goes (its networks removed) with it.
+    pub docker_execs: DockerExecs,
 }
 
 impl Checks {
@@ -143,5 +150,19 @@ impl InstanceHooks for Checks {
             Ok((st, _, _)) => Err(format!("`exit 0` returned {st}")),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    async fn removing(&self, id: &str) {
+        // Its executor's warm slot networks, while its engine is still reachable: on an engine
+        // the instance shares (the local plugin's share this host's) they would outlive it.
+        // Forgotten once done: cut short (the manager stopping), the runner's shutdown
+        // removes them.
+        let Some(exec) = self.docker_execs.lock().await.get(id).cloned() else {
+            return;
+        };
+        if let Err(e) = exec.shutdown().await {
+            tracing::warn!(instance = %id, "removing the instance's slot networks: {e}");
+        }
+        self.docker_execs.lock().await.remove(id);
     }
 }

@@ -1,6 +1,5 @@
 //! One `[[runners]]` entry brought to life: its plugin process, taskscaler and SSH connections.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +21,7 @@ use crate::localhost::LocalGroup;
 use slipway_executor_plugin::ExecutorHost;
 
 use crate::config::{AutoscalerConfig, ExecutorPluginConfig, RunnerConfig};
-use crate::pool::{Checks, Pool};
+use crate::pool::{Checks, DockerExecs, Pool};
 
 /// A started runner.
 #[derive(Debug)]
@@ -59,8 +58,9 @@ pub struct Runner {
     /// One SSH connection per instance, shared by the jobs on its slots and health checks.
     pool: Arc<Pool>,
     /// Docker executors by instance (`localhost` for the local engine), kept so each slot's
-    /// network stays warm across jobs; their networks are removed at shutdown.
-    docker_execs: tokio::sync::Mutex<HashMap<String, DockerExecutor>>,
+    /// network stays warm across jobs; their networks are removed when their instance is
+    /// removed, and at shutdown.
+    docker_execs: DockerExecs,
 }
 
 /// A `plugin` runner's executor plugin and what its jobs may ask of it.
@@ -140,10 +140,21 @@ impl Runner {
             use_external_addr: auto.connector_config.use_external_addr,
         }));
         let families = opts.metrics.clone().unwrap_or_default();
+        let docker_execs = DockerExecs::default();
         let mut plugins = Vec::new();
         let mut shapes = Vec::new();
         for plan in &plans {
-            match start_group(cfg, plan, plans.len() > 1, opts, &pool, &families).await {
+            match start_group(
+                cfg,
+                plan,
+                plans.len() > 1,
+                opts,
+                &pool,
+                &docker_execs,
+                &families,
+            )
+            .await
+            {
                 Ok((plugin, scaler)) => {
                     plugins.push(plugin);
                     shapes.push(Shape {
@@ -180,7 +191,7 @@ impl Runner {
             placement: Placement::new(shapes),
             plugins,
             pool,
-            docker_execs: tokio::sync::Mutex::new(HashMap::new()),
+            docker_execs,
         })
     }
 
@@ -528,7 +539,7 @@ fn start_local(
         }]),
         plugins: Vec::new(),
         pool: Arc::new(Pool::new(DialOptions::default())),
-        docker_execs: tokio::sync::Mutex::new(HashMap::new()),
+        docker_execs: DockerExecs::default(),
     })
 }
 
@@ -599,6 +610,7 @@ async fn start_group(
     several: bool,
     opts: &StartOptions,
     pool: &Arc<Pool>,
+    docker_execs: &DockerExecs,
     families: &Arc<MetricFamilies>,
 ) -> anyhow::Result<(Arc<PluginHost>, Taskscaler)> {
     let auto = &plan.auto;
@@ -637,6 +649,7 @@ async fn start_group(
         ready_command: (!auto.instance_ready_command.trim().is_empty())
             .then(|| auto.instance_ready_command.clone()),
         alive: std::sync::Mutex::new(std::collections::HashMap::new()),
+        docker_execs: docker_execs.clone(),
     });
     let store_key = several.then_some(plan.shape.as_str());
     let store = match open_store(cfg, auto, &info, opts, store_key).await {

@@ -556,7 +556,10 @@ check_interval = 1
     assert_eq!(last["failure_reason"], "script_failure", "{last}");
     assert_eq!(last["exit_code"], 3, "{last}");
     assert_eq!(gl.last_features().unwrap()["image"], true);
-    stop(&w, child.take().unwrap());
+    let logs = stop(&w, child.take().unwrap());
+    // Nothing of the runner's stays on the engine once the manager has stopped.
+    let left = common::runner_networks(&runner);
+    assert!(left.is_empty(), "networks left: {left:?}\n{logs}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

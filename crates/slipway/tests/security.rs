@@ -413,6 +413,9 @@ check_interval = 1
     wait_state(&gl, holder, "success").await;
     wait_state(&gl, looker, "success").await;
     let logs = stop(&w, child);
+    // Nothing of the runner's stays on the engine once the manager has stopped.
+    let left = common::runner_networks(&runner);
+    assert!(left.is_empty(), "networks left: {left:?}\n{logs}");
 
     let h = gl.job(holder).unwrap();
     let l = gl.job(looker).unwrap();

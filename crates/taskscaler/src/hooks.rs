@@ -10,4 +10,7 @@ pub trait InstanceHooks: Send + Sync + 'static {
     async fn ready(&self, info: &ConnectInfo) -> Result<(), String>;
     /// Before an acquisition is handed out; errors count towards `failure_threshold`.
     async fn heartbeat(&self, info: &ConnectInfo) -> Result<(), String>;
+    /// Just before an idle instance is handed to the plugin for removal (its connection still
+    /// up): remove what the runner keeps on it across jobs. Errors are the hook's to report.
+    async fn removing(&self, _id: &str) {}
 }

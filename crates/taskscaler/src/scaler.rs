@@ -32,6 +32,8 @@ const CREDENTIALS_MARGIN: Duration = Duration::from_secs(60);
 const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest a heartbeat may take before it counts as failed.
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest the runner's cleanup of an instance about to be removed may take.
+const REMOVING_HOOK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest pause in scale-up after instances kept failing their ready command.
 const READY_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Instances asked for but never listed by the plugin stop counting after this long.
@@ -1863,6 +1865,17 @@ impl Inner {
         let ids: Vec<String> = removing.iter().map(|(id, _)| id.clone()).collect();
         for (id, cause) in removing {
             tracing::info!(instance = %id, cause = cause.as_str(), "removing instance");
+        }
+        if let Some(hooks) = &self.hooks {
+            futures::future::join_all(ids.iter().map(|id| async move {
+                if tokio::time::timeout(REMOVING_HOOK_TIMEOUT, hooks.removing(id))
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(instance = %id, "runner cleanup before removal: no answer within {REMOVING_HOOK_TIMEOUT:?}");
+                }
+            }))
+            .await;
         }
         match call(self.group.decrease(&ids)).await {
             Ok(accepted) => {

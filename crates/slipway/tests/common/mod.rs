@@ -334,6 +334,20 @@ pub fn netns_of(instance: &str) -> String {
     format!("slw-{}", instance.rsplit('-').next().unwrap_or(instance))
 }
 
+/// The names of the Docker networks labelled with runner `runner`.
+pub fn runner_networks(runner: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(["network", "ls", "--format", "{{.Name}}", "--filter"])
+        .arg(format!("label=com.slipway.runner={runner}"))
+        .output()
+        .expect("docker network ls");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// Wait for `cond` to hold, polling, up to `limit`; returns whether it held.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + limit;
