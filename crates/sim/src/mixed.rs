@@ -15,7 +15,6 @@
 //! Costs are US dollars under per-second billing, at the prices of [`PRICE_LIST`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -428,39 +427,13 @@ pub fn sweep_placed(
     floor: bool,
 ) -> Result<Vec<PlacedEval>, SimError> {
     let (fleet, target_p95_s, threads) = (&opts.fleet, opts.target_p95_s, opts.threads);
-    let next = AtomicUsize::new(0);
-    let runs: Mutex<Vec<(usize, PlacedEval)>> = Mutex::new(Vec::new());
-    let error: Mutex<Option<SimError>> = Mutex::new(None);
     let eval = |s: Settings| -> Result<PlacedEval, SimError> {
         let run = run_placed(trace, fleet, shapes, &s, seed)?;
         Ok(PlacedEval { settings: s, run })
     };
-    std::thread::scope(|sc| {
-        for _ in 0..threads.max(1) {
-            sc.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(family) = families.get(i) else {
-                        return;
-                    };
-                    match bisect(family, target_p95_s, floor, &eval) {
-                        Ok(evals) => runs
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .extend(evals.into_iter().map(|e| (i, e))),
-                        Err(e) => {
-                            *error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
-    }
-    let mut runs = runs.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut runs = crate::sweep::over_families(families, threads, |family| {
+        bisect(family, target_p95_s, floor, &eval)
+    })?;
     runs.sort_by(|a, b| {
         a.0.cmp(&b.0)
             .then(a.1.run.cost_usd.total_cmp(&b.1.run.cost_usd))

@@ -291,18 +291,15 @@ pub struct SweepResult {
     pub runs: Vec<Evaluated>,
 }
 
-/// Bisect each family's ladder for the least spare capacity meeting `target_p95_s`, then keep
-/// the cheapest; runs families on `threads` threads. Deterministic: each run is.
-pub fn sweep(
-    trace: &Trace,
-    fleet: &FleetSpec,
-    families: &[Family],
-    target_p95_s: f64,
-    seed: u64,
+/// Runs `work` on every family, `threads` at a time; each family's results tagged with its
+/// index (in no particular order). The first error stops the threads' next families.
+pub(crate) fn over_families<F: Sync, E: Send>(
+    families: &[F],
     threads: usize,
-) -> Result<SweepResult, SimError> {
+    work: impl Fn(&F) -> Result<Vec<E>, SimError> + Sync,
+) -> Result<Vec<(usize, E)>, SimError> {
     let next = AtomicUsize::new(0);
-    let runs: Mutex<Vec<(usize, Evaluated)>> = Mutex::new(Vec::new());
+    let runs: Mutex<Vec<(usize, E)>> = Mutex::new(Vec::new());
     let error: Mutex<Option<SimError>> = Mutex::new(None);
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
@@ -312,7 +309,7 @@ pub fn sweep(
                     let Some(family) = families.get(i) else {
                         return;
                     };
-                    match bisect(trace, fleet, family, target_p95_s, seed) {
+                    match work(family) {
                         Ok(evals) => runs
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -329,7 +326,22 @@ pub fn sweep(
     if let Some(e) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
-    let mut runs = runs.into_inner().unwrap_or_else(|p| p.into_inner());
+    Ok(runs.into_inner().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Bisect each family's ladder for the least spare capacity meeting `target_p95_s`, then keep
+/// the cheapest; runs families on `threads` threads. Deterministic: each run is.
+pub fn sweep(
+    trace: &Trace,
+    fleet: &FleetSpec,
+    families: &[Family],
+    target_p95_s: f64,
+    seed: u64,
+    threads: usize,
+) -> Result<SweepResult, SimError> {
+    let mut runs = over_families(families, threads, |family| {
+        bisect(trace, fleet, family, target_p95_s, seed)
+    })?;
     // Thread timing must not change the answer: order by family, then by cost.
     runs.sort_by(|a, b| {
         a.0.cmp(&b.0).then(
