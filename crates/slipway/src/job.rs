@@ -261,6 +261,9 @@ pub async fn execute(
             }
         }
     };
+    // The run may end in the same instant as the loss is told (the removal's kills end the
+    // steps; the taskscaler tells first): a script killed by it is not the script's failure.
+    instance_lost |= lost.is_cancelled();
     if instance_lost {
         let msg = format!("instance {} was removed under the job", acq.instance_id);
         trace.message(&format!("ERROR: {msg}"));

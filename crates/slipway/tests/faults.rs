@@ -344,3 +344,69 @@ fn an_instance_that_vanishes_fails_its_job_as_a_system_failure_quickly() {
         w.processes()
     );
 }
+
+/// The soak's `instance_sshd_killed` fault under a running job: the plugin then reports the
+/// instance failed, the taskscaler removes it, and the plugin's deletion SIGTERMs the job's
+/// shell. The runner sent no signal and the script did not kill itself: the job is the
+/// instance's failure, never the script's. On the loopback network the job's own SSH session
+/// survives the deletion's TERM (it is no longer a child of the killed listener), so the
+/// shell's death arrives as a clean `exit-signal TERM`, the race the soak hit once.
+#[test]
+fn a_job_whose_instance_is_removed_under_it_is_a_system_failure_not_the_scripts() {
+    let w = World::new();
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            "{}    [runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
+            config(0)
+        ),
+    );
+    let file = w.write(
+        "p.yml",
+        "doomed:\n  script:\n    - echo started\n    - sleep 120\n    - echo finished\n",
+    );
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[doomed] started");
+    let instance = instances_of(&seen, "doomed")
+        .into_iter()
+        .next()
+        .expect("instance named");
+    // SIGKILL the instance's sshd listener (its pid file sits beside its sshd_config).
+    let listener: u32 = w
+        .processes()
+        .iter()
+        .filter(|p| p.contains("sshd") && p.contains(&format!("instances/{instance}/")))
+        .find_map(|p| {
+            let cfg = p.split_whitespace().skip_while(|a| *a != "-f").nth(1)?;
+            let pid = std::path::Path::new(cfg).with_file_name("sshd.pid");
+            std::fs::read_to_string(pid).ok()?.trim().parse().ok()
+        })
+        .expect("sshd listener of the instance");
+    signal(listener, "KILL");
+    let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    let failed = seen
+        .iter()
+        .find(|l| l.starts_with("[doomed] Job failed"))
+        .unwrap_or_else(|| panic!("job failure reported:\n{}\n{stderr}", seen.join("\n")));
+    assert!(
+        failed.contains("runner_system_failure"),
+        "{}\n{stderr}",
+        seen.join("\n")
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.contains(&format!("instance {instance} was removed under the job"))),
+        "{}\n{stderr}",
+        seen.join("\n")
+    );
+    assert_eq!(code, Some(1), "{}\n{stderr}", seen.join("\n"));
+}

@@ -90,7 +90,9 @@ pub struct Acquisition {
 }
 
 impl Acquisition {
-    /// Cancelled when the instance disappears under the job.
+    /// Cancelled when the instance disappears under the job, or when the taskscaler decides to
+    /// remove it (a failed instance) while the job holds it: then before the plugin is asked to
+    /// delete it, so the job learns of it before its processes are killed.
     pub fn instance_lost(&self) -> CancellationToken {
         self.lost.clone()
     }
@@ -1519,10 +1521,19 @@ impl Inner {
             }
             // Mark before asking, so no acquisition lands on an instance being removed.
             let now = Instant::now();
-            for (id, _) in &d.remove {
+            for (id, cause) in &d.remove {
                 if let Some(inst) = book.instances.get_mut(id) {
                     inst.removing = true;
                     inst.removing_since = Some(now);
+                    // A failed instance goes with its jobs: tell them now, before its deletion
+                    // kills their processes, so none is taken for its script's own failure.
+                    // It never takes a job again, even if this deletion is refused.
+                    if inst.acquired() > 0 && !inst.lost.is_cancelled() {
+                        tracing::warn!(instance = %id, jobs = inst.acquired(),
+                            cause = cause.as_str(), "removing an instance under running jobs");
+                        inst.lost.cancel();
+                        inst.condemned.get_or_insert(*cause);
+                    }
                 }
                 book.touch(id, &self.cfg);
             }

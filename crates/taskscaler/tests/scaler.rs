@@ -114,6 +114,40 @@ async fn instance_that_vanishes_cancels_its_acquisition() {
 }
 
 #[tokio::test]
+async fn an_instance_failing_under_a_job_tells_the_job_before_it_is_deleted() {
+    let group = Arc::new(Memory::default());
+    // The deletion takes a while (the plugin kills the instance's processes first): the
+    // instance stays listed after the Decrease.
+    *group.ignore_decreases.lock().expect("lock") = 1;
+    let mut c = cfg(1, 2, 0);
+    c.deletion_retry_interval = Duration::from_secs(600);
+    let ts = Taskscaler::start(group.clone(), ProviderInfo::default(), c).expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    let lost = a.instance_lost();
+    for (id, state) in group.instances.lock().expect("lock").iter_mut() {
+        if *id == a.instance_id {
+            *state = State::Timeout;
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(5), lost.cancelled())
+        .await
+        .expect("the job is told its failed instance is being removed");
+    // Its slot is never handed out again, even once the job lets it go.
+    ts.release("a");
+    for (id, state) in group.instances.lock().expect("lock").iter_mut() {
+        if *id == a.instance_id {
+            *state = State::Running;
+        }
+    }
+    ts.reserve("b").expect("b");
+    let b = ts.acquire("b").await.expect("b");
+    assert_ne!(b.instance_id, a.instance_id);
+    assert!(!b.instance_lost().is_cancelled());
+    ts.shutdown().await;
+}
+
+#[tokio::test]
 async fn preexisting_instances_are_removed_not_used() {
     let group = Arc::new(Memory::default());
     group

@@ -645,6 +645,33 @@ pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<GlReason>, Option<
     }
 }
 
+/// The failure reason to send for `outcome` (`reason` as [`final_state`] maps it), given
+/// whether the manager is stopping and whether GitLab canceled the job (learned at any time
+/// before now: while GitLab was unreachable, only with the final trace).
+fn reported_reason(
+    outcome: &JobOutcome,
+    reason: Option<GlReason>,
+    stopping: bool,
+    gitlab_canceled: bool,
+) -> Option<GlReason> {
+    use slipway_executor::FailureReason as R;
+    match outcome {
+        // Canceled by the manager's shutdown, not by GitLab: the runner was interrupted.
+        JobOutcome::Failed {
+            reason: R::JobCanceled,
+            ..
+        } if stopping && !gitlab_canceled => Some(GlReason::RunnerInterrupted),
+        // The script's shell killed by a signal the runner did not send, in a job GitLab had
+        // canceled: the cancel, not the script's failure.
+        JobOutcome::Failed {
+            reason: R::ScriptFailure,
+            exit_code: None,
+            ..
+        } if gitlab_canceled => Some(GlReason::JobCanceled),
+        _ => reason,
+    }
+}
+
 /// A job that did not get to run: its reason.
 fn refused(no: &NoSlot, stop: &CancellationToken) -> JobOutcome {
     use slipway_executor::FailureReason as R;
@@ -755,22 +782,12 @@ async fn run_job(
         }
     };
     let (state, reason, exit_code) = final_state(&outcome);
-    let reason = match (
+    let reason = reported_reason(
         &outcome,
+        reason,
         stop.is_cancelled(),
         gitlab_cancel.is_cancelled() || gitlab_abort.is_cancelled(),
-    ) {
-        // Canceled by the manager's shutdown, not by GitLab: the runner was interrupted.
-        (
-            JobOutcome::Failed {
-                reason: slipway_executor::FailureReason::JobCanceled,
-                ..
-            },
-            true,
-            false,
-        ) => Some(GlReason::RunnerInterrupted),
-        _ => reason,
-    };
+    );
     let update = PendingUpdate::new(&job, state, reason, exit_code, output);
     tracing::info!(runner = %runner.name, job = job.id, ?state,
         failure_reason = ?update.failure_reason, ?exit_code, "job finished");
@@ -899,6 +916,37 @@ mod tests {
         cfg.token = "glrt-abc".into();
         cfg.url = "local".into();
         assert!(!serves_gitlab(&cfg));
+    }
+
+    #[test]
+    fn a_signal_death_in_a_job_gitlab_canceled_is_the_cancel() {
+        let killed = JobOutcome::failed(R::ScriptFailure, None, "killed by signal TERM");
+        let script = Some(GlReason::ScriptFailure);
+        assert_eq!(
+            reported_reason(&killed, script.clone(), false, true),
+            Some(GlReason::JobCanceled)
+        );
+        // Not canceled by GitLab: the script's own signal stays its failure.
+        assert_eq!(
+            reported_reason(&killed, script.clone(), false, false),
+            script
+        );
+        // An exit code is the script's answer, whatever GitLab did meanwhile.
+        let exited = JobOutcome::failed(R::ScriptFailure, Some(3), "exit code 3");
+        assert_eq!(
+            reported_reason(&exited, script.clone(), false, true),
+            script
+        );
+        // The manager's shutdown cancels the job: the runner was interrupted.
+        let canceled = JobOutcome::failed(R::JobCanceled, None, "job canceled");
+        assert_eq!(
+            reported_reason(&canceled, Some(GlReason::JobCanceled), true, false),
+            Some(GlReason::RunnerInterrupted)
+        );
+        assert_eq!(
+            reported_reason(&canceled, Some(GlReason::JobCanceled), true, true),
+            Some(GlReason::JobCanceled)
+        );
     }
 
     #[test]
