@@ -20,7 +20,8 @@ echo "deny: licenses, bans, sources ok"
 
 db=${CARGO_HOME:-$HOME/.cargo}/advisory-db
 # A checkout cargo-deny made earlier: advisory-db-<hash>/crates/<crate>/RUSTSEC-*.md.
-copy=$(find "$db" -mindepth 1 -maxdepth 1 -type d -name 'advisory-db-*' 2>/dev/null | head -1)
+# No copy yet (a new machine): find fails on the missing folder, which is not an error here.
+copy=$(find "$db" -mindepth 1 -maxdepth 1 -type d -name 'advisory-db-*' 2>/dev/null | head -1 || true)
 if fetch_err=$(timeout 120 "$CARGO" deny --log-level error fetch db 2>&1); then
   "$CARGO" deny --log-level error --offline check advisories
   echo "deny: advisories ok (RustSec database fetched now)"
