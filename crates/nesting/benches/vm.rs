@@ -406,7 +406,12 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let results = rt.block_on(run(&repo, work.path(), &steps))?;
     if memory_choice() == "auto" {
+        // Comparisons measured by other runs (each says how and when) stay beside the new figures.
+        let kept = kept_comparisons(&repo);
         let (path, _) = slipway_sim::bench::write(&repo, "vm", COMMAND, results)?;
+        if !kept.is_empty() {
+            slipway_sim::bench::merge(&repo, "vm", kept)?;
+        }
         println!("wrote {}", path.display());
     } else {
         println!("{results:#}");
@@ -423,4 +428,22 @@ fn main() -> anyhow::Result<()> {
         println!("merged into {}", path.display());
     }
     Ok(())
+}
+
+/// The `*_comparison` entries of the current `vm.json`, if any.
+fn kept_comparisons(repo: &Path) -> serde_json::Map<String, serde_json::Value> {
+    let path = repo.join("bench/results/vm.json");
+    let doc: serde_json::Value = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    doc.get("results")
+        .and_then(serde_json::Value::as_object)
+        .map(|r| {
+            r.iter()
+                .filter(|(k, _)| k.ends_with("_comparison"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
