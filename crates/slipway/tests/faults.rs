@@ -28,6 +28,31 @@ fn spawn_streaming(w: &World, args: &[&str]) -> (Child, mpsc::Receiver<String>) 
     (child, rx)
 }
 
+/// `slipway exec -c cfg file` until its job `doomed` printed `started`: the process, its
+/// output, the lines seen so far and the instance the job runs on.
+fn start_doomed(
+    w: &World,
+    cfg: &std::path::Path,
+    file: &std::path::Path,
+) -> (Child, mpsc::Receiver<String>, Vec<String>, String) {
+    let (child, rx) = spawn_streaming(
+        w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[doomed] started");
+    let instance = instances_of(&seen, "doomed")
+        .into_iter()
+        .next()
+        .expect("instance named");
+    (child, rx, seen, instance)
+}
+
 fn wait_for_line(rx: &mpsc::Receiver<String>, seen: &mut Vec<String>, needle: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -300,21 +325,7 @@ fn an_instance_that_vanishes_fails_its_job_as_a_system_failure_quickly() {
         "p.yml",
         "doomed:\n  script:\n    - echo started\n    - sleep 120\n",
     );
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
-    let mut seen = Vec::new();
-    wait_for_line(&rx, &mut seen, "[doomed] started");
-    let instance = instances_of(&seen, "doomed")
-        .into_iter()
-        .next()
-        .expect("instance named");
+    let (mut child, rx, mut seen, instance) = start_doomed(&w, &cfg, &file);
     // The cloud deletes the instance behind the runner's back: every process of it dies.
     let killed = Instant::now();
     let st = std::process::Command::new("pkill")
@@ -365,21 +376,7 @@ fn a_job_whose_instance_is_removed_under_it_is_a_system_failure_not_the_scripts(
         "p.yml",
         "doomed:\n  script:\n    - echo started\n    - sleep 120\n    - echo finished\n",
     );
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
-    let mut seen = Vec::new();
-    wait_for_line(&rx, &mut seen, "[doomed] started");
-    let instance = instances_of(&seen, "doomed")
-        .into_iter()
-        .next()
-        .expect("instance named");
+    let (mut child, rx, mut seen, instance) = start_doomed(&w, &cfg, &file);
     // SIGKILL the instance's sshd listener (its pid file sits beside its sshd_config).
     let listener: u32 = w
         .processes()
