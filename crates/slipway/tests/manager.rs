@@ -133,12 +133,17 @@ fn edited_policies_apply_without_a_restart() {
         .expect("spawn");
     // Instances, not processes: sshd forks a child per connection (health checks).
     let sshd = || common::sshd_instances(&w.processes()).len();
+    // The count that ended the wait: a second look at /proc can catch an sshd mid-fork (a
+    // health check's connection) and miss a listener for a moment.
     let wait_for = |n: usize| {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while sshd() != n && Instant::now() < deadline {
+        loop {
+            let seen = sshd();
+            if seen == n || Instant::now() >= deadline {
+                return seen;
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
-        sshd()
     };
     assert_eq!(wait_for(1), 1, "{:?}", w.processes());
     // The operator raises idle_count in config.toml: the running manager follows.
