@@ -53,7 +53,7 @@ listen_address = "127.0.0.1:{port}"
     // idle_count = 2 slots of capacity 1: two sshd instances come up with no job at all.
     let deadline = Instant::now() + Duration::from_secs(60);
     // Instances, not processes: sshd forks a child per connection (health checks).
-    let sshd = || common::sshd_instances(&w.processes()).len();
+    let sshd = || common::live_sshd_instances(&w).len();
     while sshd() < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -132,7 +132,7 @@ fn edited_policies_apply_without_a_restart() {
         .spawn()
         .expect("spawn");
     // Instances, not processes: sshd forks a child per connection (health checks).
-    let sshd = || common::sshd_instances(&w.processes()).len();
+    let sshd = || common::live_sshd_instances(&w).len();
     // The count that ended the wait: a second look at /proc can catch an sshd mid-fork (a
     // health check's connection) and miss a listener for a moment.
     let wait_for = |n: usize| {

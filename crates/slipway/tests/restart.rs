@@ -141,7 +141,7 @@ fn sigkill_and_restart_leaves_nothing_behind_and_reports_every_job() {
     let first_instances: BTreeSet<String> = before_kill.values().cloned().collect();
     assert_eq!(first_instances.len(), 3, "{before_kill:?}");
     assert_eq!(
-        common::sshd_instances(&w.processes()),
+        common::live_sshd_instances(&w),
         first_instances,
         "{:?}",
         w.processes()
@@ -164,7 +164,7 @@ fn sigkill_and_restart_leaves_nothing_behind_and_reports_every_job() {
         "plugin outlived its manager: {:?}",
         plugin_processes(&w)
     );
-    assert_eq!(common::sshd_instances(&w.processes()), first_instances);
+    assert_eq!(common::live_sshd_instances(&w), first_instances);
 
     // Restart on the same config: the same plugin state, state store and queue.
     let manager = w
@@ -215,7 +215,7 @@ fn sigkill_and_restart_leaves_nothing_behind_and_reports_every_job() {
     }
     // The first instances (used up, holding jobs that cannot resume) are deleted.
     let old_gone = wait_until(Duration::from_secs(60), || {
-        common::sshd_instances(&w.processes()).is_disjoint(&first_instances)
+        common::live_sshd_instances(&w).is_disjoint(&first_instances)
     });
     assert!(old_gone, "{:?}", w.processes());
 

@@ -299,6 +299,18 @@ pub fn sshd_instances(processes: &[String]) -> std::collections::BTreeSet<String
         .collect()
 }
 
+/// The world's sshd instances, as the union of three looks 30 ms apart: an sshd listener
+/// rewrites its title as connections come and go (health checks), and one read of its
+/// `/proc/<pid>/cmdline` at that moment can miss it.
+pub fn live_sshd_instances(w: &World) -> std::collections::BTreeSet<String> {
+    let mut all = sshd_instances(&w.processes());
+    for _ in 0..2 {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        all.extend(sshd_instances(&w.processes()));
+    }
+    all
+}
+
 /// Live `fleeting-plugin-local` processes started on behalf of this world (found by the
 /// TMPDIR they inherited: their command line does not name the world).
 pub fn plugin_processes(w: &World) -> Vec<String> {
