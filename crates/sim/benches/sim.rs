@@ -15,7 +15,7 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 use slipway_sim::mixed::{self, MixedOptions};
 use slipway_sim::sweep::{self, CAPACITY_PER_INSTANCE, Evaluated, Settings, SweepResult};
-use slipway_sim::{FleetSpec, oracle, run, trace};
+use slipway_sim::{FleetSpec, SimOptions, oracle, run, trace};
 
 const TARGET_P95_S: f64 = 30.0;
 
@@ -241,9 +241,12 @@ fn main() {
 fn mixed_results(seed: u64, threads: usize) -> Value {
     let t0 = Instant::now();
     let opts = MixedOptions {
-        target_p95_s: TARGET_P95_S,
-        sweep: true,
-        threads,
+        sim: SimOptions {
+            target_p95_s: TARGET_P95_S,
+            sweep: true,
+            threads,
+            ..SimOptions::default()
+        },
         ..MixedOptions::default()
     };
     let t = trace::mixed(seed);

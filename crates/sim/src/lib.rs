@@ -250,10 +250,7 @@ pub fn compare(trace: &Trace, seed: u64, opts: &SimOptions) -> Result<Report, Si
 pub fn run_named_table(trace: &str, seed: u64, opts: &SimOptions) -> Result<String, SimError> {
     if trace == "mixed" {
         let m = mixed::MixedOptions {
-            target_p95_s: opts.target_p95_s,
-            sweep: opts.sweep,
-            threads: opts.threads,
-            fleet: opts.fleet.clone(),
+            sim: opts.clone(),
             ..mixed::MixedOptions::default()
         };
         return Ok(mixed::compare_mixed(&trace::mixed(seed), seed, &m)?.table());

@@ -23,6 +23,7 @@ use slipway_taskscaler::{Config, Error, Placement, Resources, Shape, Taskscaler}
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+use crate::SimOptions;
 use crate::fleet::{Bill, FleetSpec, SimFleet};
 use crate::run::{CHECK_INTERVAL, SimError, percentile};
 use crate::sweep::{Family, Kind, Settings, baseline_families, slipway_families};
@@ -426,7 +427,7 @@ pub fn sweep_placed(
     seed: u64,
     floor: bool,
 ) -> Result<Vec<PlacedEval>, SimError> {
-    let (fleet, target_p95_s, threads) = (&opts.fleet, opts.target_p95_s, opts.threads);
+    let (fleet, target_p95_s, threads) = (&opts.sim.fleet, opts.sim.target_p95_s, opts.sim.threads);
     let eval = |s: Settings| -> Result<PlacedEval, SimError> {
         let run = run_placed(trace, fleet, shapes, &s, seed)?;
         Ok(PlacedEval { settings: s, run })
@@ -842,31 +843,14 @@ impl Default for Ways {
     }
 }
 
-/// How to run the comparison.
-#[derive(Debug, Clone)]
+/// How to run the comparison: the simulator's options (the fleet's prices are replaced by each
+/// shape's) and the runners and shapes of each way.
+#[derive(Debug, Clone, Default)]
 pub struct MixedOptions {
-    /// The p95 wait every way must meet, seconds.
-    pub target_p95_s: f64,
-    /// Sweep each way's settings (else run the default settings once).
-    pub sweep: bool,
-    /// Threads for the sweeps.
-    pub threads: usize,
-    /// The simulated cloud (prices are replaced by each shape's).
-    pub fleet: FleetSpec,
+    /// Target p95 wait, sweeping, threads and the simulated cloud.
+    pub sim: SimOptions,
     /// Runners and shapes.
     pub ways: Ways,
-}
-
-impl Default for MixedOptions {
-    fn default() -> Self {
-        MixedOptions {
-            target_p95_s: 30.0,
-            sweep: false,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            fleet: FleetSpec::default(),
-            ways: Ways::default(),
-        }
-    }
 }
 
 /// GitLab's grid for its one-shape runner: the catch-all policy with every idle time and the
@@ -988,13 +972,13 @@ fn split_by_tag(trace: &Trace, tagged: &[ShapeSpec]) -> Result<Vec<Vec<usize>>, 
     Ok(out)
 }
 
-/// Compare the three ways on `trace`: swept (`opts.sweep`) or at default settings.
+/// Compare the three ways on `trace`: swept (`opts.sim.sweep`) or at default settings.
 pub fn compare_mixed(
     trace: &Trace,
     seed: u64,
     opts: &MixedOptions,
 ) -> Result<MixedReport, SimError> {
-    let target = opts.target_p95_s;
+    let target = opts.sim.target_p95_s;
     let ways = &opts.ways;
     let all: Vec<usize> = (0..trace.jobs.len()).collect();
     let one_shape_holds = trace.jobs.iter().all(|j| ways.one_shape.holds(j));
@@ -1004,7 +988,7 @@ pub fn compare_mixed(
             ways.one_shape.describe()
         )));
     }
-    let (one_fams, gitlab_fams, slipway_fams) = if opts.sweep {
+    let (one_fams, gitlab_fams, slipway_fams) = if opts.sim.sweep {
         (
             one_shape_families(),
             baseline_families(),
@@ -1146,8 +1130,8 @@ pub fn rerun(
     opts: &MixedOptions,
     chosen: &Chosen,
 ) -> Result<(WayReport, WayReport, WayReport), SimError> {
-    let target = opts.target_p95_s;
-    let fleet = &opts.fleet;
+    let target = opts.sim.target_p95_s;
+    let fleet = &opts.sim.fleet;
     let ways = &opts.ways;
     let all: Vec<usize> = (0..trace.jobs.len()).collect();
     let one = run_placed(trace, fleet, &[ways.one_shape], &chosen.one_shape, seed)?;

@@ -150,7 +150,10 @@ fn placed_runs_repeat_and_the_oracle_is_below_every_way() {
 fn the_comparison_reports_three_ways_and_the_oracle() {
     let t = slice(4);
     let opts = MixedOptions {
-        threads: 1,
+        sim: slipway_sim::SimOptions {
+            threads: 1,
+            ..slipway_sim::SimOptions::default()
+        },
         ..MixedOptions::default()
     };
     let r = mixed::compare_mixed(&t, 4, &opts).expect("compare");
