@@ -3,6 +3,8 @@
 // Integration tests: a failed fixture step should stop the test at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use slipway_sim::mixed::{self, MixedOptions, ShapeSpec, Ways, oracle_usd, run_placed};
@@ -12,22 +14,7 @@ use slipway_sim::{FleetSpec, Kind, default_settings};
 
 /// Hours 11–13 of the mixed day, shifted to start at 0.
 fn slice(seed: u64) -> Trace {
-    let day = trace::mixed(seed);
-    let jobs: Vec<Job> = day
-        .jobs
-        .iter()
-        .filter(|j| (11.0 * 3600.0..13.0 * 3600.0).contains(&j.arrival_s))
-        .map(|j| Job {
-            arrival_s: j.arrival_s - 11.0 * 3600.0,
-            ..*j
-        })
-        .collect();
-    Trace {
-        name: "mixed-11-13".into(),
-        jobs,
-        horizon_s: 2.0 * 3600.0,
-        start: day.start + Duration::from_secs(11 * 3600),
-    }
+    common::busy_hours(trace::mixed(seed), "mixed-11-13")
 }
 
 #[test]

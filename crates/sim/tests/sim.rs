@@ -3,6 +3,8 @@
 // Integration tests: a failed fixture step should stop the test at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use slipway_sim::rng::Dist;
@@ -12,22 +14,7 @@ use slipway_taskscaler::{Config, Policy};
 
 /// Two busy hours of the diurnal day (11:00–13:00), shifted to start at 0.
 fn small_trace() -> Trace {
-    let day = trace::diurnal(7);
-    let jobs: Vec<Job> = day
-        .jobs
-        .iter()
-        .filter(|j| (11.0 * 3600.0..13.0 * 3600.0).contains(&j.arrival_s))
-        .map(|j| Job {
-            arrival_s: j.arrival_s - 11.0 * 3600.0,
-            ..*j
-        })
-        .collect();
-    Trace {
-        name: "diurnal-11-13".into(),
-        jobs,
-        horizon_s: 2.0 * 3600.0,
-        start: day.start + Duration::from_secs(11 * 3600),
-    }
+    common::busy_hours(trace::diurnal(7), "diurnal-11-13")
 }
 
 #[test]
