@@ -208,20 +208,10 @@ fn main() {
         eprintln!("updated {} ({traces} only)", path.display());
         return;
     }
-    let d = FleetSpec::default();
-    results.insert(
-        "fleet".into(),
-        json!({
-            "provisioning": format!("{:?}", d.provisioning),
-            "deletion": format!("{:?}", d.deletion),
-            "api_latency": format!("{:?}", d.api_latency),
-            "boot_failure": d.boot_failure,
-            "error_rate": d.error_rate,
-            "capacity_per_instance": CAPACITY_PER_INSTANCE,
-            "runner_check_interval_s": slipway_sim::run::CHECK_INTERVAL.as_secs_f64(),
-            "seed": seed,
-        }),
-    );
+    let mut fleet = fleet_json();
+    fleet.insert("capacity_per_instance".into(), json!(CAPACITY_PER_INSTANCE));
+    fleet.insert("seed".into(), json!(seed));
+    results.insert("fleet".into(), Value::Object(fleet));
     results.insert(
         "total_wall_s".into(),
         json!(round(started.elapsed().as_secs_f64(), 1)),
@@ -276,19 +266,9 @@ fn mixed_results(seed: u64, threads: usize) -> Value {
             "slipway_vs_better_gitlab_cost": round(slip.cost_usd / better.cost_usd, 3),
         }),
     );
-    let d = FleetSpec::default();
-    m.insert(
-        "fleet".into(),
-        json!({
-            "provisioning": format!("{:?}", d.provisioning),
-            "deletion": format!("{:?}", d.deletion),
-            "api_latency": format!("{:?}", d.api_latency),
-            "boot_failure": d.boot_failure,
-            "error_rate": d.error_rate,
-            "runner_check_interval_s": slipway_sim::run::CHECK_INTERVAL.as_secs_f64(),
-            "same for every instance type": true,
-        }),
-    );
+    let mut fleet = fleet_json();
+    fleet.insert("same for every instance type".into(), json!(true));
+    m.insert("fleet".into(), Value::Object(fleet));
     m.insert("seed".into(), json!(seed));
     m.insert(
         "command".into(),
@@ -301,4 +281,23 @@ fn mixed_results(seed: u64, threads: usize) -> Value {
     );
     m.insert("wall_s".into(), json!(round(t0.elapsed().as_secs_f64(), 1)));
     Value::Object(m)
+}
+
+/// The default simulated cloud, as recorded beside each trace's results.
+fn fleet_json() -> Map<String, Value> {
+    let d = FleetSpec::default();
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "provisioning".into(),
+        json!(format!("{:?}", d.provisioning)),
+    );
+    m.insert("deletion".into(), json!(format!("{:?}", d.deletion)));
+    m.insert("api_latency".into(), json!(format!("{:?}", d.api_latency)));
+    m.insert("boot_failure".into(), json!(d.boot_failure));
+    m.insert("error_rate".into(), json!(d.error_rate));
+    m.insert(
+        "runner_check_interval_s".into(),
+        json!(slipway_sim::run::CHECK_INTERVAL.as_secs_f64()),
+    );
+    m
 }
