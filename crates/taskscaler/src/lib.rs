@@ -22,7 +22,7 @@ pub use metrics::Metrics;
 pub use placement::{Placement, Shape};
 pub use policy::Policy;
 pub use resources::Resources;
-pub use scaler::{Acquisition, Error, Options, Stats, Taskscaler};
+pub use scaler::{Acquisition, Error, InstanceStatus, Options, Stats, Taskscaler};
 pub use store::{
     AcquisitionRecord, AsyncStateStore, InstanceRecord, RestorePlan, Snapshot, StateStore,
     StoreError, StoreIdentity, plan_restore,

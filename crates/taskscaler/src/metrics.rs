@@ -3,6 +3,10 @@
 //! One [`MetricFamilies`] per process is registered once; each taskscaler writes to it through
 //! a [`Metrics`] handle carrying its own labels (runner, shape, group), so several runners and
 //! shapes share one family per metric as Prometheus expects.
+//!
+//! Each call also writes the family GitLab Runner's autoscaler (fleeting and taskscaler) exports
+//! under its own name where the meaning is the same, so dashboards made for GitLab Runner work;
+//! `docs/metrics.md` maps the names and says where the meanings differ.
 
 use std::sync::Arc;
 
@@ -33,6 +37,21 @@ pub struct MetricFamilies {
     readiness: Histograms,
     lifetime: Histograms,
     acquisition_wait: Histograms,
+    gitlab: GitLabFamilies,
+}
+
+/// The families under GitLab Runner's autoscaler names (`fleeting_*`).
+#[derive(Debug, Clone)]
+struct GitLabFamilies {
+    instances: Family<Labels, Gauge>,
+    max_instances: Family<Labels, Gauge>,
+    is_running_time: Histograms,
+    life_duration: Histograms,
+    tasks: Family<Labels, Gauge>,
+    max_tasks_per_instance: Family<Labels, Gauge>,
+    max_use_count_per_instance: Family<Labels, Gauge>,
+    readiness_time: Histograms,
+    scale_operations: Family<Labels, Counter>,
 }
 
 impl Default for MetricFamilies {
@@ -47,13 +66,26 @@ impl Default for MetricFamilies {
             readiness: h(),
             lifetime: h(),
             acquisition_wait: h(),
+            gitlab: GitLabFamilies {
+                instances: Family::default(),
+                max_instances: Family::default(),
+                is_running_time: h(),
+                life_duration: h(),
+                tasks: Family::default(),
+                max_tasks_per_instance: Family::default(),
+                max_use_count_per_instance: Family::default(),
+                readiness_time: h(),
+                scale_operations: Family::default(),
+            },
         }
     }
 }
 
 impl MetricFamilies {
-    /// Add the families to `registry`, under the `slipway_taskscaler` prefix.
+    /// Add the families to `registry`: Slipway's under the `slipway_taskscaler` prefix, GitLab's
+    /// under their own names.
     pub fn register(&self, registry: &mut Registry) {
+        self.gitlab.register(registry);
         let r = registry.sub_registry_with_prefix("slipway_taskscaler");
         r.register("instances", "Instances by state", self.instances.clone());
         r.register(
@@ -94,17 +126,81 @@ impl MetricFamilies {
     }
 }
 
+impl GitLabFamilies {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "fleeting_provisioner_instances",
+            "Instances by state",
+            self.instances.clone(),
+        );
+        r.register(
+            "fleeting_provisioner_max_instances",
+            "Configured max_instances (0: unlimited)",
+            self.max_instances.clone(),
+        );
+        r.register(
+            "fleeting_provisioner_instance_is_running_time_seconds",
+            "Time from an instance first seen to running",
+            self.is_running_time.clone(),
+        );
+        r.register(
+            "fleeting_provisioner_instance_life_duration_seconds",
+            "Time from an instance first seen to gone",
+            self.life_duration.clone(),
+        );
+        r.register(
+            "fleeting_taskscaler_tasks",
+            "Job slots by state (idle, reserved, acquired)",
+            self.tasks.clone(),
+        );
+        r.register(
+            "fleeting_taskscaler_max_tasks_per_instance",
+            "Configured capacity_per_instance",
+            self.max_tasks_per_instance.clone(),
+        );
+        r.register(
+            "fleeting_taskscaler_max_use_count_per_instance",
+            "Configured max_use_count (0: unlimited)",
+            self.max_use_count_per_instance.clone(),
+        );
+        r.register(
+            "fleeting_taskscaler_task_instance_readiness_time_seconds",
+            "Time from an instance first seen to ready for jobs",
+            self.readiness_time.clone(),
+        );
+        // Counters get `_total` on encoding: exported as fleeting_taskscaler_scale_operations_total.
+        r.register(
+            "fleeting_taskscaler_scale_operations",
+            "Instances asked for (up) and removed (down)",
+            self.scale_operations.clone(),
+        );
+    }
+}
+
 /// One taskscaler's view of the families: every sample carries its labels.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     families: Arc<MetricFamilies>,
     labels: Labels,
+    /// `labels` plus `runner_name`, GitLab's label for the runner's name, on GitLab's families.
+    gitlab_labels: Labels,
 }
 
 impl Metrics {
     /// Write to `families` with `labels` (e.g. runner, shape and group) on every sample.
     pub fn new(families: Arc<MetricFamilies>, labels: Labels) -> Metrics {
-        Metrics { families, labels }
+        let mut gitlab_labels = labels.clone();
+        // Our `runner` holds the runner's name, which GitLab puts in `runner_name`.
+        if let Some((_, name)) = labels.iter().find(|(k, _)| k == "runner")
+            && !labels.iter().any(|(k, _)| k == "runner_name")
+        {
+            gitlab_labels.push(("runner_name".into(), name.clone()));
+        }
+        Metrics {
+            families,
+            labels,
+            gitlab_labels,
+        }
     }
 
     /// Metrics of their own, labelled with the group only (tests, simulations).
@@ -126,11 +222,25 @@ impl Metrics {
         l
     }
 
+    fn gitlab_with(&self, key: &str, value: &str) -> Labels {
+        let mut l = self.gitlab_labels.clone();
+        l.push((key.to_string(), value.to_string()));
+        l
+    }
+
+    fn gitlab(&self) -> &GitLabFamilies {
+        &self.families.gitlab
+    }
+
     /// Set the count of instances in `state`.
     pub fn set_instances(&self, state: &str, n: i64) {
         self.families
             .instances
             .get_or_create(&self.with("state", state))
+            .set(n);
+        self.gitlab()
+            .instances
+            .get_or_create(&self.gitlab_with("state", state))
             .set(n);
     }
 
@@ -140,6 +250,26 @@ impl Metrics {
             .slots
             .get_or_create(&self.with("kind", kind))
             .set(n);
+        self.gitlab()
+            .tasks
+            .get_or_create(&self.gitlab_with("state", kind))
+            .set(n);
+    }
+
+    /// Set the configured limits: `max_instances` and `max_use_count` (0: unlimited) and
+    /// `capacity_per_instance`.
+    pub fn set_limits(&self, max_instances: u32, capacity_per_instance: u32, max_use_count: u32) {
+        let g = self.gitlab();
+        let l = &self.gitlab_labels;
+        g.max_instances
+            .get_or_create(l)
+            .set(i64::from(max_instances));
+        g.max_tasks_per_instance
+            .get_or_create(l)
+            .set(i64::from(capacity_per_instance));
+        g.max_use_count_per_instance
+            .get_or_create(l)
+            .set(i64::from(max_use_count));
     }
 
     /// Count `n` instances asked for, for `cause`.
@@ -147,6 +277,10 @@ impl Metrics {
         self.families
             .scale_ups
             .get_or_create(&self.with("cause", cause))
+            .inc_by(n);
+        self.gitlab()
+            .scale_operations
+            .get_or_create(&self.gitlab_with("operation", "up"))
             .inc_by(n);
     }
 
@@ -156,6 +290,10 @@ impl Metrics {
             .scale_downs
             .get_or_create(&self.with("cause", cause))
             .inc();
+        self.gitlab()
+            .scale_operations
+            .get_or_create(&self.gitlab_with("operation", "down"))
+            .inc();
     }
 
     /// First seen → running.
@@ -163,6 +301,18 @@ impl Metrics {
         self.families
             .creation
             .get_or_create(&self.labels)
+            .observe(secs);
+        self.gitlab()
+            .is_running_time
+            .get_or_create(&self.gitlab_labels)
+            .observe(secs);
+    }
+
+    /// First seen → ready for jobs (after the ready check, if any).
+    pub fn instance_ready(&self, secs: f64) {
+        self.gitlab()
+            .readiness_time
+            .get_or_create(&self.gitlab_labels)
             .observe(secs);
     }
 
@@ -180,6 +330,10 @@ impl Metrics {
             .lifetime
             .get_or_create(&self.labels)
             .observe(secs);
+        self.gitlab()
+            .life_duration
+            .get_or_create(&self.gitlab_labels)
+            .observe(secs);
     }
 
     /// `acquire` called → slot handed out.
@@ -188,5 +342,193 @@ impl Metrics {
             .acquisition_wait
             .get_or_create(&self.labels)
             .observe(secs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(families: &MetricFamilies) -> String {
+        let mut registry = Registry::default();
+        families.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .unwrap_or_else(|e| panic!("encoding: {e}"));
+        out
+    }
+
+    /// The value of the sample `series` (name and labels exactly as encoded).
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    fn sample() -> (Arc<MetricFamilies>, String) {
+        let families = Arc::new(MetricFamilies::default());
+        let m = Metrics::new(
+            families.clone(),
+            vec![
+                ("runner".into(), "r1".into()),
+                ("shape".into(), "small".into()),
+                ("group".into(), "g1".into()),
+            ],
+        );
+        m.set_instances("running", 3);
+        m.set_instances("creating", 1);
+        m.set_slots("idle", 5);
+        m.set_slots("reserved", 2);
+        m.set_slots("acquired", 4);
+        m.set_limits(10, 2, 0);
+        m.scaled_up("demand", 3);
+        m.scaled_down("idle");
+        m.scaled_down("max_use");
+        m.creation(12.0);
+        m.readiness(3.0);
+        m.instance_ready(15.0);
+        m.lifetime(600.0);
+        m.acquisition_wait(0.5);
+        let text = encoded(&families);
+        (families, text)
+    }
+
+    const G: &str = r#"runner="r1",shape="small",group="g1",runner_name="r1""#;
+    const S: &str = r#"runner="r1",shape="small",group="g1""#;
+
+    #[test]
+    fn gitlab_autoscaler_names_carry_the_same_values() {
+        let (_, t) = sample();
+        let cases = [
+            (
+                format!("fleeting_provisioner_instances{{{G},state=\"running\"}}"),
+                3.0,
+            ),
+            (
+                format!("fleeting_provisioner_instances{{{G},state=\"creating\"}}"),
+                1.0,
+            ),
+            (format!("fleeting_provisioner_max_instances{{{G}}}"), 10.0),
+            (
+                format!("fleeting_taskscaler_tasks{{{G},state=\"idle\"}}"),
+                5.0,
+            ),
+            (
+                format!("fleeting_taskscaler_tasks{{{G},state=\"reserved\"}}"),
+                2.0,
+            ),
+            (
+                format!("fleeting_taskscaler_tasks{{{G},state=\"acquired\"}}"),
+                4.0,
+            ),
+            (
+                format!("fleeting_taskscaler_max_tasks_per_instance{{{G}}}"),
+                2.0,
+            ),
+            (
+                format!("fleeting_taskscaler_max_use_count_per_instance{{{G}}}"),
+                0.0,
+            ),
+            (
+                format!("fleeting_taskscaler_scale_operations_total{{{G},operation=\"up\"}}"),
+                3.0,
+            ),
+            (
+                format!("fleeting_taskscaler_scale_operations_total{{{G},operation=\"down\"}}"),
+                2.0,
+            ),
+            (
+                format!("fleeting_provisioner_instance_is_running_time_seconds_sum{{{G}}}"),
+                12.0,
+            ),
+            (
+                format!("fleeting_provisioner_instance_is_running_time_seconds_count{{{G}}}"),
+                1.0,
+            ),
+            (
+                format!("fleeting_taskscaler_task_instance_readiness_time_seconds_sum{{{G}}}"),
+                15.0,
+            ),
+            (
+                format!("fleeting_provisioner_instance_life_duration_seconds_sum{{{G}}}"),
+                600.0,
+            ),
+        ];
+        for (series, want) in cases {
+            assert_eq!(value(&t, &series), Some(want), "{series} in\n{t}");
+        }
+        assert!(
+            t.contains(&format!(
+                "fleeting_provisioner_instance_life_duration_seconds_bucket{{le=\"+Inf\",{G}}} 1"
+            )),
+            "{t}"
+        );
+        assert!(t.contains("# TYPE fleeting_taskscaler_scale_operations counter"));
+        assert!(t.contains("# TYPE fleeting_taskscaler_tasks gauge"));
+        assert!(
+            t.contains("# TYPE fleeting_provisioner_instance_is_running_time_seconds histogram")
+        );
+    }
+
+    #[test]
+    fn slipway_families_are_unchanged() {
+        let (_, t) = sample();
+        let cases = [
+            (
+                format!("slipway_taskscaler_instances{{{S},state=\"running\"}}"),
+                3.0,
+            ),
+            (
+                format!("slipway_taskscaler_slots{{{S},kind=\"acquired\"}}"),
+                4.0,
+            ),
+            (
+                format!("slipway_taskscaler_scale_ups_total{{{S},cause=\"demand\"}}"),
+                3.0,
+            ),
+            (
+                format!("slipway_taskscaler_scale_downs_total{{{S},cause=\"idle\"}}"),
+                1.0,
+            ),
+            (
+                format!("slipway_taskscaler_instance_creation_seconds_sum{{{S}}}"),
+                12.0,
+            ),
+            (
+                format!("slipway_taskscaler_instance_readiness_seconds_sum{{{S}}}"),
+                3.0,
+            ),
+            (
+                format!("slipway_taskscaler_instance_lifetime_seconds_sum{{{S}}}"),
+                600.0,
+            ),
+            (
+                format!("slipway_taskscaler_acquisition_wait_seconds_sum{{{S}}}"),
+                0.5,
+            ),
+        ];
+        for (series, want) in cases {
+            assert_eq!(value(&t, &series), Some(want), "{series} in\n{t}");
+        }
+        // GitLab's runner_name stays off Slipway's own families.
+        assert!(
+            !t.lines()
+                .any(|l| l.starts_with("slipway_") && l.contains("runner_name")),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn runner_name_only_when_a_runner_label_exists() {
+        let m = Metrics::standalone("g");
+        m.set_instances("running", 1);
+        let t = encoded(&m.families());
+        assert_eq!(
+            value(
+                &t,
+                r#"fleeting_provisioner_instances{group="g",state="running"}"#
+            ),
+            Some(1.0),
+            "{t}"
+        );
     }
 }

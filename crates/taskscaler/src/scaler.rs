@@ -115,6 +115,29 @@ pub struct Stats {
     pub removed: u64,
 }
 
+/// One instance as status output shows it (a copy, taken under the book's lock).
+#[derive(Debug, Clone)]
+pub struct InstanceStatus {
+    /// The plugin's instance id.
+    pub id: String,
+    /// Its state as the plugin reports it.
+    pub state: State,
+    /// Time since it was first seen.
+    pub age: Duration,
+    /// Jobs it has taken.
+    pub uses: u32,
+    /// Each slot's holder (a reservation key), `None` when free.
+    pub slots: Vec<Option<String>>,
+    /// Running and passed its ready command: may take jobs.
+    pub ready: bool,
+    /// Being removed (or condemned: failed, unhealthy, used up).
+    pub removing: bool,
+    /// Taken whole by a job at the `instance` isolation level.
+    pub exclusive: bool,
+    /// How to reach it, once known.
+    pub connect_info: Option<ConnectInfo>,
+}
+
 #[derive(Debug)]
 struct Instance {
     state: State,
@@ -596,6 +619,13 @@ impl Taskscaler {
             keep_instance_with_acquisitions,
             metrics,
         } = opts;
+        let metrics = metrics.unwrap_or_else(|| Metrics::standalone(&provider.id));
+        // GitLab's max_* gauges: the limits, set once.
+        metrics.set_limits(
+            cfg.max_instances,
+            cfg.capacity_per_instance,
+            cfg.max_use_count,
+        );
         let policies = crate::policy::compile(&cfg.policies)?;
         let (changed, _) = watch::channel(0);
         let inner = Arc::new(Inner {
@@ -608,7 +638,7 @@ impl Taskscaler {
             keep_instance_with_acquisitions,
             snapshot: Mutex::new(None),
             restored_failures: Mutex::new(Vec::new()),
-            metrics: Arc::new(metrics.unwrap_or_else(|| Metrics::standalone(&provider.id))),
+            metrics: Arc::new(metrics),
             wall_start,
             started: Instant::now(),
             provider,
@@ -1017,6 +1047,30 @@ impl Taskscaler {
         }
     }
 
+    /// Every instance with its slots, oldest first (status pages; copies under one lock).
+    pub fn instances(&self) -> Vec<InstanceStatus> {
+        let now = Instant::now();
+        let book = self.inner.lock();
+        let mut out: Vec<InstanceStatus> = book
+            .instances
+            .iter()
+            .map(|(id, i)| InstanceStatus {
+                id: id.clone(),
+                state: i.state,
+                age: now.saturating_duration_since(i.created),
+                uses: i.uses,
+                slots: i.slots.clone(),
+                ready: i.ready && i.persisted && !i.preexisting,
+                removing: i.removing || i.condemned.is_some() || i.preexisting,
+                exclusive: i.exclusive,
+                connect_info: i.info.clone(),
+            })
+            .collect();
+        drop(book);
+        out.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.id.cmp(&b.id)));
+        out
+    }
+
     /// Stop the loop; with `delete_instances_on_shutdown`, delete every instance and wait for it.
     pub async fn shutdown(&self) {
         self.inner.stop.cancel();
@@ -1205,6 +1259,8 @@ impl Inner {
                     if let Some(t) = inst.running_at {
                         self.metrics.readiness(t.elapsed().as_secs_f64());
                     }
+                    self.metrics
+                        .instance_ready(inst.created.elapsed().as_secs_f64());
                 }
                 book.touch(id, &self.cfg);
             }
@@ -1633,9 +1689,12 @@ impl Inner {
                         inst.idle_since = now;
                         if inst.running_at.is_none() {
                             inst.running_at = Some(now);
-                            self.metrics.creation(
-                                now.saturating_duration_since(inst.created).as_secs_f64(),
-                            );
+                            let secs = now.saturating_duration_since(inst.created).as_secs_f64();
+                            self.metrics.creation(secs);
+                            // Without a ready check, running is ready.
+                            if inst.ready {
+                                self.metrics.instance_ready(secs);
+                            }
                         }
                     }
                 }
