@@ -1,0 +1,339 @@
+//! A runner's jobs as the status page shows them: waiting, running (by reservation key, so a
+//! slot's holder can be named) and recently ended.
+//!
+//! Job sources tell the board as a job moves; the board also keeps the job metrics, so the
+//! page and `/metrics` always agree.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+use crate::metrics::JobMetrics;
+use crate::model::{PendingJob, RecentJob, SlotJob};
+
+/// Ended jobs kept per runner.
+pub const RECENT: usize = 50;
+
+/// What the board shows of a job.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobInfo {
+    /// Job id.
+    pub id: u64,
+    /// Job name.
+    pub name: String,
+    /// Stage.
+    pub stage: String,
+    /// Isolation level.
+    pub level: String,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ending {
+    /// `success`, `failed` or `canceled`.
+    pub outcome: String,
+    /// GitLab's failure reason when it failed.
+    pub failure_reason: Option<String>,
+    /// What went wrong.
+    pub message: Option<String>,
+    /// The script's exit code.
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    info: JobInfo,
+    /// Values masked in its output: masked in messages too.
+    secrets: Vec<String>,
+    since: Instant,
+    /// Instance, slot and when it got them.
+    at: Option<(String, u32, Instant)>,
+    wait_s: f64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    jobs: HashMap<String, Tracked>,
+    recent: VecDeque<RecentJob>,
+    /// Waits of jobs that got a slot since the last [`JobBoard::take_waits`].
+    waits: Vec<f64>,
+}
+
+/// One runner's jobs.
+#[derive(Debug)]
+pub struct JobBoard {
+    runner: String,
+    metrics: JobMetrics,
+    state: Mutex<State>,
+}
+
+impl JobBoard {
+    /// An empty board for `runner`, writing `metrics`.
+    pub fn new(runner: &str, metrics: JobMetrics) -> JobBoard {
+        JobBoard {
+            runner: runner.to_string(),
+            metrics,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Job `key` waits for capacity or a slot; `secrets` are masked in its messages.
+    pub fn waiting(&self, key: &str, info: JobInfo, secrets: Vec<String>) {
+        let old = self.lock().jobs.insert(
+            key.to_string(),
+            Tracked {
+                info,
+                secrets,
+                since: Instant::now(),
+                at: None,
+                wait_s: 0.0,
+            },
+        );
+        // A key seen again (a requeued job) is not counted twice.
+        match old {
+            Some(Tracked {
+                at: Some((_, _, at)),
+                ..
+            }) => self.metrics.finished(
+                &self.runner,
+                None,
+                Some(Instant::now().saturating_duration_since(at).as_secs_f64()),
+            ),
+            Some(_) => return,
+            None => {}
+        }
+        self.metrics.waiting(&self.runner);
+    }
+
+    /// Job `key` got `slot` on `instance`.
+    pub fn running(&self, key: &str, instance: &str, slot: u32) {
+        let mut st = self.lock();
+        let Some(t) = st.jobs.get_mut(key) else {
+            return;
+        };
+        if t.at.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        t.wait_s = now.saturating_duration_since(t.since).as_secs_f64();
+        t.at = Some((instance.to_string(), slot, now));
+        let wait = t.wait_s;
+        st.waits.push(wait);
+        drop(st);
+        self.metrics.started(&self.runner);
+    }
+
+    /// Job `key` ended (whether or not it ever ran); unknown keys are ignored.
+    pub fn finished(&self, key: &str, ending: Ending) {
+        let mut st = self.lock();
+        let Some(t) = st.jobs.remove(key) else {
+            return;
+        };
+        let now = Instant::now();
+        let (instance, slot, duration_s, wait_s) = match &t.at {
+            Some((i, s, at)) => (
+                Some(i.clone()),
+                Some(*s),
+                now.saturating_duration_since(*at).as_secs_f64(),
+                t.wait_s,
+            ),
+            None => (
+                None,
+                None,
+                0.0,
+                now.saturating_duration_since(t.since).as_secs_f64(),
+            ),
+        };
+        let message = ending.message.map(|m| mask(&m, &t.secrets));
+        let recent = RecentJob {
+            id: t.info.id,
+            name: t.info.name,
+            stage: t.info.stage,
+            outcome: ending.outcome,
+            failure_reason: ending.failure_reason,
+            message,
+            exit_code: ending.exit_code,
+            instance,
+            slot,
+            level: t.info.level,
+            wait_s,
+            duration_s,
+            ended_at_ms: unix_ms(SystemTime::now()),
+        };
+        let reason = recent.failure_reason.clone();
+        st.recent.push_front(recent);
+        st.recent.truncate(RECENT);
+        drop(st);
+        let ran = t.at.is_some().then_some(duration_s);
+        self.metrics.finished(&self.runner, reason.as_deref(), ran);
+    }
+
+    /// Drop job `key` without recording an end: it went back to its source (requeued, or
+    /// claimed by someone else).
+    pub fn forget(&self, key: &str) {
+        let Some(t) = self.lock().jobs.remove(key) else {
+            return;
+        };
+        let ran =
+            t.at.map(|(_, _, at)| Instant::now().saturating_duration_since(at).as_secs_f64());
+        self.metrics.finished(&self.runner, None, ran);
+    }
+
+    /// Jobs waiting, longest first.
+    pub fn pending(&self) -> Vec<PendingJob> {
+        let now = Instant::now();
+        let st = self.lock();
+        let mut out: Vec<PendingJob> = st
+            .jobs
+            .values()
+            .filter(|t| t.at.is_none())
+            .map(|t| PendingJob {
+                id: t.info.id,
+                name: t.info.name.clone(),
+                stage: t.info.stage.clone(),
+                level: t.info.level.clone(),
+                wait_s: now.saturating_duration_since(t.since).as_secs_f64(),
+            })
+            .collect();
+        drop(st);
+        out.sort_by(|a, b| b.wait_s.total_cmp(&a.wait_s).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    /// Running jobs by reservation key (what a slot holds).
+    pub fn running_jobs(&self) -> HashMap<String, SlotJob> {
+        let now = Instant::now();
+        let st = self.lock();
+        st.jobs
+            .iter()
+            .filter_map(|(k, t)| {
+                let (_, _, at) = t.at.as_ref()?;
+                Some((
+                    k.clone(),
+                    SlotJob {
+                        id: t.info.id,
+                        name: t.info.name.clone(),
+                        stage: t.info.stage.clone(),
+                        level: t.info.level.clone(),
+                        elapsed_s: now.saturating_duration_since(*at).as_secs_f64(),
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// Ended jobs, newest first.
+    pub fn recent(&self) -> Vec<RecentJob> {
+        self.lock().recent.iter().cloned().collect()
+    }
+
+    /// Waits of jobs that got a slot since the last call, and of those still waiting.
+    pub fn take_waits(&self) -> Vec<f64> {
+        let now = Instant::now();
+        let mut st = self.lock();
+        let mut w = std::mem::take(&mut st.waits);
+        w.extend(
+            st.jobs
+                .values()
+                .filter(|t| t.at.is_none())
+                .map(|t| now.saturating_duration_since(t.since).as_secs_f64()),
+        );
+        w
+    }
+}
+
+/// `text` with every secret of at least 4 bytes replaced by `[MASKED]`, as traces mask them.
+fn mask(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_string();
+    for s in secrets.iter().filter(|s| s.len() >= 4) {
+        out = out.replace(s.as_str(), "[MASKED]");
+    }
+    out
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: u64, name: &str) -> JobInfo {
+        JobInfo {
+            id,
+            name: name.into(),
+            stage: "test".into(),
+            level: "none".into(),
+        }
+    }
+
+    #[test]
+    fn a_job_moves_from_pending_to_a_slot_to_recent() {
+        let b = JobBoard::new("r", JobMetrics::default());
+        b.waiting("job-1", info(1, "build"), Vec::new());
+        b.waiting("job-2", info(2, "lint"), Vec::new());
+        assert_eq!(b.pending().len(), 2);
+        b.running("job-1", "i-1", 3);
+        let pending = b.pending();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].name, "lint");
+        let running = b.running_jobs();
+        assert_eq!(running["job-1"].name, "build");
+        assert_eq!(b.take_waits().len(), 2, "one started, one still waiting");
+        b.finished(
+            "job-1",
+            Ending {
+                outcome: "failed".into(),
+                failure_reason: Some("script_failure".into()),
+                message: Some("exit code 2".into()),
+                exit_code: Some(2),
+            },
+        );
+        let recent = b.recent();
+        assert_eq!(recent.len(), 1);
+        assert_eq!(recent[0].instance.as_deref(), Some("i-1"));
+        assert_eq!(recent[0].slot, Some(3));
+        assert_eq!(recent[0].failure_reason.as_deref(), Some("script_failure"));
+        assert!(b.running_jobs().is_empty());
+    }
+
+    #[test]
+    fn messages_are_masked_and_recent_is_bounded() {
+        let b = JobBoard::new("r", JobMetrics::default());
+        for i in 0..(RECENT as u64 + 5) {
+            let key = format!("job-{i}");
+            b.waiting(&key, info(i, "x"), vec!["hunter22".into()]);
+            b.finished(
+                &key,
+                Ending {
+                    outcome: "failed".into(),
+                    message: Some("bad token hunter22 given".into()),
+                    ..Ending::default()
+                },
+            );
+        }
+        let recent = b.recent();
+        assert_eq!(recent.len(), RECENT);
+        assert_eq!(recent[0].id, RECENT as u64 + 4, "newest first");
+        assert_eq!(
+            recent[0].message.as_deref(),
+            Some("bad token [MASKED] given")
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_ignored() {
+        let b = JobBoard::new("r", JobMetrics::default());
+        b.running("nope", "i", 0);
+        b.finished("nope", Ending::default());
+        assert!(b.recent().is_empty());
+    }
+}

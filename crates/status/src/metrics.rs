@@ -1,0 +1,319 @@
+//! Job metrics under the names GitLab Runner exports (`gitlab_runner_jobs` and the like), so
+//! dashboards made for GitLab Runner keep working, plus Slipway's own `slipway_jobs*`.
+//!
+//! `docs/metrics.md` maps each name to GitLab Runner's and says where the meanings differ.
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// GitLab Runner's buckets for `gitlab_runner_job_duration_seconds`: 30 s to 10 h.
+const JOB_DURATION_BUCKETS: [f64; 10] = [
+    30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 10800.0, 18000.0, 36000.0,
+];
+
+fn job_duration_histogram() -> Histogram {
+    Histogram::new(JOB_DURATION_BUCKETS)
+}
+
+/// A counter exported under its full name with type `unknown`.
+///
+/// OpenMetrics names a counter's family without `_total`: a counter for `gitlab_runner_jobs_total`
+/// would share the family name `gitlab_runner_jobs` with GitLab's gauge of that name, which
+/// OpenMetrics forbids. As `unknown`, the sample name is exactly GitLab's and the families differ.
+#[derive(Debug, Clone, Default)]
+struct Total(Counter);
+
+impl TypedMetric for Total {
+    const TYPE: MetricType = MetricType::Unknown;
+}
+
+impl EncodeMetric for Total {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        // A gauge sample is `name{labels} value`, with no suffix: what `unknown` needs.
+        encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Unknown
+    }
+}
+
+/// The job metric families of a manager, written by the job board.
+///
+/// Clones share the families: the board's copy writes what the registry's copy exports.
+#[derive(Debug, Clone)]
+pub struct JobMetrics {
+    /// `gitlab_runner_jobs{runner, state}`: jobs taken, `pending` (waiting for a slot) or
+    /// `running`.
+    gitlab_jobs: Family<Labels, Gauge>,
+    /// `gitlab_runner_jobs_total{runner}`: jobs taken.
+    gitlab_jobs_total: Family<Labels, Total>,
+    /// `gitlab_runner_failed_jobs_total{runner, failure_reason}`.
+    gitlab_failed: Family<Labels, Counter>,
+    /// `gitlab_runner_job_duration_seconds{runner}`.
+    gitlab_duration: Histograms,
+    /// `slipway_jobs{runner, state}`: `waiting` or `running`.
+    jobs: Family<Labels, Gauge>,
+    /// `slipway_jobs_finished_total{runner, outcome}`.
+    finished: Family<Labels, Counter>,
+}
+
+impl Default for JobMetrics {
+    fn default() -> Self {
+        JobMetrics {
+            gitlab_jobs: Family::default(),
+            gitlab_jobs_total: Family::default(),
+            gitlab_failed: Family::default(),
+            gitlab_duration: Histograms::new_with_constructor(job_duration_histogram),
+            jobs: Family::default(),
+            finished: Family::default(),
+        }
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+impl JobMetrics {
+    /// Add the families to `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "gitlab_runner_jobs",
+            "Jobs taken and not finished, by state (pending: waiting for a slot; running)",
+            self.gitlab_jobs.clone(),
+        );
+        registry.register(
+            "gitlab_runner_jobs_total",
+            "Jobs taken",
+            self.gitlab_jobs_total.clone(),
+        );
+        // Counters get `_total` on encoding: exported as gitlab_runner_failed_jobs_total.
+        registry.register(
+            "gitlab_runner_failed_jobs",
+            "Failed jobs, by GitLab failure reason",
+            self.gitlab_failed.clone(),
+        );
+        registry.register(
+            "gitlab_runner_job_duration_seconds",
+            "Time jobs ran, from getting a slot to the end",
+            self.gitlab_duration.clone(),
+        );
+        registry.register(
+            "slipway_jobs",
+            "Jobs waiting for a slot or running",
+            self.jobs.clone(),
+        );
+        registry.register(
+            "slipway_jobs_finished",
+            "Jobs ended: failed (with a failure reason) or ok",
+            self.finished.clone(),
+        );
+    }
+
+    /// A job of `runner` started waiting for a slot.
+    pub fn waiting(&self, runner: &str) {
+        self.gitlab_jobs_total
+            .get_or_create(&labels(&[("runner", runner)]))
+            .0
+            .inc();
+        self.move_job(runner, None, Some(("pending", "waiting")));
+    }
+
+    /// A job of `runner` got its slot and runs (no longer waiting).
+    pub fn started(&self, runner: &str) {
+        self.move_job(
+            runner,
+            Some(("pending", "waiting")),
+            Some(("running", "running")),
+        );
+    }
+
+    /// A job of `runner` ended: `failure_reason` is GitLab's reason when it failed;
+    /// `ran_s` how long it ran (`None`: it never got a slot; it was still waiting).
+    pub fn finished(&self, runner: &str, failure_reason: Option<&str>, ran_s: Option<f64>) {
+        let from = match ran_s {
+            Some(_) => ("running", "running"),
+            None => ("pending", "waiting"),
+        };
+        self.move_job(runner, Some(from), None);
+        if let Some(secs) = ran_s {
+            self.gitlab_duration
+                .get_or_create(&labels(&[("runner", runner)]))
+                .observe(secs);
+        }
+        if let Some(reason) = failure_reason {
+            self.gitlab_failed
+                .get_or_create(&labels(&[("runner", runner), ("failure_reason", reason)]))
+                .inc();
+        }
+        let outcome = if failure_reason.is_some() {
+            "failed"
+        } else {
+            "ok"
+        };
+        self.finished
+            .get_or_create(&labels(&[("runner", runner), ("outcome", outcome)]))
+            .inc();
+    }
+
+    /// Move one job of `runner` between states, each given as (GitLab's, Slipway's) name.
+    fn move_job(&self, runner: &str, from: Option<(&str, &str)>, to: Option<(&str, &str)>) {
+        for (state, delta) in [(from, -1), (to, 1)] {
+            let Some((gitlab, ours)) = state else {
+                continue;
+            };
+            self.gitlab_jobs
+                .get_or_create(&labels(&[("runner", runner), ("state", gitlab)]))
+                .inc_by(delta);
+            self.jobs
+                .get_or_create(&labels(&[("runner", runner), ("state", ours)]))
+                .inc_by(delta);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(m: &JobMetrics) -> String {
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .unwrap_or_else(|e| panic!("encoding: {e}"));
+        out
+    }
+
+    /// The value of the sample `series` (name and labels exactly as encoded).
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn a_job_walks_through_the_gauges_and_counters() {
+        let m = JobMetrics::default();
+        // The board holds a clone: writes through it are what the registry's copy exports.
+        let board = m.clone();
+        board.waiting("r1");
+        board.waiting("r1");
+        board.waiting("r1");
+        board.started("r1");
+        board.started("r1");
+        let t = encoded(&m);
+        let cases = [
+            (r#"gitlab_runner_jobs{runner="r1",state="pending"}"#, 1.0),
+            (r#"gitlab_runner_jobs{runner="r1",state="running"}"#, 2.0),
+            (r#"slipway_jobs{runner="r1",state="waiting"}"#, 1.0),
+            (r#"slipway_jobs{runner="r1",state="running"}"#, 2.0),
+            (r#"gitlab_runner_jobs_total{runner="r1"}"#, 3.0),
+        ];
+        for (series, want) in cases {
+            assert_eq!(value(&t, series), Some(want), "{series} in\n{t}");
+        }
+
+        board.finished("r1", None, Some(45.0));
+        board.finished("r1", Some("script_failure"), Some(4000.0));
+        board.finished("r1", Some("job_execution_timeout"), None);
+        let t = encoded(&m);
+        let cases = [
+            (r#"gitlab_runner_jobs{runner="r1",state="pending"}"#, 0.0),
+            (r#"gitlab_runner_jobs{runner="r1",state="running"}"#, 0.0),
+            (r#"slipway_jobs{runner="r1",state="waiting"}"#, 0.0),
+            (r#"slipway_jobs{runner="r1",state="running"}"#, 0.0),
+            (
+                r#"gitlab_runner_failed_jobs_total{runner="r1",failure_reason="script_failure"}"#,
+                1.0,
+            ),
+            (
+                r#"gitlab_runner_failed_jobs_total{runner="r1",failure_reason="job_execution_timeout"}"#,
+                1.0,
+            ),
+            (
+                r#"slipway_jobs_finished_total{runner="r1",outcome="ok"}"#,
+                1.0,
+            ),
+            (
+                r#"slipway_jobs_finished_total{runner="r1",outcome="failed"}"#,
+                2.0,
+            ),
+            // Only jobs that ran are timed.
+            (
+                r#"gitlab_runner_job_duration_seconds_count{runner="r1"}"#,
+                2.0,
+            ),
+            (
+                r#"gitlab_runner_job_duration_seconds_sum{runner="r1"}"#,
+                4045.0,
+            ),
+            (
+                r#"gitlab_runner_job_duration_seconds_bucket{le="60.0",runner="r1"}"#,
+                1.0,
+            ),
+            (
+                r#"gitlab_runner_job_duration_seconds_bucket{le="7200.0",runner="r1"}"#,
+                2.0,
+            ),
+        ];
+        for (series, want) in cases {
+            assert_eq!(value(&t, series), Some(want), "{series} in\n{t}");
+        }
+    }
+
+    #[test]
+    fn job_duration_uses_gitlab_buckets() {
+        let m = JobMetrics::default();
+        m.waiting("r");
+        m.started("r");
+        m.finished("r", None, Some(1.0));
+        let t = encoded(&m);
+        let les: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("gitlab_runner_job_duration_seconds_bucket"))
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(
+            les,
+            [
+                "30.0", "60.0", "300.0", "600.0", "1800.0", "3600.0", "7200.0", "10800.0",
+                "18000.0", "36000.0", "+Inf"
+            ]
+        );
+    }
+
+    #[test]
+    fn jobs_total_is_a_distinct_family_from_the_jobs_gauge() {
+        let m = JobMetrics::default();
+        m.waiting("r");
+        let t = encoded(&m);
+        let types: Vec<&str> = t.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        assert!(types.contains(&"# TYPE gitlab_runner_jobs gauge"), "{t}");
+        assert!(
+            types.contains(&"# TYPE gitlab_runner_jobs_total unknown"),
+            "{t}"
+        );
+        // OpenMetrics: every family name appears once.
+        let mut names: Vec<&str> = types.iter().filter_map(|l| l.split(' ').nth(2)).collect();
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all, "{t}");
+        assert!(
+            t.contains("gitlab_runner_jobs_total{runner=\"r\"} 1\n"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,358 @@
+//! The status page: the fleet rendered on the server, and a little JavaScript (`page.js`) that
+//! renders the same markup from `/api/v1/status` every few seconds.
+//!
+//! Both renderers write the same `data-*` attributes (runner, shape, instance, slot, job), which
+//! is what tests compare with the API.
+
+use std::fmt::Write as _;
+
+use crate::format::{bytes, duration};
+use crate::model::{FleetStatus, HistorySeries, InstanceStatus, RunnerStatus, ShapeStatus};
+
+const STYLE: &str = include_str!("page.css");
+const SCRIPT: &str = include_str!("page.js");
+
+/// The whole page for `status`; the script refreshes it every `refresh_ms`.
+pub fn render(status: &FleetStatus, refresh_ms: u64) -> String {
+    let mut h = String::with_capacity(16 * 1024);
+    let _ = write!(
+        h,
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>Slipway status</title><style>{STYLE}</style></head>\n\
+         <body data-refreshes=\"0\" data-generated=\"{}\" data-refresh-ms=\"{refresh_ms}\">\n\
+         <header><h1>Slipway</h1><span id=\"summary\">{}</span>\
+         <span id=\"updated\">version {} · up {}</span></header>\n",
+        status.generated_at_ms,
+        esc(&summary_line(status)),
+        esc(&status.version),
+        duration(status.uptime_s),
+    );
+    h.push_str("<section id=\"charts\">");
+    charts(&mut h, &status.history);
+    h.push_str("</section>\n<main id=\"fleet\">");
+    fleet(&mut h, status);
+    let _ = write!(h, "</main>\n<script>{SCRIPT}</script>\n</body></html>\n");
+    h
+}
+
+/// `3 instances · 2 ready · 4/8 slots busy · 1 pending`.
+pub fn summary_line(s: &FleetStatus) -> String {
+    let t = s.totals();
+    format!(
+        "{} instances · {} ready · {}/{} slots busy · {} pending",
+        t.instances,
+        t.ready,
+        t.busy_slots,
+        t.busy_slots + t.idle_slots,
+        t.pending
+    )
+}
+
+/// The fleet section's inner markup (what `page.js` replaces on refresh).
+pub fn fleet(h: &mut String, s: &FleetStatus) {
+    if s.runners.is_empty() {
+        h.push_str("<p class=\"empty\">No runners.</p>");
+    }
+    for r in &s.runners {
+        runner(h, r);
+    }
+}
+
+fn runner(h: &mut String, r: &RunnerStatus) {
+    let t = &r.totals;
+    let _ = write!(
+        h,
+        "<section class=\"runner\" data-runner=\"{n}\"><h2>{n} <small>{e}</small></h2>\
+         <p class=\"totals\">{} instances · {} ready · {}/{} slots busy · {} running · {} pending</p>",
+        t.instances,
+        t.ready,
+        t.busy_slots,
+        t.busy_slots + t.idle_slots,
+        t.running,
+        t.pending,
+        n = esc(&r.name),
+        e = esc(&r.executor),
+    );
+    for s in &r.shapes {
+        shape(h, s);
+    }
+    h.push_str("<h3>Pending jobs</h3>");
+    if r.pending.is_empty() {
+        h.push_str("<p class=\"empty\">None waiting.</p>");
+    } else {
+        h.push_str(
+            "<table class=\"pending\"><thead><tr><th>job</th><th>name</th><th>stage</th>\
+             <th>level</th><th>waiting</th></tr></thead><tbody>",
+        );
+        for p in &r.pending {
+            let _ = write!(
+                h,
+                "<tr data-job=\"{}\"><td>#{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                p.id,
+                p.id,
+                esc(&p.name),
+                esc(&p.stage),
+                esc(&p.level),
+                duration(p.wait_s)
+            );
+        }
+        h.push_str("</tbody></table>");
+    }
+    h.push_str("<h3>Recent jobs</h3>");
+    if r.recent.is_empty() {
+        h.push_str("<p class=\"empty\">None yet.</p>");
+    } else {
+        h.push_str(
+            "<table class=\"recent\"><thead><tr><th>job</th><th>name</th><th>stage</th>\
+             <th>outcome</th><th>reason</th><th>where</th><th>waited</th><th>ran</th></tr>\
+             </thead><tbody>",
+        );
+        for j in &r.recent {
+            let reason = match (&j.failure_reason, &j.message) {
+                (Some(r), Some(m)) if !m.is_empty() => format!("{r}: {m}"),
+                (Some(r), _) => r.clone(),
+                (None, Some(m)) => m.clone(),
+                (None, None) => String::new(),
+            };
+            let place = match (&j.instance, j.slot) {
+                (Some(i), Some(s)) => format!("{i} slot {s}"),
+                _ => "never ran".into(),
+            };
+            let _ = write!(
+                h,
+                "<tr data-job=\"{}\" data-outcome=\"{o}\"><td>#{}</td><td>{}</td><td>{}</td>\
+                 <td class=\"outcome {o}\">{o}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                j.id,
+                j.id,
+                esc(&j.name),
+                esc(&j.stage),
+                esc(&reason),
+                esc(&place),
+                duration(j.wait_s),
+                duration(j.duration_s),
+                o = esc(&j.outcome),
+            );
+        }
+        h.push_str("</tbody></table>");
+    }
+    h.push_str("</section>");
+}
+
+fn shape(h: &mut String, s: &ShapeStatus) {
+    let _ = write!(
+        h,
+        "<div class=\"shape\" data-shape=\"{n}\"><h3>Shape {n} <small>group {g} · {c} slots per \
+         instance · max {m} instances</small></h3>",
+        n = esc(&s.name),
+        g = esc(&s.group),
+        c = s.capacity_per_instance,
+        m = if s.max_instances == 0 {
+            "∞".to_string()
+        } else {
+            s.max_instances.to_string()
+        },
+    );
+    if s.instances.is_empty() {
+        h.push_str("<p class=\"empty\">No instances.</p></div>");
+        return;
+    }
+    h.push_str(
+        "<table class=\"instances\"><thead><tr><th>instance</th><th>state</th><th>age</th>\
+         <th>uses</th><th>slots</th><th>snapshots</th></tr></thead><tbody>",
+    );
+    for i in &s.instances {
+        instance(h, i, s.max_use_count);
+    }
+    h.push_str("</tbody></table></div>");
+}
+
+fn instance(h: &mut String, i: &InstanceStatus, max_use: u32) {
+    let uses = if max_use == 0 {
+        i.uses.to_string()
+    } else {
+        format!("{}/{max_use}", i.uses)
+    };
+    let _ = write!(
+        h,
+        "<tr class=\"instance\" data-instance=\"{id}\" data-state=\"{st}\"><td class=\"id\">{id}</td>\
+         <td class=\"state {st}\">{st}</td><td>{}</td><td>{uses}</td><td><div class=\"slots\">",
+        duration(i.age_s),
+        id = esc(&i.id),
+        st = esc(&i.state),
+    );
+    for s in &i.slots {
+        match &s.job {
+            Some(j) => {
+                let _ = write!(
+                    h,
+                    "<span class=\"slot busy\" data-slot=\"{}\" data-job=\"{}\" title=\"slot {} · {} · {}\">\
+                     <b>#{} {}</b><i>{} · {}</i></span>",
+                    s.slot,
+                    j.id,
+                    s.slot,
+                    esc(&j.stage),
+                    esc(&j.level),
+                    j.id,
+                    esc(&j.name),
+                    esc(&j.level),
+                    duration(j.elapsed_s),
+                );
+            }
+            None => {
+                let _ = write!(
+                    h,
+                    "<span class=\"slot free\" data-slot=\"{}\" title=\"slot {}\"><i>free</i></span>",
+                    s.slot, s.slot
+                );
+            }
+        }
+    }
+    h.push_str("</div></td><td>");
+    for sn in &i.snapshots {
+        let _ = write!(
+            h,
+            "<span class=\"snapshot\" data-snapshot=\"{n}\">{n} <i>{} · {}</i></span>",
+            bytes(sn.bytes),
+            duration(sn.age_s),
+            n = esc(&sn.name),
+        );
+    }
+    h.push_str("</td></tr>");
+}
+
+/// The four charts of the last hours, as inline SVG.
+pub fn charts(h: &mut String, hist: &HistorySeries) {
+    let to_f = |v: &[u32]| v.iter().map(|x| f64::from(*x)).collect::<Vec<f64>>();
+    chart(h, "instances", "Instances", &to_f(&hist.instances), "");
+    chart(h, "busy_slots", "Busy slots", &to_f(&hist.busy_slots), "");
+    chart(
+        h,
+        "queue_depth",
+        "Queue depth",
+        &to_f(&hist.queue_depth),
+        "",
+    );
+    chart(h, "p95_wait_s", "p95 wait", &hist.p95_wait_s, "s");
+}
+
+fn chart(h: &mut String, key: &str, title: &str, values: &[f64], unit: &str) {
+    const W: f64 = 300.0;
+    const H: f64 = 60.0;
+    let max = values.iter().copied().fold(0.0_f64, f64::max).max(1.0);
+    let last = values.last().copied().unwrap_or(0.0);
+    let step = if values.len() > 1 {
+        W / (values.len() - 1) as f64
+    } else {
+        0.0
+    };
+    let mut points = String::new();
+    for (i, v) in values.iter().enumerate() {
+        let _ = write!(
+            points,
+            "{:.1},{:.1} ",
+            i as f64 * step,
+            H - (v / max) * (H - 4.0) - 2.0
+        );
+    }
+    let _ = write!(
+        h,
+        "<figure class=\"chart\" data-series=\"{key}\"><figcaption>{title} <b>{}{unit}</b> \
+         <small>max {}{unit}</small></figcaption><svg viewBox=\"0 0 {W} {H}\" \
+         preserveAspectRatio=\"none\"><polyline points=\"{}\"/></svg></figure>",
+        trim_num(last),
+        trim_num(max),
+        points.trim_end()
+    );
+}
+
+/// `3`, `2.5`: no trailing zeros.
+fn trim_num(v: f64) -> String {
+    if (v - v.round()).abs() < 0.05 {
+        format!("{}", v.round() as i64)
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// HTML-escape text for element content and quoted attributes.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{SlotJob, SlotStatus};
+
+    fn fleet_of_one() -> FleetStatus {
+        FleetStatus {
+            version: "0.1.0".into(),
+            runners: vec![RunnerStatus {
+                name: "r<1>".into(),
+                executor: "instance".into(),
+                shapes: vec![ShapeStatus {
+                    name: "default".into(),
+                    group: "g".into(),
+                    capacity_per_instance: 2,
+                    instances: vec![InstanceStatus {
+                        id: "i-1".into(),
+                        state: "busy".into(),
+                        slots: vec![
+                            SlotStatus {
+                                slot: 0,
+                                job: Some(SlotJob {
+                                    id: 7,
+                                    name: "build \"x\"".into(),
+                                    stage: "build".into(),
+                                    level: "cgroup".into(),
+                                    elapsed_s: 61.0,
+                                }),
+                            },
+                            SlotStatus { slot: 1, job: None },
+                        ],
+                        ..InstanceStatus::default()
+                    }],
+                    ..ShapeStatus::default()
+                }],
+                ..RunnerStatus::default()
+            }],
+            ..FleetStatus::default()
+        }
+    }
+
+    #[test]
+    fn the_page_shows_slots_with_their_jobs_escaped() {
+        let page = render(&fleet_of_one(), 2000);
+        assert!(page.contains("data-runner=\"r&lt;1&gt;\""), "{page}");
+        assert!(page.contains("data-instance=\"i-1\""));
+        assert!(page.contains("data-slot=\"0\" data-job=\"7\""));
+        assert!(page.contains("#7 build &quot;x&quot;"));
+        assert!(page.contains("cgroup · 1m01s"));
+        assert!(page.contains("class=\"slot free\" data-slot=\"1\""));
+        assert!(!page.contains("build \"x\""), "unescaped text");
+        assert!(page.contains("<script>"));
+    }
+
+    #[test]
+    fn charts_scale_to_their_maximum() {
+        let mut h = String::new();
+        chart(&mut h, "k", "K", &[0.0, 5.0, 10.0], "");
+        assert!(h.contains("<b>10</b>"), "{h}");
+        assert!(
+            h.contains("points=\"0.0,58.0 150.0,30.0 300.0,2.0\""),
+            "{h}"
+        );
+    }
+}

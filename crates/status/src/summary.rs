@@ -1,0 +1,212 @@
+//! The fleet as text: what `slipway status` prints (the page's content, for a terminal).
+
+use std::fmt::Write as _;
+
+use crate::format::{bytes, duration};
+use crate::model::FleetStatus;
+use crate::page::summary_line;
+
+/// Recent jobs shown per runner.
+const RECENT_SHOWN: usize = 10;
+
+/// The whole fleet: a summary line, then each runner's instances with their slots, its
+/// pending jobs and its recent jobs.
+pub fn render(s: &FleetStatus) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "Slipway {} · up {} · {}",
+        s.version,
+        duration(s.uptime_s),
+        summary_line(s)
+    );
+    for r in &s.runners {
+        let t = &r.totals;
+        let _ = writeln!(
+            o,
+            "\nrunner {:?} ({}): {} instances, {} ready, {}/{} slots busy, {} running, {} pending",
+            r.name,
+            r.executor,
+            t.instances,
+            t.ready,
+            t.busy_slots,
+            t.busy_slots + t.idle_slots,
+            t.running,
+            t.pending
+        );
+        for sh in &r.shapes {
+            let _ = writeln!(
+                o,
+                "  shape {} (group {}, {} slots per instance)",
+                sh.name, sh.group, sh.capacity_per_instance
+            );
+            if sh.instances.is_empty() {
+                let _ = writeln!(o, "    no instances");
+                continue;
+            }
+            let id_w = sh
+                .instances
+                .iter()
+                .map(|i| i.id.len())
+                .max()
+                .unwrap_or(8)
+                .max(8);
+            let _ = writeln!(
+                o,
+                "    {:id_w$}  {:9} {:>6} {:>5}  SLOTS",
+                "INSTANCE", "STATE", "AGE", "USES"
+            );
+            for i in &sh.instances {
+                let slots: Vec<String> = i
+                    .slots
+                    .iter()
+                    .map(|sl| match &sl.job {
+                        Some(j) => format!(
+                            "{}:#{} {} ({}, {})",
+                            sl.slot,
+                            j.id,
+                            j.name,
+                            j.level,
+                            duration(j.elapsed_s)
+                        ),
+                        None => format!("{}:free", sl.slot),
+                    })
+                    .collect();
+                let _ = writeln!(
+                    o,
+                    "    {:id_w$}  {:9} {:>6} {:>5}  {}",
+                    i.id,
+                    i.state,
+                    duration(i.age_s),
+                    i.uses,
+                    slots.join("  ")
+                );
+                for sn in &i.snapshots {
+                    let _ = writeln!(
+                        o,
+                        "    {:id_w$}  snapshot {} ({}, {} old)",
+                        "",
+                        sn.name,
+                        bytes(sn.bytes),
+                        duration(sn.age_s)
+                    );
+                }
+            }
+        }
+        if !r.pending.is_empty() {
+            let _ = writeln!(o, "  pending:");
+            for p in &r.pending {
+                let _ = writeln!(
+                    o,
+                    "    #{} {} ({}, {}) waiting {}",
+                    p.id,
+                    p.name,
+                    p.stage,
+                    p.level,
+                    duration(p.wait_s)
+                );
+            }
+        }
+        if !r.recent.is_empty() {
+            let _ = writeln!(o, "  recent:");
+            for j in r.recent.iter().take(RECENT_SHOWN) {
+                let mut line = format!(
+                    "    #{} {} ({}) {} after {}",
+                    j.id,
+                    j.name,
+                    j.stage,
+                    j.outcome,
+                    duration(j.duration_s)
+                );
+                if let Some(reason) = &j.failure_reason {
+                    let _ = write!(line, ": {reason}");
+                }
+                if let Some(m) = j.message.as_deref().filter(|m| !m.is_empty()) {
+                    let _ = write!(line, " ({m})");
+                }
+                let _ = writeln!(o, "{line}");
+            }
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{
+        InstanceStatus, PendingJob, RecentJob, RunnerStatus, ShapeStatus, SlotJob, SlotStatus,
+        Totals,
+    };
+
+    #[test]
+    fn the_summary_names_instances_slots_and_jobs() {
+        let s = FleetStatus {
+            version: "0.1.0".into(),
+            runners: vec![RunnerStatus {
+                name: "local".into(),
+                executor: "instance".into(),
+                totals: Totals {
+                    instances: 1,
+                    ready: 1,
+                    busy_slots: 1,
+                    idle_slots: 1,
+                    pending: 1,
+                    running: 1,
+                },
+                shapes: vec![ShapeStatus {
+                    name: "default".into(),
+                    group: "g".into(),
+                    capacity_per_instance: 2,
+                    instances: vec![InstanceStatus {
+                        id: "i-1".into(),
+                        state: "busy".into(),
+                        uses: 3,
+                        slots: vec![
+                            SlotStatus {
+                                slot: 0,
+                                job: Some(SlotJob {
+                                    id: 7,
+                                    name: "build".into(),
+                                    stage: "build".into(),
+                                    level: "cgroup".into(),
+                                    elapsed_s: 5.0,
+                                }),
+                            },
+                            SlotStatus { slot: 1, job: None },
+                        ],
+                        ..InstanceStatus::default()
+                    }],
+                    ..ShapeStatus::default()
+                }],
+                pending: vec![PendingJob {
+                    id: 8,
+                    name: "test".into(),
+                    stage: "test".into(),
+                    level: "none".into(),
+                    wait_s: 12.0,
+                }],
+                recent: vec![RecentJob {
+                    id: 6,
+                    name: "lint".into(),
+                    stage: "test".into(),
+                    outcome: "failed".into(),
+                    failure_reason: Some("script_failure".into()),
+                    ..RecentJob::default()
+                }],
+            }],
+            ..FleetStatus::default()
+        };
+        let text = render(&s);
+        assert!(
+            text.contains("1 instances · 1 ready · 1/2 slots busy · 1 pending"),
+            "{text}"
+        );
+        assert!(text.contains("0:#7 build (cgroup, 5s)  1:free"), "{text}");
+        assert!(text.contains("#8 test (test, none) waiting 12s"), "{text}");
+        assert!(
+            text.contains("#6 lint (test) failed after 0s: script_failure"),
+            "{text}"
+        );
+    }
+}
