@@ -24,6 +24,8 @@ if [ "$what" = test ]; then
   have node || missing+=(nodejs)
   have npm || missing+=(npm)
   have rsync || missing+=(rsync)
+  # The status page is checked in a real browser (headless, DevTools protocol).
+  have chromium || missing+=(chromium)
 fi
 
 # microvm / vm isolation: QEMU, the guest kernel and the image tools (`slipway image build`).

@@ -63,6 +63,7 @@ async fn bench() -> anyhow::Result<()> {
             delete_instances_on_shutdown: true,
             state_dir: Some(run_dir.path().join("state")),
             metrics: None,
+            job_metrics: None,
             concurrent: 1,
         },
     )

@@ -37,6 +37,8 @@ pub struct Config {
     pub sentry_dsn: Option<String>,
     /// `[session_server]` (interactive web terminal); accepted, not served.
     pub session_server: Option<toml::Table>,
+    /// `[status_page]`: the status page `slipway run` serves on `listen_address`.
+    pub status_page: StatusPageConfig,
     /// The `[[runners]]` entries.
     pub runners: Vec<RunnerConfig>,
 }
@@ -53,8 +55,62 @@ impl Default for Config {
             connection_max_age: None,
             sentry_dsn: None,
             session_server: None,
+            status_page: StatusPageConfig::default(),
             runners: Vec::new(),
         }
+    }
+}
+
+/// `[status_page]`: the page (`/`) and its JSON (`/api/v1/status`) beside `/metrics`.
+#[derive(Clone, Deserialize)]
+#[serde(default)]
+pub struct StatusPageConfig {
+    /// Serve the page at all (default true).
+    pub enabled: bool,
+    /// When set, the page and its JSON need it (Bearer token, Basic password or `?token=`);
+    /// `/metrics` and `/healthz` stay open, as GitLab Runner's. Never printed.
+    pub token: Option<String>,
+    /// Time between history samples (Go duration, default `15s`).
+    pub history_interval: String,
+    /// How much history the charts keep (Go duration, default `6h`).
+    pub history: String,
+}
+
+impl Default for StatusPageConfig {
+    fn default() -> Self {
+        StatusPageConfig {
+            enabled: true,
+            token: None,
+            history_interval: "15s".into(),
+            history: "6h".into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for StatusPageConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusPageConfig")
+            .field("enabled", &self.enabled)
+            .field("token", &self.token.as_ref().map(|_| "[MASKED]"))
+            .field("history_interval", &self.history_interval)
+            .field("history", &self.history)
+            .finish()
+    }
+}
+
+impl StatusPageConfig {
+    /// The sampling interval and the span kept (checked by validation: defaults on error).
+    pub fn history_durations(&self) -> (std::time::Duration, std::time::Duration) {
+        let parse = |s: &str, d: u64| {
+            humantime::parse_duration(s.trim())
+                .ok()
+                .filter(|d| !d.is_zero())
+                .unwrap_or(std::time::Duration::from_secs(d))
+        };
+        (
+            parse(&self.history_interval, 15),
+            parse(&self.history, 6 * 3600),
+        )
     }
 }
 
@@ -1569,6 +1625,32 @@ fn validate_global(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool))
             key("sentry_dsn"),
             "not used by slipway: errors are not reported to Sentry".into(),
             false,
+        );
+    }
+    let sp = &cfg.status_page;
+    for (name, text) in [
+        ("history_interval", &sp.history_interval),
+        ("history", &sp.history),
+    ] {
+        match humantime::parse_duration(text.trim()) {
+            Ok(d) if d.is_zero() => report(
+                vec![Seg::Key("status_page".into()), Seg::Key(name.into())],
+                format!("{text:?}: expected a duration above zero, e.g. \"15s\" or \"6h\""),
+                true,
+            ),
+            Ok(_) => {}
+            Err(_) => duration_text(
+                text,
+                vec![Seg::Key("status_page".into()), Seg::Key(name.into())],
+                report,
+            ),
+        }
+    }
+    if sp.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        report(
+            vec![Seg::Key("status_page".into()), Seg::Key("token".into())],
+            "empty token: leave it out to serve the page without one".into(),
+            true,
         );
     }
     if let Some(s) = &cfg.session_server

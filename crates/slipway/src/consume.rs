@@ -165,6 +165,9 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             .into_iter()
             .map(String::from)
             .collect();
+        runner
+            .board
+            .waiting(&key, job::board_info(&runner, &payload), secrets.clone());
         let mut trace = Trace::new(secrets, tx);
         let admitted = job::isolation_of(&runner, &payload, &mut trace)
             .and_then(|level| Ok((level, job::request_of(&payload, &mut trace)?)));
@@ -176,6 +179,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
         };
         if let Err(no) = &reserved {
             if stop.is_cancelled() {
+                runner.board.forget(&key);
                 break;
             }
             // The job can never run here (or the runner cannot reserve at all): report it
@@ -190,6 +194,9 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
                 let writer = tokio::spawn(write_log(queue.log_path(id), rx));
                 finish(&queue, result, &runner.name).await;
                 let _ = writer.await;
+                runner.board.finished(&key, job::ending_of_refusal(no));
+            } else {
+                runner.board.forget(&key);
             }
             continue;
         }
@@ -208,8 +215,12 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
                 };
                 tasks.spawn(task.run());
             }
-            Ok(None) => runner.unreserve(&key),
+            Ok(None) => {
+                runner.board.forget(&key);
+                runner.unreserve(&key);
+            }
             Err(e) => {
+                runner.board.forget(&key);
                 runner.unreserve(&key);
                 tracing::error!(runner = %runner.name, job = id, "claiming the job: {e:#}");
             }
@@ -412,6 +423,7 @@ impl JobTask {
             Err(no) if no.status == JobStatus::Canceled && stop.is_cancelled() => {
                 // It never ran: the next manager runs it.
                 trace.message("Manager shutting down before the job started: back to pending");
+                runner.board.forget(&key);
                 let q = queue.clone();
                 if let Err(e) = blocking(move || q.requeue(id)).await {
                     tracing::error!(runner = %name, job = id, "requeueing the job: {e:#}");
@@ -422,11 +434,13 @@ impl JobTask {
                 if result.status == ResultStatus::Failed {
                     result.failure_reason = Some("runner_system_failure".into());
                 }
+                runner.board.finished(&key, job::ending_of_refusal(&no));
                 result.message = no.message;
                 result.runner = Some(name.clone());
                 finish(&queue, result, &name).await;
             }
             Ok(acq) => {
+                runner.board.running(&key, &acq.instance_id, acq.slot);
                 let started = Started {
                     runner: name.clone(),
                     instance_id: acq.instance_id.clone(),
@@ -477,6 +491,7 @@ impl JobTask {
                 // The result is on disk before the slot is freed: a crash in between leaves
                 // an acquisition for a finished job, which a restart skips.
                 finish(&queue, result, &name).await;
+                runner.board.finished(&key, job::ending_of(&outcome));
                 runner.release(&key);
             }
         }

@@ -2,7 +2,7 @@
 //! taskscaler → plugin process → SSH → instance executor.
 
 use std::collections::HashMap;
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RunnerConfig;
 use crate::job;
 use crate::local;
+use crate::progress::{self, LiveLines, Screen};
 use crate::runner::{Runner, StartOptions};
 
 /// What `slipway exec` was asked to do.
@@ -157,6 +158,7 @@ pub async fn run(
         delete_instances_on_shutdown: true,
         state_dir: Some(run_dir.path().join("state")),
         metrics: None,
+        job_metrics: None,
         concurrent: opts.concurrent,
     };
     let runner = tokio::select! {
@@ -256,7 +258,8 @@ async fn drive(
     stop: &CancellationToken,
 ) -> anyhow::Result<Vec<JobRow>> {
     let pipeline = &read.pipeline;
-    let printer = Printer::start();
+    // Live lines only for a person watching: piped output stays as plain as before.
+    let printer = Printer::start(std::io::stdout().is_terminal());
     let mut rows: Vec<Option<JobRow>> = vec![None; pipeline.jobs.len()];
     let mut artifacts: HashMap<usize, Vec<PathBuf>> = HashMap::new();
     let mut dotenv: HashMap<usize, Vec<Variable>> = HashMap::new();
@@ -301,7 +304,8 @@ async fn drive(
                     .filter_map(|i| artifacts.get(&i).cloned())
                     .flatten()
                     .collect();
-                let (trace, coverage) = printer.sender(&job.name, job.coverage.as_deref());
+                let (trace, coverage) =
+                    printer.sender(&job.name, &job.stage, job.coverage.as_deref());
                 let ctx = JobTask {
                     runner: runner.clone(),
                     index,
@@ -359,7 +363,7 @@ async fn drive(
                 rows[index] = Some(row);
             }
             _ = stop.cancelled(), if !stop.is_cancelled() => {
-                eprintln!("Stopping: canceling running jobs");
+                printer.notice("Stopping: canceling running jobs");
             }
         }
     }
@@ -600,22 +604,60 @@ impl JobTask {
     }
 }
 
-/// Prints job output line by line, each line prefixed with its job's name.
+/// What the printer task is told.
+enum Event {
+    /// A job started (its live line appears).
+    Start { name: Arc<str>, stage: String },
+    /// A chunk of a job's masked output.
+    Output(Arc<str>, Vec<u8>),
+    /// A job's output ended: its last partial line is flushed and its live line goes.
+    End(Arc<str>),
+    /// A message for stderr, printed with the live lines out of the way.
+    Notice(String),
+}
+
+/// Prints job output line by line, each line prefixed with its job's name; on a terminal, also
+/// one live line per running job below the output ([`LiveLines`]), redrawn in place. The one
+/// task that writes both keeps them from interleaving.
 struct Printer {
-    tx: mpsc::UnboundedSender<(Arc<str>, Option<Vec<u8>>)>,
+    tx: mpsc::UnboundedSender<Event>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Printer {
-    fn start() -> Printer {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<str>, Option<Vec<u8>>)>();
+    /// `live`: draw the live lines (stdout is a terminal).
+    fn start(live: bool) -> Printer {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
         let task = tokio::spawn(async move {
             let mut partial: HashMap<Arc<str>, Vec<u8>> = HashMap::new();
-            while let Some((name, chunk)) = rx.recv().await {
-                let buf = partial.entry(name.clone()).or_default();
+            let mut jobs = LiveLines::new();
+            let mut screen = Screen::new(live);
+            // Elapsed times tick even while no job prints.
+            let mut redraw = tokio::time::interval(progress::REDRAW_EVERY);
+            redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                let event = tokio::select! {
+                    e = rx.recv() => match e {
+                        Some(e) => e,
+                        None => break,
+                    },
+                    _ = redraw.tick(), if live => {
+                        write_stdout(&screen.redraw(&live_lines(&jobs)));
+                        continue;
+                    }
+                };
                 let mut out = Vec::new();
-                match chunk {
-                    Some(bytes) => {
+                match event {
+                    Event::Start { name, stage } => {
+                        if live {
+                            jobs.add(&name, &stage, Instant::now());
+                        }
+                    }
+                    Event::Output(name, bytes) => {
+                        if live {
+                            jobs.output(&name, &bytes);
+                        }
+                        let buf = partial.entry(name.clone()).or_default();
                         buf.extend_from_slice(&bytes);
                         while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                             let line: Vec<u8> = buf.drain(..=pos).collect();
@@ -623,19 +665,26 @@ impl Printer {
                             out.extend_from_slice(&line);
                         }
                     }
-                    None if !buf.is_empty() => {
-                        out.extend_from_slice(format!("[{name}] ").as_bytes());
-                        out.append(buf);
-                        out.push(b'\n');
+                    Event::End(name) => {
+                        if let Some(mut buf) = partial.remove(&name)
+                            && !buf.is_empty()
+                        {
+                            out.extend_from_slice(format!("[{name}] ").as_bytes());
+                            out.append(&mut buf);
+                            out.push(b'\n');
+                        }
+                        jobs.remove(&name);
                     }
-                    None => {}
+                    Event::Notice(text) => {
+                        write_stdout(&screen.clear());
+                        let _ = writeln!(std::io::stderr(), "{text}");
+                    }
                 }
-                if !out.is_empty() {
-                    let mut stdout = std::io::stdout().lock();
-                    let _ = stdout.write_all(&out);
-                    let _ = stdout.flush();
-                }
+                let lines = if live { live_lines(&jobs) } else { Vec::new() };
+                write_stdout(&screen.print(&out, &lines));
             }
+            // The summary that follows prints on a clean screen.
+            write_stdout(&screen.clear());
         });
         Printer { tx, task }
     }
@@ -646,6 +695,7 @@ impl Printer {
     fn sender(
         &self,
         name: &str,
+        stage: &str,
         coverage: Option<&str>,
     ) -> (
         mpsc::UnboundedSender<Vec<u8>>,
@@ -654,6 +704,10 @@ impl Printer {
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let out = self.tx.clone();
         let name: Arc<str> = Arc::from(name);
+        let _ = out.send(Event::Start {
+            name: name.clone(),
+            stage: stage.to_string(),
+        });
         // Checked by the pipeline reader; a regex that does not build finds nothing.
         let regex = coverage.and_then(|c| regex::Regex::new(c).ok());
         let task = tokio::spawn(async move {
@@ -670,22 +724,46 @@ impl Printer {
                         }
                     }
                 }
-                let _ = out.send((name.clone(), Some(chunk)));
+                let _ = out.send(Event::Output(name.clone(), chunk));
             }
             if let Some(re) = &regex {
                 found = local::coverage_in(re, &line).or(found);
             }
             // Flushes the job's last partial line.
-            let _ = out.send((name, None));
+            let _ = out.send(Event::End(name));
             found
         });
         (tx, task)
+    }
+
+    /// Print `text` on stderr without tearing the live lines.
+    fn notice(&self, text: &str) {
+        if self.tx.send(Event::Notice(text.to_string())).is_err() {
+            eprintln!("{text}");
+        }
     }
 
     async fn stop(self) {
         drop(self.tx);
         let _ = self.task.await;
     }
+}
+
+/// The live lines for stdout's terminal as it is now (it may have been resized).
+fn live_lines(jobs: &LiveLines) -> Vec<String> {
+    let size = progress::terminal_size(&std::io::stdout());
+    let width = progress::width_of(size, std::env::var("COLUMNS").ok().as_deref());
+    jobs.render(Instant::now(), width, progress::max_lines_of(size))
+}
+
+/// Write to stdout (a closed stdout must not stop the run).
+fn write_stdout(bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(bytes);
+    let _ = stdout.flush();
 }
 
 fn print_summary(rows: &[JobRow]) {

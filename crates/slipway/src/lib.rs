@@ -3,6 +3,7 @@
 //! - [`config`]: GitLab Runner's `config.toml`, with located errors and warnings.
 //! - [`runner`]: one `[[runners]]` entry started — plugin process, taskscaler, SSH connections.
 //! - [`exec`]: `slipway exec`, a local pipeline through the whole stack.
+//! - [`progress`]: progress on a terminal: `exec`'s live line per running job, build step spinners.
 //! - [`job`]: one job on a slot (reserve, acquire, execute), shared by `exec` and `run`.
 //! - [`consume`]: `slipway run`'s job source, the embedded queue, and its restart recovery.
 //! - [`git`]: a GitLab job's repository, fetched on the manager and shipped to the job.
@@ -10,6 +11,7 @@
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
 //! - [`vm`]: `slipway nesting`, `slipway image build` and `slipway debug`.
 //! - [`register`]: `slipway register`, GitLab's registration flows appending to config.toml.
+//! - [`status`]: the live status (`/api/v1/status`, the status page) over the runners.
 //! - [`plugin_check`]: `slipway plugin check`, a fleeting plugin's conformance check.
 
 pub mod config;
@@ -22,8 +24,10 @@ pub mod local;
 pub mod localhost;
 pub mod plugin_check;
 pub mod pool;
+pub mod progress;
 pub mod register;
 pub mod request;
 pub mod runner;
 pub mod server;
+pub mod status;
 pub mod vm;

@@ -112,6 +112,16 @@ enum Command {
         #[arg(short, long, default_value = "config.toml")]
         config: PathBuf,
     },
+    /// Print the fleet as the status page shows it, from a running `slipway run`'s
+    /// `/api/v1/status` (its `listen_address`, with `[status_page] token` when set).
+    Status {
+        /// config.toml of the running manager.
+        #[arg(short, long, default_value = "config.toml")]
+        config: PathBuf,
+        /// Print the JSON answer instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the embedded queue's jobs: pending, running, and finished with their results.
     Jobs {
         /// config.toml whose queue to list (the queue lives beside it).
@@ -496,6 +506,34 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
                 }
             }
             Ok(code)
+        }
+        Command::Status { config, json } => {
+            let loaded = config::load(&config).await?;
+            let Some(addr) = loaded.config.listen_address.as_deref() else {
+                anyhow::bail!(
+                    "{}: listen_address is not set, so `slipway run` serves no status; set e.g. listen_address = \"localhost:9252\"",
+                    config.display()
+                );
+            };
+            if !loaded.config.status_page.enabled {
+                anyhow::bail!(
+                    "{}: [status_page] enabled = false: the manager serves no status",
+                    config.display()
+                );
+            }
+            let token = loaded.config.status_page.token.as_deref();
+            let (status, body) = slipway::status::fetch(addr, token).await.with_context(|| {
+                format!(
+                    "asking the manager at {addr} (listen_address of {})",
+                    config.display()
+                )
+            })?;
+            if json {
+                println!("{body}");
+            } else {
+                print!("{}", slipway_status::summary::render(&status));
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Jobs { config } => {
             let queue = open_queue(queue, &config).await?;
@@ -894,10 +932,12 @@ async fn run_manager(
     let q = queue.clone();
     let claimed = consume::blocking(move || q.running()).await?;
     let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
+    let job_metrics = slipway_status::JobMetrics::default();
     let opts = runner::StartOptions {
         plugin_dir,
         state_dir: Some(config::state_dir(config_path)),
         metrics: Some(families.clone()),
+        job_metrics: Some(job_metrics.clone()),
         concurrent: loaded.config.concurrent,
         ..runner::StartOptions::default()
     };
@@ -922,14 +962,32 @@ async fn run_manager(
         queue = %queue.dir().display(),
         "manager running"
     );
+    // Sampled from the start, so the page's charts cover the manager's whole life.
+    let page = &loaded.config.status_page;
+    let (interval, span) = page.history_durations();
+    let status = Arc::new(slipway::status::StatusService::new(
+        runners.clone(),
+        interval,
+        span,
+    ));
+    let sampler_stop = CancellationToken::new();
+    let sampler = status.clone().spawn(sampler_stop.clone());
     let server = match &loaded.config.listen_address {
         None => None,
         Some(addr) => {
-            let mut registry = prometheus_client::registry::Registry::default();
-            families.register(&mut registry);
-            match slipway::server::Server::start(addr, registry).await {
+            let registry = slipway::server::registry(&families, &job_metrics);
+            let routes = page.enabled.then(|| {
+                let status = status.clone();
+                slipway::server::StatusRoutes {
+                    status: Arc::new(move || status.collect()),
+                    token: page.token.clone(),
+                }
+            });
+            match slipway::server::Server::start(addr, registry, routes).await {
                 Ok(s) => Some(s),
                 Err(e) => {
+                    sampler_stop.cancel();
+                    let _ = sampler.await;
                     for r in &runners {
                         r.shutdown().await;
                     }
@@ -1014,6 +1072,8 @@ async fn run_manager(
     if let Some(server) = server {
         server.stop().await;
     }
+    sampler_stop.cancel();
+    let _ = sampler.await;
     for r in &runners {
         r.shutdown().await;
     }
@@ -1143,10 +1203,7 @@ async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
     opts.kernel = kernel;
     opts.cache_dir = cache_dir;
     opts.sshd = sshd;
-    let manifest = slipway_nesting::image::build(&opts, &mut |p| {
-        eprintln!("{}", slipway_nesting::image::render_progress(&p));
-    })
-    .await?;
+    let manifest = vm::build_image(&opts).await?;
     println!(
         "built {} image {:?} in {} (kernel {})",
         manifest.level.as_str(),

@@ -19,6 +19,7 @@ use slipway_executor::{CustomConfig, IsolationPolicy, NestingConfig};
 
 use crate::localhost::LocalGroup;
 use slipway_executor_plugin::ExecutorHost;
+use slipway_status::{JobBoard, JobMetrics};
 
 use crate::config::{AutoscalerConfig, ExecutorPluginConfig, RunnerConfig};
 use crate::pool::{Checks, DockerExecs, Pool};
@@ -53,6 +54,8 @@ pub struct Runner {
     pub executor_plugin: Option<ExecutorPlugin>,
     /// Its instance groups (one per shape) and where each job goes.
     pub placement: Placement,
+    /// Its jobs as they wait, run and end (the status page and job metrics).
+    pub board: Arc<JobBoard>,
     /// One plugin process per shape, in the placement's order.
     plugins: Vec<Arc<PluginHost>>,
     /// One SSH connection per instance, shared by the jobs on its slots and health checks.
@@ -94,6 +97,8 @@ pub struct StartOptions {
     pub state_dir: Option<PathBuf>,
     /// Metric families shared by every runner of the process (default: the runner's own).
     pub metrics: Option<Arc<MetricFamilies>>,
+    /// Job metric families shared by every runner of the process (default: the runner's own).
+    pub job_metrics: Option<JobMetrics>,
     /// Jobs at once on a runner without a `limit` (its slots when jobs run on this machine).
     pub concurrent: u32,
 }
@@ -189,6 +194,7 @@ impl Runner {
             nesting: cfg.nesting_config(),
             executor_plugin,
             placement: Placement::new(shapes),
+            board: board_of(cfg, opts),
             plugins,
             pool,
             docker_execs,
@@ -260,6 +266,26 @@ impl Runner {
     /// An SSH connection to the acquisition's instance, reused across jobs.
     pub async fn client(&self, acq: &Acquisition) -> anyhow::Result<Arc<Client>> {
         self.pool.client(&acq.connect_info).await
+    }
+
+    /// The snapshots the nesting daemon on instance `id` holds (runners with VM isolation).
+    pub async fn nesting_snapshots(
+        &self,
+        id: &str,
+        info: &slipway_fleeting::ConnectInfo,
+    ) -> anyhow::Result<Vec<slipway_nesting::proto::Snapshot>> {
+        let Some(config) = self.nesting.clone() else {
+            bail!("runner {:?} has no VM isolation", self.name);
+        };
+        let client = self.pool.client(info).await?;
+        let exec = slipway_executor::NestingExecutor {
+            client,
+            instance: id.to_string(),
+            config,
+            level: slipway_executor::Isolation::Microvm,
+        };
+        let mut nesting = exec.nesting().await.map_err(anyhow::Error::msg)?;
+        Ok(nesting.list_snapshots().await?)
     }
 
     /// The Docker executor for jobs on `instance` (`None`: this machine's engine), made on first
@@ -451,6 +477,14 @@ async fn start_plugin_of(
     }))
 }
 
+/// The runner's job board, writing the process's job metrics.
+fn board_of(cfg: &RunnerConfig, opts: &StartOptions) -> Arc<JobBoard> {
+    Arc::new(JobBoard::new(
+        &cfg.name,
+        opts.job_metrics.clone().unwrap_or_default(),
+    ))
+}
+
 /// Undo a start that failed half-way: the taskscalers and plugins started so far.
 async fn stop_started(shapes: &[Shape], plugins: &[Arc<PluginHost>]) {
     for s in shapes {
@@ -537,6 +571,7 @@ fn start_local(
             name: "default".into(),
             scaler,
         }]),
+        board: board_of(cfg, opts),
         plugins: Vec::new(),
         pool: Arc::new(Pool::new(DialOptions::default())),
         docker_execs: DockerExecs::default(),

@@ -1,16 +1,54 @@
-//! The manager's HTTP endpoint: `/metrics` (Prometheus text) and `/healthz`.
+//! The manager's HTTP endpoint: `/metrics` (Prometheus text), `/healthz`, and the status page
+//! (`/`) with its JSON (`/api/v1/status`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::http::{StatusCode, header};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use base64::Engine as _;
 use prometheus_client::registry::Registry;
+use slipway_status::FleetStatus;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+/// How often the page refreshes itself.
+const PAGE_REFRESH_MS: u64 = 2000;
+
+/// Every metric family the manager exports: the taskscalers' and the jobs'.
+pub fn registry(
+    families: &slipway_taskscaler::metrics::MetricFamilies,
+    jobs: &slipway_status::JobMetrics,
+) -> Registry {
+    let mut registry = Registry::default();
+    families.register(&mut registry);
+    jobs.register(&mut registry);
+    registry
+}
+
+/// What the status page and its JSON are made from.
+pub type StatusFn = Arc<dyn Fn() -> FleetStatus + Send + Sync>;
+
+/// The status page's settings.
+#[derive(Clone)]
+pub struct StatusRoutes {
+    /// Builds the fleet's status on each request.
+    pub status: StatusFn,
+    /// When set, `/` and `/api/v1/status` need it (Bearer, Basic password or `?token=`).
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for StatusRoutes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusRoutes")
+            .field("token", &self.token.as_ref().map(|_| "[MASKED]"))
+            .finish_non_exhaustive()
+    }
+}
 
 /// A running HTTP server; stopped by [`Server::stop`].
 #[derive(Debug)]
@@ -22,14 +60,18 @@ pub struct Server {
 }
 
 impl Server {
-    /// Listen on `addr` and serve `registry`.
-    pub async fn start(addr: &str, registry: Registry) -> anyhow::Result<Server> {
+    /// Listen on `addr` and serve `registry`, and the status page when `status` is given.
+    pub async fn start(
+        addr: &str,
+        registry: Registry,
+        status: Option<StatusRoutes>,
+    ) -> anyhow::Result<Server> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("listen_address {addr:?}: cannot listen"))?;
         let addr = listener.local_addr()?;
         let registry = Arc::new(registry);
-        let app = Router::new()
+        let mut app = Router::new()
             .route(
                 "/metrics",
                 get(move || {
@@ -38,6 +80,13 @@ impl Server {
                 }),
             )
             .route("/healthz", get(|| async { "ok\n" }));
+        if let Some(status) = status {
+            let pages = Router::new()
+                .route("/", get(page))
+                .route("/api/v1/status", get(status_json))
+                .with_state(Arc::new(status));
+            app = app.merge(pages);
+        }
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(async move {
@@ -48,7 +97,7 @@ impl Server {
                 tracing::error!(error = %e, "metrics server failed");
             }
         });
-        tracing::info!(%addr, "serving /metrics");
+        tracing::info!(%addr, "serving /metrics and the status page");
         Ok(Server { addr, stop, task })
     }
 
@@ -57,6 +106,126 @@ impl Server {
         self.stop.cancel();
         let _ = self.task.await;
     }
+}
+
+async fn page(
+    State(s): State<Arc<StatusRoutes>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> axum::response::Response {
+    if let Some(refused) = refuse(&s, &headers, &uri) {
+        return refused;
+    }
+    let html = slipway_status::page::render(&(s.status)(), PAGE_REFRESH_MS);
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        html,
+    )
+        .into_response()
+}
+
+async fn status_json(
+    State(s): State<Arc<StatusRoutes>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> axum::response::Response {
+    if let Some(refused) = refuse(&s, &headers, &uri) {
+        return refused;
+    }
+    match serde_json::to_vec(&(s.status)()) {
+        Ok(body) => (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            format!("encoding the status: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// `None` when the request may see the status; else the 401 to send.
+fn refuse(s: &StatusRoutes, headers: &HeaderMap, uri: &Uri) -> Option<axum::response::Response> {
+    let want = s.token.as_deref()?;
+    let given = presented_token(headers, uri);
+    if given.is_some_and(|g| same(g.as_bytes(), want.as_bytes())) {
+        return None;
+    }
+    Some(
+        (
+            StatusCode::UNAUTHORIZED,
+            [
+                (header::WWW_AUTHENTICATE, "Basic realm=\"slipway\""),
+                (header::CONTENT_TYPE, "text/plain"),
+            ],
+            "the status page needs [status_page] token: as a Bearer token, a Basic password or ?token=\n",
+        )
+            .into_response(),
+    )
+}
+
+/// The token a request presents: `Authorization: Bearer T`, Basic auth with password `T`, or
+/// the `token` query parameter.
+fn presented_token(headers: &HeaderMap, uri: &Uri) -> Option<String> {
+    if let Some(auth) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        if let Some(t) = auth.strip_prefix("Bearer ") {
+            return Some(t.trim().to_string());
+        }
+        if let Some(b) = auth.strip_prefix("Basic ") {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .ok()?;
+            let text = String::from_utf8(decoded).ok()?;
+            return text.split_once(':').map(|(_, p)| p.to_string());
+        }
+    }
+    uri.query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == "token").then(|| percent_decode(v))
+    })
+}
+
+/// `%XX` and `+` decoded (a token typed into a URL).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+            (b'+', _) => out.push(b' '),
+            (c, _) => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Equal in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn metrics(registry: &Registry) -> axum::response::Response {
@@ -77,5 +246,41 @@ fn metrics(registry: &Registry) -> axum::response::Response {
             format!("encoding metrics: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(s: &str) -> Uri {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_token_is_taken_from_bearer_basic_or_the_query() {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
+        assert_eq!(presented_token(&h, &uri("/")).as_deref(), Some("s3cret"));
+        let basic = base64::engine::general_purpose::STANDARD.encode("ops:s3cret");
+        h.insert(
+            header::AUTHORIZATION,
+            format!("Basic {basic}").parse().unwrap(),
+        );
+        assert_eq!(presented_token(&h, &uri("/")).as_deref(), Some("s3cret"));
+        let none = HeaderMap::new();
+        assert_eq!(
+            presented_token(&none, &uri("/api/v1/status?x=1&token=a%2Bb+c")).as_deref(),
+            Some("a+b c")
+        );
+        assert_eq!(presented_token(&none, &uri("/?token")), None);
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"abcd"));
     }
 }

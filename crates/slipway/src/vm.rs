@@ -1,17 +1,21 @@
 //! `slipway nesting …`, `slipway image build` and `slipway debug`: the nesting daemon and its
 //! client on an instance, guest images, and stepping into a failed job's VM.
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use slipway_nesting::agent::{AgentClient, Exec, ExecEvent};
 use slipway_nesting::client::{AgentAddr, NestingClient};
 use slipway_nesting::daemon::{Daemon, DaemonOptions};
+use slipway_nesting::image::{self, BuildOptions, ImageError, ImageManifest};
 use slipway_nesting::proto;
 use tokio::io::AsyncReadExt as _;
 use tokio_util::sync::CancellationToken;
+
+use crate::progress;
 
 /// Default socket of the nesting daemon.
 pub const DEFAULT_SOCKET: &str = "/run/slipway/nesting.sock";
@@ -46,6 +50,102 @@ pub async fn serve(
 /// A client of the daemon at `socket`.
 pub async fn connect(socket: &Path) -> anyhow::Result<NestingClient> {
     Ok(NestingClient::connect_unix(socket).await?)
+}
+
+/// How often a running build step's spinner turns.
+const SPINNER_EVERY: Duration = Duration::from_millis(100);
+
+/// Build a guest image, showing its steps on stderr: on a terminal, the running step's line
+/// with a spinner and its elapsed time, replaced by `… done in 48.2 s` when it ends; otherwise
+/// one plain line when a step starts and one when it ends.
+pub async fn build_image(opts: &BuildOptions) -> Result<ImageManifest, ImageError> {
+    if !std::io::stderr().is_terminal() {
+        return image::build(opts, &mut |p| {
+            write_stderr(&format!("{}\n", image::render_progress(&p)));
+        })
+        .await;
+    }
+    let running: Arc<Mutex<Option<Running>>> = Arc::default();
+    let spinner = Spinner(tokio::spawn({
+        let running = running.clone();
+        async move {
+            let mut tick = tokio::time::interval(SPINNER_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            for frame in 0usize.. {
+                tick.tick().await;
+                let guard = running.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(r) = guard.as_ref() {
+                    // The lock is held while writing: a step ending cannot write in between.
+                    write_stderr(&r.line(frame));
+                }
+            }
+        }
+    }));
+    let result = image::build(opts, &mut |p| {
+        let mut guard = running.lock().unwrap_or_else(PoisonError::into_inner);
+        if p.done {
+            *guard = None;
+            write_stderr(&format!("\r\x1b[K{}\n", image::render_progress(&p)));
+        } else {
+            let r = Running {
+                head: image::render_progress(&p),
+                started: Instant::now(),
+            };
+            write_stderr(&r.line(0));
+            *guard = Some(r);
+        }
+    })
+    .await;
+    drop(spinner);
+    // A failed step's line is ended, so the error prints on a line of its own.
+    let failed = running
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    if let Some(r) = failed {
+        write_stderr(&format!(
+            "\r\x1b[K{} failed after {:.1} s\n",
+            r.head,
+            r.started.elapsed().as_secs_f64()
+        ));
+    }
+    result
+}
+
+/// The build step running now.
+#[derive(Debug)]
+struct Running {
+    /// `[2/8] debootstrap bookworm …`.
+    head: String,
+    started: Instant,
+}
+
+impl Running {
+    /// Its line with spinner frame `frame`, overwriting the line the cursor is on.
+    fn line(&self, frame: usize) -> String {
+        let size = progress::terminal_size(&std::io::stderr());
+        let width = progress::width_of(size, std::env::var("COLUMNS").ok().as_deref());
+        format!(
+            "\r{}\x1b[K",
+            progress::step_line(&self.head, self.started.elapsed(), frame, width)
+        )
+    }
+}
+
+/// The spinner's redraw task, stopped when the build ends (or is dropped half-way).
+struct Spinner(tokio::task::JoinHandle<()>);
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Write to stderr (a closed stderr must not fail the build).
+fn write_stderr(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
+    let _ = err.flush();
 }
 
 /// Print VMs as a table.

@@ -704,6 +704,12 @@ async fn run_job(
         tracing::error!(runner = %runner.name, job = job.id, error = %e,
             "cannot record the job in the outbox; a crash now would leave it unreported");
     }
+    let board_key = key_of(job.id);
+    runner.board.waiting(
+        &board_key,
+        job::board_info(runner, &job),
+        job.masked_values().into_iter().map(String::from).collect(),
+    );
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let trace = Trace::new(job.masked_values(), tx);
     let sender = TraceSender::new(
@@ -788,6 +794,15 @@ async fn run_job(
         stop.is_cancelled(),
         gitlab_cancel.is_cancelled() || gitlab_abort.is_cancelled(),
     );
+    let mut ending = job::ending_of(&outcome);
+    ending.failure_reason = reason.as_ref().map(|r| r.as_str().to_string());
+    if reason
+        .as_ref()
+        .is_some_and(|r| r.as_str() == "runner_interrupted")
+    {
+        ending.outcome = "failed".into();
+    }
+    runner.board.finished(&board_key, ending);
     let update = PendingUpdate::new(&job, state, reason, exit_code, output);
     tracing::info!(runner = %runner.name, job = job.id, ?state,
         failure_reason = ?update.failure_reason, ?exit_code, "job finished");
@@ -858,6 +873,7 @@ async fn run_admitted(
     side.finish();
     drop(side);
     if let Ok(a) = &acq {
+        runner.board.running(&key, &a.instance_id, a.slot);
         trace.message(&format!(
             "Running on instance {} slot {}",
             a.instance_id, a.slot

@@ -1,0 +1,391 @@
+//! The manager's live status: `/api/v1/status` and the status page are built here from the
+//! runners' taskscalers and job boards, and a sampler keeps the last hours in memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use slipway_fleeting::State;
+use slipway_status::board::unix_ms;
+use slipway_status::history::p95;
+use slipway_status::model::{
+    InstanceStatus, RunnerStatus, ShapeStatus, SlotJob, SlotStatus, SnapshotStatus, Totals,
+};
+use slipway_status::{FleetStatus, History, Sample};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::runner::Runner;
+
+/// How often a nesting daemon's snapshots are listed.
+const SNAPSHOT_POLL: Duration = Duration::from_secs(30);
+/// Longest one instance's snapshot listing may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A snapshot as listed, with when it was taken (unix s).
+#[derive(Debug, Clone)]
+struct HeldSnapshot {
+    name: String,
+    bytes: u64,
+    created_s: i64,
+}
+
+/// The status of every runner of a manager, and its history.
+#[derive(Debug)]
+pub struct StatusService {
+    runners: Vec<Arc<Runner>>,
+    started: Instant,
+    history: Mutex<History>,
+    /// Snapshots by instance id, from the last listing.
+    snapshots: Mutex<HashMap<String, Vec<HeldSnapshot>>>,
+}
+
+impl StatusService {
+    /// Status over `runners`, keeping `span` of history sampled every `interval`.
+    pub fn new(runners: Vec<Arc<Runner>>, interval: Duration, span: Duration) -> StatusService {
+        StatusService {
+            runners,
+            started: Instant::now(),
+            history: Mutex::new(History::new(interval, span)),
+            snapshots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn history(&self) -> MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fleet now.
+    pub fn collect(&self) -> FleetStatus {
+        let snapshots = self
+            .snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let now_s = unix_ms(SystemTime::now()) / 1000;
+        FleetStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            generated_at_ms: unix_ms(SystemTime::now()),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            runners: self
+                .runners
+                .iter()
+                .map(|r| runner_status(Source::of(r), &snapshots, now_s))
+                .collect(),
+            history: self.history().series(),
+        }
+    }
+
+    /// Add one history sample of the fleet now.
+    pub fn sample(&self) {
+        let mut s = Sample {
+            t_ms: unix_ms(SystemTime::now()),
+            ..Sample::default()
+        };
+        let mut waits = Vec::new();
+        for r in &self.runners {
+            for shape in r.placement.shapes() {
+                for i in shape.scaler.instances() {
+                    s.instances += 1;
+                    s.busy_slots += i.slots.iter().filter(|x| x.is_some()).count() as u32;
+                }
+            }
+            s.queue_depth += r.board.pending().len() as u32;
+            waits.extend(r.board.take_waits());
+        }
+        s.p95_wait_s = p95(&mut waits);
+        self.history().push(s);
+    }
+
+    /// List the snapshots of every running instance of runners with VM isolation.
+    pub async fn poll_snapshots(&self) {
+        let mut found: HashMap<String, Vec<HeldSnapshot>> = HashMap::new();
+        for r in self
+            .runners
+            .iter()
+            .filter(|r| r.nesting.is_some() && !r.local)
+        {
+            for shape in r.placement.shapes() {
+                for i in shape.scaler.instances() {
+                    let Some(info) = i.connect_info.as_ref().filter(|_| i.ready) else {
+                        continue;
+                    };
+                    match tokio::time::timeout(SNAPSHOT_TIMEOUT, r.nesting_snapshots(&i.id, info))
+                        .await
+                    {
+                        Ok(Ok(list)) => {
+                            let held = list
+                                .into_iter()
+                                .map(|s| HeldSnapshot {
+                                    name: s.name,
+                                    bytes: s.memory_bytes.saturating_add(s.disk_bytes),
+                                    created_s: s.created,
+                                })
+                                .collect();
+                            found.insert(i.id.clone(), held);
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots: {e:#}")
+                        }
+                        Err(_) => {
+                            tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots timed out")
+                        }
+                    }
+                }
+            }
+        }
+        *self.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = found;
+    }
+
+    /// Sample every history interval and list snapshots every 30 s until `stop`; the caller
+    /// owns the task.
+    pub fn spawn(self: Arc<Self>, stop: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let interval = self.history().interval();
+            let mut sample = tokio::time::interval(interval);
+            let mut snapshots = tokio::time::interval(SNAPSHOT_POLL);
+            sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            snapshots.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = sample.tick() => self.sample(),
+                    _ = snapshots.tick() => {
+                        tokio::select! {
+                            _ = stop.cancelled() => break,
+                            () = self.poll_snapshots() => {}
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// What a runner's status is made from.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// Runner name.
+    pub name: &'a str,
+    /// Executor.
+    pub executor: &'a str,
+    /// Its shapes' taskscalers.
+    pub placement: &'a slipway_taskscaler::Placement,
+    /// Its jobs.
+    pub board: &'a slipway_status::JobBoard,
+}
+
+impl<'a> Source<'a> {
+    /// The parts of a started runner.
+    pub fn of(r: &'a Runner) -> Source<'a> {
+        Source {
+            name: &r.name,
+            executor: &r.executor,
+            placement: &r.placement,
+            board: &r.board,
+        }
+    }
+}
+
+/// One runner's status (snapshots are left out: they come from the manager's listing).
+pub fn runner_status_of(r: Source<'_>) -> RunnerStatus {
+    runner_status(r, &HashMap::new(), 0)
+}
+
+fn runner_status(
+    r: Source<'_>,
+    snapshots: &HashMap<String, Vec<HeldSnapshot>>,
+    now_s: i64,
+) -> RunnerStatus {
+    let running = r.board.running_jobs();
+    let pending = r.board.pending();
+    let mut totals = Totals {
+        pending: pending.len() as u32,
+        running: running.len() as u32,
+        ..Totals::default()
+    };
+    let shapes = r
+        .placement
+        .shapes()
+        .iter()
+        .map(|shape| {
+            let cfg = shape.scaler.config();
+            let instances = shape
+                .scaler
+                .instances()
+                .into_iter()
+                .map(|i| {
+                    let held = i.slots.iter().filter(|s| s.is_some()).count() as u32;
+                    let state = state_label(&i, held);
+                    totals.instances += 1;
+                    totals.busy_slots += held;
+                    if state == "idle" || state == "busy" {
+                        totals.ready += 1;
+                        totals.idle_slots += i.slots.len() as u32 - held;
+                    }
+                    InstanceStatus {
+                        state: state.to_string(),
+                        age_s: i.age.as_secs_f64(),
+                        uses: i.uses,
+                        slots: slots_of(&i.slots, &running),
+                        snapshots: snapshots
+                            .get(&i.id)
+                            .map(|list| snapshot_views(list, now_s))
+                            .unwrap_or_default(),
+                        id: i.id,
+                    }
+                })
+                .collect();
+            ShapeStatus {
+                name: shape.name.clone(),
+                group: shape.scaler.group_id().to_string(),
+                capacity_per_instance: cfg.capacity_per_instance,
+                max_instances: cfg.max_instances,
+                max_use_count: cfg.max_use_count,
+                instances,
+            }
+        })
+        .collect();
+    RunnerStatus {
+        name: r.name.to_string(),
+        executor: r.executor.to_string(),
+        totals,
+        shapes,
+        pending,
+        recent: r.board.recent(),
+    }
+}
+
+/// What the page calls an instance's state: the plugin's, refined by what the taskscaler knows.
+fn state_label(i: &slipway_taskscaler::InstanceStatus, held: u32) -> &'static str {
+    match i.state {
+        State::Running if i.removing => "removing",
+        State::Running if !i.ready => "booting",
+        State::Running if held == 0 && !i.exclusive => "idle",
+        State::Running => "busy",
+        other => other.as_str(),
+    }
+}
+
+fn slots_of(slots: &[Option<String>], running: &HashMap<String, SlotJob>) -> Vec<SlotStatus> {
+    slots
+        .iter()
+        .enumerate()
+        .map(|(n, holder)| SlotStatus {
+            slot: n as u32,
+            job: holder.as_ref().map(|key| {
+                running.get(key).cloned().unwrap_or_else(|| SlotJob {
+                    // Held by a key the board does not know (a job of the last run, say).
+                    id: 0,
+                    name: key.clone(),
+                    ..SlotJob::default()
+                })
+            }),
+        })
+        .collect()
+}
+
+fn snapshot_views(list: &[HeldSnapshot], now_s: i64) -> Vec<SnapshotStatus> {
+    let mut v: Vec<SnapshotStatus> = list
+        .iter()
+        .map(|s| SnapshotStatus {
+            name: s.name.clone(),
+            bytes: s.bytes,
+            age_s: (now_s - s.created_s).max(0) as f64,
+        })
+        .collect();
+    v.sort_by(|a, b| {
+        a.age_s
+            .total_cmp(&b.age_s)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    v
+}
+
+/// Errors of [`fetch`].
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// No connection.
+    #[error("cannot connect: {0} (is `slipway run` running with this config?)")]
+    Connect(std::io::Error),
+    /// The exchange failed half-way.
+    #[error("reading the answer: {0}")]
+    Io(std::io::Error),
+    /// The manager wants the status page's token.
+    #[error("the manager wants a token: set [status_page] token in this config to the manager's")]
+    Unauthorized,
+    /// Anything but 200.
+    #[error("the manager answered {0}")]
+    Status(String),
+    /// Not the JSON expected.
+    #[error("unexpected answer: {0}")]
+    Body(String),
+}
+
+/// Where a `listen_address` is reached from this machine: `:9252` and `0.0.0.0:9252` are
+/// reached on loopback.
+pub fn reachable(listen: &str) -> String {
+    let (host, port) = listen.rsplit_once(':').unwrap_or((listen, "9252"));
+    let host = match host.trim_matches(|c| c == '[' || c == ']') {
+        "" | "0.0.0.0" => "127.0.0.1".to_string(),
+        "::" => "[::1]".to_string(),
+        h if h.contains(':') => format!("[{h}]"),
+        h => h.to_string(),
+    };
+    format!("{host}:{port}")
+}
+
+/// `GET /api/v1/status` of the manager listening on `listen`: the status and its JSON text.
+pub async fn fetch(listen: &str, token: Option<&str>) -> Result<(FleetStatus, String), FetchError> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = reachable(listen);
+    let mut conn = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(&addr),
+    )
+    .await
+    .map_err(|_| FetchError::Connect(std::io::ErrorKind::TimedOut.into()))?
+    .map_err(FetchError::Connect)?;
+    let mut req =
+        format!("GET /api/v1/status HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut answer = Vec::new();
+    let exchange = async {
+        conn.write_all(req.as_bytes()).await?;
+        conn.read_to_end(&mut answer).await
+    };
+    tokio::time::timeout(Duration::from_secs(30), exchange)
+        .await
+        .map_err(|_| FetchError::Io(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(FetchError::Io)?;
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| FetchError::Body("no HTTP header".into()))?;
+    let status_line = head.lines().next().unwrap_or_default();
+    let code = status_line.split_whitespace().nth(1).unwrap_or_default();
+    match code {
+        "200" => {}
+        "401" => return Err(FetchError::Unauthorized),
+        _ => return Err(FetchError::Status(status_line.to_string())),
+    }
+    let status: FleetStatus =
+        serde_json::from_str(body).map_err(|e| FetchError::Body(e.to_string()))?;
+    Ok((status, body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_listen_addresses_are_reached_on_loopback() {
+        assert_eq!(reachable(":9252"), "127.0.0.1:9252");
+        assert_eq!(reachable("0.0.0.0:9252"), "127.0.0.1:9252");
+        assert_eq!(reachable("[::]:9252"), "[::1]:9252");
+        assert_eq!(reachable("localhost:80"), "localhost:80");
+    }
+}
