@@ -42,6 +42,7 @@ bench:
 	@scripts/deps.sh demo
 	$(CARGO) build --release --workspace --bins
 	$(CARGO) bench -p slipway --bench dispatch
+	$(CARGO) bench -p slipway --bench status
 
 ## Instance start-up per fleeting plugin (local, static, aws on moto, qemu beside a bare boot).
 bench-plugins:

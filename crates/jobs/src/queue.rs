@@ -234,6 +234,19 @@ pub struct Entry {
     pub state: JobState,
 }
 
+/// A pending job as [`Queue::waiting`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// Job id.
+    pub id: u64,
+    /// Job name.
+    pub name: String,
+    /// Stage.
+    pub stage: String,
+    /// When it was queued.
+    pub queued_at: std::time::SystemTime,
+}
+
 /// What [`Queue::recover`] did with the jobs a dead manager left claimed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
@@ -351,6 +364,32 @@ impl Queue {
     /// Ids of pending jobs, oldest first.
     pub fn pending(&self) -> Result<Vec<u64>> {
         self.ids(PENDING)
+    }
+
+    /// How many jobs are pending, and the oldest `limit` of them with their names and when
+    /// they were queued (a job's file keeps its time through claims and requeues).
+    pub fn waiting(&self, limit: usize) -> Result<(usize, Vec<Waiting>)> {
+        let ids = self.pending()?;
+        let mut out = Vec::new();
+        for id in ids.iter().copied().take(limit) {
+            let path = self.file(PENDING, id);
+            let queued_at = match fs::metadata(&path).and_then(|m| m.modified()) {
+                Ok(t) => t,
+                // Claimed between listing and reading.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(QueueError::Io { path, source: e }),
+            };
+            let Some(job) = self.read_json::<JobResponse>(&path)? else {
+                continue;
+            };
+            out.push(Waiting {
+                id,
+                name: job.job_info.name,
+                stage: job.job_info.stage,
+                queued_at,
+            });
+        }
+        Ok((ids.len(), out))
     }
 
     /// Ids of claimed jobs.
@@ -834,6 +873,22 @@ mod tests {
                 .next()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn waiting_lists_the_oldest_pending_jobs_with_their_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = Queue::open(dir.path()).unwrap();
+        for name in ["a", "b", "c"] {
+            let j = job(&q, name);
+            q.enqueue(&j).unwrap();
+        }
+        q.claim(1).unwrap().unwrap();
+        let (n, first) = q.waiting(1).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].id, first[0].name.as_str()), (2, "b"));
+        assert!(first[0].queued_at <= std::time::SystemTime::now());
     }
 
     #[test]

@@ -965,11 +965,12 @@ async fn run_manager(
     // Sampled from the start, so the page's charts cover the manager's whole life.
     let page = &loaded.config.status_page;
     let (interval, span) = page.history_durations();
-    let status = Arc::new(slipway::status::StatusService::new(
-        runners.clone(),
-        interval,
-        span,
-    ));
+    let mut status = slipway::status::StatusService::new(runners.clone(), interval, span);
+    // The embedded queue feeds only the runners GitLab does not.
+    if !loaded.config.runners.iter().all(gitlab::serves_gitlab) {
+        status = status.with_queue(queue.clone());
+    }
+    let status = Arc::new(status);
     let sampler_stop = CancellationToken::new();
     let sampler = status.clone().spawn(sampler_stop.clone());
     let server = match &loaded.config.listen_address {

@@ -9,7 +9,8 @@ use slipway_fleeting::State;
 use slipway_status::board::unix_ms;
 use slipway_status::history::p95;
 use slipway_status::model::{
-    InstanceStatus, RunnerStatus, ShapeStatus, SlotJob, SlotStatus, SnapshotStatus, Totals,
+    InstanceStatus, PendingJob, QueueStatus, RunnerStatus, ShapeStatus, SlotJob, SlotStatus,
+    SnapshotStatus, Totals,
 };
 use slipway_status::{FleetStatus, History, Sample};
 use tokio::task::JoinHandle;
@@ -17,6 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runner::Runner;
 
+/// How often the embedded queue's pending jobs are listed.
+const QUEUE_POLL: Duration = Duration::from_secs(2);
+/// Queued jobs shown by name.
+const QUEUE_SHOWN: usize = 100;
 /// How often a nesting daemon's snapshots are listed.
 const SNAPSHOT_POLL: Duration = Duration::from_secs(30);
 /// Longest one instance's snapshot listing may take.
@@ -38,6 +43,10 @@ pub struct StatusService {
     history: Mutex<History>,
     /// Snapshots by instance id, from the last listing.
     snapshots: Mutex<HashMap<String, Vec<HeldSnapshot>>>,
+    /// The embedded queue `slipway run` consumes, if any.
+    queue: Option<slipway_jobs::queue::Queue>,
+    /// Its pending jobs as last listed.
+    queued: Mutex<Option<(usize, Vec<slipway_jobs::queue::Waiting>)>>,
 }
 
 impl StatusService {
@@ -48,7 +57,65 @@ impl StatusService {
             started: Instant::now(),
             history: Mutex::new(History::new(interval, span)),
             snapshots: Mutex::new(HashMap::new()),
+            queue: None,
+            queued: Mutex::new(None),
         }
+    }
+
+    /// Also show the pending jobs of the embedded queue the manager consumes.
+    pub fn with_queue(mut self, queue: slipway_jobs::queue::Queue) -> StatusService {
+        self.queue = Some(queue);
+        self
+    }
+
+    fn queued(&self) -> MutexGuard<'_, Option<(usize, Vec<slipway_jobs::queue::Waiting>)>> {
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// List the queue's pending jobs again (file reads, off the runtime's threads).
+    pub async fn poll_queue(&self) {
+        let Some(q) = self.queue.clone() else {
+            return;
+        };
+        match tokio::task::spawn_blocking(move || q.waiting(QUEUE_SHOWN)).await {
+            Ok(Ok(w)) => *self.queued() = Some(w),
+            Ok(Err(e)) => tracing::warn!("listing the queue for the status page: {e}"),
+            Err(e) => tracing::warn!("listing the queue for the status page: {e}"),
+        }
+    }
+
+    /// The queue's pending jobs but those a runner already holds: a dispatcher waiting for
+    /// capacity leaves its job in the queue until it has some (the runner shows it then).
+    fn queue_status(&self) -> Option<QueueStatus> {
+        self.queue.as_ref()?;
+        let now = SystemTime::now();
+        let held: std::collections::HashSet<String> =
+            self.runners.iter().flat_map(|r| r.board.keys()).collect();
+        let queued = self.queued();
+        let (n, jobs) = queued
+            .as_ref()
+            .map_or((0, &[][..]), |(n, j)| (*n, j.as_slice()));
+        let jobs: Vec<_> = jobs
+            .iter()
+            .filter(|w| !held.contains(&crate::consume::key_of(w.id)))
+            .collect();
+        let hidden = queued.as_ref().map_or(0, |(_, j)| j.len()) - jobs.len();
+        Some(QueueStatus {
+            pending: u32::try_from(n.saturating_sub(hidden)).unwrap_or(u32::MAX),
+            jobs: jobs
+                .into_iter()
+                .map(|w| PendingJob {
+                    id: w.id,
+                    name: w.name.clone(),
+                    stage: w.stage.clone(),
+                    level: String::new(),
+                    wait_s: now
+                        .duration_since(w.queued_at)
+                        .unwrap_or_default()
+                        .as_secs_f64(),
+                })
+                .collect(),
+        })
     }
 
     fn history(&self) -> MutexGuard<'_, History> {
@@ -67,6 +134,7 @@ impl StatusService {
             version: env!("CARGO_PKG_VERSION").to_string(),
             generated_at_ms: unix_ms(SystemTime::now()),
             uptime_s: self.started.elapsed().as_secs_f64(),
+            queue: self.queue_status(),
             runners: self
                 .runners
                 .iter()
@@ -93,6 +161,7 @@ impl StatusService {
             s.queue_depth += r.board.pending().len() as u32;
             waits.extend(r.board.take_waits());
         }
+        s.queue_depth += self.queue_status().map_or(0, |q| q.pending);
         s.p95_wait_s = p95(&mut waits);
         self.history().push(s);
     }
@@ -137,19 +206,23 @@ impl StatusService {
         *self.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = found;
     }
 
-    /// Sample every history interval and list snapshots every 30 s until `stop`; the caller
+    /// Sample every history interval, list the queue every 2 s and snapshots every 30 s until
+    /// `stop`; the caller
     /// owns the task.
     pub fn spawn(self: Arc<Self>, stop: CancellationToken) -> JoinHandle<()> {
         tokio::spawn(async move {
             let interval = self.history().interval();
             let mut sample = tokio::time::interval(interval);
             let mut snapshots = tokio::time::interval(SNAPSHOT_POLL);
+            let mut queue = tokio::time::interval(QUEUE_POLL);
+            queue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             snapshots.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
                     _ = sample.tick() => self.sample(),
+                    _ = queue.tick() => self.poll_queue().await,
                     _ = snapshots.tick() => {
                         tokio::select! {
                             _ = stop.cancelled() => break,

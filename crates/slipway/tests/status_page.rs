@@ -14,7 +14,8 @@ use std::time::Duration;
 use common::{World, stop_manager, wait_until};
 use slipway_status::FleetStatus;
 
-/// Four slots on two instances, six jobs: one fails at once, four hold the slots, one waits.
+/// Four slots on two instances, eight jobs: one fails at once, four hold the slots, one waits
+/// for a slot, two stay in the queue behind it.
 const PIPELINE: &str = r#"
 broken:
   stage: test
@@ -32,6 +33,12 @@ deploy:
   stage: deploy
   script: ["sleep 600"]
 late:
+  stage: deploy
+  script: ["sleep 600"]
+queued-1:
+  stage: deploy
+  script: ["sleep 600"]
+queued-2:
   stage: deploy
   script: ["sleep 600"]
 "#;
@@ -127,7 +134,10 @@ fn fleet_in_flight(w: &World, cfg: &Path, port: u16, headers: &str) -> Child {
         }
         let s = api(port, headers);
         let r = &s.runners[0];
-        r.totals.running == 4 && r.pending.len() == 1 && r.recent.len() == 1
+        r.totals.running == 4
+            && r.pending.len() == 1
+            && r.recent.len() == 1
+            && s.queue.as_ref().is_some_and(|q| q.pending == 2)
     });
     assert!(
         settled,
@@ -145,6 +155,7 @@ struct Shown {
     instances: BTreeSet<String>,
     slots: BTreeSet<(String, u32, Option<u64>)>,
     pending: BTreeSet<u64>,
+    queued: BTreeSet<u64>,
     recent: BTreeSet<(u64, String)>,
 }
 
@@ -153,6 +164,7 @@ fn shown_by_api(s: &FleetStatus) -> Shown {
         instances: BTreeSet::new(),
         slots: BTreeSet::new(),
         pending: BTreeSet::new(),
+        queued: BTreeSet::new(),
         recent: BTreeSet::new(),
     };
     for r in &s.runners {
@@ -166,6 +178,9 @@ fn shown_by_api(s: &FleetStatus) -> Shown {
             }
         }
         out.pending.extend(r.pending.iter().map(|p| p.id));
+        if let Some(q) = &s.queue {
+            out.queued.extend(q.jobs.iter().map(|p| p.id));
+        }
         out.recent
             .extend(r.recent.iter().map(|j| (j.id, j.outcome.clone())));
     }
@@ -181,6 +196,7 @@ fn shown_by_dom(dom: &str) -> Shown {
         instances: BTreeSet::new(),
         slots: BTreeSet::new(),
         pending: BTreeSet::new(),
+        queued: BTreeSet::new(),
         recent: BTreeSet::new(),
     };
     let row = re(r#"(?s)<tr class="instance" data-instance="([^"]+)".*?</tr>"#);
@@ -205,6 +221,9 @@ fn shown_by_dom(dom: &str) -> Shown {
     let job = re(r#"<tr data-job="(\d+)""#);
     for c in job.captures_iter(&table("pending")) {
         out.pending.insert(c[1].parse().unwrap());
+    }
+    for c in job.captures_iter(&table("queued")) {
+        out.queued.insert(c[1].parse().unwrap());
     }
     let ended = re(r#"<tr data-job="(\d+)" data-outcome="(\w+)""#);
     for c in ended.captures_iter(&table("recent")) {
@@ -273,6 +292,7 @@ fn the_page_in_a_browser_shows_what_the_api_reports_and_refreshes() {
         "{before:?}"
     );
     assert_eq!(expected.recent.len(), 1);
+    assert_eq!(expected.queued, BTreeSet::from([7, 8]), "{before:?}");
     assert!(expected.recent.contains(&(1, "failed".to_string())));
     let broken = &before.runners[0].recent[0];
     assert_eq!(broken.failure_reason.as_deref(), Some("script_failure"));
@@ -343,6 +363,8 @@ fn the_page_in_a_browser_shows_what_the_api_reports_and_refreshes() {
         "#1 broken (test) failed",
         "script_failure",
         "build (none,",
+        "queue: 2 jobs waiting for a runner",
+        "#8 queued-2 (deploy) queued",
     ] {
         assert!(
             status.stdout.contains(needle),

@@ -183,6 +183,11 @@ impl JobBoard {
         self.metrics.finished(&self.runner, None, ran);
     }
 
+    /// Keys of the jobs it holds, waiting or running.
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().jobs.keys().cloned().collect()
+    }
+
     /// Jobs waiting, longest first.
     pub fn pending(&self) -> Vec<PendingJob> {
         let now = Instant::now();

@@ -15,10 +15,21 @@ pub struct FleetStatus {
     pub generated_at_ms: i64,
     /// Seconds since the manager started.
     pub uptime_s: f64,
+    /// The embedded job queue (`slipway submit`), when the manager consumes one.
+    pub queue: Option<QueueStatus>,
     /// Every runner of the config, in file order.
     pub runners: Vec<RunnerStatus>,
     /// The last hours, sampled at a fixed interval.
     pub history: HistorySeries,
+}
+
+/// Jobs queued by `slipway submit` that no runner has taken yet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    /// How many.
+    pub pending: u32,
+    /// The oldest of them (at most 100), oldest first; `level` is empty: a runner decides it.
+    pub jobs: Vec<PendingJob>,
 }
 
 /// One `[[runners]]` entry.

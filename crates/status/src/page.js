@@ -32,7 +32,8 @@
   function summary(s) {
     var t = totals(s);
     return t.instances + " instances · " + t.ready + " ready · " + t.busy_slots + "/" +
-      (t.busy_slots + t.idle_slots) + " slots busy · " + t.pending + " pending";
+      (t.busy_slots + t.idle_slots) + " slots busy · " + t.pending + " pending" +
+      (s.queue ? " · " + s.queue.pending + " queued" : "");
   }
   function chart(key, title, values, unit) {
     var W = 300, H = 60, max = Math.max.apply(null, [1].concat(values));
@@ -76,6 +77,20 @@
       "<th>uses</th><th>slots</th><th>snapshots</th></tr></thead><tbody>";
     s.instances.forEach(function (i) { h += instance(i, s.max_use_count); });
     return h + "</tbody></table></div>";
+  }
+  function queue(q) {
+    var h = '<section class="queue" data-queued="' + q.pending + '"><h2>Queue <small>' + q.pending +
+      " jobs waiting for a runner</small></h2>";
+    if (q.jobs.length) {
+      h += '<table class="queued"><thead><tr><th>job</th><th>name</th><th>stage</th>' +
+        "<th>queued for</th></tr></thead><tbody>";
+      q.jobs.forEach(function (p) {
+        h += '<tr data-job="' + p.id + '"><td>#' + p.id + "</td><td>" + esc(p.name) + "</td><td>" +
+          esc(p.stage) + "</td><td>" + dur(p.wait_s) + "</td></tr>";
+      });
+      h += "</tbody></table>";
+    }
+    return h + "</section>";
   }
   function runner(r) {
     var t = r.totals;
@@ -123,7 +138,7 @@
       chart("busy_slots", "Busy slots", hs.busy_slots, "") +
       chart("queue_depth", "Queue depth", hs.queue_depth, "") +
       chart("p95_wait_s", "p95 wait", hs.p95_wait_s, "s");
-    var h = "";
+    var h = s.queue ? queue(s.queue) : "";
     if (!s.runners.length) h = '<p class="empty">No runners.</p>';
     s.runners.forEach(function (r) { h += runner(r); });
     document.getElementById("fleet").innerHTML = h;

@@ -36,21 +36,52 @@ pub fn render(status: &FleetStatus, refresh_ms: u64) -> String {
     h
 }
 
-/// `3 instances · 2 ready · 4/8 slots busy · 1 pending`.
+/// `3 instances · 2 ready · 4/8 slots busy · 1 pending` (`· 5 queued` with a queue).
 pub fn summary_line(s: &FleetStatus) -> String {
     let t = s.totals();
-    format!(
+    let mut line = format!(
         "{} instances · {} ready · {}/{} slots busy · {} pending",
         t.instances,
         t.ready,
         t.busy_slots,
         t.busy_slots + t.idle_slots,
         t.pending
-    )
+    );
+    if let Some(q) = &s.queue {
+        let _ = write!(line, " · {} queued", q.pending);
+    }
+    line
 }
 
 /// The fleet section's inner markup (what `page.js` replaces on refresh).
 pub fn fleet(h: &mut String, s: &FleetStatus) {
+    if let Some(q) = &s.queue {
+        let _ = write!(
+            h,
+            "<section class=\"queue\" data-queued=\"{n}\"><h2>Queue <small>{n} jobs waiting for a \
+             runner</small></h2>",
+            n = q.pending
+        );
+        if !q.jobs.is_empty() {
+            h.push_str(
+                "<table class=\"queued\"><thead><tr><th>job</th><th>name</th><th>stage</th>\
+                 <th>queued for</th></tr></thead><tbody>",
+            );
+            for p in &q.jobs {
+                let _ = write!(
+                    h,
+                    "<tr data-job=\"{}\"><td>#{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    p.id,
+                    p.id,
+                    esc(&p.name),
+                    esc(&p.stage),
+                    duration(p.wait_s)
+                );
+            }
+            h.push_str("</tbody></table>");
+        }
+        h.push_str("</section>");
+    }
     if s.runners.is_empty() {
         h.push_str("<p class=\"empty\">No runners.</p>");
     }

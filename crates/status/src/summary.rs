@@ -20,6 +20,19 @@ pub fn render(s: &FleetStatus) -> String {
         duration(s.uptime_s),
         summary_line(s)
     );
+    if let Some(q) = &s.queue {
+        let _ = writeln!(o, "\nqueue: {} jobs waiting for a runner", q.pending);
+        for p in &q.jobs {
+            let _ = writeln!(
+                o,
+                "    #{} {} ({}) queued {} ago",
+                p.id,
+                p.name,
+                p.stage,
+                duration(p.wait_s)
+            );
+        }
+    }
     for r in &s.runners {
         let t = &r.totals;
         let _ = writeln!(
