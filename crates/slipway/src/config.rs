@@ -2009,6 +2009,46 @@ concurrent = 4
     }
 
     #[test]
+    fn status_page_keys_are_checked_and_its_token_never_printed() {
+        let ok = GOOD.replacen(
+            "concurrent = 4\n",
+            "concurrent = 4\n[status_page]\n  token = \"st-secret-1\"\n  history = \"2h\"\n",
+            1,
+        );
+        let loaded = parse(&ok, "config.toml").expect("valid");
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let sp = &loaded.config.status_page;
+        assert!(sp.enabled);
+        assert_eq!(
+            sp.history_durations(),
+            (Duration::from_secs(15), Duration::from_secs(7200))
+        );
+        assert!(!format!("{:?}", loaded.config).contains("st-secret-1"));
+        let bad = GOOD.replacen(
+            "concurrent = 4\n",
+            "concurrent = 4\n[status_page]\n  history_interval = \"0s\"\n  history = \"soon\"\n  token = \"\"\n",
+            1,
+        );
+        let e = errors(&bad);
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("config.toml:4: status_page.history_interval:")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("config.toml:5: status_page.history:")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|l| l.starts_with("config.toml:6: status_page.token: empty token")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn wrong_type_names_file_line_and_key() {
         let text = GOOD.replace(
             "capacity_per_instance = 2",

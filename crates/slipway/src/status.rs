@@ -22,7 +22,7 @@ use crate::runner::Runner;
 const QUEUE_POLL: Duration = Duration::from_secs(2);
 /// Queued jobs shown by name.
 const QUEUE_SHOWN: usize = 100;
-/// How often a nesting daemon's snapshots are listed.
+/// Longest time between listings of a nesting daemon's snapshots.
 const SNAPSHOT_POLL: Duration = Duration::from_secs(30);
 /// Longest one instance's snapshot listing may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -213,7 +213,8 @@ impl StatusService {
         tokio::spawn(async move {
             let interval = self.history().interval();
             let mut sample = tokio::time::interval(interval);
-            let mut snapshots = tokio::time::interval(SNAPSHOT_POLL);
+            // Quick histories (tests) list snapshots as often; never less than twice a minute.
+            let mut snapshots = tokio::time::interval(interval.min(SNAPSHOT_POLL));
             let mut queue = tokio::time::interval(QUEUE_POLL);
             queue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

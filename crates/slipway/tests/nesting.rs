@@ -718,11 +718,31 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
         gl.runner_token()
     );
     let cfg = config_with(&w, &nest, &source);
+    // The status page's JSON follows the jobs and the snapshot they leave.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let text = std::fs::read_to_string(&cfg).unwrap().replacen(
+        "\n[[runners]]",
+        "\nlisten_address = \"127.0.0.1:PORT\"\n[status_page]\n  history_interval = \"1s\"\n[[runners]]",
+        1,
+    );
+    std::fs::write(&cfg, text.replace("PORT", &port.to_string())).unwrap();
     let vars = [("GIT_STRATEGY", "none"), ("SLIPWAY_ISOLATION", "microvm")];
     let ok = gl.enqueue(job_payload_with_vars(
         "in-a-vm",
         &["echo guest $(uname -r)"],
         &vars,
+    ));
+    let saved = gl.enqueue(job_payload_with_vars(
+        "saves-a-snapshot",
+        &["echo kept > /tmp/kept"],
+        &[
+            ("GIT_STRATEGY", "none"),
+            ("SLIPWAY_ISOLATION", "microvm"),
+            ("SLIPWAY_SNAPSHOT_SAVE", "kept-by-status"),
+        ],
     ));
     let long = gl.enqueue(job_payload_with_vars(
         "canceled-in-a-vm",
@@ -751,6 +771,42 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
         gl.job(long)
             .is_some_and(|j| j.trace_text().contains("started-in-vm"))
     }));
+    assert!(
+        gl.wait_for_state(saved, "success", Duration::from_secs(240))
+            .await
+            .is_some(),
+        "{:?}",
+        gl.job(saved).map(|j| j.trace_text())
+    );
+    // What /api/v1/status shows of GitLab's jobs: the finished ones with their level, the
+    // running one on its slot, and the snapshot on its instance with its size.
+    let mut seen = None;
+    let shown = wait_until(Duration::from_secs(60), || {
+        let s = status_json(port);
+        let r = &s["runners"][0];
+        let on_slot = r["shapes"][0]["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|i| i["slots"].as_array().cloned().unwrap_or_default())
+            .any(|sl| sl["job"]["name"] == "canceled-in-a-vm" && sl["job"]["level"] == "microvm");
+        let ended =
+            |name: &str| {
+                r["recent"].as_array().into_iter().flatten().any(|j| {
+                    j["name"] == name && j["outcome"] == "success" && j["level"] == "microvm"
+                })
+            };
+        let snapshot = r["shapes"][0]["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|i| i["snapshots"].as_array().cloned().unwrap_or_default())
+            .any(|sn| sn["name"] == "kept-by-status" && sn["bytes"].as_u64() > Some(0));
+        let done = on_slot && ended("in-a-vm") && ended("saves-a-snapshot") && snapshot;
+        seen = Some(s);
+        done
+    });
+    assert!(shown, "{}", seen.unwrap_or_default());
     gl.cancel(long, true);
     let canceled = gl
         .wait_for_state(long, "canceled", Duration::from_secs(120))
@@ -765,6 +821,17 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
         "VM left after GitLab's cancel: {:?}",
         nest.qemus()
     );
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            status_json(port)["runners"][0]["recent"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|j| j["name"] == "canceled-in-a-vm" && j["outcome"] == "canceled")
+        }),
+        "{}",
+        status_json(port)
+    );
     // The manager stops cleanly; the daemon (this world's, outliving it) keeps no VM.
     common::signal(child.id(), "TERM");
     let out = wait_with_timeout(child, Duration::from_secs(60));
@@ -775,6 +842,23 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(nest.qemus().is_empty(), "{:?}", nest.qemus());
+}
+
+/// `GET /api/v1/status` of a manager on `port`, as JSON (`null` until it answers).
+fn status_json(port: u16) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return serde_json::Value::Null;
+    };
+    let _ = write!(
+        conn,
+        "GET /api/v1/status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = conn.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str(body).ok())
+        .unwrap_or_default()
 }
 
 /// The nesting executor plugin SIGKILLed while its job runs in a VM: that job fails as a
