@@ -146,18 +146,23 @@
     body.dataset.refreshes = Number(body.dataset.refreshes) + 1;
     body.classList.remove("stale");
   }
+  // A big fleet's answer is large: refresh it less often (1 s per 100 kB, at most 30 s).
+  var next = every;
   function refresh() {
     fetch(api, { credentials: "same-origin", cache: "no-store" })
       .then(function (r) {
         if (!r.ok) throw new Error("HTTP " + r.status);
-        return r.json();
+        return r.text();
       })
-      .then(render)
+      .then(function (text) {
+        next = Math.max(every, Math.min(30000, text.length / 100));
+        render(JSON.parse(text));
+      })
       .catch(function (e) {
         body.classList.add("stale");
         document.getElementById("updated").textContent = "not refreshed: " + e.message;
       })
-      .then(function () { setTimeout(refresh, every); });
+      .then(function () { setTimeout(refresh, next); });
   }
   setTimeout(refresh, every);
 })();
