@@ -150,7 +150,7 @@ fn fleet_in_flight(w: &World, cfg: &Path, port: u16, headers: &str) -> Child {
 }
 
 /// What a page or an API answer shows: (instance, slot, job) triples, pending and ended jobs.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 struct Shown {
     instances: BTreeSet<String>,
     slots: BTreeSet<(String, u32, Option<u64>)>,
@@ -160,13 +160,7 @@ struct Shown {
 }
 
 fn shown_by_api(s: &FleetStatus) -> Shown {
-    let mut out = Shown {
-        instances: BTreeSet::new(),
-        slots: BTreeSet::new(),
-        pending: BTreeSet::new(),
-        queued: BTreeSet::new(),
-        recent: BTreeSet::new(),
-    };
+    let mut out = Shown::default();
     for r in &s.runners {
         for sh in &r.shapes {
             for i in &sh.instances {
@@ -192,13 +186,7 @@ fn shown_by_dom(dom: &str) -> Shown {
     // The page's own script holds the same markup as string pieces.
     let dom = re(r"(?s)<script>.*?</script>").replace_all(dom, "");
     let dom = dom.as_ref();
-    let mut out = Shown {
-        instances: BTreeSet::new(),
-        slots: BTreeSet::new(),
-        pending: BTreeSet::new(),
-        queued: BTreeSet::new(),
-        recent: BTreeSet::new(),
-    };
+    let mut out = Shown::default();
     let row = re(r#"(?s)<tr class="instance" data-instance="([^"]+)".*?</tr>"#);
     let slot = re(r#"data-slot="(\d+)"(?: data-job="(\d+)")?"#);
     for m in row.captures_iter(dom) {

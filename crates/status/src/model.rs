@@ -214,3 +214,38 @@ impl FleetStatus {
         t
     }
 }
+
+/// Fleets for the tests of the renderers.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    /// Shape `default` of group `g` with one busy instance `i-1`: slot 0 holds job 7 (`name`,
+    /// stage build, level cgroup, `elapsed_s`), slot 1 is free.
+    pub(crate) fn shape_with_one_job(name: &str, elapsed_s: f64) -> ShapeStatus {
+        ShapeStatus {
+            name: "default".into(),
+            group: "g".into(),
+            capacity_per_instance: 2,
+            instances: vec![InstanceStatus {
+                id: "i-1".into(),
+                state: "busy".into(),
+                slots: vec![
+                    SlotStatus {
+                        slot: 0,
+                        job: Some(SlotJob {
+                            id: 7,
+                            name: name.into(),
+                            stage: "build".into(),
+                            level: "cgroup".into(),
+                            elapsed_s,
+                        }),
+                    },
+                    SlotStatus { slot: 1, job: None },
+                ],
+                ..InstanceStatus::default()
+            }],
+            ..ShapeStatus::default()
+        }
+    }
+}

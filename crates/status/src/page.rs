@@ -325,7 +325,7 @@ pub fn esc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{SlotJob, SlotStatus};
+    use crate::model::fixtures::shape_with_one_job;
 
     fn fleet_of_one() -> FleetStatus {
         FleetStatus {
@@ -333,30 +333,7 @@ mod tests {
             runners: vec![RunnerStatus {
                 name: "r<1>".into(),
                 executor: "instance".into(),
-                shapes: vec![ShapeStatus {
-                    name: "default".into(),
-                    group: "g".into(),
-                    capacity_per_instance: 2,
-                    instances: vec![InstanceStatus {
-                        id: "i-1".into(),
-                        state: "busy".into(),
-                        slots: vec![
-                            SlotStatus {
-                                slot: 0,
-                                job: Some(SlotJob {
-                                    id: 7,
-                                    name: "build \"x\"".into(),
-                                    stage: "build".into(),
-                                    level: "cgroup".into(),
-                                    elapsed_s: 61.0,
-                                }),
-                            },
-                            SlotStatus { slot: 1, job: None },
-                        ],
-                        ..InstanceStatus::default()
-                    }],
-                    ..ShapeStatus::default()
-                }],
+                shapes: vec![shape_with_one_job("build \"x\"", 61.0)],
                 ..RunnerStatus::default()
             }],
             ..FleetStatus::default()

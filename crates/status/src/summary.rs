@@ -147,10 +147,8 @@ pub fn render(s: &FleetStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{
-        InstanceStatus, PendingJob, RecentJob, RunnerStatus, ShapeStatus, SlotJob, SlotStatus,
-        Totals,
-    };
+    use crate::model::fixtures::shape_with_one_job;
+    use crate::model::{PendingJob, RecentJob, RunnerStatus, Totals};
 
     #[test]
     fn the_summary_names_instances_slots_and_jobs() {
@@ -167,30 +165,10 @@ mod tests {
                     pending: 1,
                     running: 1,
                 },
-                shapes: vec![ShapeStatus {
-                    name: "default".into(),
-                    group: "g".into(),
-                    capacity_per_instance: 2,
-                    instances: vec![InstanceStatus {
-                        id: "i-1".into(),
-                        state: "busy".into(),
-                        uses: 3,
-                        slots: vec![
-                            SlotStatus {
-                                slot: 0,
-                                job: Some(SlotJob {
-                                    id: 7,
-                                    name: "build".into(),
-                                    stage: "build".into(),
-                                    level: "cgroup".into(),
-                                    elapsed_s: 5.0,
-                                }),
-                            },
-                            SlotStatus { slot: 1, job: None },
-                        ],
-                        ..InstanceStatus::default()
-                    }],
-                    ..ShapeStatus::default()
+                shapes: vec![{
+                    let mut shape = shape_with_one_job("build", 5.0);
+                    shape.instances[0].uses = 3;
+                    shape
                 }],
                 pending: vec![PendingJob {
                     id: 8,
