@@ -45,7 +45,7 @@ fn encoded_registry() -> String {
     m.acquisition_wait(1.0);
     jobs.waiting("r1");
     jobs.started("r1");
-    jobs.finished("r1", Some("script_failure"), Some(42.0));
+    jobs.finished("r1", "failed", Some("script_failure"), true, 42.0);
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .unwrap_or_else(|e| panic!("encoding the registry: {e}"));

@@ -95,14 +95,7 @@ impl JobBoard {
         );
         // A key seen again (a requeued job) is not counted twice.
         match old {
-            Some(Tracked {
-                at: Some((_, _, at)),
-                ..
-            }) => self.metrics.finished(
-                &self.runner,
-                None,
-                Some(Instant::now().saturating_duration_since(at).as_secs_f64()),
-            ),
+            Some(t) if t.at.is_some() => self.metrics.dropped(&self.runner, true),
             Some(_) => return,
             None => {}
         }
@@ -165,11 +158,17 @@ impl JobBoard {
             ended_at_ms: unix_ms(SystemTime::now()),
         };
         let reason = recent.failure_reason.clone();
+        let outcome = recent.outcome.clone();
         st.recent.push_front(recent);
         st.recent.truncate(RECENT);
         drop(st);
-        let ran = t.at.is_some().then_some(duration_s);
-        self.metrics.finished(&self.runner, reason.as_deref(), ran);
+        self.metrics.finished(
+            &self.runner,
+            &outcome,
+            reason.as_deref(),
+            t.at.is_some(),
+            now.saturating_duration_since(t.since).as_secs_f64(),
+        );
     }
 
     /// Drop job `key` without recording an end: it went back to its source (requeued, or
@@ -178,9 +177,7 @@ impl JobBoard {
         let Some(t) = self.lock().jobs.remove(key) else {
             return;
         };
-        let ran =
-            t.at.map(|(_, _, at)| Instant::now().saturating_duration_since(at).as_secs_f64());
-        self.metrics.finished(&self.runner, None, ran);
+        self.metrics.dropped(&self.runner, t.at.is_some());
     }
 
     /// Keys of the jobs it holds, waiting or running.
@@ -332,6 +329,38 @@ mod tests {
             recent[0].message.as_deref(),
             Some("bad token [MASKED] given")
         );
+    }
+
+    #[test]
+    fn a_job_given_back_moves_the_gauges_but_is_not_counted_as_ended() {
+        let m = JobMetrics::default();
+        let b = JobBoard::new("r", m.clone());
+        b.waiting("job-1", info(1, "x"), Vec::new());
+        b.running("job-1", "i", 0);
+        b.forget("job-1");
+        b.waiting("job-2", info(2, "y"), Vec::new());
+        b.finished(
+            "job-2",
+            Ending {
+                outcome: "canceled".into(),
+                ..Ending::default()
+            },
+        );
+        let mut registry = prometheus_client::registry::Registry::default();
+        m.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for (series, value) in [
+            (r#"slipway_jobs{runner="r",state="running"} 0"#, true),
+            (r#"slipway_jobs{runner="r",state="waiting"} 0"#, true),
+            (
+                r#"slipway_jobs_finished_total{runner="r",outcome="canceled"} 1"#,
+                true,
+            ),
+            (r#"outcome="success""#, false),
+        ] {
+            assert_eq!(text.contains(series), value, "{series} in\n{text}");
+        }
     }
 
     #[test]

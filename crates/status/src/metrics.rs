@@ -107,7 +107,7 @@ impl JobMetrics {
         );
         registry.register(
             "gitlab_runner_job_duration_seconds",
-            "Time jobs ran, from getting a slot to the end",
+            "Time from taking a job to its end (its wait for a slot and its run)",
             self.gitlab_duration.clone(),
         );
         registry.register(
@@ -117,7 +117,7 @@ impl JobMetrics {
         );
         registry.register(
             "slipway_jobs_finished",
-            "Jobs ended: failed (with a failure reason) or ok",
+            "Jobs ended, by outcome (success, failed, canceled)",
             self.finished.clone(),
         );
     }
@@ -140,32 +140,43 @@ impl JobMetrics {
         );
     }
 
-    /// A job of `runner` ended: `failure_reason` is GitLab's reason when it failed;
-    /// `ran_s` how long it ran (`None`: it never got a slot; it was still waiting).
-    pub fn finished(&self, runner: &str, failure_reason: Option<&str>, ran_s: Option<f64>) {
-        let from = match ran_s {
-            Some(_) => ("running", "running"),
-            None => ("pending", "waiting"),
-        };
-        self.move_job(runner, Some(from), None);
-        if let Some(secs) = ran_s {
-            self.gitlab_duration
-                .get_or_create(&labels(&[("runner", runner)]))
-                .observe(secs);
-        }
+    /// A job of `runner` ended: `outcome` is `success`, `failed` or `canceled`,
+    /// `failure_reason` GitLab's reason when it failed; `ran` whether it got a slot; `taken_s`
+    /// the time since the runner took it (its wait and its run, as GitLab times a job).
+    pub fn finished(
+        &self,
+        runner: &str,
+        outcome: &str,
+        failure_reason: Option<&str>,
+        ran: bool,
+        taken_s: f64,
+    ) {
+        self.move_job(runner, Some(Self::state(ran)), None);
+        self.gitlab_duration
+            .get_or_create(&labels(&[("runner", runner)]))
+            .observe(taken_s);
         if let Some(reason) = failure_reason {
             self.gitlab_failed
                 .get_or_create(&labels(&[("runner", runner), ("failure_reason", reason)]))
                 .inc();
         }
-        let outcome = if failure_reason.is_some() {
-            "failed"
-        } else {
-            "ok"
-        };
         self.finished
             .get_or_create(&labels(&[("runner", runner), ("outcome", outcome)]))
             .inc();
+    }
+
+    /// A job of `runner` left it without ending (given back to its queue): only the gauges move.
+    pub fn dropped(&self, runner: &str, ran: bool) {
+        self.move_job(runner, Some(Self::state(ran)), None);
+    }
+
+    /// A job's state as (GitLab's, Slipway's) name: running once it got a slot.
+    fn state(ran: bool) -> (&'static str, &'static str) {
+        if ran {
+            ("running", "running")
+        } else {
+            ("pending", "waiting")
+        }
     }
 
     /// Move one job of `runner` between states, each given as (GitLab's, Slipway's) name.
@@ -225,9 +236,9 @@ mod tests {
             assert_eq!(value(&t, series), Some(want), "{series} in\n{t}");
         }
 
-        board.finished("r1", None, Some(45.0));
-        board.finished("r1", Some("script_failure"), Some(4000.0));
-        board.finished("r1", Some("job_execution_timeout"), None);
+        board.finished("r1", "success", None, true, 45.0);
+        board.finished("r1", "failed", Some("script_failure"), true, 4000.0);
+        board.finished("r1", "failed", Some("runner_system_failure"), false, 5.0);
         let t = encoded(&m);
         let cases = [
             (r#"gitlab_runner_jobs{runner="r1",state="pending"}"#, 0.0),
@@ -239,33 +250,33 @@ mod tests {
                 1.0,
             ),
             (
-                r#"gitlab_runner_failed_jobs_total{runner="r1",failure_reason="job_execution_timeout"}"#,
+                r#"gitlab_runner_failed_jobs_total{runner="r1",failure_reason="runner_system_failure"}"#,
                 1.0,
             ),
             (
-                r#"slipway_jobs_finished_total{runner="r1",outcome="ok"}"#,
+                r#"slipway_jobs_finished_total{runner="r1",outcome="success"}"#,
                 1.0,
             ),
             (
                 r#"slipway_jobs_finished_total{runner="r1",outcome="failed"}"#,
                 2.0,
             ),
-            // Only jobs that ran are timed.
+            // Every job taken is timed, as GitLab does, the one that never ran too.
             (
                 r#"gitlab_runner_job_duration_seconds_count{runner="r1"}"#,
-                2.0,
+                3.0,
             ),
             (
                 r#"gitlab_runner_job_duration_seconds_sum{runner="r1"}"#,
-                4045.0,
+                4050.0,
             ),
             (
                 r#"gitlab_runner_job_duration_seconds_bucket{le="60.0",runner="r1"}"#,
-                1.0,
+                2.0,
             ),
             (
                 r#"gitlab_runner_job_duration_seconds_bucket{le="7200.0",runner="r1"}"#,
-                2.0,
+                3.0,
             ),
         ];
         for (series, want) in cases {
@@ -278,7 +289,7 @@ mod tests {
         let m = JobMetrics::default();
         m.waiting("r");
         m.started("r");
-        m.finished("r", None, Some(1.0));
+        m.finished("r", "success", None, true, 1.0);
         let t = encoded(&m);
         let les: Vec<&str> = t
             .lines()
