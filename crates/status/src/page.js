@@ -146,7 +146,8 @@
     body.dataset.refreshes = Number(body.dataset.refreshes) + 1;
     body.classList.remove("stale");
   }
-  // A big fleet's answer is large: refresh it less often (1 s per 100 kB, at most 30 s).
+  // A big fleet's answer is large to re-render: refresh it less often (1 s per 200 kB of JSON,
+  // at most 30 s).
   var next = every;
   function refresh() {
     fetch(api, { credentials: "same-origin", cache: "no-store" })
@@ -155,7 +156,7 @@
         return r.text();
       })
       .then(function (text) {
-        next = Math.max(every, Math.min(30000, text.length / 100));
+        next = Math.max(every, Math.min(30000, text.length / 200));
         render(JSON.parse(text));
       })
       .catch(function (e) {
