@@ -35,7 +35,7 @@
       (t.busy_slots + t.idle_slots) + " slots busy · " + t.pending + " pending" +
       (s.queue ? " · " + s.queue.pending + " queued" : "");
   }
-  function chart(key, title, values, unit) {
+  function chart(key, title, values, unit, span) {
     var W = 300, H = 60, max = Math.max.apply(null, [1].concat(values));
     var last = values.length ? values[values.length - 1] : 0;
     var step = values.length > 1 ? W / (values.length - 1) : 0;
@@ -43,7 +43,7 @@
       return (i * step).toFixed(1) + "," + (H - (v / max) * (H - 4) - 2).toFixed(1);
     }).join(" ");
     return '<figure class="chart" data-series="' + key + '"><figcaption>' + title + " <b>" +
-      num(last) + unit + "</b> <small>max " + num(max) + unit + '</small></figcaption><svg viewBox="0 0 ' +
+      num(last) + unit + "</b> <small>max " + num(max) + unit + " · last " + span + '</small></figcaption><svg viewBox="0 0 ' +
       W + " " + H + '" preserveAspectRatio="none"><polyline points="' + pts + '"/></svg></figure>';
   }
   function instance(i, maxUse) {
@@ -132,12 +132,12 @@
   function render(s) {
     document.getElementById("summary").textContent = summary(s);
     document.getElementById("updated").textContent = "version " + s.version + " · up " + dur(s.uptime_s);
-    var hs = s.history;
+    var hs = s.history, span = dur(hs.t_ms.length * hs.interval_s);
     document.getElementById("charts").innerHTML =
-      chart("instances", "Instances", hs.instances, "") +
-      chart("busy_slots", "Busy slots", hs.busy_slots, "") +
-      chart("queue_depth", "Queue depth", hs.queue_depth, "") +
-      chart("p95_wait_s", "p95 wait", hs.p95_wait_s, "s");
+      chart("instances", "Instances", hs.instances, "", span) +
+      chart("busy_slots", "Busy slots", hs.busy_slots, "", span) +
+      chart("queue_depth", "Queue depth", hs.queue_depth, "", span) +
+      chart("p95_wait_s", "p95 wait", hs.p95_wait_s, "s", span);
     var h = s.queue ? queue(s.queue) : "";
     if (!s.runners.length) h = '<p class="empty">No runners.</p>';
     s.runners.forEach(function (r) { h += runner(r); });

@@ -255,19 +255,30 @@ fn instance(h: &mut String, i: &InstanceStatus, max_use: u32) {
 /// The four charts of the last hours, as inline SVG.
 pub fn charts(h: &mut String, hist: &HistorySeries) {
     let to_f = |v: &[u32]| v.iter().map(|x| f64::from(*x)).collect::<Vec<f64>>();
-    chart(h, "instances", "Instances", &to_f(&hist.instances), "");
-    chart(h, "busy_slots", "Busy slots", &to_f(&hist.busy_slots), "");
+    let span = duration(hist.t_ms.len() as f64 * hist.interval_s);
+    let span = span.as_str();
     chart(
         h,
-        "queue_depth",
-        "Queue depth",
-        &to_f(&hist.queue_depth),
+        "instances",
+        "Instances",
+        &to_f(&hist.instances),
         "",
+        span,
     );
-    chart(h, "p95_wait_s", "p95 wait", &hist.p95_wait_s, "s");
+    chart(
+        h,
+        "busy_slots",
+        "Busy slots",
+        &to_f(&hist.busy_slots),
+        "",
+        span,
+    );
+    let depth = to_f(&hist.queue_depth);
+    chart(h, "queue_depth", "Queue depth", &depth, "", span);
+    chart(h, "p95_wait_s", "p95 wait", &hist.p95_wait_s, "s", span);
 }
 
-fn chart(h: &mut String, key: &str, title: &str, values: &[f64], unit: &str) {
+fn chart(h: &mut String, key: &str, title: &str, values: &[f64], unit: &str, span: &str) {
     const W: f64 = 300.0;
     const H: f64 = 60.0;
     let max = values.iter().copied().fold(0.0_f64, f64::max).max(1.0);
@@ -289,7 +300,7 @@ fn chart(h: &mut String, key: &str, title: &str, values: &[f64], unit: &str) {
     let _ = write!(
         h,
         "<figure class=\"chart\" data-series=\"{key}\"><figcaption>{title} <b>{}{unit}</b> \
-         <small>max {}{unit}</small></figcaption><svg viewBox=\"0 0 {W} {H}\" \
+         <small>max {}{unit} · last {span}</small></figcaption><svg viewBox=\"0 0 {W} {H}\" \
          preserveAspectRatio=\"none\"><polyline points=\"{}\"/></svg></figure>",
         trim_num(last),
         trim_num(max),
@@ -356,7 +367,8 @@ mod tests {
     #[test]
     fn charts_scale_to_their_maximum() {
         let mut h = String::new();
-        chart(&mut h, "k", "K", &[0.0, 5.0, 10.0], "");
+        chart(&mut h, "k", "K", &[0.0, 5.0, 10.0], "", "30s");
+        assert!(h.contains("max 10 · last 30s"), "{h}");
         assert!(h.contains("<b>10</b>"), "{h}");
         assert!(
             h.contains("points=\"0.0,58.0 150.0,30.0 300.0,2.0\""),
