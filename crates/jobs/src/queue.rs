@@ -379,7 +379,8 @@ impl Queue {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(QueueError::Io { path, source: e }),
             };
-            let Some(job) = self.read_json::<JobResponse>(&path)? else {
+            // A file the consumer would refuse is not this listing's to report.
+            let Ok(Some(job)) = self.read_json::<JobResponse>(&path) else {
                 continue;
             };
             out.push(Waiting {

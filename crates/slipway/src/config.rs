@@ -72,8 +72,9 @@ pub struct StatusPageConfig {
     pub token: Option<String>,
     /// Time between history samples (Go duration, default `15s`).
     pub history_interval: String,
-    /// How much history the charts keep (Go duration, default `6h`).
-    pub history: String,
+    /// How much history the charts keep (Go duration; default `6h`, or what 10,000 samples
+    /// cover when `history_interval` is short).
+    pub history: Option<String>,
 }
 
 impl Default for StatusPageConfig {
@@ -82,7 +83,7 @@ impl Default for StatusPageConfig {
             enabled: true,
             token: None,
             history_interval: "15s".into(),
-            history: "6h".into(),
+            history: None,
         }
     }
 }
@@ -98,6 +99,9 @@ impl std::fmt::Debug for StatusPageConfig {
     }
 }
 
+/// Most samples the status page's history may keep (every answer carries them all).
+pub const MAX_HISTORY_SAMPLES: f64 = 10_000.0;
+
 impl StatusPageConfig {
     /// The sampling interval and the span kept (checked by validation: defaults on error).
     pub fn history_durations(&self) -> (std::time::Duration, std::time::Duration) {
@@ -107,10 +111,14 @@ impl StatusPageConfig {
                 .filter(|d| !d.is_zero())
                 .unwrap_or(std::time::Duration::from_secs(d))
         };
-        (
-            parse(&self.history_interval, 15),
-            parse(&self.history, 6 * 3600),
-        )
+        let every = parse(&self.history_interval, 15);
+        let span = match &self.history {
+            Some(h) => parse(h, 6 * 3600),
+            None => {
+                std::time::Duration::from_secs(6 * 3600).min(every.mul_f64(MAX_HISTORY_SAMPLES))
+            }
+        };
+        (every, span)
     }
 }
 
@@ -1629,9 +1637,12 @@ fn validate_global(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool))
     }
     let sp = &cfg.status_page;
     for (name, text) in [
-        ("history_interval", &sp.history_interval),
-        ("history", &sp.history),
+        ("history_interval", Some(&sp.history_interval)),
+        ("history", sp.history.as_ref()),
     ] {
+        let Some(text) = text else {
+            continue;
+        };
         match humantime::parse_duration(text.trim()) {
             Ok(d) if d.is_zero() => report(
                 vec![Seg::Key("status_page".into()), Seg::Key(name.into())],
@@ -1644,6 +1655,33 @@ fn validate_global(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool))
                 vec![Seg::Key("status_page".into()), Seg::Key(name.into())],
                 report,
             ),
+        }
+    }
+    let parsed = |t: &str| humantime::parse_duration(t.trim()).ok();
+    let span = sp.history.as_deref().and_then(parsed);
+    if let Some(every) = parsed(&sp.history_interval) {
+        if every < std::time::Duration::from_secs(1) && !every.is_zero() {
+            report(
+                vec![
+                    Seg::Key("status_page".into()),
+                    Seg::Key("history_interval".into()),
+                ],
+                format!("{:?}: expected at least \"1s\"", sp.history_interval),
+                true,
+            );
+        } else if span.is_some_and(|s| {
+            !every.is_zero() && s.as_secs_f64() / every.as_secs_f64() > MAX_HISTORY_SAMPLES
+        }) {
+            report(
+                vec![Seg::Key("status_page".into()), Seg::Key("history".into())],
+                format!(
+                    "{:?} of samples every {:?} is more than {MAX_HISTORY_SAMPLES} samples; \
+                     keep less or sample less often",
+                    sp.history.as_deref().unwrap_or_default(),
+                    sp.history_interval
+                ),
+                true,
+            );
         }
     }
     if sp.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
@@ -2023,7 +2061,42 @@ concurrent = 4
             sp.history_durations(),
             (Duration::from_secs(15), Duration::from_secs(7200))
         );
+        // Without `history`, a short interval keeps what 10,000 samples cover.
+        let quick = StatusPageConfig {
+            history_interval: "1s".into(),
+            ..StatusPageConfig::default()
+        };
+        assert_eq!(
+            quick.history_durations(),
+            (Duration::from_secs(1), Duration::from_secs(10_000))
+        );
+        assert_eq!(
+            StatusPageConfig::default().history_durations(),
+            (Duration::from_secs(15), Duration::from_secs(6 * 3600))
+        );
         assert!(!format!("{:?}", loaded.config).contains("st-secret-1"));
+        let many = GOOD.replacen(
+            "concurrent = 4\n",
+            "concurrent = 4\n[status_page]\n  history_interval = \"1s\"\n  history = \"24h\"\n",
+            1,
+        );
+        let e = errors(&many);
+        assert!(
+            e.len() == 1
+                && e[0].starts_with("config.toml:5: status_page.history:")
+                && e[0].contains("10000 samples"),
+            "{e:?}"
+        );
+        let fast = GOOD.replacen(
+            "concurrent = 4\n",
+            "concurrent = 4\n[status_page]\n  history_interval = \"10ms\"\n",
+            1,
+        );
+        let e = errors(&fast);
+        assert!(
+            e.len() == 1 && e[0].starts_with("config.toml:4: status_page.history_interval:"),
+            "{e:?}"
+        );
         let bad = GOOD.replacen(
             "concurrent = 4\n",
             "concurrent = 4\n[status_page]\n  history_interval = \"0s\"\n  history = \"soon\"\n  token = \"\"\n",

@@ -165,9 +165,9 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             .into_iter()
             .map(String::from)
             .collect();
-        runner
-            .board
-            .waiting(&key, job::board_info(&runner, &payload), secrets.clone());
+        // The job goes on the board once claimed: until then it is the queue's (several
+        // dispatchers may reserve for the same oldest job; one claims it).
+        let board_entry = (job::board_info(&runner, &payload), secrets.clone());
         let mut trace = Trace::new(secrets, tx);
         let admitted = job::isolation_of(&runner, &payload, &mut trace)
             .and_then(|level| Ok((level, job::request_of(&payload, &mut trace)?)));
@@ -179,12 +179,12 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
         };
         if let Err(no) = &reserved {
             if stop.is_cancelled() {
-                runner.board.forget(&key);
                 break;
             }
             // The job can never run here (or the runner cannot reserve at all): report it
             // rather than retry it forever.
             if let Ok(Some(job)) = claim(&queue, id).await {
+                runner.board.waiting(&key, board_entry.0, board_entry.1);
                 let mut result = JobResult::new(&job, ResultStatus::Failed);
                 result.failure_reason = Some(no.failure_reason.into());
                 result.message = no.message.clone();
@@ -195,13 +195,12 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
                 finish(&queue, result, &runner.name).await;
                 let _ = writer.await;
                 runner.board.finished(&key, job::ending_of_refusal(no));
-            } else {
-                runner.board.forget(&key);
             }
             continue;
         }
         match claim(&queue, id).await {
             Ok(Some(job)) => {
+                runner.board.waiting(&key, board_entry.0, board_entry.1);
                 let task = JobTask {
                     runner: runner.clone(),
                     queue: queue.clone(),
@@ -215,12 +214,8 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
                 };
                 tasks.spawn(task.run());
             }
-            Ok(None) => {
-                runner.board.forget(&key);
-                runner.unreserve(&key);
-            }
+            Ok(None) => runner.unreserve(&key),
             Err(e) => {
-                runner.board.forget(&key);
                 runner.unreserve(&key);
                 tracing::error!(runner = %runner.name, job = id, "claiming the job: {e:#}");
             }
@@ -414,6 +409,8 @@ impl JobTask {
             stop,
             _permits,
         } = self;
+        // A task that ends without recording its job (a panic) still takes it off the board.
+        let _on_board = runner.board.guard(&key);
         let writer = tokio::spawn(write_log(queue.log_path(id), log));
         let name = runner.name.clone();
         // `slipway cancel` stops this job alone; a shutdown stops them all.

@@ -972,7 +972,9 @@ async fn run_manager(
     }
     let status = Arc::new(status);
     let sampler_stop = CancellationToken::new();
-    let sampler = status.clone().spawn(sampler_stop.clone());
+    // Sampled, and listed, only for someone to look at.
+    let served = loaded.config.listen_address.is_some() && page.enabled;
+    let sampler = served.then(|| status.clone().spawn(sampler_stop.clone()));
     let server = match &loaded.config.listen_address {
         None => None,
         Some(addr) => {
@@ -988,7 +990,9 @@ async fn run_manager(
                 Ok(s) => Some(s),
                 Err(e) => {
                     sampler_stop.cancel();
-                    let _ = sampler.await;
+                    if let Some(s) = sampler {
+                        let _ = s.await;
+                    }
                     for r in &runners {
                         r.shutdown().await;
                     }
@@ -1074,7 +1078,9 @@ async fn run_manager(
         server.stop().await;
     }
     sampler_stop.cancel();
-    let _ = sampler.await;
+    if let Some(s) = sampler {
+        let _ = s.await;
+    }
     for r in &runners {
         r.shutdown().await;
     }

@@ -390,7 +390,7 @@ impl Screen {
             return self.redraw(lines);
         }
         let mut out = self.clear();
-        out.extend_from_slice(text);
+        out.extend_from_slice(&in_place(text));
         out.extend_from_slice(&self.draw(lines));
         out
     }
@@ -426,6 +426,44 @@ impl Screen {
         self.drawn = lines.to_vec();
         out
     }
+}
+
+/// `text` without the escape sequences that move the cursor or erase beyond the line (a job's
+/// `docker pull` progress, say): above the live lines they would break the count of lines to
+/// redraw. Colours (`ESC [ … m`) and erasing within a line (`ESC [ … K`) stay.
+pub fn in_place(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        if text[i] != 0x1b {
+            out.push(text[i]);
+            i += 1;
+            continue;
+        }
+        match text.get(i + 1) {
+            Some(b'[') => {
+                // Parameters and intermediates, then one final byte in 0x40..=0x7e.
+                let end = text[i + 2..]
+                    .iter()
+                    .position(|b| (0x40..=0x7e).contains(b))
+                    .map(|p| i + 2 + p);
+                match end {
+                    Some(e) => {
+                        if matches!(text[e], b'm' | b'K') {
+                            out.extend_from_slice(&text[i..=e]);
+                        }
+                        i = e + 1;
+                    }
+                    None => i = text.len(),
+                }
+            }
+            // Other escapes (save/restore cursor, titles' OSC and the like): the escape and its
+            // next byte go; an OSC's text stays visible, which is harmless.
+            Some(_) => i += 2,
+            None => i += 1,
+        }
+    }
+    out
 }
 
 /// The line of a running build step on a terminal: `[2/8] debootstrap … ⠹ 12s`, narrower than
@@ -630,6 +668,19 @@ mod tests {
         s.redraw(&one);
         assert_eq!(s.clear(), b"\r\x1b[1A\x1b[J");
         assert_eq!(s.clear(), b"");
+    }
+
+    #[test]
+    fn output_above_live_lines_keeps_colours_but_not_cursor_moves() {
+        let text = b"\x1b[32mok\x1b[0m\n\x1b[1A\x1b[2Jpull 50%\x1b[K\x1b7x\n";
+        assert_eq!(
+            in_place(text),
+            b"\x1b[32mok\x1b[0m\npull 50%\x1b[Kx\n".to_vec()
+        );
+        assert_eq!(in_place(b"cut \x1b[12"), b"cut ".to_vec());
+        let mut screen = Screen::new(true);
+        let out = screen.print(b"\x1b[3Aup\n", &["» live".to_string()]);
+        assert!(!out.windows(4).any(|w| w == b"\x1b[3A"), "{out:?}");
     }
 
     #[test]

@@ -132,10 +132,7 @@ fn answer(
     let accepts_gzip = headers
         .get(header::ACCEPT_ENCODING)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',')
-                .any(|e| e.split(';').next().is_some_and(|e| e.trim() == "gzip"))
-        });
+        .is_some_and(accepts_gzip);
     let plain = [
         (header::CONTENT_TYPE, content_type),
         (header::CACHE_CONTROL, "no-store"),
@@ -155,6 +152,19 @@ fn answer(
         // Compression into memory does not fail in practice; the plain body still serves.
         Err(_) => (StatusCode::OK, plain, body).into_response(),
     }
+}
+
+/// Whether an `Accept-Encoding` value allows gzip: listed, and not with `q=0`.
+fn accepts_gzip(value: &str) -> bool {
+    value.split(',').any(|item| {
+        let mut parts = item.split(';');
+        let coding = parts.next().unwrap_or_default().trim();
+        let q = parts
+            .filter_map(|p| p.trim().strip_prefix("q="))
+            .find_map(|q| q.trim().parse::<f32>().ok())
+            .unwrap_or(1.0);
+        coding.eq_ignore_ascii_case("gzip") && q > 0.0
+    })
 }
 
 /// `body` gzipped at the fastest level: the point is fewer bytes on the wire, not the fewest.
@@ -210,19 +220,24 @@ fn refuse(s: &StatusRoutes, headers: &HeaderMap, uri: &Uri) -> Option<axum::resp
 /// The token a request presents: `Authorization: Bearer T`, Basic auth with password `T`, or
 /// the `token` query parameter.
 fn presented_token(headers: &HeaderMap, uri: &Uri) -> Option<String> {
-    if let Some(auth) = headers
+    let auth = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-    {
-        if let Some(t) = auth.strip_prefix("Bearer ") {
-            return Some(t.trim().to_string());
+        .and_then(|v| v.trim().split_once(' '));
+    if let Some((scheme, value)) = auth {
+        // Schemes are case-insensitive (RFC 9110).
+        if scheme.eq_ignore_ascii_case("bearer") {
+            return Some(value.trim().to_string());
         }
-        if let Some(b) = auth.strip_prefix("Basic ") {
-            let decoded = base64::engine::general_purpose::STANDARD
-                .decode(b.trim())
-                .ok()?;
-            let text = String::from_utf8(decoded).ok()?;
-            return text.split_once(':').map(|(_, p)| p.to_string());
+        if scheme.eq_ignore_ascii_case("basic") {
+            let password = base64::engine::general_purpose::STANDARD
+                .decode(value.trim())
+                .ok()
+                .and_then(|d| String::from_utf8(d).ok())
+                .and_then(|t| t.split_once(':').map(|(_, p)| p.to_string()));
+            if password.is_some() {
+                return password;
+            }
         }
     }
     uri.query()?.split('&').find_map(|kv| {
@@ -306,6 +321,14 @@ mod tests {
             Some("a+b c")
         );
         assert_eq!(presented_token(&none, &uri("/?token")), None);
+        // Any case of the scheme; a broken Basic header still lets the query speak.
+        h.insert(header::AUTHORIZATION, "bearer s3cret".parse().unwrap());
+        assert_eq!(presented_token(&h, &uri("/")).as_deref(), Some("s3cret"));
+        h.insert(header::AUTHORIZATION, "Basic !!!".parse().unwrap());
+        assert_eq!(
+            presented_token(&h, &uri("/?token=s3cret")).as_deref(),
+            Some("s3cret")
+        );
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
     }
 
@@ -329,10 +352,16 @@ mod tests {
         assert!(r.headers().get(header::CONTENT_ENCODING).is_none());
         let r = answer("application/json", body.clone(), &HeaderMap::new());
         assert!(r.headers().get(header::CONTENT_ENCODING).is_none());
-        let mut identity = HeaderMap::new();
-        identity.insert(header::ACCEPT_ENCODING, "gzipx, identity".parse().unwrap());
-        let r = answer("application/json", body, &identity);
-        assert!(r.headers().get(header::CONTENT_ENCODING).is_none());
+        for refused in ["gzipx, identity", "gzip;q=0", "gzip; q=0.0, br"] {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT_ENCODING, refused.parse().unwrap());
+            let r = answer("application/json", body.clone(), &h);
+            assert!(
+                r.headers().get(header::CONTENT_ENCODING).is_none(),
+                "{refused}"
+            );
+        }
+        assert!(accepts_gzip("GZIP;q=0.5"));
     }
 
     /// The whole body of a response built in memory.

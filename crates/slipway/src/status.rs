@@ -22,8 +22,12 @@ use crate::runner::Runner;
 const QUEUE_POLL: Duration = Duration::from_secs(2);
 /// Queued jobs shown by name.
 const QUEUE_SHOWN: usize = 100;
-/// Longest time between listings of a nesting daemon's snapshots.
+/// Longest time between listings of the nesting daemons' snapshots.
 const SNAPSHOT_POLL: Duration = Duration::from_secs(30);
+/// Shortest time between them (however quick the history).
+const SNAPSHOT_POLL_MIN: Duration = Duration::from_secs(5);
+/// Instances whose snapshots are listed at once.
+const SNAPSHOT_LISTINGS: usize = 8;
 /// Longest one instance's snapshot listing may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -161,14 +165,20 @@ impl StatusService {
             s.queue_depth += r.board.pending().len() as u32;
             waits.extend(r.board.take_waits());
         }
-        s.queue_depth += self.queue_status().map_or(0, |q| q.pending);
+        if let Some(q) = self.queue_status() {
+            s.queue_depth += q.pending;
+            // Jobs still in the queue have waited too (the oldest of them are listed).
+            waits.extend(q.jobs.iter().map(|j| j.wait_s));
+        }
         s.p95_wait_s = p95(&mut waits);
         self.history().push(s);
     }
 
-    /// List the snapshots of every running instance of runners with VM isolation.
+    /// List the snapshots of every ready instance of runners with VM isolation, a few
+    /// instances at a time, each within [`SNAPSHOT_TIMEOUT`].
     pub async fn poll_snapshots(&self) {
-        let mut found: HashMap<String, Vec<HeldSnapshot>> = HashMap::new();
+        let limit = Arc::new(tokio::sync::Semaphore::new(SNAPSHOT_LISTINGS));
+        let mut listings = tokio::task::JoinSet::new();
         for r in self
             .runners
             .iter()
@@ -176,61 +186,79 @@ impl StatusService {
         {
             for shape in r.placement.shapes() {
                 for i in shape.scaler.instances() {
-                    let Some(info) = i.connect_info.as_ref().filter(|_| i.ready) else {
+                    let Some(info) = i.connect_info.clone().filter(|_| i.ready) else {
                         continue;
                     };
-                    match tokio::time::timeout(SNAPSHOT_TIMEOUT, r.nesting_snapshots(&i.id, info))
-                        .await
-                    {
-                        Ok(Ok(list)) => {
-                            let held = list
-                                .into_iter()
-                                .map(|s| HeldSnapshot {
-                                    name: s.name,
-                                    bytes: s.memory_bytes.saturating_add(s.disk_bytes),
-                                    created_s: s.created,
-                                })
-                                .collect();
-                            found.insert(i.id.clone(), held);
+                    let (r, limit) = (r.clone(), limit.clone());
+                    listings.spawn(async move {
+                        let _permit = limit.acquire_owned().await;
+                        let listed =
+                            tokio::time::timeout(SNAPSHOT_TIMEOUT, r.nesting_snapshots(&i.id, &info))
+                                .await;
+                        match listed {
+                            Ok(Ok(list)) => Some((
+                                i.id,
+                                list.into_iter()
+                                    .map(|s| HeldSnapshot {
+                                        name: s.name,
+                                        bytes: s.memory_bytes.saturating_add(s.disk_bytes),
+                                        created_s: s.created,
+                                    })
+                                    .collect::<Vec<_>>(),
+                            )),
+                            Ok(Err(e)) => {
+                                tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots: {e:#}");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots timed out");
+                                None
+                            }
                         }
-                        Ok(Err(e)) => {
-                            tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots: {e:#}")
-                        }
-                        Err(_) => {
-                            tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots timed out")
-                        }
-                    }
+                    });
                 }
+            }
+        }
+        let mut found: HashMap<String, Vec<HeldSnapshot>> = HashMap::new();
+        while let Some(done) = listings.join_next().await {
+            if let Ok(Some((id, held))) = done {
+                found.insert(id, held);
             }
         }
         *self.snapshots.lock().unwrap_or_else(|p| p.into_inner()) = found;
     }
 
-    /// Sample every history interval, list the queue every 2 s and snapshots every 30 s until
-    /// `stop`; the caller
-    /// owns the task.
+    /// Until `stop`: sample the history every interval and list the queue every 2 s, and,
+    /// apart so a slow instance never delays a sample, list snapshots at the history
+    /// interval (between 5 and 30 s). The caller owns the task.
     pub fn spawn(self: Arc<Self>, stop: CancellationToken) -> JoinHandle<()> {
         tokio::spawn(async move {
             let interval = self.history().interval();
-            let mut sample = tokio::time::interval(interval);
-            // Quick histories (tests) list snapshots as often; never less than twice a minute.
-            let mut snapshots = tokio::time::interval(interval.min(SNAPSHOT_POLL));
-            let mut queue = tokio::time::interval(QUEUE_POLL);
-            queue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            snapshots.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = sample.tick() => self.sample(),
-                    _ = queue.tick() => self.poll_queue().await,
-                    _ = snapshots.tick() => {
-                        tokio::select! {
-                            _ = stop.cancelled() => break,
-                            () = self.poll_snapshots() => {}
-                        }
+            let sampling = async {
+                let mut sample = tokio::time::interval(interval);
+                let mut queue = tokio::time::interval(QUEUE_POLL);
+                sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                queue.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = sample.tick() => self.sample(),
+                        _ = queue.tick() => self.poll_queue().await,
                     }
                 }
+            };
+            let listing = async {
+                let every = interval.clamp(SNAPSHOT_POLL_MIN, SNAPSHOT_POLL);
+                let mut snapshots = tokio::time::interval(every);
+                snapshots.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    snapshots.tick().await;
+                    self.poll_snapshots().await;
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                () = sampling => {}
+                () = listing => {}
             }
         })
     }

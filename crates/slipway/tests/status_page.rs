@@ -14,8 +14,8 @@ use std::time::Duration;
 use common::{World, stop_manager, wait_until};
 use slipway_status::FleetStatus;
 
-/// Four slots on two instances, eight jobs: one fails at once, four hold the slots, one waits
-/// for a slot, two stay in the queue behind it.
+/// Four slots on two instances, eight jobs: one fails at once, four hold the slots, three stay
+/// in the queue (a runner takes a job once it has capacity for it).
 const PIPELINE: &str = r#"
 broken:
   stage: test
@@ -135,9 +135,9 @@ fn fleet_in_flight(w: &World, cfg: &Path, port: u16, headers: &str) -> Child {
         let s = api(port, headers);
         let r = &s.runners[0];
         r.totals.running == 4
-            && r.pending.len() == 1
+            && r.pending.is_empty()
             && r.recent.len() == 1
-            && s.queue.as_ref().is_some_and(|q| q.pending == 2)
+            && s.queue.as_ref().is_some_and(|q| q.pending == 3)
     });
     assert!(
         settled,
@@ -280,7 +280,10 @@ fn the_page_in_a_browser_shows_what_the_api_reports_and_refreshes() {
         "{before:?}"
     );
     assert_eq!(expected.recent.len(), 1);
-    assert_eq!(expected.queued, BTreeSet::from([7, 8]), "{before:?}");
+    assert_eq!(expected.queued, BTreeSet::from([6, 7, 8]), "{before:?}");
+    let waited = &before.queue.as_ref().unwrap().jobs[0];
+    assert_eq!((waited.id, waited.name.as_str()), (6, "late"));
+    assert!(waited.wait_s > 0.0, "{waited:?}");
     assert!(expected.recent.contains(&(1, "failed".to_string())));
     let broken = &before.runners[0].recent[0];
     assert_eq!(broken.failure_reason.as_deref(), Some("script_failure"));
@@ -294,7 +297,7 @@ fn the_page_in_a_browser_shows_what_the_api_reports_and_refreshes() {
     let plain = chromium(&w, &["--dump-dom"], &url);
     assert_eq!(shown_by_dom(&plain), expected, "server-rendered page");
     assert_eq!(attr(&plain, "data-refreshes"), "0");
-    assert!(plain.contains("1 pending"), "{plain}");
+    assert!(plain.contains("0 pending · 3 queued"), "{plain}");
 
     // With its script: refreshed from /api/v1/status at least twice (every 2 s of the page's
     // own clock), showing the same fleet.
@@ -347,11 +350,12 @@ fn the_page_in_a_browser_shows_what_the_api_reports_and_refreshes() {
     }
     for needle in [
         "4/4 slots busy",
-        "1 pending",
+        "0 pending · 3 queued",
         "#1 broken (test) failed",
         "script_failure",
         "build (none,",
-        "queue: 2 jobs waiting for a runner",
+        "queue: 3 jobs waiting for a runner",
+        "#6 late (deploy) queued",
         "#8 queued-2 (deploy) queued",
     ] {
         assert!(

@@ -180,6 +180,15 @@ impl JobBoard {
         self.metrics.dropped(&self.runner, t.at.is_some());
     }
 
+    /// A guard that, when dropped, ends job `key` as a runner system failure if it is still on
+    /// the board: the job's task ended without saying how its job did (it panicked).
+    pub fn guard(&self, key: &str) -> BoardGuard<'_> {
+        BoardGuard {
+            board: self,
+            key: key.to_string(),
+        }
+    }
+
     /// Keys of the jobs it holds, waiting or running.
     pub fn keys(&self) -> Vec<String> {
         self.lock().jobs.keys().cloned().collect()
@@ -248,10 +257,36 @@ impl JobBoard {
     }
 }
 
-/// `text` with every secret of at least 4 bytes replaced by `[MASKED]`, as traces mask them.
+/// See [`JobBoard::guard`].
+#[derive(Debug)]
+pub struct BoardGuard<'a> {
+    board: &'a JobBoard,
+    key: String,
+}
+
+impl Drop for BoardGuard<'_> {
+    fn drop(&mut self) {
+        // A no-op when the job was finished or given back, as it normally is.
+        self.board.finished(
+            &self.key,
+            Ending {
+                outcome: "failed".into(),
+                failure_reason: Some("runner_system_failure".into()),
+                message: Some("the job's task ended without a result".into()),
+                exit_code: None,
+            },
+        );
+    }
+}
+
+/// `text` with every secret replaced by `[MASKED]`, longest first so a secret that contains
+/// another is masked whole (as traces mask them).
 fn mask(text: &str, secrets: &[String]) -> String {
+    let mut sorted: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
+    sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    sorted.dedup();
     let mut out = text.to_string();
-    for s in secrets.iter().filter(|s| s.len() >= 4) {
+    for s in sorted {
         out = out.replace(s.as_str(), "[MASKED]");
     }
     out
@@ -361,6 +396,45 @@ mod tests {
         ] {
             assert_eq!(text.contains(series), value, "{series} in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_secret_containing_another_is_masked_whole() {
+        let secrets = vec!["abcd1234".to_string(), "abcd1234efgh5678".to_string()];
+        assert_eq!(
+            mask("token abcd1234efgh5678 bad, abcd1234 too", &secrets),
+            "token [MASKED] bad, [MASKED] too"
+        );
+    }
+
+    #[test]
+    fn a_guard_ends_a_job_its_task_did_not() {
+        let b = JobBoard::new("r", JobMetrics::default());
+        b.waiting("job-1", info(1, "x"), Vec::new());
+        b.running("job-1", "i", 0);
+        {
+            let _g = b.guard("job-1");
+        }
+        let recent = b.recent();
+        assert_eq!(recent.len(), 1);
+        assert_eq!(
+            recent[0].failure_reason.as_deref(),
+            Some("runner_system_failure")
+        );
+        // A job its task finished is not ended twice.
+        b.waiting("job-2", info(2, "y"), Vec::new());
+        {
+            let _g = b.guard("job-2");
+            b.finished(
+                "job-2",
+                Ending {
+                    outcome: "success".into(),
+                    ..Ending::default()
+                },
+            );
+        }
+        assert_eq!(b.recent().len(), 2);
+        assert_eq!(b.recent()[0].outcome, "success");
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub mod model;
 pub mod page;
 pub mod summary;
 
-pub use board::{Ending, JobBoard, JobInfo};
+pub use board::{BoardGuard, Ending, JobBoard, JobInfo};
 pub use history::{History, Sample};
 pub use metrics::JobMetrics;
 pub use model::FleetStatus;

@@ -36,7 +36,8 @@
       (s.queue ? " · " + s.queue.pending + " queued" : "");
   }
   function chart(key, title, values, unit, span) {
-    var W = 300, H = 60, max = Math.max.apply(null, [1].concat(values));
+    var W = 300, H = 60, max = 1;
+    for (var k = 0; k < values.length; k++) if (values[k] > max) max = values[k];
     var last = values.length ? values[values.length - 1] : 0;
     var step = values.length > 1 ? W / (values.length - 1) : 0;
     var pts = values.map(function (v, i) {
@@ -139,7 +140,7 @@
       chart("queue_depth", "Queue depth", hs.queue_depth, "", span) +
       chart("p95_wait_s", "p95 wait", hs.p95_wait_s, "s", span);
     var h = s.queue ? queue(s.queue) : "";
-    if (!s.runners.length) h = '<p class="empty">No runners.</p>';
+    if (!s.runners.length) h += '<p class="empty">No runners.</p>';
     s.runners.forEach(function (r) { h += runner(r); });
     document.getElementById("fleet").innerHTML = h;
     body.dataset.generated = s.generated_at_ms;

@@ -345,6 +345,13 @@ mod tests {
                 name: "r<1>".into(),
                 executor: "instance".into(),
                 shapes: vec![shape_with_one_job("build \"x\"", 61.0)],
+                pending: vec![crate::model::PendingJob {
+                    id: 8,
+                    name: "<test>".into(),
+                    stage: "test".into(),
+                    level: "vm".into(),
+                    wait_s: 75.0,
+                }],
                 ..RunnerStatus::default()
             }],
             ..FleetStatus::default()
@@ -360,6 +367,12 @@ mod tests {
         assert!(page.contains("#7 build &quot;x&quot;"));
         assert!(page.contains("cgroup · 1m01s"));
         assert!(page.contains("class=\"slot free\" data-slot=\"1\""));
+        assert!(
+            page.contains(
+                "<tr data-job=\"8\"><td>#8</td><td>&lt;test&gt;</td><td>test</td><td>vm</td><td>1m15s</td></tr>"
+            ),
+            "{page}"
+        );
         assert!(!page.contains("build \"x\""), "unescaped text");
         assert!(page.contains("<script>"));
     }

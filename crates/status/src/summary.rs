@@ -10,8 +10,26 @@ use crate::page::summary_line;
 const RECENT_SHOWN: usize = 10;
 
 /// The whole fleet: a summary line, then each runner's instances with their slots, its
-/// pending jobs and its recent jobs.
+/// pending jobs and its recent jobs. Control characters in names and messages are escaped:
+/// the text goes to a terminal.
 pub fn render(s: &FleetStatus) -> String {
+    printable(&render_raw(s))
+}
+
+/// `text` with every control character but newlines escaped (`\u{1b}`).
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn render_raw(s: &FleetStatus) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -149,6 +167,28 @@ mod tests {
     use super::*;
     use crate::model::fixtures::shape_with_one_job;
     use crate::model::{PendingJob, RecentJob, RunnerStatus, Totals};
+
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        let s = FleetStatus {
+            runners: vec![RunnerStatus {
+                name: "r".into(),
+                recent: vec![RecentJob {
+                    name: "evil\u{1b}]0;owned\u{7}".into(),
+                    message: Some("bad\r\u{1b}[2J".into()),
+                    ..RecentJob::default()
+                }],
+                ..RunnerStatus::default()
+            }],
+            ..FleetStatus::default()
+        };
+        let text = render(&s);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("evil\\u{1b}]0;owned\\u{7}"), "{text}");
+    }
 
     #[test]
     fn the_summary_names_instances_slots_and_jobs() {

@@ -710,6 +710,8 @@ async fn run_job(
         job::board_info(runner, &job),
         job.masked_values().into_iter().map(String::from).collect(),
     );
+    // A task that ends without recording its job (a panic) still takes it off the board.
+    let _on_board = runner.board.guard(&board_key);
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let trace = Trace::new(job.masked_values(), tx);
     let sender = TraceSender::new(
@@ -794,13 +796,19 @@ async fn run_job(
         stop.is_cancelled(),
         gitlab_cancel.is_cancelled() || gitlab_abort.is_cancelled(),
     );
+    // What GitLab is told is what the board shows: a job GitLab canceled is canceled, one the
+    // manager's shutdown interrupted failed.
     let mut ending = job::ending_of(&outcome);
-    ending.failure_reason = reason.as_ref().map(|r| r.as_str().to_string());
-    if reason
-        .as_ref()
-        .is_some_and(|r| r.as_str() == "runner_interrupted")
-    {
-        ending.outcome = "failed".into();
+    match reason.as_ref() {
+        Some(GlReason::JobCanceled) => {
+            ending.outcome = "canceled".into();
+            ending.failure_reason = None;
+        }
+        Some(r) => {
+            ending.outcome = "failed".into();
+            ending.failure_reason = Some(r.as_str().to_string());
+        }
+        None => {}
     }
     runner.board.finished(&board_key, ending);
     let update = PendingUpdate::new(&job, state, reason, exit_code, output);
@@ -855,6 +863,10 @@ async fn run_admitted(
     let mut side = Trace::new(job.masked_values(), side_tx);
     let acquiring = async {
         let r = job::acquire(runner, &key, trace, &acquire_cancel).await;
+        if let Ok(a) = &r {
+            // It holds its slot from now on, while its sources may still be on their way.
+            runner.board.running(&key, &a.instance_id, a.slot);
+        }
         if r.is_err() {
             let _ = first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
             fetch_cancel.cancel();
@@ -873,7 +885,6 @@ async fn run_admitted(
     side.finish();
     drop(side);
     if let Ok(a) = &acq {
-        runner.board.running(&key, &a.instance_id, a.slot);
         trace.message(&format!(
             "Running on instance {} slot {}",
             a.instance_id, a.slot
