@@ -628,6 +628,18 @@ impl Printer {
     /// `live`: draw the live lines (stdout is a terminal).
     fn start(live: bool) -> Printer {
         let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+        if live {
+            // Log lines pass through here while live lines are drawn; a weak sender does not
+            // keep the printer alive.
+            let weak = tx.downgrade();
+            progress::route_logs(Some(Box::new(move |bytes: &[u8]| {
+                let text = String::from_utf8_lossy(bytes);
+                weak.upgrade().is_some_and(|tx| {
+                    tx.send(Event::Notice(text.trim_end_matches('\n').to_string()))
+                        .is_ok()
+                })
+            })));
+        }
         let task = tokio::spawn(async move {
             let mut partial: HashMap<Arc<str>, Vec<u8>> = HashMap::new();
             let mut jobs = LiveLines::new();
@@ -744,6 +756,7 @@ impl Printer {
     }
 
     async fn stop(self) {
+        progress::route_logs(None);
         drop(self.tx);
         let _ = self.task.await;
     }

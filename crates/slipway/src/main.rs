@@ -422,7 +422,8 @@ fn init_logging(level: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
+        // stderr, or through `slipway exec`'s live lines while they are drawn.
+        .with_writer(|| slipway::progress::LogWriter)
         .init();
 }
 

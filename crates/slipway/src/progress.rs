@@ -1,11 +1,46 @@
 //! Progress on a terminal: the live lines of `slipway exec` (one per running job, redrawn in
 //! place below the scrolling job output) and the spinner line of `slipway image build`.
 //!
-//! Everything here is pure (text in, text or bytes out) except [`terminal_size`]; the callers
-//! own the clocks, the redraw tasks and the writes.
+//! Everything here is pure (text in, text or bytes out) except [`terminal_size`] and the log
+//! route ([`LogWriter`]); the callers own the clocks, the redraw tasks and the writes.
 
 use std::os::fd::AsRawFd;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Where the manager's log lines go while live lines are drawn (`None`: stderr).
+type LogRoute = Box<dyn Fn(&[u8]) -> bool + Send>;
+static LOG_ROUTE: Mutex<Option<LogRoute>> = Mutex::new(None);
+
+/// Send log lines to `route` instead of stderr (`None`: back to stderr). `route` returns false
+/// when it cannot take them (its printer is gone): they go to stderr then.
+pub fn route_logs(route: Option<LogRoute>) {
+    *LOG_ROUTE.lock().unwrap_or_else(|p| p.into_inner()) = route;
+}
+
+/// The log writer of `slipway`'s `tracing` output: stderr, or, while live lines are drawn, the
+/// one task that draws them, so a warning neither tears them nor is erased by their redraw.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let routed = LOG_ROUTE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|route| route(buf));
+        if routed {
+            Ok(buf.len())
+        } else {
+            std::io::stderr().write(buf)
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
 
 /// How often live lines and spinners are redrawn.
 pub const REDRAW_EVERY: Duration = Duration::from_millis(250);
@@ -681,6 +716,24 @@ mod tests {
         let mut screen = Screen::new(true);
         let out = screen.print(b"\x1b[3Aup\n", &["» live".to_string()]);
         assert!(!out.windows(4).any(|w| w == b"\x1b[3A"), "{out:?}");
+    }
+
+    #[test]
+    fn log_lines_take_the_route_while_one_is_set() {
+        use std::io::Write as _;
+        let seen = std::sync::Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = seen.clone();
+        route_logs(Some(Box::new(move |b: &[u8]| {
+            sink.lock().unwrap().extend_from_slice(b);
+            true
+        })));
+        LogWriter.write_all(b"WARN heartbeat failed\n").unwrap();
+        route_logs(None);
+        assert_eq!(&*seen.lock().unwrap(), b"WARN heartbeat failed\n");
+        // A route that cannot take them hands them back (to stderr).
+        route_logs(Some(Box::new(|_: &[u8]| false)));
+        assert_eq!(LogWriter.write(b"x\n").unwrap(), 2);
+        route_logs(None);
     }
 
     #[test]
