@@ -5,6 +5,26 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+/// The `p`th percentile (0–100, nearest rank over `sorted.len() - 1`) of sorted samples; NaN
+/// when there are none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Milliseconds of `d`.
+pub fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `x` to three decimals, as results files keep times.
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
 /// `N cores, CPU model` of this machine.
 pub fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -4,13 +4,14 @@
 //! Writes `bench/results/dispatch.json`. Run with `make bench` (see `command` in the file).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context as _;
 use slipway::config;
 use slipway::runner::{Runner, StartOptions};
 use slipway_executor::{InstanceExecutor, RunContext, Trace};
 use slipway_jobs::{Pipeline, PipelineOptions};
+use slipway_sim::bench::{ms, percentile, round3 as round};
 use slipway_taskscaler::Resources;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -24,18 +25,6 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(bench())
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 async fn bench() -> anyhow::Result<()> {
@@ -106,10 +95,6 @@ async fn bench() -> anyhow::Result<()> {
     let (_, text) = slipway_sim::bench::write(&repo, "dispatch", COMMAND, results)?;
     println!("{text}");
     Ok(())
-}
-
-fn round(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// Run trivial jobs one after another; returns (queue→first line, queue→acquired, bare ssh exec)

@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_fleeting::{ConnectInfo, InstanceGroup, PluginHost, PluginOptions, State};
+use slipway_sim::bench::percentile;
 
 use moto::Moto;
 
@@ -26,14 +27,6 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(bench())
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 fn ms(d: Duration) -> f64 {

@@ -16,6 +16,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use slipway::server::{Server, StatusRoutes};
 use slipway::status::{Source, runner_status_of};
+use slipway_sim::bench::{ms, percentile, round3 as round};
 use slipway_sim::fleet::{FleetSpec, SimFleet};
 use slipway_sim::rng::Dist;
 use slipway_status::board::unix_ms;
@@ -41,22 +42,6 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(bench())
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p / 100.0 * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn round(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// One runner's fleet: its taskscaler over an in-process group, its job board, its history
