@@ -420,6 +420,35 @@ async fn a_gitlab_outage_during_a_job_loses_nothing() {
     stop(&w, child.take().unwrap());
 }
 
+/// The runner's state files out of reach at start (a full disk, here a file where its outbox
+/// directory goes): the runner waits and retries instead of giving up, and serves once they are
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_whose_state_is_out_of_reach_at_start_serves_once_it_is_back() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job_payload_with_vars(
+        "after-the-outage",
+        &["echo served-at-last"],
+        &[("GIT_STRATEGY", "none")],
+    ));
+    let cfg = instance_config(&w, &gl, "");
+    let state = w.path().join(".slipway-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let blocker = state.join("gitlab");
+    std::fs::write(&blocker, "not a directory").unwrap();
+    let child = start(&w, &cfg);
+    // Tried, refused, tried again: nothing is asked of GitLab meanwhile.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(gl.job(id).unwrap().state, "pending");
+    std::fs::remove_file(&blocker).unwrap();
+    let mut child = Some(child);
+    finished(&gl, id, "success", &w, &mut child).await;
+    assert!(gl.job(id).unwrap().trace_text().contains("served-at-last"));
+    let stderr = stop(&w, child.take().unwrap());
+    assert!(stderr.contains("retrying in"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_running_when_the_manager_dies_is_reported_after_restart() {
     let w = World::new();

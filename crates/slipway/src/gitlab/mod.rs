@@ -206,30 +206,27 @@ pub async fn serve(
         source,
     })?;
     let token = Secret::new(cfg.token.trim());
-    let system_id = SystemId::load_or_create(&system_id_path(&opts.state_dir))
-        .await
-        .map_err(|source| SourceError::SystemId {
-            runner: name.clone(),
-            source,
-        })?;
     let backoff = Backoff::default();
     let own_dir = opts
         .state_dir
         .join("gitlab")
         .join(state_key(cfg.id, &token, cfg.url.trim()));
-    let outbox = Outbox::open(own_dir.join("outbox"))
-        .await
-        .map_err(|source| SourceError::Outbox {
-            runner: name.clone(),
-            source,
-        })?;
-    let owed = outbox
-        .recover()
-        .await
-        .map_err(|source| SourceError::Outbox {
-            runner: name.clone(),
-            source,
-        })?;
+    // The runner's files (system id, outbox) may be out of reach for a while (a full disk at
+    // start): retried, not given up, so the runner serves once they are back.
+    let mut delay = STATE_RETRY_FIRST;
+    let (system_id, outbox, owed) = loop {
+        match open_state(&name, &opts.state_dir, &own_dir).await {
+            Ok(state) => break state,
+            Err(e) => {
+                tracing::error!(runner = %name, "{e}; retrying in {delay:?}");
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(STATE_RETRY_MAX);
+            }
+        }
+    };
     if !verify(&client, &token, &system_id, &name, backoff, &stop).await? {
         return Ok(());
     }
@@ -291,6 +288,39 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// First pause before the runner's state files are tried again.
+const STATE_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// Longest pause between those tries.
+const STATE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The runner's system id and outbox, and the final states an earlier run still owes GitLab.
+async fn open_state(
+    name: &str,
+    state_dir: &Path,
+    own_dir: &Path,
+) -> Result<(SystemId, Outbox, Vec<Owed>), SourceError> {
+    let system_id = SystemId::load_or_create(&system_id_path(state_dir))
+        .await
+        .map_err(|source| SourceError::SystemId {
+            runner: name.to_string(),
+            source,
+        })?;
+    let outbox = Outbox::open(own_dir.join("outbox"))
+        .await
+        .map_err(|source| SourceError::Outbox {
+            runner: name.to_string(),
+            source,
+        })?;
+    let owed = outbox
+        .recover()
+        .await
+        .map_err(|source| SourceError::Outbox {
+            runner: name.to_string(),
+            source,
+        })?;
+    Ok((system_id, outbox, owed))
 }
 
 /// `POST /runners/verify`, retried while GitLab is unreachable. `Ok(false)` when stopped first.
