@@ -19,9 +19,9 @@ use slipway::status::{Source, runner_status_of};
 use slipway_sim::bench::{ms, percentile, round3 as round};
 use slipway_sim::fleet::{FleetSpec, SimFleet};
 use slipway_sim::rng::Dist;
-use slipway_status::board::unix_ms;
 use slipway_status::{Ending, FleetStatus, History, JobBoard, JobInfo, JobMetrics, Sample};
 use slipway_taskscaler::metrics::{MetricFamilies, Metrics};
+use slipway_taskscaler::store::unix_ms;
 use slipway_taskscaler::{Config, Options, Placement, Policy, Resources, ScaleThrottle, Shape};
 
 const COMMAND: &str = "cargo bench -p slipway --bench status";

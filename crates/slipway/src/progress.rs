@@ -8,6 +8,9 @@ use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+// Elapsed times read as on the status page: `12s`, `1m05s`, `2h03m`.
+use slipway_status::format::duration;
+
 /// Where the manager's log lines go while live lines are drawn (`None`: stderr).
 type LogRoute = Box<dyn Fn(&[u8]) -> bool + Send>;
 static LOG_ROUTE: Mutex<Option<LogRoute>> = Mutex::new(None);
@@ -212,7 +215,7 @@ impl LiveLines {
         let mut out: Vec<String> = self.jobs[..shown]
             .iter()
             .map(|j| {
-                let elapsed = format_elapsed(now.saturating_duration_since(j.started));
+                let elapsed = duration(now.saturating_duration_since(j.started).as_secs_f64());
                 let head = format!(
                     "» {} › {}  {elapsed}",
                     visible(j.stage.as_bytes()),
@@ -254,18 +257,6 @@ fn bounded(line: &[u8]) -> &[u8] {
         .unwrap_or(0);
     let rest = &line[from..];
     &rest[..rest.len().min(PARTIAL_MAX)]
-}
-
-/// `12s`, `1m05s`, `2h03m`.
-pub fn format_elapsed(d: Duration) -> String {
-    let s = d.as_secs();
-    if s < 60 {
-        format!("{s}s")
-    } else if s < 3600 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        format!("{}h{:02}m", s / 3600, s / 60 % 60)
-    }
 }
 
 /// What one line of output shows on a terminal, as plain text: escape sequences (colours,
@@ -507,7 +498,7 @@ pub fn step_line(head: &str, elapsed: Duration, frame: usize, width: usize) -> S
     let tail = format!(
         " {} {}",
         SPINNER[frame % SPINNER.len()],
-        format_elapsed(elapsed)
+        duration(elapsed.as_secs_f64())
     );
     let room = width
         .saturating_sub(1)

@@ -6,13 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use slipway_fleeting::State;
-use slipway_status::board::unix_ms;
 use slipway_status::history::p95;
 use slipway_status::model::{
     InstanceStatus, PendingJob, QueueStatus, RunnerStatus, ShapeStatus, SlotJob, SlotStatus,
     SnapshotStatus, Totals,
 };
 use slipway_status::{FleetStatus, History, Sample};
+use slipway_taskscaler::store::unix_ms;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -162,7 +162,7 @@ impl StatusService {
                     s.busy_slots += i.slots.iter().filter(|x| x.is_some()).count() as u32;
                 }
             }
-            s.queue_depth += r.board.pending().len() as u32;
+            s.queue_depth += r.board.pending_count() as u32;
             waits.extend(r.board.take_waits());
         }
         if let Some(q) = self.queue_status() {

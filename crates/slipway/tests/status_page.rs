@@ -63,22 +63,8 @@ listen_address = "127.0.0.1:{port}"
 [[runners]]
   name = "fleet"
   executor = "instance"
-  [runners.autoscaler]
-    plugin = "local"
-    capacity_per_instance = 2
-    max_instances = 2
-    update_interval = "200ms"
-    update_interval_when_expecting = "100ms"
-    delete_instances_on_shutdown = true
-    [runners.autoscaler.plugin_config]
-      dir = "{}"
-      name = "{name}{}"
-    [[runners.autoscaler.policy]]
-      idle_count = 0
-      idle_time = "10m"
-"#,
-            w.path().join("plugin-state").display(),
-            std::process::id(),
+{}"#,
+            common::local_autoscaler_of(w, name, 2),
         ),
     )
 }

@@ -194,6 +194,11 @@ impl JobBoard {
         self.lock().jobs.keys().cloned().collect()
     }
 
+    /// How many jobs wait for their slot.
+    pub fn pending_count(&self) -> usize {
+        self.lock().jobs.values().filter(|t| t.at.is_none()).count()
+    }
+
     /// Jobs waiting, longest first.
     pub fn pending(&self) -> Vec<PendingJob> {
         let now = Instant::now();
@@ -292,8 +297,9 @@ fn mask(text: &str, secrets: &[String]) -> String {
     out
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms(t: SystemTime) -> i64 {
+/// Milliseconds since the Unix epoch (as the taskscaler's store and the queue write them; this
+/// crate depends on neither).
+fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
@@ -381,10 +387,7 @@ mod tests {
                 ..Ending::default()
             },
         );
-        let mut registry = prometheus_client::registry::Registry::default();
-        m.register(&mut registry);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = crate::metrics::tests::encoded(&m);
         for (series, value) in [
             (r#"slipway_jobs{runner="r",state="running"} 0"#, true),
             (r#"slipway_jobs{runner="r",state="waiting"} 0"#, true),

@@ -196,10 +196,11 @@ impl JobMetrics {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn encoded(m: &JobMetrics) -> String {
+    /// `m`'s families as `/metrics` encodes them.
+    pub(crate) fn encoded(m: &JobMetrics) -> String {
         let mut registry = Registry::default();
         m.register(&mut registry);
         let mut out = String::new();

@@ -79,18 +79,21 @@
     s.instances.forEach(function (i) { h += instance(i, s.max_use_count); });
     return h + "</tbody></table></div>";
   }
+  // A runner's waiting jobs ("pending", with their level) or the queue's ("queued").
+  function waitingTable(cls, jobs, withLevel) {
+    var h = '<table class="' + cls + '"><thead><tr><th>job</th><th>name</th><th>stage</th>' +
+      (withLevel ? "<th>level</th><th>waiting</th>" : "<th>queued for</th>") + "</tr></thead><tbody>";
+    jobs.forEach(function (p) {
+      h += '<tr data-job="' + p.id + '"><td>#' + p.id + "</td><td>" + esc(p.name) + "</td><td>" +
+        esc(p.stage) + "</td>" + (withLevel ? "<td>" + esc(p.level) + "</td>" : "") + "<td>" +
+        dur(p.wait_s) + "</td></tr>";
+    });
+    return h + "</tbody></table>";
+  }
   function queue(q) {
     var h = '<section class="queue" data-queued="' + q.pending + '"><h2>Queue <small>' + q.pending +
       " jobs waiting for a runner</small></h2>";
-    if (q.jobs.length) {
-      h += '<table class="queued"><thead><tr><th>job</th><th>name</th><th>stage</th>' +
-        "<th>queued for</th></tr></thead><tbody>";
-      q.jobs.forEach(function (p) {
-        h += '<tr data-job="' + p.id + '"><td>#' + p.id + "</td><td>" + esc(p.name) + "</td><td>" +
-          esc(p.stage) + "</td><td>" + dur(p.wait_s) + "</td></tr>";
-      });
-      h += "</tbody></table>";
-    }
+    if (q.jobs.length) h += waitingTable("queued", q.jobs, false);
     return h + "</section>";
   }
   function runner(r) {
@@ -102,15 +105,7 @@
     r.shapes.forEach(function (s) { h += shape(s); });
     h += "<h3>Pending jobs</h3>";
     if (!r.pending.length) h += '<p class="empty">None waiting.</p>';
-    else {
-      h += '<table class="pending"><thead><tr><th>job</th><th>name</th><th>stage</th>' +
-        "<th>level</th><th>waiting</th></tr></thead><tbody>";
-      r.pending.forEach(function (p) {
-        h += '<tr data-job="' + p.id + '"><td>#' + p.id + "</td><td>" + esc(p.name) + "</td><td>" +
-          esc(p.stage) + "</td><td>" + esc(p.level) + "</td><td>" + dur(p.wait_s) + "</td></tr>";
-      });
-      h += "</tbody></table>";
-    }
+    else h += waitingTable("pending", r.pending, true);
     h += "<h3>Recent jobs</h3>";
     if (!r.recent.length) h += '<p class="empty">None yet.</p>';
     else {

@@ -7,7 +7,9 @@
 use std::fmt::Write as _;
 
 use crate::format::{bytes, duration};
-use crate::model::{FleetStatus, HistorySeries, InstanceStatus, RunnerStatus, ShapeStatus};
+use crate::model::{
+    FleetStatus, HistorySeries, InstanceStatus, PendingJob, RunnerStatus, ShapeStatus,
+};
 
 const STYLE: &str = include_str!("page.css");
 const SCRIPT: &str = include_str!("page.js");
@@ -63,22 +65,7 @@ pub fn fleet(h: &mut String, s: &FleetStatus) {
             n = q.pending
         );
         if !q.jobs.is_empty() {
-            h.push_str(
-                "<table class=\"queued\"><thead><tr><th>job</th><th>name</th><th>stage</th>\
-                 <th>queued for</th></tr></thead><tbody>",
-            );
-            for p in &q.jobs {
-                let _ = write!(
-                    h,
-                    "<tr data-job=\"{}\"><td>#{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                    p.id,
-                    p.id,
-                    esc(&p.name),
-                    esc(&p.stage),
-                    duration(p.wait_s)
-                );
-            }
-            h.push_str("</tbody></table>");
+            waiting_table(h, "queued", &q.jobs, false);
         }
         h.push_str("</section>");
     }
@@ -112,23 +99,7 @@ fn runner(h: &mut String, r: &RunnerStatus) {
     if r.pending.is_empty() {
         h.push_str("<p class=\"empty\">None waiting.</p>");
     } else {
-        h.push_str(
-            "<table class=\"pending\"><thead><tr><th>job</th><th>name</th><th>stage</th>\
-             <th>level</th><th>waiting</th></tr></thead><tbody>",
-        );
-        for p in &r.pending {
-            let _ = write!(
-                h,
-                "<tr data-job=\"{}\"><td>#{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                p.id,
-                p.id,
-                esc(&p.name),
-                esc(&p.stage),
-                esc(&p.level),
-                duration(p.wait_s)
-            );
-        }
-        h.push_str("</tbody></table>");
+        waiting_table(h, "pending", &r.pending, true);
     }
     h.push_str("<h3>Recent jobs</h3>");
     if r.recent.is_empty() {
@@ -168,6 +139,36 @@ fn runner(h: &mut String, r: &RunnerStatus) {
         h.push_str("</tbody></table>");
     }
     h.push_str("</section>");
+}
+
+/// A table of waiting jobs: a runner's (`pending`, with their level) or the queue's (`queued`,
+/// no level yet).
+fn waiting_table(h: &mut String, class: &str, jobs: &[PendingJob], with_level: bool) {
+    let (level, waited) = if with_level {
+        ("<th>level</th>", "waiting")
+    } else {
+        ("", "queued for")
+    };
+    let _ = write!(
+        h,
+        "<table class=\"{class}\"><thead><tr><th>job</th><th>name</th><th>stage</th>{level}\
+         <th>{waited}</th></tr></thead><tbody>"
+    );
+    for p in jobs {
+        let _ = write!(
+            h,
+            "<tr data-job=\"{}\"><td>#{}</td><td>{}</td><td>{}</td>",
+            p.id,
+            p.id,
+            esc(&p.name),
+            esc(&p.stage)
+        );
+        if with_level {
+            let _ = write!(h, "<td>{}</td>", esc(&p.level));
+        }
+        let _ = write!(h, "<td>{}</td></tr>", duration(p.wait_s));
+    }
+    h.push_str("</tbody></table>");
 }
 
 fn shape(h: &mut String, s: &ShapeStatus) {

@@ -408,11 +408,16 @@ pub fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {
 /// instance with two slots, quick updates, instances deleted at shutdown; `name` keeps this
 /// test's instances apart.
 pub fn local_autoscaler(w: &World, name: &str) -> String {
+    local_autoscaler_of(w, name, 1)
+}
+
+/// [`local_autoscaler`] with up to `max_instances` instances of two slots.
+pub fn local_autoscaler_of(w: &World, name: &str, max_instances: u32) -> String {
     format!(
         r#"  [runners.autoscaler]
     plugin = "local"
     capacity_per_instance = 2
-    max_instances = 1
+    max_instances = {max_instances}
     update_interval = "200ms"
     update_interval_when_expecting = "100ms"
     delete_instances_on_shutdown = true
