@@ -1636,44 +1636,36 @@ fn validate_global(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool))
         );
     }
     let sp = &cfg.status_page;
-    for (name, text) in [
-        ("history_interval", Some(&sp.history_interval)),
-        ("history", sp.history.as_ref()),
-    ] {
-        let Some(text) = text else {
-            continue;
-        };
-        match humantime::parse_duration(text.trim()) {
-            Ok(d) if d.is_zero() => report(
-                vec![Seg::Key("status_page".into()), Seg::Key(name.into())],
+    let at = |name: &str| vec![Seg::Key("status_page".into()), Seg::Key(name.into())];
+    // A usable duration, or reported.
+    let mut checked = |name: &str, text: &str| match humantime::parse_duration(text.trim()) {
+        Ok(d) if d.is_zero() => {
+            report(
+                at(name),
                 format!("{text:?}: expected a duration above zero, e.g. \"15s\" or \"6h\""),
                 true,
-            ),
-            Ok(_) => {}
-            Err(_) => duration_text(
-                text,
-                vec![Seg::Key("status_page".into()), Seg::Key(name.into())],
-                report,
-            ),
-        }
-    }
-    let parsed = |t: &str| humantime::parse_duration(t.trim()).ok();
-    let span = sp.history.as_deref().and_then(parsed);
-    if let Some(every) = parsed(&sp.history_interval) {
-        if every < std::time::Duration::from_secs(1) && !every.is_zero() {
-            report(
-                vec![
-                    Seg::Key("status_page".into()),
-                    Seg::Key("history_interval".into()),
-                ],
-                format!("{:?}: expected at least \"1s\"", sp.history_interval),
-                true,
             );
-        } else if span.is_some_and(|s| {
-            !every.is_zero() && s.as_secs_f64() / every.as_secs_f64() > MAX_HISTORY_SAMPLES
-        }) {
+            None
+        }
+        Ok(d) => Some(d),
+        Err(_) => {
+            duration_text(text, at(name), report);
+            None
+        }
+    };
+    let every = checked("history_interval", &sp.history_interval);
+    let span = sp.history.as_deref().and_then(|h| checked("history", h));
+    match every {
+        Some(e) if e < std::time::Duration::from_secs(1) => report(
+            at("history_interval"),
+            format!("{:?}: expected at least \"1s\"", sp.history_interval),
+            true,
+        ),
+        Some(e)
+            if span.is_some_and(|s| s.as_secs_f64() / e.as_secs_f64() > MAX_HISTORY_SAMPLES) =>
+        {
             report(
-                vec![Seg::Key("status_page".into()), Seg::Key("history".into())],
+                at("history"),
                 format!(
                     "{:?} of samples every {:?} is more than {MAX_HISTORY_SAMPLES} samples; \
                      keep less or sample less often",
@@ -1681,12 +1673,13 @@ fn validate_global(cfg: &Config, report: &mut dyn FnMut(Vec<Seg>, String, bool))
                     sp.history_interval
                 ),
                 true,
-            );
+            )
         }
+        _ => {}
     }
     if sp.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         report(
-            vec![Seg::Key("status_page".into()), Seg::Key("token".into())],
+            at("token"),
             "empty token: leave it out to serve the page without one".into(),
             true,
         );

@@ -88,8 +88,8 @@ impl StatusService {
         }
     }
 
-    /// The queue's pending jobs but those a runner already holds: a dispatcher waiting for
-    /// capacity leaves its job in the queue until it has some (the runner shows it then).
+    /// The queue's pending jobs but those a runner already holds: the listing is up to
+    /// [`QUEUE_POLL`] old, and a job claimed since is shown by its runner.
     fn queue_status(&self) -> Option<QueueStatus> {
         self.queue.as_ref()?;
         let now = SystemTime::now();
@@ -133,10 +133,11 @@ impl StatusService {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let now_s = unix_ms(SystemTime::now()) / 1000;
+        let now_ms = unix_ms(SystemTime::now());
+        let now_s = now_ms / 1000;
         FleetStatus {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            generated_at_ms: unix_ms(SystemTime::now()),
+            generated_at_ms: now_ms,
             uptime_s: self.started.elapsed().as_secs_f64(),
             queue: self.queue_status(),
             runners: self
@@ -156,12 +157,10 @@ impl StatusService {
         };
         let mut waits = Vec::new();
         for r in &self.runners {
-            for shape in r.placement.shapes() {
-                for i in shape.scaler.instances() {
-                    s.instances += 1;
-                    s.busy_slots += i.slots.iter().filter(|x| x.is_some()).count() as u32;
-                }
-            }
+            // The taskscalers' running totals: no copy of the fleet.
+            let stats = r.stats();
+            s.instances += u32::try_from(stats.instances).unwrap_or(u32::MAX);
+            s.busy_slots += u32::try_from(stats.acquired).unwrap_or(u32::MAX);
             s.queue_depth += r.board.pending_count() as u32;
             waits.extend(r.board.take_waits());
         }
