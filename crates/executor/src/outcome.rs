@@ -17,6 +17,8 @@ pub enum FailureReason {
     RunnerConfigurationError,
     /// The job's image could not be pulled.
     ImagePullFailure,
+    /// The runner can never give the job what it asks for (no shape fits, a bad request).
+    RunnerUnsupported,
 }
 
 impl FailureReason {
@@ -29,6 +31,23 @@ impl FailureReason {
             FailureReason::JobCanceled => "job_canceled",
             FailureReason::RunnerConfigurationError => "runner_configuration_error",
             FailureReason::ImagePullFailure => "image_pull_failure",
+            FailureReason::RunnerUnsupported => "runner_unsupported",
+        }
+    }
+}
+
+/// GitLab's wire type for the same reason: one vocabulary from the executor to the job API.
+impl From<FailureReason> for slipway_jobs::gitlab::FailureReason {
+    fn from(r: FailureReason) -> Self {
+        use slipway_jobs::gitlab::FailureReason as Gl;
+        match r {
+            FailureReason::ScriptFailure => Gl::ScriptFailure,
+            FailureReason::RunnerSystemFailure => Gl::RunnerSystemFailure,
+            FailureReason::JobExecutionTimeout => Gl::JobExecutionTimeout,
+            FailureReason::JobCanceled => Gl::JobCanceled,
+            FailureReason::RunnerConfigurationError => Gl::RunnerConfigurationError,
+            FailureReason::ImagePullFailure => Gl::ImagePullFailure,
+            FailureReason::RunnerUnsupported => Gl::Other(r.as_str().to_string()),
         }
     }
 }
@@ -71,6 +90,27 @@ impl JobOutcome {
             reason,
             exit_code,
             message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_keeps_its_name_on_the_wire() {
+        for r in [
+            FailureReason::ScriptFailure,
+            FailureReason::RunnerSystemFailure,
+            FailureReason::JobExecutionTimeout,
+            FailureReason::JobCanceled,
+            FailureReason::RunnerConfigurationError,
+            FailureReason::ImagePullFailure,
+            FailureReason::RunnerUnsupported,
+        ] {
+            let wire = slipway_jobs::gitlab::FailureReason::from(r);
+            assert_eq!(wire.as_str(), r.as_str());
         }
     }
 }

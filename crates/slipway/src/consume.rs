@@ -17,11 +17,13 @@ use anyhow::Context as _;
 use slipway_executor::{FailureReason, JobOutcome, Trace};
 use slipway_jobs::queue::{JobResult, Queue, QueueError, Recovery, ResultStatus, Started, unix_ms};
 use slipway_jobs::{JobResponse, JobStatus};
+use slipway_taskscaler::Acquisition;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::job;
+use crate::lifecycle::{self, JobSource, Life, Start, Stops};
+use crate::shutdown::Shutdown;
 use crate::runner::Runner;
 
 /// How often an idle runner looks for pending jobs.
@@ -130,14 +132,15 @@ pub struct Limits {
     pub global: Arc<Semaphore>,
 }
 
-/// Feed `runner` from `queue` until `stop`; returns once every job it started has ended.
-pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: CancellationToken) {
+/// Feed `runner` from `queue` until the shutdown drains it; returns once every job it started
+/// has ended (a stop cancels them).
+pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: Shutdown) {
     let mut tasks: JoinSet<()> = JoinSet::new();
     'dispatch: loop {
         reap(&mut tasks, &runner.name);
         let permits = tokio::select! {
             biased;
-            _ = stop.cancelled() => break,
+            _ = shutdown.drain.cancelled() => break,
             p = permits(&limits) => match p {
                 Some(p) => p,
                 None => break,
@@ -153,7 +156,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             }
             tokio::select! {
                 biased;
-                _ = stop.cancelled() => break 'dispatch,
+                _ = shutdown.drain.cancelled() => break 'dispatch,
                 _ = tokio::time::sleep(POLL) => {}
             }
         };
@@ -167,18 +170,16 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             .collect();
         // The job goes on the board once claimed: until then it is the queue's (several
         // dispatchers may reserve for the same oldest job; one claims it).
-        let board_entry = (job::board_info(&runner, &payload), secrets.clone());
+        let board_entry = (lifecycle::board_info(&runner, &payload), secrets.clone());
         let mut trace = Trace::new(secrets, tx);
-        let admitted = job::isolation_of(&runner, &payload, &mut trace)
-            .and_then(|level| Ok((level, job::request_of(&payload, &mut trace)?)));
-        let reserved = match admitted {
-            Ok((level, request)) => {
-                job::reserve(&runner, &key, &request, level, &mut trace, &stop).await
+        let reserved = match lifecycle::admit(&runner, &payload, &mut trace) {
+            Ok(admission) => {
+                lifecycle::reserve(&runner, &key, &admission, &mut trace, &shutdown.drain).await
             }
             Err(no) => Err(no),
         };
         if let Err(no) = &reserved {
-            if stop.is_cancelled() {
+            if shutdown.drain.is_cancelled() {
                 break;
             }
             // The job can never run here (or the runner cannot reserve at all): report it
@@ -186,7 +187,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
             if let Ok(Some(job)) = claim(&queue, id).await {
                 runner.board.waiting(&key, board_entry.0, board_entry.1);
                 let mut result = JobResult::new(&job, ResultStatus::Failed);
-                result.failure_reason = Some(no.failure_reason.into());
+                result.failure_reason = Some(no.failure_reason.as_str().into());
                 result.message = no.message.clone();
                 result.runner = Some(runner.name.clone());
                 trace.finish();
@@ -194,7 +195,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
                 let writer = tokio::spawn(write_log(queue.log_path(id), rx));
                 finish(&queue, result, &runner.name).await;
                 let _ = writer.await;
-                runner.board.finished(&key, job::ending_of_refusal(no));
+                runner.board.finished(&key, lifecycle::ending_of_refusal(no));
             }
             continue;
         }
@@ -209,7 +210,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, stop: Canc
                     job,
                     trace,
                     log: rx,
-                    stop: stop.clone(),
+                    stop: shutdown.stop.clone(),
                     _permits: permits,
                 };
                 tasks.spawn(task.run());
@@ -416,7 +417,23 @@ impl JobTask {
         // `slipway cancel` stops this job alone; a shutdown stops them all.
         let cancel = stop.child_token();
         let watcher = tokio::spawn(watch_cancel(queue.clone(), id, cancel.clone()));
-        match job::acquire(&runner, &key, &mut trace, &cancel).await {
+        let source = QueueJob {
+            queue: queue.clone(),
+            id,
+            runner: name.clone(),
+            started: std::sync::Mutex::new(None),
+        };
+        let life = Life {
+            runner: &runner,
+            key: &key,
+            source: &source,
+            stops: Stops {
+                cancel: cancel.clone(),
+                abort: None,
+            },
+            since: None,
+        };
+        match life.run(&job, Start::Reserved, &mut trace).await {
             Err(no) if no.status == JobStatus::Canceled && stop.is_cancelled() => {
                 // It never ran: the next manager runs it.
                 trace.message("Manager shutting down before the job started: back to pending");
@@ -429,50 +446,20 @@ impl JobTask {
             Err(no) => {
                 let mut result = JobResult::new(&job, result_status(no.status));
                 if result.status == ResultStatus::Failed {
-                    result.failure_reason = Some("runner_system_failure".into());
+                    result.failure_reason = Some(FailureReason::RunnerSystemFailure.as_str().into());
                 }
-                runner.board.finished(&key, job::ending_of_refusal(&no));
+                runner.board.finished(&key, lifecycle::ending_of_refusal(&no));
                 result.message = no.message;
                 result.runner = Some(name.clone());
                 finish(&queue, result, &name).await;
             }
-            Ok(acq) => {
-                runner.board.running(&key, &acq.instance_id, acq.slot);
-                let started = Started {
-                    runner: name.clone(),
-                    instance_id: acq.instance_id.clone(),
-                    slot: acq.slot,
-                    started_at_ms: unix_ms(SystemTime::now()),
-                };
-                let q = queue.clone();
-                let record = started.clone();
-                let outcome = match blocking(move || q.mark_started(id, &record)).await {
-                    Err(e) => {
-                        let msg = format!("recording the job's start: {e:#}");
-                        trace.message(&format!("ERROR: {msg}"));
-                        JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
-                    }
-                    Ok(()) => {
-                        trace.message(&format!(
-                            "Running on instance {} slot {}",
-                            acq.instance_id, acq.slot
-                        ));
-                        let (outcome, _artifacts) = job::execute(
-                            &runner,
-                            &acq,
-                            &job,
-                            Vec::new(),
-                            &mut trace,
-                            &cancel,
-                            None,
-                        )
-                        .await;
-                        outcome
-                    }
-                };
-                trace.message(&job::closing_line(&outcome));
-                let mut result = JobResult::new(&job, result_status(job::status_of(&outcome)))
-                    .started(Some(&started));
+            Ok(ran) => {
+                let outcome = ran.outcome;
+                trace.message(&lifecycle::closing_line(&outcome));
+                let started = source.started.lock().ok().and_then(|s| s.clone());
+                let mut result =
+                    JobResult::new(&job, result_status(lifecycle::status_of(&outcome)))
+                        .started(started.as_ref());
                 if let JobOutcome::Failed {
                     reason,
                     exit_code,
@@ -485,17 +472,43 @@ impl JobTask {
                     result.exit_code = *exit_code;
                     result.message = message.clone();
                 }
-                // The result is on disk before the slot is freed: a crash in between leaves
-                // an acquisition for a finished job, which a restart skips.
                 finish(&queue, result, &name).await;
-                runner.board.finished(&key, job::ending_of(&outcome));
-                runner.release(&key);
+                runner.board.finished(&key, lifecycle::ending_of(&outcome));
             }
         }
         watcher.abort();
         trace.finish();
         drop(trace);
         let _ = writer.await;
+    }
+}
+
+/// What the queue adds to a job's life: its start recorded once it holds a slot, so a
+/// restarted manager knows it ran.
+struct QueueJob {
+    queue: Queue,
+    id: u64,
+    runner: String,
+    /// Where and when it started, once recorded.
+    started: std::sync::Mutex<Option<Started>>,
+}
+
+#[async_trait::async_trait]
+impl JobSource for QueueJob {
+    async fn placed(&self, _job: &JobResponse, acq: &Acquisition) -> Result<(), String> {
+        let record = Started {
+            runner: self.runner.clone(),
+            instance_id: acq.instance_id.clone(),
+            slot: acq.slot,
+            started_at_ms: unix_ms(SystemTime::now()),
+        };
+        if let Ok(mut s) = self.started.lock() {
+            *s = Some(record.clone());
+        }
+        let (q, id) = (self.queue.clone(), self.id);
+        blocking(move || q.mark_started(id, &record))
+            .await
+            .map_err(|e| format!("recording the job's start: {e:#}"))
     }
 }
 

@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use slipway_executor::{JobOutcome, Trace};
 use slipway_jobs::{JobStatus, Pipeline, PipelineRun, PipelineStatus, Retry, Selection, Variable};
-use slipway_taskscaler::Acquisition;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RunnerConfig;
-use crate::job;
+use crate::lifecycle::{self, Inputs, JobSource, Life, Start, Stops};
 use crate::local;
 use crate::progress::{self, LiveLines, Screen};
 use crate::runner::{Runner, StartOptions};
@@ -471,7 +470,7 @@ impl JobTask {
             if let Some((outcome, collected)) = outcome {
                 self.store(&collected, &mut trace, &mut artifacts, &mut dotenv)
                     .await;
-                row.status = job::status_of(&outcome);
+                row.status = lifecycle::status_of(&outcome);
                 row.exit_code = None;
                 if let JobOutcome::Failed {
                     message,
@@ -481,7 +480,7 @@ impl JobTask {
                 {
                     row.message = message.clone();
                     row.exit_code = *exit_code;
-                    trace.message(&job::closing_line(&outcome));
+                    trace.message(&lifecycle::closing_line(&outcome));
                     let again = attempt < tries
                         && row.status == JobStatus::Failed
                         && self.retry.applies(reason.as_str(), *exit_code);
@@ -489,7 +488,7 @@ impl JobTask {
                         continue;
                     }
                 } else {
-                    trace.message(&job::closing_line(&outcome));
+                    trace.message(&lifecycle::closing_line(&outcome));
                 }
             }
             break;
@@ -505,41 +504,31 @@ impl JobTask {
         trace: &mut Trace,
         row: &mut JobRow,
     ) -> Option<(JobOutcome, Vec<slipway_executor::CollectedArtifacts>)> {
-        let acq = match self.acquire(key, trace).await {
+        let life = Life {
+            runner: &self.runner,
+            key,
+            source: self,
+            stops: Stops {
+                cancel: self.cancel.clone(),
+                abort: None,
+            },
+            since: None,
+        };
+        // A local pipeline has no queue to leave jobs in: it waits for capacity.
+        let ran = match life.run(&self.payload, Start::Admit { held: None }, trace).await {
             Err(no) => {
                 row.status = no.status;
                 row.message = no.message;
                 return None;
             }
-            Ok(acq) => acq,
+            Ok(ran) => ran,
         };
-        let started = Instant::now();
-        row.instance = acq.instance_id.clone();
-        row.slot = Some(acq.slot);
-        trace.message(&format!(
-            "Running on instance {} slot {}",
-            acq.instance_id, acq.slot
-        ));
-        let mut inputs = vec![self.sources.to_vec()];
-        for p in &self.inputs {
-            match tokio::fs::read(p).await {
-                Ok(b) => inputs.push(b),
-                Err(e) => trace.message(&format!("WARNING: artifacts {}: {e}", p.display())),
-            }
+        if let Some((instance, slot)) = ran.placement {
+            row.instance = instance;
+            row.slot = Some(slot);
+            row.duration = Some(ran.duration);
         }
-        let result = job::execute(
-            &self.runner,
-            &acq,
-            &self.payload,
-            inputs,
-            trace,
-            &self.cancel,
-            None,
-        )
-        .await;
-        self.runner.release(key);
-        row.duration = Some(started.elapsed());
-        Some(result)
+        Some((ran.outcome, ran.collected))
     }
 
     /// Keeps a try's artifacts (one file per archive, each unpacked by its own `tar -x`) and
@@ -594,13 +583,29 @@ impl JobTask {
         }
     }
 
-    /// Reserve (waiting for capacity: a local pipeline has no queue to leave jobs in) and
-    /// acquire a slot.
-    async fn acquire(&self, key: &str, trace: &mut Trace) -> Result<Acquisition, job::NoSlot> {
-        let level = job::isolation_of(&self.runner, &self.payload, trace)?;
-        let request = job::request_of(&self.payload, trace)?;
-        job::reserve(&self.runner, key, &request, level, trace, &self.cancel).await?;
-        job::acquire(&self.runner, key, trace, &self.cancel).await
+}
+
+/// What a local pipeline adds to a job's life: the project's files and the artifacts of the
+/// jobs it gets them from.
+#[async_trait::async_trait]
+impl JobSource for JobTask {
+    async fn inputs(
+        &self,
+        _job: &slipway_jobs::JobResponse,
+        trace: &mut Trace,
+        _cancel: &CancellationToken,
+    ) -> Result<Inputs, JobOutcome> {
+        let mut tars = vec![self.sources.to_vec()];
+        for p in &self.inputs {
+            match tokio::fs::read(p).await {
+                Ok(b) => tars.push(b),
+                Err(e) => trace.message(&format!("WARNING: artifacts {}: {e}", p.display())),
+            }
+        }
+        Ok(Inputs {
+            tars,
+            ..Inputs::default()
+        })
     }
 }
 

@@ -4,7 +4,8 @@
 //! - [`runner`]: one `[[runners]]` entry started — plugin process, taskscaler, SSH connections.
 //! - [`exec`]: `slipway exec`, a local pipeline through the whole stack.
 //! - [`progress`]: progress on a terminal: `exec`'s live line per running job, build step spinners.
-//! - [`job`]: one job on a slot (reserve, acquire, execute), shared by `exec` and `run`.
+//! - [`lifecycle`]: one job's life on a runner (admit, reserve, acquire, execute, release), the same for every source.
+//! - [`shutdown`]: the manager's graceful drain (SIGQUIT) and stop (SIGTERM, SIGINT).
 //! - [`consume`]: `slipway run`'s job source, the embedded queue, and its restart recovery.
 //! - [`git`]: a GitLab job's repository, fetched on the manager and shipped to the job.
 //! - [`gitlab`]: `slipway run`'s GitLab job source (runners with a `url` and a `token`).
@@ -19,7 +20,7 @@ pub mod consume;
 pub mod exec;
 pub mod git;
 pub mod gitlab;
-pub mod job;
+pub mod lifecycle;
 pub mod local;
 pub mod localhost;
 pub mod plugin_check;
@@ -29,5 +30,6 @@ pub mod register;
 pub mod request;
 pub mod runner;
 pub mod server;
+pub mod shutdown;
 pub mod status;
 pub mod vm;

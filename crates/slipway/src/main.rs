@@ -10,6 +10,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use slipway::config::{self, Loaded, RunnerConfig};
+use slipway::shutdown::Shutdown;
 use slipway::{consume, exec, gitlab, plugin_check, runner, vm};
 use slipway_jobs::queue::{Cancel, Entry, JobState, Queue};
 
@@ -477,9 +478,9 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
         Command::Run { config, plugin_dir } => {
             let loaded = config::load(&config).await?;
             print_warnings(&loaded);
-            let stop = shutdown_signal()?;
+            let shutdown = manager_signals()?;
             let queue = open_queue(queue, &config).await?;
-            run_manager(&loaded, &config, queue, plugin_dir, stop).await?;
+            run_manager(&loaded, &config, queue, plugin_dir, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit {
@@ -786,6 +787,25 @@ fn effective_concurrency(loaded: &Loaded, runner: &RunnerConfig) -> u32 {
     }
 }
 
+/// The manager's shutdown: SIGQUIT drains it (no more jobs; the running ones finish within
+/// `shutdown_timeout`), the first SIGTERM or SIGINT stops it, a second one exits at once.
+fn manager_signals() -> anyhow::Result<Shutdown> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let shutdown = Shutdown::new(shutdown_signal()?);
+    let mut quit = signal(SignalKind::quit()).context("installing SIGQUIT handler")?;
+    let drain = shutdown.drain.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = quit.recv() => {
+                tracing::info!("SIGQUIT: finishing the running jobs, taking no new ones (SIGTERM to stop now)");
+                drain.cancel();
+            }
+            _ = drain.cancelled() => {}
+        }
+    });
+    Ok(shutdown)
+}
+
 /// A token cancelled on the first SIGTERM or SIGINT; a second one exits at once.
 fn shutdown_signal() -> anyhow::Result<CancellationToken> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -924,8 +944,9 @@ async fn run_manager(
     config_path: &Path,
     queue: Queue,
     plugin_dir: Option<PathBuf>,
-    stop: CancellationToken,
+    shutdown: Shutdown,
 ) -> anyhow::Result<()> {
+    let stop = shutdown.stop.clone();
     // One manager consumes a queue: a second would report the first one's jobs as orphans.
     let q = queue.clone();
     let _consumer = consume::blocking(move || q.lock_consumer()).await?;
@@ -946,7 +967,7 @@ async fn run_manager(
     for cfg in &loaded.config.runners {
         let started = tokio::select! {
             r = runner::Runner::start(cfg, &opts) => r,
-            _ = stop.cancelled() => break,
+            _ = shutdown.drain.cancelled() => break,
         };
         match started {
             Ok(r) => runners.push(Arc::new(r)),
@@ -1005,9 +1026,10 @@ async fn run_manager(
     // The job source: restart recovery, then one dispatcher per runner. All end on `stop`.
     let mut sources = tokio::task::JoinSet::new();
     {
-        let (queue, runners, stop) = (queue.clone(), runners.clone(), stop.clone());
+        // A drain stops it too: it only reports what the last manager left.
+        let (queue, runners, drain) = (queue.clone(), runners.clone(), shutdown.drain.clone());
         sources.spawn(async move {
-            if let Err(e) = consume::recover(&queue, claimed, &runners, &stop).await {
+            if let Err(e) = consume::recover(&queue, claimed, &runners, &drain).await {
                 tracing::error!("recovering the jobs of the last run: {e:#}");
             }
         });
@@ -1030,10 +1052,10 @@ async fn run_manager(
                 runner_limit: limits.runner,
                 global_limit: limits.global,
             };
-            let (r, cfg, stop) = (r.clone(), cfg.clone(), stop.clone());
+            let (r, cfg, shutdown) = (r.clone(), cfg.clone(), shutdown.clone());
             sources.spawn(async move {
                 // A runner GitLab refuses stops serving; the others go on.
-                if let Err(e) = gitlab::serve(r, &cfg, opts, stop).await {
+                if let Err(e) = gitlab::serve(r, &cfg, opts, shutdown).await {
                     tracing::error!("{e}");
                 }
             });
@@ -1043,7 +1065,7 @@ async fn run_manager(
             r.clone(),
             queue.clone(),
             limits,
-            stop.clone(),
+            shutdown.clone(),
         ));
     }
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
@@ -1052,7 +1074,8 @@ async fn run_manager(
     let mut seen = modified(config_path).await;
     loop {
         tokio::select! {
-            _ = stop.cancelled() => break,
+            // A stop drains too.
+            _ = shutdown.drain.cancelled() => break,
             _ = reload.tick() => {
                 let now = modified(config_path).await;
                 if now != seen {
@@ -1069,11 +1092,21 @@ async fn run_manager(
             }
         }
     }
-    // Running jobs are canceled and reported before their runners stop.
+    // Draining: no source takes another job; the running ones have `shutdown_timeout` to end.
+    let timer = (!stop.is_cancelled()).then(|| {
+        let timeout = slipway::shutdown::timeout_of(loaded.config.shutdown_timeout);
+        tracing::info!(?timeout, "draining: taking no more jobs, waiting for the running ones");
+        shutdown.drain_within(timeout)
+    });
+    // Running jobs end (or, on a stop, are canceled) and are reported before their runners
+    // stop.
     while let Some(r) = sources.join_next().await {
         if let Err(e) = r {
             tracing::error!("job source task failed: {e}");
         }
+    }
+    if let Some(timer) = timer {
+        timer.abort();
     }
     if let Some(server) = server {
         server.stop().await;

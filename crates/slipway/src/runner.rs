@@ -17,6 +17,7 @@ use slipway_executor::cgroup::SlotCgroups;
 use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError};
 use slipway_executor::{CustomConfig, IsolationPolicy, NestingConfig};
 
+use crate::lifecycle::JobDefaults;
 use crate::localhost::LocalGroup;
 use slipway_executor_plugin::ExecutorHost;
 use slipway_status::{JobBoard, JobMetrics};
@@ -56,6 +57,9 @@ pub struct Runner {
     pub placement: Placement,
     /// Its jobs as they wait, run and end (the status page and job metrics).
     pub board: Arc<JobBoard>,
+    /// What config.toml adds to each of its jobs (`environment`, `pre_build_script`,
+    /// `post_build_script`), whatever their source.
+    pub defaults: JobDefaults,
     /// One plugin process per shape, in the placement's order.
     plugins: Vec<Arc<PluginHost>>,
     /// One SSH connection per instance, shared by the jobs on its slots and health checks.
@@ -195,6 +199,7 @@ impl Runner {
             executor_plugin,
             placement: Placement::new(shapes),
             board: board_of(cfg, opts),
+            defaults: JobDefaults::of(cfg),
             plugins,
             pool,
             docker_execs,
@@ -572,6 +577,7 @@ fn start_local(
             scaler,
         }]),
         board: board_of(cfg, opts),
+        defaults: JobDefaults::of(cfg),
         plugins: Vec::new(),
         pool: Arc::new(Pool::new(DialOptions::default())),
         docker_execs: DockerExecs::default(),

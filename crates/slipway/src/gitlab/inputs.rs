@@ -1,7 +1,6 @@
 //! What a GitLab job finds in its directory before its steps: its sources (fetched on the
-//! manager) and its dependencies' artifacts; and the `$VARIABLE`s its paths name.
+//! manager) and its dependencies' artifacts.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,29 +10,7 @@ use slipway_jobs::gitlab::Secret;
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
-
-/// `$VARIABLE`s in artifact and cache paths, exclusions and names replaced by the job's
-/// variables, as GitLab Runner expands them.
-pub(super) fn expand_paths(job: &mut JobResponse) {
-    let snapshot = job.clone();
-    let expand = |v: &mut String| *v = slipway_executor::cache::expand(v, &snapshot);
-    for a in &mut job.artifacts {
-        a.paths.iter_mut().for_each(expand);
-        a.exclude.iter_mut().for_each(expand);
-        expand(&mut a.name);
-    }
-    for c in &mut job.cache {
-        c.paths.iter_mut().for_each(expand);
-    }
-}
-
-/// What is unpacked into the job's directory before its steps.
-pub(super) struct Inputs {
-    /// The sources, then each dependency's artifacts.
-    pub(super) tars: Vec<Vec<u8>>,
-    /// Paths git tracks in the sources.
-    pub(super) tracked: Arc<BTreeSet<String>>,
-}
+use crate::lifecycle::Inputs;
 
 /// The job's sources and its dependencies' artifacts; a failure ends the job.
 pub(super) async fn inputs_of(
@@ -49,10 +26,7 @@ pub(super) async fn inputs_of(
             JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
         }
     };
-    let mut inputs = Inputs {
-        tars: Vec::new(),
-        tracked: Arc::default(),
-    };
+    let mut inputs = Inputs::default();
     if source.runner.executor == "custom" {
         if !job.git_info.repo_url.is_empty() || !job.dependencies.is_empty() {
             trace.message(

@@ -26,7 +26,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use slipway_executor::{JobOutcome, Trace};
@@ -43,14 +43,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RunnerConfig;
 use crate::git::GitSources;
-use crate::job::{self, NoSlot};
+use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, Start, Stops};
 use crate::runner::Runner;
+use crate::shutdown::Shutdown;
 
 mod artifacts;
-mod defaults;
 mod inputs;
-
-pub use defaults::JobDefaults;
 
 /// The directory name of a runner's GitLab state, unique per GitLab and runner: GitLab
 /// Runner's key `URL|runner id` when the config has an id (it survives a token rotation), else
@@ -147,7 +145,6 @@ struct Source {
     provisional: AtomicU64,
     outbox: Outbox,
     git: GitSources,
-    defaults: JobDefaults,
 }
 
 /// The runner `info` this version sends for `executor` (job requests, updates, registration).
@@ -187,15 +184,16 @@ pub fn version_info(executor: &str) -> VersionInfo {
     )
 }
 
-/// Verify the runner's token, then serve its jobs until `stop`; returns once every job it
+/// Verify the runner's token, then serve its jobs until the shutdown drains it; returns once every job it
 /// started has been reported (or shutdown cut the reporting short). Fails only at start: bad
 /// URL, unusable system id file, token refused.
 pub async fn serve(
     runner: Arc<Runner>,
     cfg: &RunnerConfig,
     opts: SourceOptions,
-    stop: CancellationToken,
+    shutdown: Shutdown,
 ) -> Result<(), SourceError> {
+    let stop = shutdown.stop.clone();
     let name = runner.name.clone();
     let client = GitlabClient::new(ClientConfig::new(
         cfg.url.trim(),
@@ -220,14 +218,14 @@ pub async fn serve(
             Err(e) => {
                 tracing::error!(runner = %name, "{e}; retrying in {delay:?}");
                 tokio::select! {
-                    _ = stop.cancelled() => return Ok(()),
+                    _ = shutdown.drain.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(delay) => {}
                 }
                 delay = (delay * 2).min(STATE_RETRY_MAX);
             }
         }
     };
-    if !verify(&client, &token, &system_id, &name, backoff, &stop).await? {
+    if !verify(&client, &token, &system_id, &name, backoff, &shutdown.drain).await? {
         return Ok(());
     }
     let source = Arc::new(Source {
@@ -243,7 +241,6 @@ pub async fn serve(
         provisional: AtomicU64::new(0),
         outbox,
         git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone()),
-        defaults: JobDefaults::of(cfg),
     });
     let loops = cfg.request_concurrency.max(1);
     tracing::info!(runner = %name, url = %cfg.url.trim(), %source.system_id, request_concurrency = loops,
@@ -279,7 +276,7 @@ pub async fn serve(
             source.clone(),
             opts.runner_limit.clone(),
             opts.global_limit.clone(),
-            stop.clone(),
+            shutdown.clone(),
         ));
     }
     while let Some(r) = set.join_next().await {
@@ -403,15 +400,16 @@ async fn dispatch(
     source: Arc<Source>,
     runner_limit: Arc<Semaphore>,
     global_limit: Arc<Semaphore>,
-    stop: CancellationToken,
+    shutdown: Shutdown,
 ) {
+    let (drain, stop) = (&shutdown.drain, &shutdown.stop);
     let name = source.runner.name.clone();
     let mut tasks: JoinSet<Leftover> = JoinSet::new();
     loop {
-        reap(&mut tasks, &source, &stop);
+        reap(&mut tasks, &source, stop);
         let permits = tokio::select! {
             biased;
-            _ = stop.cancelled() => break,
+            _ = drain.cancelled() => break,
             p = permits(&runner_limit, &global_limit) => match p {
                 Some(p) => p,
                 None => break,
@@ -419,12 +417,12 @@ async fn dispatch(
         };
         let n = source.provisional.fetch_add(1, Ordering::Relaxed);
         let provisional = format!("gitlab-request-{n}");
-        if !reserve_provisional(&source, &provisional, &mut tasks, &stop).await {
+        if !reserve_provisional(&source, &provisional, &mut tasks, &shutdown).await {
             break;
         }
         let job = tokio::select! {
             biased;
-            _ = stop.cancelled() => {
+            _ = drain.cancelled() => {
                 source.runner.unreserve(&provisional);
                 break;
             }
@@ -445,7 +443,7 @@ async fn dispatch(
                 drop(permits);
                 let delay = source.next_delay();
                 tokio::select! {
-                    _ = stop.cancelled() => break,
+                    _ = drain.cancelled() => break,
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
@@ -528,13 +526,14 @@ async fn permits(
 }
 
 /// Reserve a slot of the default shape before asking for a job; waits (asking GitLab nothing)
-/// while the runner has no capacity. `false` when stopped.
+/// while the runner has no capacity. `false` when draining or stopped.
 async fn reserve_provisional(
     source: &Arc<Source>,
     key: &str,
     tasks: &mut JoinSet<Leftover>,
-    stop: &CancellationToken,
+    shutdown: &Shutdown,
 ) -> bool {
+    let (drain, stop) = (&shutdown.drain, &shutdown.stop);
     let request = Resources::default();
     loop {
         match source.runner.reserve(key, &request) {
@@ -542,7 +541,7 @@ async fn reserve_provisional(
             Err(TsError::NoCapacity(_) | TsError::NoIdleCapacity(_)) => {
                 tokio::select! {
                     biased;
-                    _ = stop.cancelled() => return false,
+                    _ = drain.cancelled() => return false,
                     r = source.runner.reserve_wait(key, &request) => match r {
                         Ok(()) => return true,
                         Err(TsError::ShuttingDown) => return false,
@@ -559,7 +558,7 @@ async fn reserve_provisional(
         }
         reap(tasks, source, stop);
         tokio::select! {
-            _ = stop.cancelled() => return false,
+            _ = drain.cancelled() => return false,
             _ = tokio::time::sleep(source.check_interval) => {}
         }
     }
@@ -645,22 +644,6 @@ impl Source {
     }
 }
 
-/// GitLab's reason for an executor's (or a refusal's) reason name.
-fn reason_named(name: &str) -> GlReason {
-    match name {
-        "script_failure" => GlReason::ScriptFailure,
-        "runner_system_failure" => GlReason::RunnerSystemFailure,
-        "job_execution_timeout" => GlReason::JobExecutionTimeout,
-        "image_pull_failure" => GlReason::ImagePullFailure,
-        "runner_configuration_error" => GlReason::RunnerConfigurationError,
-        "runner_external_dependency_failure" => GlReason::RunnerExternalDependencyFailure,
-        "runner_interrupted" => GlReason::RunnerInterrupted,
-        "job_canceled" => GlReason::JobCanceled,
-        "unknown_failure" => GlReason::UnknownFailure,
-        other => GlReason::Other(other.to_string()),
-    }
-}
-
 /// The final state for `outcome`: state, reason and exit code.
 pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<GlReason>, Option<i32>) {
     match outcome {
@@ -669,7 +652,7 @@ pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<GlReason>, Option<
             reason, exit_code, ..
         } => (
             JobState::Failed,
-            Some(reason_named(reason.as_str())),
+            Some(GlReason::from(*reason)),
             *exit_code,
         ),
     }
@@ -706,7 +689,7 @@ fn reported_reason(
 fn refused(no: &NoSlot, stop: &CancellationToken) -> JobOutcome {
     use slipway_executor::FailureReason as R;
     let reason = match no.failure_reason {
-        "runner_unsupported" | "runner_configuration_error" => R::RunnerConfigurationError,
+        R::RunnerUnsupported | R::RunnerConfigurationError => R::RunnerConfigurationError,
         _ if no.status == slipway_jobs::JobStatus::Canceled && !stop.is_cancelled() => {
             R::JobCanceled
         }
@@ -737,7 +720,7 @@ async fn run_job(
     let board_key = key_of(job.id);
     runner.board.waiting(
         &board_key,
-        job::board_info(runner, &job),
+        lifecycle::board_info(runner, &job),
         job.masked_values().into_iter().map(String::from).collect(),
     );
     // A task that ends without recording its job (a panic) still takes it off the board.
@@ -775,7 +758,7 @@ async fn run_job(
             &stop,
         )
         .await;
-        trace.message(&job::closing_line(&outcome));
+        trace.message(&lifecycle::closing_line(&outcome));
         trace.finish();
         drop(trace);
         outcome
@@ -828,7 +811,7 @@ async fn run_job(
     );
     // What GitLab is told is what the board shows: a job GitLab canceled is canceled, one the
     // manager's shutdown interrupted failed.
-    let mut ending = job::ending_of(&outcome);
+    let mut ending = lifecycle::ending_of(&outcome);
     match reason.as_ref() {
         Some(GlReason::JobCanceled) => {
             ending.outcome = "canceled".into();
@@ -854,8 +837,8 @@ async fn run_job(
     left
 }
 
-/// Admission (isolation and resource request), reservation under the job's key, slot, run.
-/// The provisional reservation is always given back; the job's own is released at the end.
+/// The job's life on its runner (the provisional reservation given back for its own), then
+/// its artifacts uploaded once the slot is free.
 async fn run_admitted(
     source: &Source,
     job: &JobResponse,
@@ -865,94 +848,60 @@ async fn run_admitted(
     abort: &CancellationToken,
     stop: &CancellationToken,
 ) -> JobOutcome {
-    let started = tokio::time::Instant::now();
-    let runner = &*source.runner;
-    let admitted = job::isolation_of(runner, job, trace)
-        .and_then(|level| Ok((level, job::request_of(job, trace)?)));
-    // The provisional slot goes back just before the job's own reservation is made, so the job
-    // normally lands on the capacity held for it (or waits for capacity with a trace line).
-    runner.unreserve(provisional);
-    let (level, request) = match admitted {
-        Ok(r) => r,
+    let key = key_of(job.id);
+    let life = Life {
+        runner: &source.runner,
+        key: &key,
+        source,
+        stops: Stops {
+            cancel: cancel.clone(),
+            abort: Some(abort.clone()),
+        },
+        // Getting the sources counts against the job's timeout, as in GitLab.
+        since: Some(tokio::time::Instant::now()),
+    };
+    let start = Start::Admit {
+        held: Some(provisional),
+    };
+    let ran = match life.run(job, start, trace).await {
+        Ok(ran) => ran,
         Err(no) => return refused(&no, stop),
     };
-    let key = key_of(job.id);
-    if let Err(no) = job::reserve(runner, &key, &request, level, trace, cancel).await {
-        return refused(&no, stop);
-    }
-    // The runner's environment counts for everything after: sources, cache, paths, steps.
-    let mut job = source.defaults.apply(job);
-    inputs::expand_paths(&mut job);
-    // Sources and dependencies are fetched while the slot is acquired (an instance may be
-    // booting); their trace lines follow the slot's. Whichever fails first stops the other.
-    let fetch_cancel = cancel.child_token();
-    let acquire_cancel = cancel.child_token();
-    // 1: the acquisition failed first, 2: the fetch did.
-    let first_failure = AtomicU8::new(0);
-    let (side_tx, mut side_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let mut side = Trace::new(job.masked_values(), side_tx);
-    let acquiring = async {
-        let r = job::acquire(runner, &key, trace, &acquire_cancel).await;
-        if let Ok(a) = &r {
-            // It holds its slot from now on, while its sources may still be on their way.
-            runner.board.running(&key, &a.instance_id, a.slot);
-        }
-        if r.is_err() {
-            let _ = first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
-            fetch_cancel.cancel();
-        }
-        r
-    };
-    let fetching = async {
-        let r = inputs::inputs_of(source, &job, &mut side, &fetch_cancel).await;
-        if r.is_err() {
-            let _ = first_failure.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
-            acquire_cancel.cancel();
-        }
-        r
-    };
-    let (acq, inputs) = tokio::join!(acquiring, fetching);
-    side.finish();
-    drop(side);
-    if let Ok(a) = &acq {
-        trace.message(&format!(
-            "Running on instance {} slot {}",
-            a.instance_id, a.slot
-        ));
-    }
-    while let Ok(chunk) = side_rx.try_recv() {
-        trace.write(&chunk);
-    }
-    let (acq, inputs) = match (acq, inputs) {
-        (Ok(a), Ok(i)) => (a, i),
-        (Ok(_), Err(outcome)) => {
-            runner.release(&key);
-            return outcome;
-        }
-        // The fetch failed and stopped the wait for a slot (which gave its reservation back).
-        (Err(_), Err(outcome)) if first_failure.load(Ordering::SeqCst) == 2 => return outcome,
-        (Err(no), _) => return refused(&no, stop),
-    };
-    // Getting the sources counts against the job's timeout, as in GitLab.
-    if job.runner_info.timeout > 0 {
-        let spent = started.elapsed().as_secs();
-        job.runner_info.timeout = job.runner_info.timeout.saturating_sub(spent).max(1);
-    }
-    let (mut outcome, collected) =
-        job::execute(runner, &acq, &job, inputs.tars, trace, cancel, Some(abort)).await;
-    // The slot is free while the artifacts travel: uploading is the manager's work.
-    runner.release(&key);
-    artifacts::upload_artifacts(
-        source,
-        &job,
+    let Ran {
+        job,
+        mut outcome,
         collected,
-        &inputs.tracked,
-        &mut outcome,
-        trace,
-        stop,
-    )
-    .await;
+        tracked,
+        placement,
+        ..
+    } = ran;
+    // Inputs that failed before a slot was had leave nothing to upload.
+    if placement.is_some() {
+        artifacts::upload_artifacts(
+            source,
+            &job,
+            collected,
+            &tracked,
+            &mut outcome,
+            trace,
+            stop,
+        )
+        .await;
+    }
     outcome
+}
+
+/// What GitLab adds to a job's life: its sources and its dependencies' artifacts.
+#[async_trait::async_trait]
+impl JobSource for Source {
+    async fn inputs(
+        &self,
+        job: &JobResponse,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Result<Inputs, JobOutcome> {
+        inputs::inputs_of(self, job, trace, cancel).await
+    }
 }
 
 #[cfg(test)]
@@ -1025,7 +974,7 @@ mod tests {
             R::RunnerConfigurationError,
             R::ImagePullFailure,
         ] {
-            assert_eq!(reason_named(r.as_str()).as_str(), r.as_str());
+            assert_eq!(GlReason::from(r).as_str(), r.as_str());
         }
     }
 }

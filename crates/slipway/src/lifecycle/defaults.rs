@@ -38,7 +38,7 @@ impl JobDefaults {
         }
     }
 
-    /// `job` with the defaults applied.
+    /// `job` with the defaults applied (and nothing else: see [`JobDefaults::prepare`]).
     pub fn apply(&self, job: &JobResponse) -> JobResponse {
         let mut job = job.clone();
         for (key, value) in &self.environment {
@@ -69,5 +69,28 @@ impl JobDefaults {
             }
         }
         job
+    }
+
+    /// `job` as its steps see it: the defaults applied, then the `$VARIABLE`s of its artifact
+    /// and cache paths expanded with the variables that now hold.
+    pub fn prepare(&self, job: &JobResponse) -> JobResponse {
+        let mut job = self.apply(job);
+        expand_paths(&mut job);
+        job
+    }
+}
+
+/// `$VARIABLE`s in artifact and cache paths, exclusions and names replaced by the job's
+/// variables, as GitLab Runner expands them.
+fn expand_paths(job: &mut JobResponse) {
+    let snapshot = job.clone();
+    let expand = |v: &mut String| *v = slipway_executor::cache::expand(v, &snapshot);
+    for a in &mut job.artifacts {
+        a.paths.iter_mut().for_each(expand);
+        a.exclude.iter_mut().for_each(expand);
+        expand(&mut a.name);
+    }
+    for c in &mut job.cache {
+        c.paths.iter_mut().for_each(expand);
     }
 }

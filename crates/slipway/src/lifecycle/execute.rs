@@ -1,196 +1,17 @@
-//! One job on a runner's slot — reserve, acquire, execute with the instance executor — shared
-//! by `slipway exec` (a local pipeline) and `slipway run` (the embedded queue).
+//! A job on its slot: the executor for its level — on this machine (shell, docker, custom,
+//! plugin) or on its instance over SSH (bash, a slot cgroup, a container, a VM) — run until it
+//! ends, is canceled, or loses its instance.
 
 use slipway_executor::{
     CollectedArtifacts, CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner,
     JobSlot, LocalHost, NestingExecutor, PluginExecutor, RunResult, SshHost, Steps, Trace, cgroup,
-    isolation,
 };
-use slipway_jobs::{JobResponse, JobStatus};
-use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
+use slipway_jobs::JobResponse;
+use slipway_taskscaler::Acquisition;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{isolation_of, plugin_level};
 use crate::runner::Runner;
-
-/// Why a job did not get a slot: its status (failed or canceled) and a message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NoSlot {
-    /// `Failed` or `Canceled`.
-    pub status: JobStatus,
-    /// What happened.
-    pub message: String,
-    /// The request can never be met by this runner (no shape fits, a bad variable).
-    pub unsupported: bool,
-    /// GitLab's failure reason for the job.
-    pub failure_reason: &'static str,
-}
-
-impl NoSlot {
-    fn failed(trace: &mut Trace, e: &dyn std::fmt::Display) -> NoSlot {
-        trace.message(&format!("ERROR: {e}"));
-        NoSlot {
-            status: JobStatus::Failed,
-            message: e.to_string(),
-            unsupported: false,
-            failure_reason: "runner_system_failure",
-        }
-    }
-
-    fn canceled(message: &str) -> NoSlot {
-        NoSlot {
-            status: JobStatus::Canceled,
-            message: message.into(),
-            unsupported: false,
-            failure_reason: "job_canceled",
-        }
-    }
-}
-
-/// The job's resource request from its variables; an unusable one fails the job.
-pub fn request_of(job: &JobResponse, trace: &mut Trace) -> Result<Resources, NoSlot> {
-    crate::request::of_job(job).map_err(|e| NoSlot {
-        unsupported: true,
-        failure_reason: "runner_unsupported",
-        ..NoSlot::failed(trace, &e)
-    })
-}
-
-/// The isolation level the job gets on `runner`: what it asks for (`SLIPWAY_ISOLATION`), if
-/// the runner allows it; otherwise it fails before it starts (`runner_configuration_error`).
-pub fn isolation_of(
-    runner: &Runner,
-    job: &JobResponse,
-    trace: &mut Trace,
-) -> Result<Isolation, NoSlot> {
-    if runner.executor_plugin.is_some() {
-        // The plugin's own levels; its jobs take ordinary slots.
-        return plugin_level(runner, job)
-            .map(|_| Isolation::None)
-            .map_err(|e| NoSlot {
-                unsupported: true,
-                failure_reason: "runner_configuration_error",
-                ..NoSlot::failed(trace, &e)
-            });
-    }
-    runner
-        .isolation
-        .resolve(job.variable(isolation::VARIABLE), &runner.name)
-        .map_err(|e| NoSlot {
-            unsupported: true,
-            failure_reason: "runner_configuration_error",
-            ..NoSlot::failed(trace, &e)
-        })
-}
-
-/// The level a `plugin` runner's job gets: what it asks for (`SLIPWAY_ISOLATION`) among the
-/// levels the plugin declared (and the runner's `allowed_isolation`, when set), else the
-/// runner's `isolation` or the plugin's first level.
-pub fn plugin_level(runner: &Runner, job: &JobResponse) -> Result<String, String> {
-    let Some(plugin) = &runner.executor_plugin else {
-        return Err(format!("runner {:?} has no executor plugin", runner.name));
-    };
-    let caps = plugin.host.capabilities();
-    let allowed: Vec<&String> = caps
-        .isolation_levels
-        .iter()
-        .filter(|l| plugin.allowed.as_ref().is_none_or(|a| a.contains(l)))
-        .collect();
-    let asked = job
-        .variable(isolation::VARIABLE)
-        .map(str::trim)
-        .filter(|v| !v.is_empty());
-    let level = match asked {
-        Some(v) => v.to_owned(),
-        None => match &plugin.default {
-            Some(d) => d.clone(),
-            None => allowed.first().map(|l| (*l).clone()).unwrap_or_default(),
-        },
-    };
-    if allowed.iter().any(|l| **l == level) {
-        Ok(level)
-    } else {
-        Err(format!(
-            "the job asks for isolation {level:?} but runner {:?} (executor plugin {:?}) allows only {}",
-            runner.name,
-            caps.name,
-            allowed
-                .iter()
-                .map(|l| format!("{l:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-    }
-}
-
-/// Reserve capacity for `key` (a slot's share, or a whole fresh instance for the `instance`
-/// level), waiting (with a trace line) while the runner has none free.
-pub async fn reserve(
-    runner: &Runner,
-    key: &str,
-    request: &Resources,
-    level: Isolation,
-    trace: &mut Trace,
-    cancel: &CancellationToken,
-) -> Result<(), NoSlot> {
-    let refused = |trace: &mut Trace, e: TsError| {
-        let unsupported = matches!(e, TsError::Unsatisfiable(_));
-        NoSlot {
-            unsupported,
-            failure_reason: if unsupported {
-                "runner_unsupported"
-            } else {
-                "runner_system_failure"
-            },
-            ..NoSlot::failed(trace, &e)
-        }
-    };
-    let whole = level == Isolation::Instance;
-    let first = if whole {
-        trace.message("Using isolation instance: the job gets a fresh instance of its own");
-        runner.reserve_instance(key, request)
-    } else {
-        runner.reserve(key, request)
-    };
-    match first {
-        Ok(()) => Ok(()),
-        Err(e @ (TsError::NoCapacity(_) | TsError::NoIdleCapacity(_))) => {
-            trace.message(&format!("Waiting for capacity: {e}"));
-            let wait = async {
-                if whole {
-                    runner.reserve_wait_instance(key, request).await
-                } else {
-                    runner.reserve_wait(key, request).await
-                }
-            };
-            tokio::select! {
-                r = wait => r.map_err(|e| refused(trace, e)),
-                _ = cancel.cancelled() => Err(NoSlot::canceled("canceled while waiting for capacity")),
-            }
-        }
-        Err(e) => Err(refused(trace, e)),
-    }
-}
-
-/// Bind the reservation `key` to a slot; the reservation is given back when that fails.
-pub async fn acquire(
-    runner: &Runner,
-    key: &str,
-    trace: &mut Trace,
-    cancel: &CancellationToken,
-) -> Result<Acquisition, NoSlot> {
-    trace.message(&format!("Waiting for a slot on runner {:?}", runner.name));
-    let acquired = tokio::select! {
-        a = runner.acquire(key) => a,
-        _ = cancel.cancelled() => {
-            runner.unreserve(key);
-            return Err(NoSlot::canceled("canceled while waiting for a slot"));
-        }
-    };
-    acquired.map_err(|e| {
-        runner.unreserve(key);
-        NoSlot::failed(trace, &e)
-    })
-}
 
 /// Run `job` on its slot at the level it asked for: on this machine (shell, docker, custom
 /// executors) or on its instance over SSH (bash, in the slot's cgroup, or in a container via
@@ -198,7 +19,7 @@ pub async fn acquire(
 /// it fails with `runner_system_failure`); with `abort`, a cancel is graceful (`after_script`
 /// still runs unless `abort` fires too). Returns the outcome and the artifacts archives. The
 /// caller releases the slot.
-pub async fn execute(
+pub(super) async fn execute(
     runner: &Runner,
     acq: &Acquisition,
     job: &JobResponse,
@@ -529,82 +350,3 @@ async fn execute_here(
     run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, stops).await
 }
 
-/// A job's status from its outcome.
-pub fn status_of(outcome: &JobOutcome) -> JobStatus {
-    match outcome {
-        JobOutcome::Success => JobStatus::Success,
-        JobOutcome::Failed {
-            reason: FailureReason::JobCanceled,
-            ..
-        } => JobStatus::Canceled,
-        JobOutcome::Failed { .. } => JobStatus::Failed,
-    }
-}
-
-/// The trace's closing line.
-pub fn closing_line(outcome: &JobOutcome) -> String {
-    match outcome {
-        JobOutcome::Success => "Job succeeded".to_string(),
-        JobOutcome::Failed { reason, .. } => format!("Job failed ({reason})"),
-    }
-}
-
-/// What the status board shows of `job` on `runner`: id, name, stage and the isolation level
-/// it gets (what it asked for when the runner refuses it).
-pub fn board_info(runner: &Runner, job: &JobResponse) -> slipway_status::JobInfo {
-    let asked = job
-        .variable(isolation::VARIABLE)
-        .map(str::trim)
-        .filter(|v| !v.is_empty());
-    let level = if runner.executor_plugin.is_some() {
-        plugin_level(runner, job).unwrap_or_else(|_| asked.unwrap_or_default().to_string())
-    } else {
-        match runner.isolation.resolve(asked, &runner.name) {
-            Ok(l) => l.as_str().to_string(),
-            Err(_) => asked.unwrap_or_default().to_string(),
-        }
-    };
-    slipway_status::JobInfo {
-        id: job.id,
-        name: job.job_info.name.clone(),
-        stage: job.job_info.stage.clone(),
-        level,
-    }
-}
-
-/// How the status board records `outcome`.
-pub fn ending_of(outcome: &JobOutcome) -> slipway_status::Ending {
-    let outcome_name = match status_of(outcome) {
-        JobStatus::Success => "success",
-        JobStatus::Canceled => "canceled",
-        _ => "failed",
-    };
-    match outcome {
-        JobOutcome::Success => slipway_status::Ending {
-            outcome: outcome_name.into(),
-            ..slipway_status::Ending::default()
-        },
-        JobOutcome::Failed {
-            reason,
-            exit_code,
-            message,
-        } => slipway_status::Ending {
-            outcome: outcome_name.into(),
-            failure_reason: (*reason != FailureReason::JobCanceled)
-                .then(|| reason.as_str().to_string()),
-            message: (!message.is_empty()).then(|| message.clone()),
-            exit_code: *exit_code,
-        },
-    }
-}
-
-/// How the status board records a job that never got a slot.
-pub fn ending_of_refusal(no: &NoSlot) -> slipway_status::Ending {
-    let canceled = no.status == JobStatus::Canceled;
-    slipway_status::Ending {
-        outcome: if canceled { "canceled" } else { "failed" }.into(),
-        failure_reason: (!canceled).then(|| no.failure_reason.to_string()),
-        message: Some(no.message.clone()),
-        exit_code: None,
-    }
-}

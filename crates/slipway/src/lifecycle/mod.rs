@@ -1,0 +1,264 @@
+//! One job's life on a runner, the same for every source: admit → reserve → acquire →
+//! execute → release. A source (the embedded queue, GitLab, a local pipeline) supplies only
+//! what differs — where jobs come from, what is unpacked before the steps, where the trace and
+//! the final state go, and its retry rules — through [`JobSource`] and what it does with the
+//! [`Ran`] it gets back.
+//!
+//! The runner's `environment`, `pre_build_script` and `post_build_script` ([`JobDefaults`])
+//! apply here, so they count for every source alike.
+
+mod admission;
+mod defaults;
+mod ending;
+mod execute;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
+use slipway_jobs::JobResponse;
+use slipway_taskscaler::Acquisition;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use admission::{
+    Admission, NoSlot, acquire, admit, isolation_of, plugin_level, request_of, reserve,
+};
+pub use defaults::JobDefaults;
+pub use ending::{board_info, closing_line, ending_of, ending_of_refusal, status_of};
+
+use crate::runner::Runner;
+
+/// What a source adds to the life of one of its jobs. Both steps have defaults that add
+/// nothing.
+#[async_trait::async_trait]
+pub trait JobSource: Send + Sync {
+    /// What is unpacked into the job's directory before its steps (its sources, the artifacts
+    /// of the jobs it depends on). Fetched while the slot is acquired (an instance may be
+    /// booting); a failure ends the job with that outcome.
+    async fn inputs(
+        &self,
+        _job: &JobResponse,
+        _trace: &mut Trace,
+        _cancel: &CancellationToken,
+    ) -> Result<Inputs, JobOutcome> {
+        Ok(Inputs::default())
+    }
+
+    /// The job holds the slot `acq` and its steps are next: where the source records that.
+    /// An error (a message) fails the job with `runner_system_failure` before its steps.
+    async fn placed(&self, _job: &JobResponse, _acq: &Acquisition) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A source that adds nothing: no inputs, nothing recorded at placement.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoInputs;
+
+impl JobSource for NoInputs {}
+
+/// What is unpacked into a job's directory before its steps.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// Tar streams, unpacked in order: the sources, then each dependency's artifacts.
+    pub tars: Vec<Vec<u8>>,
+    /// Paths git tracks in the sources (what `artifacts:untracked` leaves out).
+    pub tracked: Arc<BTreeSet<String>>,
+}
+
+/// What stops a job: `cancel` (its steps, and every wait before them), and `abort` (also its
+/// `after_script`; unset: the cancel does).
+#[derive(Debug, Clone, Default)]
+pub struct Stops {
+    /// Stops the job's steps and its waits for capacity and a slot.
+    pub cancel: CancellationToken,
+    /// Stops its `after_script` too (`None`: `cancel` does).
+    pub abort: Option<CancellationToken>,
+}
+
+/// How a job enters its life.
+#[derive(Debug, Clone, Copy)]
+pub enum Start<'a> {
+    /// Admitted, with capacity reserved under its key already (the queue reserves before it
+    /// claims a job, so that a runner without room leaves it to another).
+    Reserved,
+    /// Admit it and reserve its capacity here. `held`: a reservation the source made before it
+    /// had the job (GitLab: no capacity, no job request), given back just before the job's own
+    /// is made, so the job normally lands on the capacity held for it.
+    Admit {
+        /// The source's earlier reservation for this job, if any.
+        held: Option<&'a str>,
+    },
+}
+
+/// One job of `runner`, under the reservation (and acquisition) key `key`.
+pub struct Life<'a> {
+    /// The runner it runs on.
+    pub runner: &'a Runner,
+    /// Its reservation and acquisition key (what the state store records).
+    pub key: &'a str,
+    /// What its source adds.
+    pub source: &'a dyn JobSource,
+    /// What stops it.
+    pub stops: Stops,
+    /// Its timeout counts from here (GitLab: from when the job was received, so getting the
+    /// sources counts); `None`: from its steps' start.
+    pub since: Option<Instant>,
+}
+
+impl std::fmt::Debug for Life<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Life")
+            .field("runner", &self.runner.name)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A job that held a slot (or lost it while its inputs failed): what it ended with.
+#[derive(Debug)]
+pub struct Ran {
+    /// The job as its steps saw it: the runner's defaults applied, paths expanded.
+    pub job: JobResponse,
+    /// How it ended.
+    pub outcome: JobOutcome,
+    /// The artifacts archives its steps left.
+    pub collected: Vec<CollectedArtifacts>,
+    /// Paths git tracks in its sources.
+    pub tracked: Arc<BTreeSet<String>>,
+    /// Its instance and slot; `None` when its inputs failed before it got one.
+    pub placement: Option<(String, u32)>,
+    /// From the acquisition to the release.
+    pub duration: Duration,
+}
+
+impl Life<'_> {
+    /// The whole life of `job`: admitted and reserved as `start` says, then on its slot until
+    /// it ends. The slot is released before this returns. `Err` when it never got a slot.
+    pub async fn run(
+        &self,
+        job: &JobResponse,
+        start: Start<'_>,
+        trace: &mut Trace,
+    ) -> Result<Ran, NoSlot> {
+        if let Start::Admit { held } = start {
+            let admitted = admit(self.runner, job, trace);
+            if let Some(held) = held {
+                self.runner.unreserve(held);
+            }
+            reserve(self.runner, self.key, &admitted?, trace, &self.stops.cancel).await?;
+        }
+        self.run_reserved(job, trace).await
+    }
+
+    /// Acquire the slot while the inputs are fetched, then execute; whichever of the two
+    /// fails first stops the other.
+    async fn run_reserved(&self, job: &JobResponse, trace: &mut Trace) -> Result<Ran, NoSlot> {
+        let (runner, key) = (self.runner, self.key);
+        let cancel = &self.stops.cancel;
+        // The runner's environment counts for everything after: sources, cache, paths, steps.
+        let job = runner.defaults.prepare(job);
+        let fetch_cancel = cancel.child_token();
+        let acquire_cancel = cancel.child_token();
+        // 1: the acquisition failed first, 2: the fetch did.
+        let first_failure = AtomicU8::new(0);
+        // The inputs' trace lines follow the slot's.
+        let (side_tx, mut side_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let mut side = Trace::new(job.masked_values(), side_tx);
+        let acquiring = async {
+            let r = acquire(runner, key, trace, &acquire_cancel).await;
+            match &r {
+                // It holds its slot from now on, while its inputs may still be on their way.
+                Ok(a) => runner.board.running(key, &a.instance_id, a.slot),
+                Err(_) => {
+                    let _ = first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+                    fetch_cancel.cancel();
+                }
+            }
+            r
+        };
+        let fetching = async {
+            let r = self.source.inputs(&job, &mut side, &fetch_cancel).await;
+            if r.is_err() {
+                let _ = first_failure.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
+                acquire_cancel.cancel();
+            }
+            r
+        };
+        let (acq, inputs) = tokio::join!(acquiring, fetching);
+        side.finish();
+        drop(side);
+        let acquired_at = Instant::now();
+        let ran = |job: JobResponse, outcome: JobOutcome, placement: Option<&Acquisition>| Ran {
+            job,
+            outcome,
+            collected: Vec::new(),
+            tracked: Arc::default(),
+            placement: placement.map(|a| (a.instance_id.clone(), a.slot)),
+            duration: Duration::ZERO,
+        };
+        let placed = match &acq {
+            Ok(a) => self.source.placed(&job, a).await,
+            Err(_) => Ok(()),
+        };
+        match (&acq, &placed) {
+            (Ok(a), Ok(())) => trace.message(&format!(
+                "Running on instance {} slot {}",
+                a.instance_id, a.slot
+            )),
+            (Ok(_), Err(msg)) => trace.message(&format!("ERROR: {msg}")),
+            _ => {}
+        }
+        while let Ok(chunk) = side_rx.try_recv() {
+            trace.write(&chunk);
+        }
+        let (acq, inputs) = match (acq, inputs) {
+            (Ok(a), Ok(i)) => (a, i),
+            (Ok(a), Err(outcome)) => {
+                runner.release(key);
+                return Ok(ran(job, outcome, Some(&a)));
+            }
+            // The fetch failed and stopped the wait for a slot (which gave its reservation back).
+            (Err(_), Err(outcome)) if first_failure.load(Ordering::SeqCst) == 2 => {
+                return Ok(ran(job, outcome, None));
+            }
+            (Err(no), _) => return Err(no),
+        };
+        if let Err(msg) = placed {
+            runner.release(key);
+            let outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+            return Ok(ran(job, outcome, Some(&acq)));
+        }
+        let mut job = job;
+        if let Some(since) = self.since
+            && job.runner_info.timeout > 0
+        {
+            let spent = since.elapsed().as_secs();
+            job.runner_info.timeout = job.runner_info.timeout.saturating_sub(spent).max(1);
+        }
+        let (outcome, collected) = execute::execute(
+            runner,
+            &acq,
+            &job,
+            inputs.tars,
+            trace,
+            cancel,
+            self.stops.abort.as_ref(),
+        )
+        .await;
+        // The slot is free while the source deals with what the job left.
+        runner.release(key);
+        Ok(Ran {
+            placement: Some((acq.instance_id.clone(), acq.slot)),
+            duration: acquired_at.elapsed(),
+            job,
+            outcome,
+            collected,
+            tracked: inputs.tracked,
+        })
+    }
+}
