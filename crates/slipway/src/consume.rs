@@ -23,8 +23,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::lifecycle::{self, JobSource, Life, Start, Stops};
-use crate::shutdown::Shutdown;
 use crate::runner::Runner;
+use crate::shutdown::Shutdown;
 
 /// How often an idle runner looks for pending jobs.
 const POLL: Duration = Duration::from_millis(250);
@@ -195,7 +195,9 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
                 let writer = tokio::spawn(write_log(queue.log_path(id), rx));
                 finish(&queue, result, &runner.name).await;
                 let _ = writer.await;
-                runner.board.finished(&key, lifecycle::ending_of_refusal(no));
+                runner
+                    .board
+                    .finished(&key, lifecycle::ending_of_refusal(no));
             }
             continue;
         }
@@ -446,9 +448,12 @@ impl JobTask {
             Err(no) => {
                 let mut result = JobResult::new(&job, result_status(no.status));
                 if result.status == ResultStatus::Failed {
-                    result.failure_reason = Some(FailureReason::RunnerSystemFailure.as_str().into());
+                    result.failure_reason =
+                        Some(FailureReason::RunnerSystemFailure.as_str().into());
                 }
-                runner.board.finished(&key, lifecycle::ending_of_refusal(&no));
+                runner
+                    .board
+                    .finished(&key, lifecycle::ending_of_refusal(&no));
                 result.message = no.message;
                 result.runner = Some(name.clone());
                 finish(&queue, result, &name).await;

@@ -515,7 +515,10 @@ impl JobTask {
             since: None,
         };
         // A local pipeline has no queue to leave jobs in: it waits for capacity.
-        let ran = match life.run(&self.payload, Start::Admit { held: None }, trace).await {
+        let ran = match life
+            .run(&self.payload, Start::Admit { held: None }, trace)
+            .await
+        {
             Err(no) => {
                 row.status = no.status;
                 row.message = no.message;
@@ -582,7 +585,6 @@ impl JobTask {
             dotenv,
         }
     }
-
 }
 
 /// What a local pipeline adds to a job's life: the project's files and the artifacts of the

@@ -1095,7 +1095,10 @@ async fn run_manager(
     // Draining: no source takes another job; the running ones have `shutdown_timeout` to end.
     let timer = (!stop.is_cancelled()).then(|| {
         let timeout = slipway::shutdown::timeout_of(loaded.config.shutdown_timeout);
-        tracing::info!(?timeout, "draining: taking no more jobs, waiting for the running ones");
+        tracing::info!(
+            ?timeout,
+            "draining: taking no more jobs, waiting for the running ones"
+        );
         shutdown.drain_within(timeout)
     });
     // Running jobs end (or, on a stop, are canceled) and are reported before their runners

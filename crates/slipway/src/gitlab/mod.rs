@@ -650,11 +650,7 @@ pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<GlReason>, Option<
         JobOutcome::Success => (JobState::Success, None, None),
         JobOutcome::Failed {
             reason, exit_code, ..
-        } => (
-            JobState::Failed,
-            Some(GlReason::from(*reason)),
-            *exit_code,
-        ),
+        } => (JobState::Failed, Some(GlReason::from(*reason)), *exit_code),
     }
 }
 
@@ -877,16 +873,8 @@ async fn run_admitted(
     } = ran;
     // Inputs that failed before a slot was had leave nothing to upload.
     if placement.is_some() {
-        artifacts::upload_artifacts(
-            source,
-            &job,
-            collected,
-            &tracked,
-            &mut outcome,
-            trace,
-            stop,
-        )
-        .await;
+        artifacts::upload_artifacts(source, &job, collected, &tracked, &mut outcome, trace, stop)
+            .await;
     }
     outcome
 }

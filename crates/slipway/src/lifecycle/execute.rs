@@ -349,4 +349,3 @@ async fn execute_here(
     };
     run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, stops).await
 }
-

@@ -175,7 +175,8 @@ impl Life<'_> {
                 // It holds its slot from now on, while its inputs may still be on their way.
                 Ok(a) => runner.board.running(key, &a.instance_id, a.slot),
                 Err(_) => {
-                    let _ = first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
+                    let _ =
+                        first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
                     fetch_cancel.cancel();
                 }
             }
