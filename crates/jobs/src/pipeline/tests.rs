@@ -1,4 +1,6 @@
+use super::parallel::{expand_vars, snapshot_name};
 use super::*;
+use crate::model::{JobResponse, StepName};
 
 const FILE: &str = ".gitlab-ci.yml";
 

@@ -1,0 +1,400 @@
+//! Readers of single job keys with a structure of their own: `snapshot`, `artifacts`, `needs`,
+//! `when`, `timeout`, `image` and `services` (the latter two also in `default:` and at the top
+//! level).
+
+use std::time::Duration;
+
+use super::{PipelineJob, RawNeed, Reader, SnapshotSpec, split_ctx};
+use crate::model::{Image, When};
+use crate::yaml::{Kind, Node};
+
+impl Reader<'_> {
+    /// `snapshot: on_failure` or `snapshot: {save: NAME}`; `ctx` names the job or `default`.
+    pub(super) fn snapshot(&mut self, ctx: &str, node: &Node) -> Option<SnapshotSpec> {
+        let expected = "on_failure or {save: NAME}";
+        if let Some(text) = node.as_scalar() {
+            if text == "on_failure" {
+                return Some(SnapshotSpec::OnFailure);
+            }
+            self.error(
+                node.line,
+                format!("{ctx}: snapshot: unknown value {text:?} (expected {expected})"),
+            );
+            return None;
+        }
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: snapshot: expected {expected}, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let mut spec = None;
+        for e in entries {
+            match e.key.as_str() {
+                "save" => match e.value.as_scalar() {
+                    Some(name) => {
+                        spec = Some(SnapshotSpec::Save {
+                            name: name.to_string(),
+                            line: e.value.line,
+                        })
+                    }
+                    None => self.error(
+                        e.value.line,
+                        format!(
+                            "{ctx}: snapshot:save: expected a snapshot name, found {}",
+                            e.value.describe()
+                        ),
+                    ),
+                },
+                k => self.error(
+                    e.key_line,
+                    format!("{ctx}: snapshot: unknown key \"{k}\" (expected save)"),
+                ),
+            }
+        }
+        if node.get("save").is_none() {
+            self.error(node.line, format!("{ctx}: snapshot: missing \"save\""));
+        }
+        spec
+    }
+
+    pub(super) fn artifacts(&mut self, ctx: &str, node: &Node, job: &mut PipelineJob) {
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: artifacts: expected a mapping, found {}",
+                    node.describe()
+                ),
+            );
+            return;
+        };
+        for e in entries {
+            match e.key.as_str() {
+                "paths" => {
+                    let paths = self
+                        .string_list(&format!("{ctx}: artifacts:paths"), &e.value)
+                        .unwrap_or_default();
+                    // As in GitLab, artifacts come from inside the project directory only.
+                    for p in &paths {
+                        let why = if p.starts_with('/') {
+                            Some("is absolute")
+                        } else if p.split('/').any(|c| c == "..") {
+                            Some("leaves the project directory")
+                        } else {
+                            None
+                        };
+                        if let Some(why) = why {
+                            self.error(
+                                e.value.line,
+                                format!("{ctx}: artifacts:paths: {p:?} {why}; paths must be inside the project directory"),
+                            );
+                        }
+                    }
+                    job.artifact_paths = paths;
+                }
+                "when" => {
+                    if let Some(w) = self.when(&format!("{ctx}: artifacts:when"), &e.value, false) {
+                        job.artifacts_when = w;
+                    }
+                }
+                "exclude" => {
+                    job.artifacts_exclude = self
+                        .string_list(&format!("{ctx}: artifacts:exclude"), &e.value)
+                        .unwrap_or_default()
+                }
+                "untracked" => job.artifacts_untracked = e.value.as_bool().unwrap_or(false),
+                // Names and lifetimes of stored artifacts: nothing is stored past the run.
+                "name" | "expire_in" | "expose_as" | "public" | "access" => {}
+                "reports" => {
+                    for r in e.value.as_map().unwrap_or_default() {
+                        if r.key == "dotenv" {
+                            job.dotenv = match r.value.as_scalar() {
+                                Some(p) => vec![p.to_string()],
+                                None => self
+                                    .string_list(
+                                        &format!("{ctx}: artifacts:reports:dotenv"),
+                                        &r.value,
+                                    )
+                                    .unwrap_or_default(),
+                            };
+                        } else {
+                            self.ignore(r.key_line, ctx, &format!("artifacts:reports:{}", r.key));
+                        }
+                    }
+                }
+                k => self.unknown(
+                    e.key_line,
+                    &format!("{ctx}: artifacts"),
+                    k,
+                    &[&[
+                        "paths",
+                        "when",
+                        "exclude",
+                        "untracked",
+                        "name",
+                        "expire_in",
+                        "expose_as",
+                        "public",
+                        "access",
+                        "reports",
+                    ]],
+                ),
+            }
+        }
+    }
+
+    pub(super) fn needs(&mut self, ctx: &str, node: &Node) -> Option<Vec<RawNeed>> {
+        let Kind::Seq(items) = &node.kind else {
+            self.error(
+                node.line,
+                format!(
+                    "{ctx}: needs: expected a list of job names, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let mut out = Vec::new();
+        for item in items {
+            if let Some(name) = item.as_scalar() {
+                out.push(RawNeed {
+                    job: name.to_string(),
+                    artifacts: true,
+                    optional: false,
+                    line: item.line,
+                    matrix: None,
+                });
+                continue;
+            }
+            let Some(entries) = item.as_map() else {
+                self.error(
+                    item.line,
+                    format!(
+                        "{ctx}: needs: expected a job name or {{job: NAME, artifacts: BOOL}}, found {}",
+                        item.describe()
+                    ),
+                );
+                continue;
+            };
+            let mut need = RawNeed {
+                job: String::new(),
+                artifacts: true,
+                optional: false,
+                line: item.line,
+                matrix: None,
+            };
+            for e in entries {
+                match e.key.as_str() {
+                    "job" => match e.value.as_scalar() {
+                        Some(j) => {
+                            need.job = j.to_string();
+                            need.line = e.value.line;
+                        }
+                        None => self.error(
+                            e.key_line,
+                            format!(
+                                "{ctx}: needs:job: expected a job name, found {}",
+                                e.value.describe()
+                            ),
+                        ),
+                    },
+                    k @ ("artifacts" | "optional") => match e.value.as_bool() {
+                        Some(b) if k == "artifacts" => need.artifacts = b,
+                        Some(b) => need.optional = b,
+                        None => self.error(
+                            e.key_line,
+                            format!(
+                                "{ctx}: needs:{k}: expected true or false, found {}",
+                                e.value.describe()
+                            ),
+                        ),
+                    },
+                    "parallel" => match e.value.get("matrix") {
+                        Some(m) => {
+                            need.matrix = self.matrix(ctx, m.key_line, &m.value);
+                        }
+                        None => self.error(
+                            e.key_line,
+                            format!("{ctx}: needs:parallel: expected {{matrix: [...]}}"),
+                        ),
+                    },
+                    k => self.unsupported(e.key_line, ctx, &format!("needs:{k}")),
+                }
+            }
+            if need.job.is_empty() {
+                if entries.iter().all(|e| e.key != "job") {
+                    self.error(
+                        item.line,
+                        format!("{ctx}: needs: an entry is missing \"job\""),
+                    );
+                }
+                continue;
+            }
+            out.push(need);
+        }
+        Some(out)
+    }
+
+    fn when(&mut self, what: &str, node: &Node, job_level: bool) -> Option<When> {
+        match node.as_scalar() {
+            Some("on_success") => Some(When::OnSuccess),
+            Some("on_failure") => Some(When::OnFailure),
+            Some("always") => Some(When::Always),
+            Some(w @ ("manual" | "delayed")) if job_level => {
+                self.error(node.line, format!("{what}: \"{w}\" is not supported yet"));
+                None
+            }
+            Some(w) => {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: unknown value \"{w}\" (expected on_success, on_failure or always)"
+                    ),
+                );
+                None
+            }
+            None => {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: expected on_success, on_failure or always, found {}",
+                        node.describe()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    pub(super) fn timeout(&mut self, ctx: &str, node: &Node) -> Option<Duration> {
+        self.duration(&format!("{ctx}: timeout"), node)
+    }
+
+    /// `image:`: a name, or `{name, pull_policy, entrypoint, docker}`.
+    pub(super) fn image(&mut self, what: &str, node: &Node) -> Option<Image> {
+        if let Some(name) = node.as_scalar() {
+            return Some(Image::named(name));
+        }
+        let Some(entries) = node.as_map() else {
+            self.error(
+                node.line,
+                format!("{what}: expected an image name, found {}", node.describe()),
+            );
+            return None;
+        };
+        let mut image = Image::default();
+        for e in entries {
+            let sub = format!("{what}:{}", e.key);
+            match e.key.as_str() {
+                "name" => image.name = self.string(&sub, &e.value)?,
+                "entrypoint" => image.entrypoint = self.string_list(&sub, &e.value)?,
+                "pull_policy" => {
+                    let policies = match e.value.as_scalar() {
+                        Some(p) => vec![p.to_string()],
+                        None => self.string_list(&sub, &e.value)?,
+                    };
+                    for p in &policies {
+                        if !matches!(p.as_str(), "always" | "if-not-present" | "never") {
+                            self.error(
+                                e.value.line,
+                                format!("{sub}: unknown policy \"{p}\" (expected always, if-not-present or never)"),
+                            );
+                            return None;
+                        }
+                    }
+                    image.pull_policy = policies;
+                }
+                "docker" => {
+                    image.executor_opts = serde_json::json!({ "docker": yaml_to_json(&e.value) })
+                }
+                k => {
+                    let (ctx, key) = split_ctx(what);
+                    self.unsupported(e.key_line, ctx, &format!("{key}:{k}"))
+                }
+            }
+        }
+        if image.name.is_empty() {
+            self.error(node.line, format!("{what}: missing \"name\""));
+            return None;
+        }
+        Some(image)
+    }
+
+    /// `services:`: image names, or maps with `name`, `alias`, `entrypoint`, `command` and
+    /// `variables`.
+    pub(super) fn services(&mut self, what: &str, node: &Node) -> Option<Vec<Image>> {
+        if node.is_null() {
+            return Some(Vec::new());
+        }
+        let Some(items) = node.as_list() else {
+            self.error(
+                node.line,
+                format!(
+                    "{what}: expected a list of services, found {}",
+                    node.describe()
+                ),
+            );
+            return None;
+        };
+        let mut out = Vec::new();
+        for item in items {
+            if let Some(name) = item.as_scalar() {
+                out.push(Image::named(name));
+                continue;
+            }
+            let Some(entries) = item.as_map() else {
+                self.error(
+                    item.line,
+                    format!(
+                        "{what}: expected an image name or a mapping, found {}",
+                        item.describe()
+                    ),
+                );
+                continue;
+            };
+            let mut svc = Image::default();
+            for e in entries {
+                let sub = format!("{what}:{}", e.key);
+                match e.key.as_str() {
+                    "name" => svc.name = self.string(&sub, &e.value).unwrap_or_default(),
+                    "alias" => svc.alias = self.string(&sub, &e.value).unwrap_or_default(),
+                    "entrypoint" => {
+                        svc.entrypoint = self.string_list(&sub, &e.value).unwrap_or_default()
+                    }
+                    "command" => svc.command = self.string_list(&sub, &e.value).unwrap_or_default(),
+                    "variables" => svc.variables = self.variables(&sub, &e.value),
+                    k => {
+                        let (ctx, key) = split_ctx(what);
+                        self.unsupported(e.key_line, ctx, &format!("{key}:{k}"))
+                    }
+                }
+            }
+            if svc.name.is_empty() {
+                self.error(item.line, format!("{what}: a service needs a \"name\""));
+                continue;
+            }
+            out.push(svc);
+        }
+        Some(out)
+    }
+}
+
+/// A YAML node as JSON (scalars as strings), for options passed through to executors.
+fn yaml_to_json(node: &Node) -> serde_json::Value {
+    match &node.kind {
+        _ if node.is_null() => serde_json::Value::Null,
+        Kind::Scalar { text, .. } => serde_json::Value::String(text.clone()),
+        Kind::Seq(items) => items.iter().map(yaml_to_json).collect(),
+        Kind::Map(entries) => entries
+            .iter()
+            .map(|e| (e.key.clone(), yaml_to_json(&e.value)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+        Kind::Reference(_) => serde_json::Value::Null,
+    }
+}
