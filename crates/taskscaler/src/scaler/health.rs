@@ -1,0 +1,134 @@
+//! Instance health: ready checks on new instances (run beside the loop) and the heartbeats
+//! that `acquire` reports back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use slipway_fleeting::ConnectInfo;
+use tokio::time::Instant;
+
+use super::Inner;
+use crate::decision::RemovalCause;
+
+/// Longest an instance's ready check may take before it counts as failed.
+const READY_CHECK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Longest pause in scale-up after instances kept failing their ready command.
+const READY_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Ready checks under way: instance id and outcome.
+pub(super) type ReadyChecks = tokio::task::JoinSet<(String, Result<(), String>)>;
+
+impl Inner {
+    /// Undo an assignment whose heartbeat failed; condemn the instance past the threshold.
+    pub(super) fn failed_heartbeat(&self, key: &str, id: &str, slot: u32, why: &str) {
+        let mut book = self.lock();
+        // Undo only what this acquire still holds (a concurrent release may have freed it).
+        if book.reservations.get(key).and_then(|r| r.at.as_ref()) != Some(&(id.to_string(), slot)) {
+            return;
+        }
+        book.set_at(key, None);
+        if let Some(inst) = book.instances.get_mut(id) {
+            if inst.free_slots_of(key) == 0 {
+                return;
+            }
+            inst.uses = inst.uses.saturating_sub(1);
+            inst.exclusive = false;
+            inst.failures += 1;
+            tracing::warn!(instance = %id, failures = inst.failures, error = %why, "heartbeat failed");
+            if inst.failures >= self.cfg.failure_threshold.max(1) {
+                inst.condemned = Some(RemovalCause::Unhealthy);
+            }
+            book.touch(id, &self.cfg);
+        }
+        drop(book);
+        self.wake.notify_one();
+    }
+
+    pub(super) fn healthy(&self, id: &str) {
+        if let Some(inst) = self.lock().instances.get_mut(id) {
+            inst.failures = 0;
+        }
+    }
+
+    /// Start the ready hook on running instances that have not passed it yet and have no
+    /// check under way. Checks run beside the loop (a slow `instance_ready_command` must not
+    /// hold up scaling); their results come back through [`Inner::finish_ready_check`].
+    pub(super) fn start_ready_checks(self: &Arc<Self>, checks: &mut ReadyChecks) {
+        let Some(hooks) = &self.hooks else { return };
+        let due: Vec<(String, Option<ConnectInfo>)> = {
+            let mut book = self.lock();
+            if book.totals.unready == 0 {
+                return;
+            }
+            let due: Vec<(String, Option<ConnectInfo>)> = book
+                .instances
+                .iter()
+                .filter(|(_, i)| i.counted.unready && !i.checking)
+                .map(|(id, i)| (id.clone(), i.info.clone()))
+                .collect();
+            for (id, _) in &due {
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.checking = true;
+                }
+            }
+            due
+        };
+        for (id, info) in due {
+            let inner = self.clone();
+            let hooks = hooks.clone();
+            checks.spawn(async move {
+                let info = match info {
+                    Some(info) => info,
+                    None => match inner.fetch_connect_info(&id).await {
+                        Ok(info) => info,
+                        Err(e) => return (id, Err(e.to_string())),
+                    },
+                };
+                let result =
+                    match tokio::time::timeout(READY_CHECK_TIMEOUT, hooks.ready(&info)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(format!("no answer within {READY_CHECK_TIMEOUT:?}")),
+                    };
+                (id, result)
+            });
+        }
+    }
+
+    /// Apply a finished ready check: the instance takes jobs, or is replaced (with backoff on
+    /// scale-up, as GitLab 17.0, against thrashing).
+    pub(super) fn finish_ready_check(&self, id: &str, result: Result<(), String>) {
+        let mut book = self.lock();
+        if let Some(inst) = book.instances.get_mut(id) {
+            inst.checking = false;
+        }
+        match result {
+            Ok(()) => {
+                book.ready_failures = 0;
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.ready = true;
+                    if let Some(t) = inst.running_at {
+                        self.metrics.readiness(t.elapsed().as_secs_f64());
+                    }
+                    self.metrics
+                        .instance_ready(inst.created.elapsed().as_secs_f64());
+                }
+                book.touch(id, &self.cfg);
+            }
+            Err(why) => {
+                tracing::warn!(instance = %id, error = %why, "instance_ready_command failed");
+                book.ready_failures += 1;
+                let backoff =
+                    Duration::from_secs(1u64 << book.ready_failures.min(9)).min(READY_BACKOFF_MAX);
+                book.scale_up_after = Some(Instant::now() + backoff);
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.condemned = Some(RemovalCause::NotReady);
+                }
+                book.touch(id, &self.cfg);
+            }
+        }
+        drop(book);
+        self.bump();
+        self.wake.notify_one();
+    }
+}
