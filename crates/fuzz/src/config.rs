@@ -1,4 +1,4 @@
-//! `config.toml` (`slipway::config::parse`) and the plugins' `plugin_config` JSON (the four
+//! `config.toml` (`slipway_config::parse`) and the plugins' `plugin_config` JSON (the four
 //! fleeting plugins' `Config::parse`, the nesting daemon's `Config::parse`), seeds mutated.
 
 use std::sync::OnceLock;
@@ -135,7 +135,7 @@ pub const JSON_DICT: &[&str] = &[
     "{\"a\":{\"b\":[]}}",
 ];
 
-/// `slipway::config::parse`: a config, or errors each naming the file (and a key or line).
+/// `slipway_config::parse`: a config, or errors each naming the file (and a key or line).
 pub fn check(input: &Input) {
     let seeds: Vec<&[u8]> = toml_seeds().iter().map(Vec::as_slice).collect();
     let bytes = mutate::apply(&seeds, TOML_DICT, input);
@@ -145,13 +145,13 @@ pub fn check(input: &Input) {
 /// One `config.toml` text.
 pub fn check_toml(text: &str) {
     const FILE: &str = "fuzz/config.toml";
-    match slipway::config::parse(text, FILE) {
+    match slipway_config::parse(text, FILE) {
         Ok(loaded) => {
             for w in &loaded.warnings {
                 assert_eq!(w.file, FILE, "a warning names another file: {w}");
             }
         }
-        Err(slipway::config::ConfigError::Invalid(problems)) => {
+        Err(slipway_config::ConfigError::Invalid(problems)) => {
             assert!(
                 !problems.is_empty(),
                 "an invalid config with no problem listed"
@@ -165,7 +165,7 @@ pub fn check_toml(text: &str) {
                 );
             }
         }
-        Err(e @ slipway::config::ConfigError::Read { .. }) => {
+        Err(e @ slipway_config::ConfigError::Read { .. }) => {
             panic!("parse cannot fail reading: {e}")
         }
     }

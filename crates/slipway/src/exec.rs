@@ -1,15 +1,16 @@
-//! `slipway exec`: run a local pipeline through the whole path —
-//! taskscaler → plugin process → SSH → instance executor.
+//! The local pipeline source (`slipway exec`): a `.gitlab-ci.yml` run through the whole path —
+//! taskscaler → plugin process → SSH → executor — in GitLab's order (stages, `needs`,
+//! `when`, retries, resource groups), each job through the one [`crate::lifecycle`]. Its progress goes
+//! out as [`Event`]s for the command line to show; nothing here prints.
 
 use std::collections::HashMap;
-use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use slipway_executor::{JobOutcome, Trace};
-use slipway_jobs::{JobStatus, Pipeline, PipelineRun, PipelineStatus, Retry, Selection, Variable};
+use slipway_jobs::{JobStatus, PipelineRun, PipelineStatus, Retry, Selection, Variable};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -17,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RunnerConfig;
 use crate::lifecycle::{self, Inputs, JobSource, Life, Start, Stops};
 use crate::local;
-use crate::progress::{self, LiveLines, Screen};
 use crate::runner::{Runner, StartOptions};
 
 /// What `slipway exec` was asked to do.
@@ -31,16 +31,12 @@ pub struct ExecOptions {
     pub needs: bool,
     /// Manual jobs to play.
     pub manual: Vec<String>,
-    /// Print the jobs the pipeline would have, run nothing.
-    pub list: bool,
     /// `KEY=VALUE` variables given on the command line (over the variables file's).
     pub variables: Vec<String>,
     /// The variables file (default: `.slipway-variables.yml` beside the pipeline, if present).
     pub variables_file: Option<PathBuf>,
     /// Where `include:project` finds other projects' checkouts.
     pub include_root: Option<PathBuf>,
-    /// Write a JSON report of the run here.
-    pub report: Option<PathBuf>,
     /// Ignore (with a warning) keys the reader does not support.
     pub allow_unsupported: bool,
     /// Jobs at once.
@@ -77,7 +73,8 @@ pub struct JobRow {
 }
 
 impl JobRow {
-    fn new(name: &str, stage: &str, status: JobStatus) -> Self {
+    /// A row with no run yet.
+    pub fn new(name: &str, stage: &str, status: JobStatus) -> Self {
         JobRow {
             name: name.to_string(),
             stage: stage.to_string(),
@@ -101,30 +98,54 @@ struct Finished {
     dotenv: Vec<Variable>,
 }
 
-/// Run the pipeline; returns whether it succeeded. `stop` cancels it (SIGTERM, Ctrl-C).
+/// What a local pipeline's run tells whoever shows it, in order.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A job started: its output follows.
+    Start {
+        /// Job name.
+        name: Arc<str>,
+        /// Its stage.
+        stage: String,
+    },
+    /// A chunk of a job's masked output.
+    Output(Arc<str>, Vec<u8>),
+    /// A job's output ended.
+    End(Arc<str>),
+    /// A message for the user, apart from any job's output.
+    Notice(String),
+}
+
+/// How a run ended: every selected job's row, and the pipeline's status.
+#[derive(Debug)]
+pub struct Outcome {
+    /// One row per selected job, in file order.
+    pub rows: Vec<JobRow>,
+    /// The pipeline's status (what GitLab would show).
+    pub status: PipelineStatus,
+}
+
+impl Outcome {
+    /// Whether the run counts as passed: succeeded (with warnings or not), or blocked on a
+    /// manual job.
+    pub fn passed(&self) -> bool {
+        matches!(
+            self.status,
+            PipelineStatus::Success | PipelineStatus::SuccessWithWarnings | PipelineStatus::Blocked
+        )
+    }
+}
+
+/// Run `read`'s pipeline on `runner_cfg`, telling `events` as it goes. `stop` cancels it
+/// (SIGTERM, Ctrl-C): running jobs are canceled, nothing is left behind.
 pub async fn run(
     runner_cfg: &RunnerConfig,
+    read: &local::Read,
     opts: &ExecOptions,
+    events: mpsc::UnboundedSender<Event>,
     stop: CancellationToken,
-) -> anyhow::Result<bool> {
-    let read = {
-        let opts = opts.clone();
-        tokio::task::spawn_blocking(move || local::read(&opts))
-            .await
-            .context("reading the pipeline")??
-    };
+) -> anyhow::Result<Outcome> {
     let pipeline = &read.pipeline;
-    for w in &pipeline.warnings {
-        eprintln!("warning: {w}");
-    }
-    if let Some(why) = &pipeline.excluded {
-        println!("{why}");
-        return Ok(true);
-    }
-    if opts.list {
-        print_list(pipeline);
-        return Ok(true);
-    }
     let mut plan = PipelineRun::with_selection(
         pipeline,
         &Selection {
@@ -165,7 +186,16 @@ pub async fn run(
         _ = stop.cancelled() => anyhow::bail!("interrupted while starting the runner"),
     };
 
-    let result = drive(&runner, &read, &mut plan, opts, &artifacts_dir, &stop).await;
+    let result = drive(
+        &runner,
+        read,
+        &mut plan,
+        opts,
+        &artifacts_dir,
+        &events,
+        &stop,
+    )
+    .await;
     runner.shutdown().await;
     // Removing a directory tree is blocking I/O: keep it off the runtime's threads.
     match tokio::task::spawn_blocking(move || run_dir.close()).await {
@@ -173,92 +203,70 @@ pub async fn run(
         Ok(Err(e)) => tracing::warn!("removing the run directory: {e}"),
         Err(e) => tracing::warn!("removing the run directory: {e}"),
     }
-    let rows = result?;
-    print_summary(&rows);
-    let status = plan.status();
-    if let Some(path) = &opts.report {
-        let report = report_json(&rows, status);
-        tokio::fs::write(path, format!("{report:#}\n"))
-            .await
-            .with_context(|| format!("writing the report {}", path.display()))?;
-    }
-    let ok = matches!(
-        status,
-        PipelineStatus::Success | PipelineStatus::SuccessWithWarnings | PipelineStatus::Blocked
-    );
-    match status {
-        PipelineStatus::Blocked => {
-            println!("Pipeline blocked: a manual job waits (run it with --manual NAME)")
-        }
-        _ if ok => println!("Pipeline succeeded"),
-        _ => println!("Pipeline failed"),
-    }
-    Ok(ok)
-}
-
-/// The run as JSON, for tools: the pipeline's status and each job's row.
-fn report_json(rows: &[JobRow], status: PipelineStatus) -> serde_json::Value {
-    serde_json::json!({
-        "status": status.to_string(),
-        "jobs": rows.iter().map(|r| serde_json::json!({
-            "name": r.name,
-            "stage": r.stage,
-            "status": r.status.as_str(),
-            "duration_s": r.duration.map(|d| d.as_secs_f64()),
-            "coverage": r.coverage,
-            "attempts": r.attempts,
-            "exit_code": r.exit_code,
-            "message": r.message,
-        })).collect::<Vec<_>>(),
+    Ok(Outcome {
+        rows: result?,
+        status: plan.status(),
     })
 }
 
-/// `--list`: the jobs GitLab would create, with stage, when and needs.
-fn print_list(pipeline: &Pipeline) {
-    let header = ["JOB", "STAGE", "WHEN", "ALLOW_FAILURE", "NEEDS"];
-    let rows: Vec<[String; 5]> = pipeline
-        .jobs
-        .iter()
-        .map(|j| {
-            let when = if j.manual {
-                "manual".to_string()
-            } else if let Some(d) = j.start_in {
-                format!("delayed {}", humantime::format_duration(d))
-            } else {
-                j.when.as_str().to_string()
-            };
-            let needs = match &j.needs {
-                None => "-".to_string(),
-                Some(n) if n.is_empty() => "[]".to_string(),
-                Some(n) => n
-                    .iter()
-                    .map(|n| n.job.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            };
-            [
-                j.name.clone(),
-                j.stage.clone(),
-                when,
-                j.allow_failure.to_string(),
-                needs,
-            ]
-        })
-        .collect();
-    print_table(&header, &rows);
+/// A sink for one job's trace, and the task that forwards it to `events`: it ends when the
+/// job drops its trace, giving the coverage its `coverage` regex found (the last match's
+/// first group, else the whole match, as a number).
+fn job_output(
+    events: &mpsc::UnboundedSender<Event>,
+    name: &str,
+    stage: &str,
+    coverage: Option<&str>,
+) -> (
+    mpsc::UnboundedSender<Vec<u8>>,
+    tokio::task::JoinHandle<Option<String>>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let out = events.clone();
+    let name: Arc<str> = Arc::from(name);
+    let _ = out.send(Event::Start {
+        name: name.clone(),
+        stage: stage.to_string(),
+    });
+    // Checked by the pipeline reader; a regex that does not build finds nothing.
+    let regex = coverage.and_then(|c| regex::Regex::new(c).ok());
+    let task = tokio::spawn(async move {
+        let mut line = Vec::new();
+        let mut found = None;
+        while let Some(chunk) = rx.recv().await {
+            if let Some(re) = &regex {
+                for &b in &chunk {
+                    if b == b'\n' {
+                        found = local::coverage_in(re, &line).or(found);
+                        line.clear();
+                    } else if line.len() < 64 * 1024 {
+                        line.push(b);
+                    }
+                }
+            }
+            let _ = out.send(Event::Output(name.clone(), chunk));
+        }
+        if let Some(re) = &regex {
+            found = local::coverage_in(re, &line).or(found);
+        }
+        // Flushes the job's last partial line.
+        let _ = out.send(Event::End(name));
+        found
+    });
+    (tx, task)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     runner: &Arc<Runner>,
     read: &local::Read,
     plan: &mut PipelineRun,
     opts: &ExecOptions,
     artifacts_dir: &Path,
+    events: &mpsc::UnboundedSender<Event>,
     stop: &CancellationToken,
 ) -> anyhow::Result<Vec<JobRow>> {
     let pipeline = &read.pipeline;
-    // Live lines only for a person watching: piped output stays as plain as before.
-    let printer = Printer::start(std::io::stdout().is_terminal());
     let mut rows: Vec<Option<JobRow>> = vec![None; pipeline.jobs.len()];
     let mut artifacts: HashMap<usize, Vec<PathBuf>> = HashMap::new();
     let mut dotenv: HashMap<usize, Vec<Variable>> = HashMap::new();
@@ -304,7 +312,7 @@ async fn drive(
                     .flatten()
                     .collect();
                 let (trace, coverage) =
-                    printer.sender(&job.name, &job.stage, job.coverage.as_deref());
+                    job_output(events, &job.name, &job.stage, job.coverage.as_deref());
                 let ctx = JobTask {
                     runner: runner.clone(),
                     index,
@@ -362,14 +370,13 @@ async fn drive(
                 rows[index] = Some(row);
             }
             _ = stop.cancelled(), if !stop.is_cancelled() => {
-                printer.notice("Stopping: canceling running jobs");
+                let _ = events.send(Event::Notice("Stopping: canceling running jobs".into()));
             }
         }
     }
     if jobs_stop.is_cancelled() {
         plan.cancel();
     }
-    printer.stop().await;
     if let Some(e) = fatal {
         return Err(e);
     }
@@ -608,248 +615,5 @@ impl JobSource for JobTask {
             tars,
             ..Inputs::default()
         })
-    }
-}
-
-/// What the printer task is told.
-enum Event {
-    /// A job started (its live line appears).
-    Start { name: Arc<str>, stage: String },
-    /// A chunk of a job's masked output.
-    Output(Arc<str>, Vec<u8>),
-    /// A job's output ended: its last partial line is flushed and its live line goes.
-    End(Arc<str>),
-    /// A message for stderr, printed with the live lines out of the way.
-    Notice(String),
-}
-
-/// Prints job output line by line, each line prefixed with its job's name; on a terminal, also
-/// one live line per running job below the output ([`LiveLines`]), redrawn in place. The one
-/// task that writes both keeps them from interleaving.
-struct Printer {
-    tx: mpsc::UnboundedSender<Event>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Printer {
-    /// `live`: draw the live lines (stdout is a terminal).
-    fn start(live: bool) -> Printer {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
-        if live {
-            // Log lines pass through here while live lines are drawn; a weak sender does not
-            // keep the printer alive.
-            let weak = tx.downgrade();
-            progress::route_logs(Some(Box::new(move |bytes: &[u8]| {
-                let text = String::from_utf8_lossy(bytes);
-                weak.upgrade().is_some_and(|tx| {
-                    tx.send(Event::Notice(text.trim_end_matches('\n').to_string()))
-                        .is_ok()
-                })
-            })));
-        }
-        let task = tokio::spawn(async move {
-            let mut partial: HashMap<Arc<str>, Vec<u8>> = HashMap::new();
-            let mut jobs = LiveLines::new();
-            let mut screen = Screen::new(live);
-            // Elapsed times tick even while no job prints.
-            let mut redraw = tokio::time::interval(progress::REDRAW_EVERY);
-            redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            loop {
-                let event = tokio::select! {
-                    e = rx.recv() => match e {
-                        Some(e) => e,
-                        None => break,
-                    },
-                    _ = redraw.tick(), if live => {
-                        write_stdout(&screen.redraw(&live_lines(&jobs)));
-                        continue;
-                    }
-                };
-                let mut out = Vec::new();
-                match event {
-                    Event::Start { name, stage } => {
-                        if live {
-                            jobs.add(&name, &stage, Instant::now());
-                        }
-                    }
-                    Event::Output(name, bytes) => {
-                        if live {
-                            jobs.output(&name, &bytes);
-                        }
-                        let buf = partial.entry(name.clone()).or_default();
-                        buf.extend_from_slice(&bytes);
-                        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-                            let line: Vec<u8> = buf.drain(..=pos).collect();
-                            out.extend_from_slice(format!("[{name}] ").as_bytes());
-                            out.extend_from_slice(&line);
-                        }
-                    }
-                    Event::End(name) => {
-                        if let Some(mut buf) = partial.remove(&name)
-                            && !buf.is_empty()
-                        {
-                            out.extend_from_slice(format!("[{name}] ").as_bytes());
-                            out.append(&mut buf);
-                            out.push(b'\n');
-                        }
-                        jobs.remove(&name);
-                    }
-                    Event::Notice(text) => {
-                        write_stdout(&screen.clear());
-                        let _ = writeln!(std::io::stderr(), "{text}");
-                    }
-                }
-                let lines = if live { live_lines(&jobs) } else { Vec::new() };
-                write_stdout(&screen.print(&out, &lines));
-            }
-            // The summary that follows prints on a clean screen.
-            write_stdout(&screen.clear());
-        });
-        Printer { tx, task }
-    }
-
-    /// A sink for one job's trace, and the task that forwards it: it ends when the job drops
-    /// its trace, giving the coverage its `coverage` regex found (the last match's first
-    /// group, else the whole match, as a number).
-    fn sender(
-        &self,
-        name: &str,
-        stage: &str,
-        coverage: Option<&str>,
-    ) -> (
-        mpsc::UnboundedSender<Vec<u8>>,
-        tokio::task::JoinHandle<Option<String>>,
-    ) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        let out = self.tx.clone();
-        let name: Arc<str> = Arc::from(name);
-        let _ = out.send(Event::Start {
-            name: name.clone(),
-            stage: stage.to_string(),
-        });
-        // Checked by the pipeline reader; a regex that does not build finds nothing.
-        let regex = coverage.and_then(|c| regex::Regex::new(c).ok());
-        let task = tokio::spawn(async move {
-            let mut line = Vec::new();
-            let mut found = None;
-            while let Some(chunk) = rx.recv().await {
-                if let Some(re) = &regex {
-                    for &b in &chunk {
-                        if b == b'\n' {
-                            found = local::coverage_in(re, &line).or(found);
-                            line.clear();
-                        } else if line.len() < 64 * 1024 {
-                            line.push(b);
-                        }
-                    }
-                }
-                let _ = out.send(Event::Output(name.clone(), chunk));
-            }
-            if let Some(re) = &regex {
-                found = local::coverage_in(re, &line).or(found);
-            }
-            // Flushes the job's last partial line.
-            let _ = out.send(Event::End(name));
-            found
-        });
-        (tx, task)
-    }
-
-    /// Print `text` on stderr without tearing the live lines.
-    fn notice(&self, text: &str) {
-        if self.tx.send(Event::Notice(text.to_string())).is_err() {
-            eprintln!("{text}");
-        }
-    }
-
-    async fn stop(self) {
-        progress::route_logs(None);
-        drop(self.tx);
-        let _ = self.task.await;
-    }
-}
-
-/// The live lines for stdout's terminal as it is now (it may have been resized).
-fn live_lines(jobs: &LiveLines) -> Vec<String> {
-    let size = progress::terminal_size(&std::io::stdout());
-    let width = progress::width_of(size, std::env::var("COLUMNS").ok().as_deref());
-    jobs.render(Instant::now(), width, progress::max_lines_of(size))
-}
-
-/// Write to stdout (a closed stdout must not stop the run).
-fn write_stdout(bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(bytes);
-    let _ = stdout.flush();
-}
-
-fn print_summary(rows: &[JobRow]) {
-    let with_coverage = rows.iter().any(|r| r.coverage.is_some());
-    let mut header = vec!["JOB", "STAGE", "STATUS", "DURATION", "INSTANCE", "SLOT"];
-    if with_coverage {
-        header.push("COVERAGE");
-    }
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let mut status = r.status.to_string();
-            if r.attempts > 1 {
-                status.push_str(&format!(" ({} tries)", r.attempts));
-            }
-            let mut row = vec![
-                r.name.clone(),
-                r.stage.clone(),
-                status,
-                r.duration
-                    .map(|d| format!("{:.1}s", d.as_secs_f64()))
-                    .unwrap_or_else(|| "-".into()),
-                if r.instance.is_empty() {
-                    "-".into()
-                } else {
-                    r.instance.clone()
-                },
-                r.slot.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-            ];
-            if with_coverage {
-                row.push(
-                    r.coverage
-                        .as_ref()
-                        .map(|c| format!("{c}%"))
-                        .unwrap_or_else(|| "-".into()),
-                );
-            }
-            row
-        })
-        .collect();
-    println!();
-    print_table(&header, &cells);
-}
-
-/// A left-aligned table with a header row.
-fn print_table<R: AsRef<[String]>>(header: &[&str], rows: &[R]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, c) in widths.iter_mut().zip(row.as_ref()) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let line = |cols: Vec<&str>| {
-        cols.iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}", w = *w))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    println!("{}", line(header.to_vec()));
-    for row in rows {
-        println!(
-            "{}",
-            line(row.as_ref().iter().map(String::as_str).collect())
-        );
     }
 }

@@ -15,7 +15,7 @@
 //! - [`status`]: the live status (`/api/v1/status`, the status page) over the runners.
 //! - [`plugin_check`]: `slipway plugin check`, a fleeting plugin's conformance check.
 
-pub mod config;
+pub use slipway_config as config;
 pub mod consume;
 pub mod exec;
 pub mod git;

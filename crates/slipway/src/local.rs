@@ -26,10 +26,13 @@ pub struct Read {
     pub sources: Vec<u8>,
     /// Names of the user's variables (a dotenv report does not override them).
     pub user_keys: Vec<String>,
+    /// What the user should be told about the reading (a variables file found by itself).
+    pub notices: Vec<String>,
 }
 
-/// Reads the pipeline of `opts` and everything it needs (blocking: files and git).
-pub fn read(opts: &ExecOptions) -> anyhow::Result<Read> {
+/// Reads the pipeline of `opts` and everything it needs (blocking: files and git); the
+/// project's files only `with_sources` (a run, not a listing).
+pub fn read(opts: &ExecOptions, with_sources: bool) -> anyhow::Result<Read> {
     let project_dir = match opts.file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -43,12 +46,13 @@ pub fn read(opts: &ExecOptions) -> anyhow::Result<Read> {
         }
     };
     let mut user = Vec::new();
+    let mut notices = Vec::new();
     if let Some(path) = &variables_file {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the variables file {}", path.display()))?;
         user = slipway_jobs::read_variables_file(&text, &path.display().to_string())?;
         if !named {
-            eprintln!("Variables from {}", path.display());
+            notices.push(format!("Variables from {}", path.display()));
         }
     }
     for kv in &opts.variables {
@@ -76,7 +80,7 @@ pub fn read(opts: &ExecOptions) -> anyhow::Result<Read> {
         },
     )?;
     let skip: Vec<PathBuf> = variables_file.into_iter().collect();
-    let sources = if opts.list || pipeline.jobs.is_empty() {
+    let sources = if !with_sources || pipeline.jobs.is_empty() {
         Vec::new()
     } else {
         project_tar(&project_dir, &skip)?
@@ -85,6 +89,7 @@ pub fn read(opts: &ExecOptions) -> anyhow::Result<Read> {
         pipeline,
         sources,
         user_keys,
+        notices,
     })
 }
 

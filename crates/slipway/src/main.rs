@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod cli;
+
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tokio::sync::Semaphore;
@@ -457,18 +459,16 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
                 jobs: job,
                 needs,
                 manual,
-                list,
                 variables,
                 variables_file,
                 include_root,
-                report,
                 allow_unsupported,
                 concurrent: effective_concurrency(&loaded, &runner_cfg),
                 plugin_dir,
                 plugin_start_timeout,
             };
             let stop = shutdown_signal()?;
-            let ok = exec::run(&runner_cfg, &opts, stop).await?;
+            let ok = cli::exec::exec(&runner_cfg, &opts, list, report.as_ref(), stop).await?;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -634,7 +634,8 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
                 registration_token: registration_token.map(slipway_jobs::gitlab::Secret::new),
                 token: token.map(slipway_jobs::gitlab::Secret::new),
                 name,
-                executor,
+                // Unknown names too: `register` refuses them with the names it takes.
+                executor: executor.into(),
                 docker_image,
                 options: slipway_jobs::gitlab::RegisterOptions {
                     description: description.unwrap_or_default(),
@@ -736,7 +737,11 @@ async fn check_executor_plugins(
     };
     let mut errors = Vec::new();
     for (i, r) in cfg.runners.iter().enumerate() {
-        let Some(p) = r.plugin.as_ref().filter(|_| r.executor == "plugin") else {
+        let Some(p) = r
+            .plugin
+            .as_ref()
+            .filter(|_| r.executor == config::Executor::Plugin)
+        else {
             continue;
         };
         match slipway::runner::start_executor_plugin_with(r, p, plugin_dir, None, true).await {

@@ -24,7 +24,7 @@ use slipway_fleeting::{
 use tokio::io::AsyncReadExt as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ConnectorConfigToml;
+use crate::config::{ConnectorConfigError, ConnectorConfigToml};
 
 /// Every check, in the order it runs (the CHECK column and the JSON `name`).
 pub const CHECKS: [&str; 12] = [
@@ -213,28 +213,11 @@ pub async fn load_connector(path: &Path) -> Result<(ConnectorConfig, bool), Chec
              key_path, use_static_credentials, keepalive, timeout, use_external_addr)"
         )));
     }
-    let key = if raw.key_path.is_empty() {
-        Vec::new()
-    } else {
-        tokio::fs::read(&raw.key_path).await.map_err(|e| {
-            invalid(format!(
-                "key `key_path`: cannot read {:?}: {e}",
-                raw.key_path
-            ))
-        })?
-    };
-    let connector = ConnectorConfig {
-        os: raw.os,
-        arch: raw.arch,
-        protocol: raw.protocol,
-        protocol_port: raw.protocol_port,
-        username: raw.username,
-        password: raw.password,
-        key,
-        use_static_credentials: raw.use_static_credentials,
-        keepalive: raw.keepalive,
-        timeout: raw.timeout,
-    };
+    let connector = raw.to_connector_config().await.map_err(
+        |ConnectorConfigError::KeyPath { path, source }| {
+            invalid(format!("key `key_path`: cannot read {path:?}: {source}"))
+        },
+    )?;
     Ok((connector, raw.use_external_addr))
 }
 

@@ -17,7 +17,7 @@ use slipway_jobs::gitlab::{
     ClientConfig, GitlabClient, GitlabError, RegisterOptions, RunnerCredentials, Secret, SystemId,
 };
 
-use crate::config;
+use crate::config::{self, Executor};
 
 /// What to register and where to write it.
 #[derive(Clone, Default)]
@@ -32,8 +32,8 @@ pub struct RegisterArgs {
     pub token: Option<Secret>,
     /// Runner name in config.toml (default: the host name).
     pub name: Option<String>,
-    /// Executor of the new entry.
-    pub executor: String,
+    /// Executor of the new entry (`--executor`; an [`Executor::Unknown`] name is refused).
+    pub executor: Executor,
     /// Default image of docker executors (`[runners.docker] image`).
     pub docker_image: Option<String>,
     /// What the legacy flow sends besides the token.
@@ -152,11 +152,11 @@ fn ui_only_options(o: &RegisterOptions) -> Vec<&'static str> {
 
 /// Register with GitLab and append the runner to `args.config`.
 pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> {
-    if !config::EXECUTORS.contains(&args.executor.as_str()) {
+    if !args.executor.is_known() {
         return Err(RegisterError::Usage(format!(
             "--executor {:?} is not supported; expected one of {}",
-            args.executor,
-            config::EXECUTORS.join(", ")
+            args.executor.as_str(),
+            Executor::names().join(", ")
         )));
     }
     if args.url.trim().is_empty() {
@@ -222,7 +222,7 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
                 )));
             }
             let system_id = SystemId::load_or_create(&crate::gitlab::system_id_path(
-                &crate::config::state_dir(&args.config),
+                &config::state_dir(&args.config),
             ))
             .await
             .map_err(RegisterError::SystemId)?;
@@ -286,7 +286,7 @@ struct NewRunner<'a> {
     url: &'a str,
     creds: &'a RunnerCredentials,
     obtained_at: &'a str,
-    executor: &'a str,
+    executor: &'a Executor,
     docker_image: Option<&'a str>,
 }
 
@@ -322,15 +322,15 @@ fn runner_entry(r: &NewRunner<'_>) -> String {
         datetime(r.obtained_at)
     ));
     s.push_str(&format!("  token_expires_at = {expires}\n"));
-    s.push_str(&format!("  executor = {}\n", quote(r.executor)));
-    if matches!(r.executor, "docker" | "docker-autoscaler") {
+    s.push_str(&format!("  executor = {}\n", quote(r.executor.as_str())));
+    if matches!(r.executor, Executor::Docker | Executor::DockerAutoscaler) {
         s.push_str("  [runners.docker]\n");
         s.push_str(&format!(
             "    image = {}\n",
             quote(r.docker_image.unwrap_or("alpine:latest"))
         ));
     }
-    if config::autoscaled(r.executor) {
+    if r.executor.autoscaled() {
         // Which cloud and group are the operator's choice: left for them to fill in.
         s.push_str(
             "  # Fill in and uncomment: the fleeting plugin (fleeting-plugin-<name> on PATH or in\n  \
@@ -422,12 +422,13 @@ mod tests {
     }
 
     fn entry(executor: &str, expires: Option<&str>) -> String {
+        let executor = executor.parse().expect("an executor");
         runner_entry(&NewRunner {
             name: "ci \"one\"",
             url: "https://gitlab.example.com/",
             creds: &creds(expires),
             obtained_at: "2026-08-20T10:00:00Z",
-            executor,
+            executor: &executor,
             docker_image: None,
         })
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use slipway_connector::{Client, DialOptions};
-use slipway_fleeting::{ConnectorConfig, InstanceGroup as _, PluginHost, PluginOptions};
+use slipway_fleeting::{InstanceGroup as _, PluginHost, PluginOptions};
 use slipway_taskscaler::metrics::{MetricFamilies, Metrics};
 use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreIdentity};
 use slipway_taskscaler::{
@@ -22,7 +22,7 @@ use crate::localhost::LocalGroup;
 use slipway_executor_plugin::ExecutorHost;
 use slipway_status::{JobBoard, JobMetrics};
 
-use crate::config::{AutoscalerConfig, ExecutorPluginConfig, RunnerConfig};
+use crate::config::{AutoscalerConfig, Executor, ExecutorPluginConfig, RunnerConfig};
 use crate::pool::{Checks, DockerExecs, Pool};
 
 /// A started runner.
@@ -41,8 +41,8 @@ pub struct Runner {
     pub isolation: IsolationPolicy,
     /// Slot cgroups of the `cgroup` level.
     pub cgroups: SlotCgroups,
-    /// Executor name (`instance`, `docker-autoscaler`, `shell`, `docker`, `custom`).
-    pub executor: String,
+    /// Executor (`instance`, `docker-autoscaler`, `shell`, `docker`, `custom`, `plugin`).
+    pub executor: Executor,
     /// Jobs run on this machine (shell, docker, custom), not on autoscaled instances.
     pub local: bool,
     /// `[runners.docker]`.
@@ -451,7 +451,11 @@ async fn start_plugin_of(
     cfg: &RunnerConfig,
     opts: &StartOptions,
 ) -> anyhow::Result<Option<ExecutorPlugin>> {
-    let Some(p) = cfg.plugin.as_ref().filter(|_| cfg.executor == "plugin") else {
+    let Some(p) = cfg
+        .plugin
+        .as_ref()
+        .filter(|_| cfg.executor == Executor::Plugin)
+    else {
         return Ok(None);
     };
     let host = start_executor_plugin_with(
@@ -665,7 +669,7 @@ async fn start_group(
     let path = slipway_fleeting::host::find_plugin(&auto.plugin, opts.plugin_dir.as_deref())
         .with_context(|| what.clone())?;
     let plugin_json = serde_json::to_vec(&auto.plugin_config).context("plugin_config as JSON")?;
-    let connector = connector_config(auto).await?;
+    let connector = auto.connector_config.to_connector_config().await?;
     let mut popts = PluginOptions::new(plugin_name(&auto.plugin), path);
     if let Some(t) = opts.handshake_timeout {
         popts.process.handshake_timeout = t;
@@ -700,7 +704,7 @@ async fn start_group(
             return Err(e);
         }
     };
-    let mut scfg = scaler_config(auto, opts.delete_instances_on_shutdown);
+    let mut scfg = auto.to_scaler_config(opts.delete_instances_on_shutdown);
     scfg.instance_resources = plan.resources;
     scfg.instance_cost = plan.cost;
     let metrics = Metrics::new(
@@ -758,62 +762,6 @@ pub fn plugin_name(reference: &str) -> String {
         .find_map(|p| base.strip_prefix(p))
         .unwrap_or(&base)
         .to_string()
-}
-
-async fn connector_config(auto: &AutoscalerConfig) -> anyhow::Result<ConnectorConfig> {
-    let c = &auto.connector_config;
-    let key = if c.key_path.is_empty() {
-        Vec::new()
-    } else {
-        tokio::fs::read(&c.key_path)
-            .await
-            .with_context(|| format!("reading connector_config.key_path {:?}", c.key_path))?
-    };
-    Ok(ConnectorConfig {
-        os: c.os.clone(),
-        arch: c.arch.clone(),
-        protocol: c.protocol.clone(),
-        protocol_port: c.protocol_port,
-        username: c.username.clone(),
-        password: c.password.clone(),
-        key,
-        use_static_credentials: c.use_static_credentials,
-        keepalive: c.keepalive,
-        timeout: c.timeout,
-    })
-}
-
-fn scaler_config(auto: &AutoscalerConfig, force_delete: bool) -> slipway_taskscaler::Config {
-    let t = auto.scale_throttle;
-    // GitLab: limit 0 = 100/s, -1 = unlimited; burst 0 = max_instances, or limit if unset.
-    let limit = match t.limit {
-        l if l < 0 => None,
-        0 => Some(100.0),
-        l => Some(l as f64),
-    };
-    let burst = match (t.burst, auto.max_instances) {
-        (0, 0) => limit.map_or(1, |l| l.ceil() as u32).max(1),
-        (0, max) => max,
-        (b, _) => b,
-    };
-    slipway_taskscaler::Config {
-        capacity_per_instance: auto.capacity_per_instance,
-        max_instances: auto.max_instances,
-        max_use_count: auto.max_use_count,
-        policies: auto.policy.iter().map(|p| p.to_policy()).collect(),
-        scale_throttle: slipway_taskscaler::ScaleThrottle { limit, burst },
-        reservation_throttling: auto.reservation_throttling,
-        failure_threshold: auto.failure_threshold,
-        forecast: None,
-        instance_acquire_timeout: auto.instance_acquire_timeout,
-        update_interval: auto.update_interval,
-        update_interval_when_expecting: auto.update_interval_when_expecting,
-        deletion_retry_interval: auto.deletion_retry_interval,
-        delete_instances_on_shutdown: auto.delete_instances_on_shutdown || force_delete,
-        shutdown_deletion_interval: auto.shutdown_deletion_interval,
-        shutdown_deletion_retries: auto.shutdown_deletion_retries,
-        ..slipway_taskscaler::Config::default()
-    }
 }
 
 /// Open the runner's state store (on by default), refusing a foreign or corrupt file.

@@ -281,7 +281,7 @@ impl<'a> Source<'a> {
     pub fn of(r: &'a Runner) -> Source<'a> {
         Source {
             name: &r.name,
-            executor: &r.executor,
+            executor: r.executor.as_str(),
             placement: &r.placement,
             board: &r.board,
         }

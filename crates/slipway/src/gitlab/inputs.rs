@@ -10,6 +10,7 @@ use slipway_jobs::gitlab::Secret;
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
+use crate::config::Executor;
 use crate::lifecycle::Inputs;
 
 /// The job's sources and its dependencies' artifacts; a failure ends the job.
@@ -27,7 +28,7 @@ pub(super) async fn inputs_of(
         }
     };
     let mut inputs = Inputs::default();
-    if source.runner.executor == "custom" {
+    if source.runner.executor == Executor::Custom {
         if !job.git_info.repo_url.is_empty() || !job.dependencies.is_empty() {
             trace.message(
                 "WARNING: the custom executor gets no sources or dependencies' artifacts from \

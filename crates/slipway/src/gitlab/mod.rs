@@ -41,7 +41,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RunnerConfig;
+use crate::config::{Executor, RunnerConfig};
 use crate::git::GitSources;
 use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, Start, Stops};
 use crate::runner::Runner;
@@ -148,39 +148,14 @@ struct Source {
 }
 
 /// The runner `info` this version sends for `executor` (job requests, updates, registration).
-pub fn version_info(executor: &str) -> VersionInfo {
-    let mut features = vec![
-        "variables",
-        "masking",
-        "trace_reset",
-        "trace_checksum",
-        "trace_size",
-        "cancelable",
-        "cancel_gracefully",
-        "return_exit_code",
-        "refspecs",
-    ];
-    // The custom executor's driver owns its environment: no sources, artifacts or cache stages.
-    if executor != "custom" {
-        features.extend([
-            "artifacts",
-            "artifacts_exclude",
-            "upload_multiple_artifacts",
-            "upload_raw_artifacts",
-            "cache",
-            "fallback_cache_keys",
-        ]);
-    }
-    if matches!(executor, "docker" | "docker-autoscaler") {
-        features.extend(["image", "services", "service_multiple_aliases"]);
-    }
-    if matches!(executor, "shell" | "instance") {
-        features.push("shared");
-    }
+pub fn version_info(executor: &Executor) -> VersionInfo {
     VersionInfo::new(
-        executor,
+        executor.as_str(),
         "bash",
-        features.iter().map(|f| ((*f).to_string(), true)),
+        executor
+            .gitlab_features()
+            .into_iter()
+            .map(|f| (f.to_string(), true)),
     )
 }
 

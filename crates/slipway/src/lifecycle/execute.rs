@@ -10,6 +10,8 @@ use slipway_jobs::JobResponse;
 use slipway_taskscaler::Acquisition;
 use tokio_util::sync::CancellationToken;
 
+use slipway_config::Executor as ConfigExecutor;
+
 use super::admission::{isolation_of, plugin_level};
 use crate::runner::Runner;
 
@@ -303,12 +305,12 @@ async fn execute_here(
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
-    let exec: Box<dyn Executor> = match runner.executor.as_str() {
-        "plugin" => match plugin_executor(runner, acq, job, None) {
+    let exec: Box<dyn Executor> = match runner.executor {
+        ConfigExecutor::Plugin => match plugin_executor(runner, acq, job, None) {
             Ok(e) => Box::new(e),
             Err(outcome) => return no_result(outcome),
         },
-        "custom" => {
+        ConfigExecutor::Custom => {
             let Some(cfg) = runner.custom.clone() else {
                 return no_result(config_error("no [runners.custom] section".into()));
             };
@@ -317,7 +319,7 @@ async fn execute_here(
                 Err(e) => return no_result(config_error(format!("[runners.custom]: {e}"))),
             }
         }
-        "docker" => match runner.docker_executor(None).await {
+        ConfigExecutor::Docker => match runner.docker_executor(None).await {
             Ok(e) => Box::new(e),
             Err(e) => {
                 let msg = format!("reaching the Docker Engine: {e}");

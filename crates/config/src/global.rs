@@ -1,0 +1,151 @@
+//! The file's top level: the global keys GitLab Runner writes (`concurrent`, `check_interval`,
+//! `listen_address`, `log_level`, `shutdown_timeout`…) and the sections beside `[[runners]]`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::problem::{Report, quoted};
+use crate::runner::RunnerConfig;
+use crate::status_page::StatusPageConfig;
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// Jobs running at once across all runners.
+    pub concurrent: u32,
+    /// Log level (`debug`, `info`, `warn`, `error`, `fatal`, `panic`).
+    pub log_level: Option<String>,
+    /// Log format (`runner`, `text`, `json`).
+    pub log_format: Option<String>,
+    /// `host:port` serving `/metrics` and `/healthz` (`slipway run`).
+    pub listen_address: Option<String>,
+    /// Seconds to wait for jobs at shutdown.
+    pub shutdown_timeout: u64,
+    /// Seconds between job requests that found no job (GitLab Runner's default: 3; 0 = 3).
+    pub check_interval: u64,
+    /// GitLab Runner's HTTP keep-alive bound (`15m0s`); accepted, Slipway's client has its own.
+    pub connection_max_age: Option<String>,
+    /// Sentry DSN; accepted with a warning (Slipway does not report to Sentry). Never printed.
+    pub sentry_dsn: Option<String>,
+    /// `[session_server]` (interactive web terminal); accepted, not served.
+    pub session_server: Option<toml::Table>,
+    /// `[status_page]`: the status page `slipway run` serves on `listen_address`.
+    pub status_page: StatusPageConfig,
+    /// The `[[runners]]` entries.
+    pub runners: Vec<RunnerConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            concurrent: 1,
+            log_level: None,
+            log_format: None,
+            listen_address: None,
+            shutdown_timeout: 30,
+            check_interval: 3,
+            connection_max_age: None,
+            sentry_dsn: None,
+            session_server: None,
+            status_page: StatusPageConfig::default(),
+            runners: Vec::new(),
+        }
+    }
+}
+
+/// Log levels GitLab Runner accepts.
+const LOG_LEVELS: &[&str] = &[
+    "debug", "info", "warn", "warning", "error", "fatal", "panic",
+];
+
+impl Config {
+    /// The global keys GitLab Runner writes, `[status_page]` and `[session_server]`.
+    pub(crate) fn validate(&self, report: &mut Report<'_>) {
+        if self.concurrent == 0 {
+            report.error(&["concurrent"], "must be at least 1");
+        }
+        if self.runners.is_empty() {
+            report.error(&["runners"], "no [[runners]] entry: nothing to run");
+        }
+        if let Some(l) = &self.log_level
+            && !LOG_LEVELS.contains(&l.to_ascii_lowercase().as_str())
+        {
+            report.error(
+                &["log_level"],
+                format!(
+                    "unknown log level {l:?}; expected one of {}",
+                    quoted(LOG_LEVELS)
+                ),
+            );
+        }
+        if let Some(f) = &self.log_format
+            && !matches!(f.as_str(), "runner" | "text" | "json")
+        {
+            report.error(
+                &["log_format"],
+                format!("unknown log format {f:?}; expected \"runner\", \"text\" or \"json\""),
+            );
+        }
+        if let Some(a) = &self.listen_address {
+            let port_ok = a
+                .rsplit_once(':')
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+            if !port_ok {
+                report.error(
+                    &["listen_address"],
+                    format!("{a:?}: expected host:port, e.g. \"localhost:9252\" or \":9252\""),
+                );
+            }
+        }
+        if let Some(d) = &self.connection_max_age {
+            report.duration_text(&["connection_max_age"], d);
+        }
+        if self
+            .sentry_dsn
+            .as_deref()
+            .is_some_and(|d| !d.trim().is_empty())
+        {
+            report.warning(
+                &["sentry_dsn"],
+                "not used by slipway: errors are not reported to Sentry",
+            );
+        }
+        self.status_page
+            .validate(&mut report.section(&["status_page"]));
+        if let Some(s) = &self.session_server
+            && s.contains_key("listen_address")
+        {
+            report.warning(
+                &["session_server"],
+                "the interactive web terminal is not supported yet; [session_server] is ignored",
+            );
+        }
+    }
+
+    /// A warning when `concurrent` is more than runner `r`'s instances can hold.
+    pub(crate) fn validate_capacity_of(&self, r: &RunnerConfig, report: &mut Report<'_>) {
+        let Some(a) = &r.autoscaler else { return };
+        let limit = u64::from(a.max_instances) * u64::from(a.capacity_per_instance);
+        if a.max_instances > 0 && u64::from(self.concurrent) > limit {
+            report.warning(
+                &["concurrent"],
+                format!(
+                    "larger than max_instances × capacity_per_instance ({limit}) of runner {:?}",
+                    r.name
+                ),
+            );
+        }
+    }
+}
+
+/// The manager's state directory: `.slipway-state` beside `config` (the taskscaler stores,
+/// the `system_id`, the GitLab sources' outboxes).
+pub fn state_dir(config: &Path) -> PathBuf {
+    config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join(".slipway-state")
+}

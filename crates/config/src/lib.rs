@@ -1,0 +1,44 @@
+//! GitLab Runner's `config.toml` as Slipway reads it: one module per section, each with its
+//! keys and defaults, its checks and its conversion into what the rest of Slipway runs
+//! (taskscaler, fleeting connector, nesting, isolation policy).
+//!
+//! Every problem is reported in one pass ([`check`]): a wrong type or value is an error naming
+//! file, line and key; an unknown key, or a key Slipway reads but does not act on, is a
+//! warning. Secrets (`token`, `password`, `[runners.cache.s3]` and the like) never appear in a
+//! message.
+
+mod autoscaler;
+mod cache;
+mod connector;
+mod custom;
+mod de;
+mod embedded;
+mod executor;
+mod global;
+mod instance;
+mod plugin;
+mod policy;
+mod problem;
+mod runner;
+mod secrets;
+mod shape;
+mod status_page;
+#[cfg(test)]
+mod testing;
+mod vm_isolation;
+
+pub use autoscaler::{AutoscalerConfig, ScaleThrottleConfig, StateStorageConfig};
+pub use cache::CacheConfig;
+pub use connector::{ConnectorConfigError, ConnectorConfigToml};
+pub use custom::CustomBuildDirConfig;
+pub use embedded::EMBEDDED;
+pub use executor::{Executor, UnknownExecutor};
+pub use global::{Config, state_dir};
+pub use instance::InstanceConfig;
+pub use plugin::ExecutorPluginConfig;
+pub use policy::PolicyConfig;
+pub use problem::{CheckOptions, Checked, ConfigError, Loaded, Problem, Seg, check, load, parse};
+pub use runner::RunnerConfig;
+pub use shape::{Amount, ShapeConfig};
+pub use status_page::{MAX_HISTORY_SAMPLES, StatusPageConfig};
+pub use vm_isolation::VmIsolationConfig;

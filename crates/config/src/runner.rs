@@ -1,0 +1,433 @@
+//! One `[[runners]]` entry: the keys GitLab Runner writes for it, what its jobs may ask for
+//! (isolation, slot cgroups), and the checks that join its sections.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use slipway_executor::{Isolation, IsolationPolicy, NestingConfig};
+
+use crate::autoscaler::AutoscalerConfig;
+use crate::cache::CacheConfig;
+use crate::custom::{self, CustomBuildDirConfig};
+use crate::executor::Executor;
+use crate::instance::InstanceConfig;
+use crate::plugin::{self, ExecutorPluginConfig};
+use crate::problem::{Report, quoted};
+
+/// One `[[runners]]` entry.
+#[derive(Clone, Deserialize, Default)]
+#[serde(default)]
+pub struct RunnerConfig {
+    /// Runner name.
+    pub name: String,
+    /// GitLab URL: with a `token`, an `http(s)://` URL makes GitLab this runner's job source.
+    pub url: String,
+    /// The runner's ID in GitLab (written by `register`; 0 when unknown).
+    pub id: u64,
+    /// Runner token. Never printed.
+    pub token: String,
+    /// When the token was obtained (RFC 3339, as GitLab Runner writes it).
+    #[serde(deserialize_with = "crate::de::datetime_text::deserialize")]
+    pub token_obtained_at: Option<String>,
+    /// When the token expires (RFC 3339; GitLab writes `0001-01-01T00:00:00Z` for never).
+    #[serde(deserialize_with = "crate::de::datetime_text::deserialize")]
+    pub token_expires_at: Option<String>,
+    /// Executor ([`Executor::Unknown`] when missing or not run by this version: an error).
+    pub executor: Executor,
+    /// Shell of job scripts: `bash` or `sh` (default: bash).
+    pub shell: Option<String>,
+    /// Jobs this runner runs at once; 0 = no limit beyond `concurrent`.
+    pub limit: u32,
+    /// `jobs/request` calls in flight at once (GitLab Runner's default: 1; 0 = 1).
+    pub request_concurrency: u32,
+    /// Largest trace kept, in KiB (GitLab Runner's default: 4096; 0 = 4096).
+    pub output_limit: u64,
+    /// Builds root on the instance.
+    pub builds_dir: Option<String>,
+    /// Local cache directory of jobs.
+    pub cache_dir: Option<String>,
+    /// Extra job variables, `KEY=VALUE` each.
+    pub environment: Vec<String>,
+    /// Script run before fetching sources (parsed; not run yet: a warning says so).
+    pub pre_get_sources_script: Option<String>,
+    /// Script run after fetching sources (parsed; not run yet: a warning says so).
+    pub post_get_sources_script: Option<String>,
+    /// Script run before each job's build script.
+    pub pre_build_script: Option<String>,
+    /// Script run after each job's build script.
+    pub post_build_script: Option<String>,
+    /// CA bundle for GitLab's certificate.
+    #[serde(rename = "tls-ca-file")]
+    pub tls_ca_file: Option<String>,
+    /// Client certificate towards GitLab.
+    #[serde(rename = "tls-cert-file")]
+    pub tls_cert_file: Option<String>,
+    /// Client key towards GitLab.
+    #[serde(rename = "tls-key-file")]
+    pub tls_key_file: Option<String>,
+    /// Ignore `CI_DEBUG_TRACE` in jobs.
+    pub debug_trace_disabled: bool,
+    /// URL jobs clone from instead of `url`.
+    pub clone_url: Option<String>,
+    /// `[runners.referees]`; accepted, not used (a warning says so).
+    pub referees: Option<toml::Table>,
+    /// Failed requests before GitLab Runner pauses a runner; accepted, not used.
+    pub unhealthy_requests_limit: Option<i64>,
+    /// How long GitLab Runner pauses an unhealthy runner; accepted, not used.
+    pub unhealthy_interval: Option<String>,
+    /// `[runners.feature_flags]`: GitLab Runner's `FF_*` switches.
+    pub feature_flags: BTreeMap<String, bool>,
+    /// `[runners.custom_build_dir]`.
+    pub custom_build_dir: Option<CustomBuildDirConfig>,
+    /// `[runners.cache]`.
+    pub cache: Option<CacheConfig>,
+    /// Isolation levels jobs may ask for (`SLIPWAY_ISOLATION`); default: what the executor
+    /// supports.
+    pub allowed_isolation: Option<Vec<String>>,
+    /// Level of a job that asks for none (default `none`, or `cgroup` with `use_slot_cgroups`).
+    pub isolation: Option<String>,
+    /// GitLab's switch: every job in its slot's cgroup (the `cgroup` level by default).
+    pub use_slot_cgroups: bool,
+    /// Slot cgroup path; `${slot}` (GitLab) or `{slot}` is the slot number, `{instance}` the
+    /// instance's id (for instances sharing one kernel, as the local plugin's do).
+    pub slot_cgroup_template: Option<String>,
+    /// `[runners.autoscaler]`.
+    pub autoscaler: Option<AutoscalerConfig>,
+    /// `[runners.instance]` (instance executor).
+    pub instance: Option<InstanceConfig>,
+    /// `[runners.docker]` (docker and docker-autoscaler executors, and the `docker` level).
+    pub docker: Option<slipway_executor::docker::DockerConfig>,
+    /// `[runners.custom]` (custom executor).
+    pub custom: Option<slipway_executor::CustomConfig>,
+    /// `[runners.plugin]` (plugin executor).
+    pub plugin: Option<ExecutorPluginConfig>,
+}
+
+impl fmt::Debug for RunnerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerConfig")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "[masked]"
+                },
+            )
+            .field("id", &self.id)
+            .field("executor", &self.executor)
+            .field("shell", &self.shell)
+            .field("limit", &self.limit)
+            .field("request_concurrency", &self.request_concurrency)
+            .field("output_limit", &self.output_limit)
+            .field("builds_dir", &self.builds_dir)
+            .field("cache_dir", &self.cache_dir)
+            // Values often hold credentials: show the variable names only.
+            .field(
+                "environment_keys",
+                &self
+                    .environment
+                    .iter()
+                    .map(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k))
+                    .collect::<Vec<_>>(),
+            )
+            .field("allowed_isolation", &self.allowed_isolation)
+            .field("isolation", &self.isolation)
+            .field("cache", &self.cache)
+            .field("autoscaler", &self.autoscaler)
+            .field("instance", &self.instance)
+            .field("docker", &self.docker)
+            .field("custom", &self.custom.is_some())
+            .field("plugin", &self.plugin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunnerConfig {
+    /// Whether this runner's jobs run on autoscaled instances: the `instance` and
+    /// `docker-autoscaler` executors, and the `plugin` executor with `[runners.autoscaler]`.
+    pub fn on_instances(&self) -> bool {
+        self.executor.autoscaled()
+            || (self.executor == Executor::Plugin && self.autoscaler.is_some())
+    }
+
+    /// The executor's settings for the `microvm` and `vm` levels, when `vm_isolation` is
+    /// enabled.
+    pub fn nesting_config(&self) -> Option<NestingConfig> {
+        let v = self
+            .autoscaler
+            .as_ref()
+            .and_then(|a| a.vm_isolation.as_ref())
+            .filter(|v| v.enabled)?;
+        let allowed_images = self
+            .instance
+            .as_ref()
+            .map(|i| i.allowed_images.clone())
+            .unwrap_or_default();
+        Some(v.to_nesting_config(allowed_images))
+    }
+
+    /// What jobs of this runner may ask for, and get when they ask for nothing; an error
+    /// names the key and the problem.
+    pub fn isolation_policy(&self) -> Result<IsolationPolicy, (&'static str, String)> {
+        if self.executor == Executor::Plugin {
+            // allowed_isolation and isolation name the plugin's levels, checked against what
+            // its Init declares when the runner starts; its jobs take ordinary slots.
+            return Ok(IsolationPolicy {
+                allowed: vec![Isolation::None],
+                default: Isolation::None,
+            });
+        }
+        let mut supported = self.executor.supported_isolation().to_vec();
+        if self.executor == Executor::Instance && self.nesting_config().is_some() {
+            supported.extend([Isolation::Microvm, Isolation::Vm]);
+        }
+        let supported = supported.as_slice();
+        let allowed: Vec<Isolation> = match &self.allowed_isolation {
+            // A whole instance per job costs a machine per job: only when the runner says so.
+            None => supported
+                .iter()
+                .copied()
+                .filter(|l| *l != Isolation::Instance)
+                .collect(),
+            Some(names) => {
+                let mut out = Vec::new();
+                for n in names {
+                    let level: Isolation = n
+                        .parse()
+                        .map_err(|e| ("allowed_isolation", format!("{e}")))?;
+                    if !supported.contains(&level) {
+                        return Err((
+                            "allowed_isolation",
+                            format!(
+                                "the {} executor cannot give a job isolation {level:?}; it supports {}",
+                                self.executor,
+                                supported
+                                    .iter()
+                                    .map(|l| l.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        ));
+                    }
+                    out.push(level);
+                }
+                out
+            }
+        };
+        let default = match &self.isolation {
+            Some(n) => n.parse().map_err(|e| ("isolation", format!("{e}")))?,
+            None if matches!(self.executor, Executor::Docker | Executor::DockerAutoscaler) => {
+                Isolation::Docker
+            }
+            // GitLab's vm_isolation puts every job in a VM.
+            None if self.executor == Executor::Instance && self.nesting_config().is_some() => {
+                Isolation::Microvm
+            }
+            None if self.use_slot_cgroups => Isolation::Cgroup,
+            None => Isolation::None,
+        };
+        if !allowed.contains(&default) {
+            return Err((
+                "isolation",
+                format!(
+                    "the default level {:?} is not in allowed_isolation ({})",
+                    default.as_str(),
+                    allowed
+                        .iter()
+                        .map(|l| l.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        Ok(IsolationPolicy { allowed, default })
+    }
+
+    /// The slot cgroups of the `cgroup` level, from `slot_cgroup_template`.
+    pub fn slot_cgroups(&self) -> Result<slipway_executor::cgroup::SlotCgroups, String> {
+        let mut c = slipway_executor::cgroup::SlotCgroups::default();
+        if let Some(t) = &self.slot_cgroup_template {
+            c.template = slipway_cgroups::SlotTemplate::parse(t).map_err(|e| e.to_string())?;
+        }
+        Ok(c)
+    }
+
+    /// The entry's checks (`report` is at `runners[i]`): GitLab's keys, the executor and the
+    /// sections it needs, isolation, then `[runners.autoscaler]`.
+    pub(crate) fn validate(&self, report: &mut Report<'_>) {
+        self.validate_gitlab_keys(report);
+        self.executor.validate(report);
+        if !self.on_instances() && self.autoscaler.is_some() && self.executor.is_known() {
+            report.error(
+                &["autoscaler"],
+                format!(
+                    "the {} executor runs jobs on this machine; use executor \"instance\" or \"docker-autoscaler\" with [runners.autoscaler]",
+                    self.executor
+                ),
+            );
+        }
+        if self.executor == Executor::Custom {
+            custom::validate_section(self.custom.as_ref(), report);
+        }
+        if self.executor == Executor::Plugin {
+            plugin::validate(self.plugin.as_ref(), report);
+        }
+        if let Some(d) = &self.docker
+            && let Err(e) = d.validate()
+        {
+            report.error(&["docker"], e.to_string());
+        }
+        // An unknown executor is reported above; its isolation cannot be judged.
+        if !self.executor.supported_isolation().is_empty()
+            && let Err((k, message)) = self.isolation_policy()
+        {
+            report.error(&[k], message);
+        }
+        if let Err(message) = self.slot_cgroups() {
+            report.error(&["slot_cgroup_template"], message);
+        }
+        match &self.autoscaler {
+            Some(a) => a.validate(self, &mut report.section(&["autoscaler"])),
+            None if self.executor.autoscaled() => report.error(
+                &["autoscaler"],
+                format!(
+                    "the {} executor needs a [runners.autoscaler] section",
+                    self.executor
+                ),
+            ),
+            None => {}
+        }
+    }
+
+    /// The `[[runners]]` keys GitLab Runner writes beyond the executors' own sections.
+    fn validate_gitlab_keys(&self, report: &mut Report<'_>) {
+        if let Some(sh) = &self.shell
+            && !SHELLS.contains(&sh.as_str())
+        {
+            report.error(
+                &["shell"],
+                format!(
+                    "shell {sh:?} is not supported; slipway runs job scripts with {}",
+                    quoted(SHELLS)
+                ),
+            );
+        }
+        for (j, e) in self.environment.iter().enumerate() {
+            let valid = e
+                .split_once('=')
+                .is_some_and(|(k, _)| !k.trim().is_empty() && !k.contains(char::is_whitespace));
+            if !valid {
+                // The entry is not quoted: environment values often hold credentials.
+                report.element("environment", j).error(
+                    &[],
+                    format!("entry {j} is not KEY=VALUE (a variable name, \"=\", then the value)"),
+                );
+            }
+        }
+        for (k, v) in [
+            ("pre_get_sources_script", &self.pre_get_sources_script),
+            ("post_get_sources_script", &self.post_get_sources_script),
+        ] {
+            if v.as_deref().is_some_and(|s| !s.trim().is_empty()) {
+                report.warning(&[k], "not supported yet; the script is not run");
+            }
+        }
+        for (k, v) in [
+            ("tls-ca-file", &self.tls_ca_file),
+            ("tls-cert-file", &self.tls_cert_file),
+            ("tls-key-file", &self.tls_key_file),
+        ] {
+            if let Some(f) = v {
+                report.missing_file(&[k], f);
+                report.warning(
+                    &[k],
+                    "not used yet: slipway checks GitLab's certificate against the system's roots \
+                     and presents no client certificate",
+                );
+            }
+        }
+        if self.referees.is_some() {
+            report.warning(&["referees"], "not used by slipway; ignored");
+        }
+        if self.unhealthy_requests_limit.is_some() {
+            report.warning(
+                &["unhealthy_requests_limit"],
+                "not used by slipway (it backs off on failed requests instead); ignored",
+            );
+        }
+        if let Some(d) = &self.unhealthy_interval {
+            report.duration_text(&["unhealthy_interval"], d);
+            report.warning(
+                &["unhealthy_interval"],
+                "not used by slipway (it backs off on failed requests instead); ignored",
+            );
+        }
+        if let Some(c) = &self.custom_build_dir {
+            c.validate(&mut report.section(&["custom_build_dir"]));
+        }
+        if let Some(c) = &self.cache {
+            c.validate(&mut report.section(&["cache"]));
+        }
+        if let Some(inst) = &self.instance {
+            inst.validate(
+                &self.executor,
+                self.autoscaler.as_ref(),
+                &mut report.section(&["instance"]),
+            );
+        }
+        if let Some(c) = &self.custom {
+            custom::validate_files(c, &mut report.section(&["custom"]));
+        }
+    }
+}
+
+/// Shells Slipway runs job scripts with.
+const SHELLS: &[&str] = &["bash", "sh"];
+
+#[cfg(test)]
+mod tests {
+    use crate::global::Config;
+    use crate::problem::parse;
+    use crate::testing::{GITLAB_WRITTEN, errors};
+
+    #[test]
+    fn reads_what_gitlab_runner_writes() {
+        let loaded = parse(GITLAB_WRITTEN, "config.toml").expect("valid");
+        // Only the CA file, which this version does not use, is worth a word.
+        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+        assert_eq!(loaded.warnings[0].key, "runners[0].tls-ca-file");
+        let r = &loaded.config.runners[0];
+        assert_eq!(r.id, 7);
+        assert_eq!(r.token_obtained_at.as_deref(), Some("2024-05-01T12:00:00Z"));
+        assert_eq!(r.token_expires_at.as_deref(), Some("0001-01-01T00:00:00Z"));
+        assert_eq!(r.environment, vec!["A=1", "B=two=2"]);
+        assert_eq!(r.tls_ca_file.as_deref(), Some("/"));
+        assert_eq!(r.feature_flags.get("FF_USE_FASTZIP"), Some(&true));
+        assert!(r.cache.as_ref().is_some_and(|c| c.s3.is_some()));
+        // The same file read by the text deserializer (as a caller might): datetimes still load.
+        let direct: Config = toml::from_str(GITLAB_WRITTEN).expect("direct");
+        assert_eq!(
+            direct.runners[0].token_expires_at.as_deref(),
+            Some("0001-01-01T00:00:00Z")
+        );
+    }
+
+    #[test]
+    fn bad_environment_entry_names_its_index_without_its_value() {
+        let text = GITLAB_WRITTEN.replace(
+            "environment = [\"A=1\", \"B=two=2\"]",
+            "environment = [\n    \"A=1\",\n    \"no-equals-sign-secret\",\n  ]",
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("config.toml:22: runners[0].environment[1]: entry 1 is not KEY=VALUE"),
+            "{e:?}"
+        );
+        assert!(!e[0].contains("no-equals"), "{e:?}");
+    }
+}

@@ -1,0 +1,306 @@
+//! `slipway exec`: read a local pipeline, list it or run it through the manager's local
+//! source, and show the run — job output prefixed with the job's name, a live line per running
+//! job on a terminal, the summary table, the JSON report.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use slipway::config::RunnerConfig;
+use slipway::exec::{Event, ExecOptions, JobRow};
+use slipway::local;
+use slipway_jobs::{Pipeline, PipelineStatus};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use slipway::progress::{self, LiveLines, Screen};
+
+/// Read the pipeline of `opts`; with `list`, print its jobs, else run it on `runner_cfg` and
+/// print the summary (and write `report`). Whether the pipeline passed.
+pub async fn exec(
+    runner_cfg: &RunnerConfig,
+    opts: &ExecOptions,
+    list: bool,
+    report: Option<&PathBuf>,
+    stop: CancellationToken,
+) -> anyhow::Result<bool> {
+    let read = {
+        let opts = opts.clone();
+        tokio::task::spawn_blocking(move || local::read(&opts, !list))
+            .await
+            .context("reading the pipeline")??
+    };
+    for n in &read.notices {
+        eprintln!("{n}");
+    }
+    let pipeline = &read.pipeline;
+    for w in &pipeline.warnings {
+        eprintln!("warning: {w}");
+    }
+    if let Some(why) = &pipeline.excluded {
+        println!("{why}");
+        return Ok(true);
+    }
+    if list {
+        print_list(pipeline);
+        return Ok(true);
+    }
+    // Live lines only for a person watching: piped output stays as plain as before.
+    let printer = Printer::start(std::io::stdout().is_terminal());
+    let outcome = slipway::exec::run(runner_cfg, &read, opts, printer.events(), stop).await;
+    printer.stop().await;
+    let outcome = outcome?;
+    print_summary(&outcome.rows);
+    if let Some(path) = report {
+        let report = report_json(&outcome.rows, outcome.status);
+        tokio::fs::write(path, format!("{report:#}\n"))
+            .await
+            .with_context(|| format!("writing the report {}", path.display()))?;
+    }
+    let ok = outcome.passed();
+    match outcome.status {
+        PipelineStatus::Blocked => {
+            println!("Pipeline blocked: a manual job waits (run it with --manual NAME)")
+        }
+        _ if ok => println!("Pipeline succeeded"),
+        _ => println!("Pipeline failed"),
+    }
+    Ok(ok)
+}
+
+/// The run as JSON, for tools: the pipeline's status and each job's row.
+fn report_json(rows: &[JobRow], status: PipelineStatus) -> serde_json::Value {
+    serde_json::json!({
+        "status": status.to_string(),
+        "jobs": rows.iter().map(|r| serde_json::json!({
+            "name": r.name,
+            "stage": r.stage,
+            "status": r.status.as_str(),
+            "duration_s": r.duration.map(|d| d.as_secs_f64()),
+            "coverage": r.coverage,
+            "attempts": r.attempts,
+            "exit_code": r.exit_code,
+            "message": r.message,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `--list`: the jobs GitLab would create, with stage, when and needs.
+fn print_list(pipeline: &Pipeline) {
+    let header = ["JOB", "STAGE", "WHEN", "ALLOW_FAILURE", "NEEDS"];
+    let rows: Vec<[String; 5]> = pipeline
+        .jobs
+        .iter()
+        .map(|j| {
+            let when = if j.manual {
+                "manual".to_string()
+            } else if let Some(d) = j.start_in {
+                format!("delayed {}", humantime::format_duration(d))
+            } else {
+                j.when.as_str().to_string()
+            };
+            let needs = match &j.needs {
+                None => "-".to_string(),
+                Some(n) if n.is_empty() => "[]".to_string(),
+                Some(n) => n
+                    .iter()
+                    .map(|n| n.job.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            [
+                j.name.clone(),
+                j.stage.clone(),
+                when,
+                j.allow_failure.to_string(),
+                needs,
+            ]
+        })
+        .collect();
+    print_table(&header, &rows);
+}
+
+/// Prints job output line by line, each line prefixed with its job's name; on a terminal, also
+/// one live line per running job below the output ([`LiveLines`]), redrawn in place. The one
+/// task that writes both keeps them from interleaving.
+struct Printer {
+    tx: mpsc::UnboundedSender<Event>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Printer {
+    /// `live`: draw the live lines (stdout is a terminal).
+    fn start(live: bool) -> Printer {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+        if live {
+            // Log lines pass through here while live lines are drawn; a weak sender does not
+            // keep the printer alive.
+            let weak = tx.downgrade();
+            progress::route_logs(Some(Box::new(move |bytes: &[u8]| {
+                let text = String::from_utf8_lossy(bytes);
+                weak.upgrade().is_some_and(|tx| {
+                    tx.send(Event::Notice(text.trim_end_matches('\n').to_string()))
+                        .is_ok()
+                })
+            })));
+        }
+        let task = tokio::spawn(async move {
+            let mut partial: HashMap<Arc<str>, Vec<u8>> = HashMap::new();
+            let mut jobs = LiveLines::new();
+            let mut screen = Screen::new(live);
+            // Elapsed times tick even while no job prints.
+            let mut redraw = tokio::time::interval(progress::REDRAW_EVERY);
+            redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                let event = tokio::select! {
+                    e = rx.recv() => match e {
+                        Some(e) => e,
+                        None => break,
+                    },
+                    _ = redraw.tick(), if live => {
+                        write_stdout(&screen.redraw(&live_lines(&jobs)));
+                        continue;
+                    }
+                };
+                let mut out = Vec::new();
+                match event {
+                    Event::Start { name, stage } => {
+                        if live {
+                            jobs.add(&name, &stage, Instant::now());
+                        }
+                    }
+                    Event::Output(name, bytes) => {
+                        if live {
+                            jobs.output(&name, &bytes);
+                        }
+                        let buf = partial.entry(name.clone()).or_default();
+                        buf.extend_from_slice(&bytes);
+                        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                            let line: Vec<u8> = buf.drain(..=pos).collect();
+                            out.extend_from_slice(format!("[{name}] ").as_bytes());
+                            out.extend_from_slice(&line);
+                        }
+                    }
+                    Event::End(name) => {
+                        if let Some(mut buf) = partial.remove(&name)
+                            && !buf.is_empty()
+                        {
+                            out.extend_from_slice(format!("[{name}] ").as_bytes());
+                            out.append(&mut buf);
+                            out.push(b'\n');
+                        }
+                        jobs.remove(&name);
+                    }
+                    Event::Notice(text) => {
+                        write_stdout(&screen.clear());
+                        let _ = writeln!(std::io::stderr(), "{text}");
+                    }
+                }
+                let lines = if live { live_lines(&jobs) } else { Vec::new() };
+                write_stdout(&screen.print(&out, &lines));
+            }
+            // The summary that follows prints on a clean screen.
+            write_stdout(&screen.clear());
+        });
+        Printer { tx, task }
+    }
+
+    /// Where the run sends what it has to show.
+    fn events(&self) -> mpsc::UnboundedSender<Event> {
+        self.tx.clone()
+    }
+
+    async fn stop(self) {
+        progress::route_logs(None);
+        drop(self.tx);
+        let _ = self.task.await;
+    }
+}
+
+/// The live lines for stdout's terminal as it is now (it may have been resized).
+fn live_lines(jobs: &LiveLines) -> Vec<String> {
+    let size = progress::terminal_size(&std::io::stdout());
+    let width = progress::width_of(size, std::env::var("COLUMNS").ok().as_deref());
+    jobs.render(Instant::now(), width, progress::max_lines_of(size))
+}
+
+/// Write to stdout (a closed stdout must not stop the run).
+fn write_stdout(bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(bytes);
+    let _ = stdout.flush();
+}
+
+fn print_summary(rows: &[JobRow]) {
+    let with_coverage = rows.iter().any(|r| r.coverage.is_some());
+    let mut header = vec!["JOB", "STAGE", "STATUS", "DURATION", "INSTANCE", "SLOT"];
+    if with_coverage {
+        header.push("COVERAGE");
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let mut status = r.status.to_string();
+            if r.attempts > 1 {
+                status.push_str(&format!(" ({} tries)", r.attempts));
+            }
+            let mut row = vec![
+                r.name.clone(),
+                r.stage.clone(),
+                status,
+                r.duration
+                    .map(|d| format!("{:.1}s", d.as_secs_f64()))
+                    .unwrap_or_else(|| "-".into()),
+                if r.instance.is_empty() {
+                    "-".into()
+                } else {
+                    r.instance.clone()
+                },
+                r.slot.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+            ];
+            if with_coverage {
+                row.push(
+                    r.coverage
+                        .as_ref()
+                        .map(|c| format!("{c}%"))
+                        .unwrap_or_else(|| "-".into()),
+                );
+            }
+            row
+        })
+        .collect();
+    println!();
+    print_table(&header, &cells);
+}
+
+/// A left-aligned table with a header row.
+fn print_table<R: AsRef<[String]>>(header: &[&str], rows: &[R]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row.as_ref()) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cols: Vec<&str>| {
+        cols.iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}", w = *w))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    println!("{}", line(header.to_vec()));
+    for row in rows {
+        println!(
+            "{}",
+            line(row.as_ref().iter().map(String::as_str).collect())
+        );
+    }
+}

@@ -1,0 +1,3 @@
+//! The commands of the `slipway` binary, one module each.
+
+pub mod exec;
