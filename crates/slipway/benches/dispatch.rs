@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use slipway::config;
-use slipway::runner::{Runner, StartOptions};
+use slipway_config as config;
 use slipway_executor::{InstanceExecutor, RunContext, Trace};
 use slipway_jobs::{Pipeline, PipelineOptions};
+use slipway_manager::runner::{Runner, StartOptions};
 use slipway_sim::bench::{ms, percentile, round3 as round};
 use slipway_taskscaler::Resources;
 use tokio::sync::mpsc;
@@ -47,7 +47,10 @@ async fn bench() -> anyhow::Result<()> {
         &runner_cfg,
         &StartOptions {
             plugin_dir: Some(plugin_dir),
-            plugin_config_defaults: slipway::runner::run_scoped_plugin_config(run_dir.path(), "b"),
+            plugin_config_defaults: slipway_manager::runner::run_scoped_plugin_config(
+                run_dir.path(),
+                "b",
+            ),
             handshake_timeout: None,
             delete_instances_on_shutdown: true,
             state_dir: Some(run_dir.path().join("state")),

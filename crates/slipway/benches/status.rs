@@ -14,8 +14,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use slipway::server::{Server, StatusRoutes};
-use slipway::status::{Source, runner_status_of};
+use slipway_manager::server::{Server, StatusRoutes};
+use slipway_manager::status::{Source, runner_status_of};
 use slipway_sim::bench::{ms, percentile, round3 as round};
 use slipway_sim::fleet::{FleetSpec, SimFleet};
 use slipway_sim::rng::Dist;
@@ -333,13 +333,13 @@ async fn bench() -> anyhow::Result<()> {
     };
     let big_server = Server::start(
         "127.0.0.1:0",
-        slipway::server::registry(&big.families, &big.jobs),
+        slipway_manager::server::registry(&big.families, &big.jobs),
         Some(big.routes()),
     )
     .await;
     let small_server = Server::start(
         "127.0.0.1:0",
-        slipway::server::registry(&small.families, &small.jobs),
+        slipway_manager::server::registry(&small.families, &small.jobs),
         Some(small.routes()),
     )
     .await;

@@ -184,16 +184,19 @@ impl LiveLines {
     }
 
     /// Number of running jobs.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.jobs.len()
     }
 
     /// Whether no job runs.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.jobs.is_empty()
     }
 
     /// The line a job shows as its last output (cleaned), if it runs.
+    #[cfg(test)]
     pub fn last_line(&self, name: &str) -> Option<String> {
         self.jobs
             .iter()
@@ -403,6 +406,7 @@ impl Screen {
     }
 
     /// Whether live lines are drawn.
+    #[cfg(test)]
     pub fn is_live(&self) -> bool {
         self.live
     }

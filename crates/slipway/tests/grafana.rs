@@ -23,7 +23,7 @@ fn read(path: &PathBuf) -> String {
 fn encoded_registry() -> String {
     let families = MetricFamilies::default();
     let jobs = JobMetrics::default();
-    let registry = slipway::server::registry(&families, &jobs);
+    let registry = slipway_manager::server::registry(&families, &jobs);
     // The handle shares the registered families (a clone of a family is the same family).
     let m = Metrics::new(
         Arc::new(families.clone()),

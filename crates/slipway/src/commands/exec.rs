@@ -5,22 +5,103 @@
 use std::collections::HashMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use slipway::config::RunnerConfig;
-use slipway::exec::{Event, ExecOptions, JobRow};
-use slipway::local;
+use slipway_config::RunnerConfig;
 use slipway_jobs::{Pipeline, PipelineStatus};
+use slipway_manager::manager::effective_concurrency;
+use slipway_manager::source::local::{self, Event, ExecOptions, JobRow};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use slipway::progress::{self, LiveLines, Screen};
+use crate::progress::{self, LiveLines, Screen};
+
+use super::{pick_runner, print_warnings, signals};
+
+/// What `slipway exec` takes.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Pipeline file.
+    #[arg(default_value = ".gitlab-ci.yml")]
+    pub file: PathBuf,
+    /// Run only this job (repeat for more; a parallel job's name runs all of its jobs).
+    #[arg(long)]
+    pub job: Vec<String>,
+    /// With --job: also run the jobs it needs, transitively.
+    #[arg(long)]
+    pub needs: bool,
+    /// Play this manual job in the run (repeat for more).
+    #[arg(long)]
+    pub manual: Vec<String>,
+    /// Print the jobs the pipeline has (stage, when, needs) and run nothing.
+    #[arg(long)]
+    pub list: bool,
+    /// A variable for every job, over the pipeline's own: KEY=VALUE (repeat for more).
+    #[arg(long = "variable", short = 'v', value_name = "KEY=VALUE")]
+    pub variables: Vec<String>,
+    /// Variables file (values masked in output unless `masked: false`); default:
+    /// .slipway-variables.yml beside the pipeline, when it exists.
+    #[arg(long)]
+    pub variables_file: Option<PathBuf>,
+    /// Directory holding other projects' checkouts, for include:project (DIR/group/project).
+    #[arg(long)]
+    pub include_root: Option<PathBuf>,
+    /// Write a JSON report of the run (each job's status, duration, coverage, tries).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// config.toml to use instead of the embedded default.
+    #[arg(short, long)]
+    pub config: Option<PathBuf>,
+    /// Which [[runners]] entry of the config to use (default: the first).
+    #[arg(long)]
+    pub runner: Option<String>,
+    /// Warn about pipeline keys this version does not support instead of failing.
+    #[arg(long)]
+    pub allow_unsupported: bool,
+    /// Directory searched first for plugins (fleeting-plugin-*, executor-plugin-*).
+    #[arg(long, env = "SLIPWAY_PLUGIN_DIR")]
+    pub plugin_dir: Option<PathBuf>,
+    /// How long a plugin may take to print its handshake (e.g. 10s).
+    #[arg(long, env = "SLIPWAY_PLUGIN_START_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub plugin_start_timeout: Option<std::time::Duration>,
+}
+
+/// `slipway exec`: the config (or the embedded default), its runner, the pipeline run.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let loaded = match &args.config {
+        Some(path) => slipway_config::load(path).await?,
+        None => slipway_config::parse(slipway_config::EMBEDDED, "embedded config")?,
+    };
+    print_warnings(&loaded);
+    let runner_cfg = pick_runner(&loaded, args.runner.as_deref())?;
+    let opts = ExecOptions {
+        file: args.file,
+        jobs: args.job,
+        needs: args.needs,
+        manual: args.manual,
+        variables: args.variables,
+        variables_file: args.variables_file,
+        include_root: args.include_root,
+        allow_unsupported: args.allow_unsupported,
+        concurrent: effective_concurrency(&loaded, &runner_cfg),
+        plugin_dir: args.plugin_dir,
+        plugin_start_timeout: args.plugin_start_timeout,
+    };
+    let stop = signals::shutdown_signal()?;
+    let ok = exec(&runner_cfg, &opts, args.list, args.report.as_ref(), stop).await?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
 
 /// Read the pipeline of `opts`; with `list`, print its jobs, else run it on `runner_cfg` and
 /// print the summary (and write `report`). Whether the pipeline passed.
-pub async fn exec(
+async fn exec(
     runner_cfg: &RunnerConfig,
     opts: &ExecOptions,
     list: bool,
@@ -50,7 +131,7 @@ pub async fn exec(
     }
     // Live lines only for a person watching: piped output stays as plain as before.
     let printer = Printer::start(std::io::stdout().is_terminal());
-    let outcome = slipway::exec::run(runner_cfg, &read, opts, printer.events(), stop).await;
+    let outcome = local::run(runner_cfg, &read, opts, printer.events(), stop).await;
     printer.stop().await;
     let outcome = outcome?;
     print_summary(&outcome.rows);

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use slipway_artifacts::Globs;
 use slipway_jobs::{Checkout, JobResponse, Pipeline, PipelineOptions, Variable};
 
-use crate::exec::ExecOptions;
+use super::ExecOptions;
 
 /// The variables file read from the project directory when none is named.
 pub const DEFAULT_VARIABLES_FILE: &str = ".slipway-variables.yml";

@@ -3,7 +3,7 @@
 
 use slipway_jobs::{JobResponse, Step, StepName, Variable};
 
-use crate::config::RunnerConfig;
+use slipway_config::RunnerConfig;
 
 /// What the runner's config adds to every job: `environment`, `pre_build_script` and
 /// `post_build_script`.

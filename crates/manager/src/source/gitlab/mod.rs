@@ -13,7 +13,7 @@
 //!    level, acquire a slot, run it, stream its trace (`PATCH jobs/:id/trace`), and send the final
 //!    state (`PUT jobs/:id`); release the slot.
 //!
-//! Before the job's steps its repository is fetched on the manager ([`crate::git`]) and the
+//! Before the job's steps its repository is fetched on the manager ([`git`]) and the
 //! artifacts of its `dependencies` are downloaded; both are unpacked into its project directory.
 //! After them its `artifacts:` are archived (zip or gzip, `exclude` and `untracked` applied)
 //! and uploaded (`POST jobs/:id/artifacts`).
@@ -41,13 +41,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Executor, RunnerConfig};
-use crate::git::GitSources;
 use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, Start, Stops};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
+use git::GitSources;
+use slipway_config::{Executor, RunnerConfig};
 
 mod artifacts;
+pub mod git;
 mod inputs;
 
 /// The directory name of a runner's GitLab state, unique per GitLab and runner: GitLab

@@ -24,7 +24,7 @@ use slipway_fleeting::{
 use tokio::io::AsyncReadExt as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConnectorConfigError, ConnectorConfigToml};
+use slipway_config::{ConnectorConfigError, ConnectorConfigToml};
 
 /// Every check, in the order it runs (the CHECK column and the JSON `name`).
 pub const CHECKS: [&str; 12] = [
@@ -517,11 +517,14 @@ impl Checker<'_> {
     }
 
     fn plugin_options(&self) -> PluginOptions {
-        let mut o = PluginOptions::new(crate::runner::plugin_name(&self.opts.plugin), &self.path)
-            .handshake_timeout(self.opts.timeout.min(Duration::from_secs(60)))
-            .call_wait(self.opts.timeout)
-            .plugin_config(self.opts.plugin_config.clone())
-            .connector(self.opts.connector.clone());
+        let mut o = PluginOptions::new(
+            slipway_manager::runner::plugin_name(&self.opts.plugin),
+            &self.path,
+        )
+        .handshake_timeout(self.opts.timeout.min(Duration::from_secs(60)))
+        .call_wait(self.opts.timeout)
+        .plugin_config(self.opts.plugin_config.clone())
+        .connector(self.opts.connector.clone());
         // Quick restarts: the restart check should not wait on backoff.
         o.process.restart_backoff = Duration::from_millis(100);
         o

@@ -12,12 +12,13 @@
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use slipway_jobs::gitlab::{
     ClientConfig, GitlabClient, GitlabError, RegisterOptions, RunnerCredentials, Secret, SystemId,
 };
 
-use crate::config::{self, Executor};
+use slipway_config::{self as config, Executor};
 
 /// What to register and where to write it.
 #[derive(Clone, Default)]
@@ -150,6 +151,119 @@ fn ui_only_options(o: &RegisterOptions) -> Vec<&'static str> {
     v
 }
 
+/// What `slipway register` takes.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// config.toml to append to.
+    #[arg(short, long, default_value = "config.toml")]
+    pub config: PathBuf,
+    /// GitLab's URL.
+    #[arg(short, long, env = "CI_SERVER_URL")]
+    pub url: String,
+    /// Runner authentication token (glrt-…) of a runner created in GitLab's UI.
+    #[arg(short, long, env = "CI_SERVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Legacy registration token.
+    #[arg(short, long, env = "REGISTRATION_TOKEN", hide_env_values = true)]
+    pub registration_token: Option<String>,
+    /// Runner name (default: the host name).
+    #[arg(long, env = "RUNNER_NAME")]
+    pub name: Option<String>,
+    /// Executor: instance, docker-autoscaler, shell, docker or custom.
+    #[arg(long, env = "RUNNER_EXECUTOR")]
+    pub executor: String,
+    /// Default image of the docker executors.
+    #[arg(long, env = "DOCKER_IMAGE")]
+    pub docker_image: Option<String>,
+    /// Runner description (legacy flow; default: the name).
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Tags, comma-separated (legacy flow).
+    #[arg(long, value_delimiter = ',')]
+    pub tag_list: Vec<String>,
+    /// Also run untagged jobs (legacy flow).
+    #[arg(long)]
+    pub run_untagged: bool,
+    /// Lock the runner to its project (legacy flow).
+    #[arg(long)]
+    pub locked: bool,
+    /// Start paused (legacy flow).
+    #[arg(long)]
+    pub paused: bool,
+    /// `not_protected` or `ref_protected` (legacy flow).
+    #[arg(long)]
+    pub access_level: Option<String>,
+    /// Longest job in seconds (legacy flow).
+    #[arg(long)]
+    pub maximum_timeout: Option<u64>,
+    /// Maintenance note (legacy flow).
+    #[arg(long)]
+    pub maintenance_note: Option<String>,
+}
+
+/// `slipway register`: the arguments as GitLab Runner takes them, then the registration.
+pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let Args {
+        config,
+        url,
+        token,
+        registration_token,
+        name,
+        executor,
+        docker_image,
+        description,
+        tag_list,
+        run_untagged,
+        locked,
+        paused,
+        access_level,
+        maximum_timeout,
+        maintenance_note,
+    } = args;
+    let args = RegisterArgs {
+        config,
+        url,
+        registration_token: registration_token.map(slipway_jobs::gitlab::Secret::new),
+        token: token.map(slipway_jobs::gitlab::Secret::new),
+        name,
+        // Unknown names too: `register` refuses them with the names it takes.
+        executor: executor.into(),
+        docker_image,
+        options: slipway_jobs::gitlab::RegisterOptions {
+            description: description.unwrap_or_default(),
+            maintenance_note: maintenance_note.unwrap_or_default(),
+            tag_list: tag_list
+                .into_iter()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect(),
+            run_untagged,
+            locked,
+            access_level: access_level.unwrap_or_default(),
+            maximum_timeout: maximum_timeout.unwrap_or(0),
+            paused,
+        },
+    };
+    let r = register(&args).await?;
+    // The short token only: the full one is in the file, mode 0600.
+    println!(
+        "Registered runner {:?}: id {}, token {}… ({} {})",
+        r.name,
+        r.id,
+        r.short_token,
+        if r.created { "created" } else { "appended to" },
+        r.config.display()
+    );
+    // What the new entry still needs (e.g. an autoscaler section) is said now, not at run.
+    if let Err(e) = slipway_config::load(&r.config).await {
+        eprintln!(
+            "note: {} needs editing before `slipway run`:\n{e}",
+            r.config.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Register with GitLab and append the runner to `args.config`.
 pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> {
     if !args.executor.is_known() {
@@ -183,7 +297,7 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
     let name = args.name.clone().unwrap_or_else(hostname);
     let client = GitlabClient::new(ClientConfig::new(
         args.url.trim(),
-        crate::gitlab::version_info(&args.executor),
+        slipway_manager::source::gitlab::version_info(&args.executor),
     ))
     .map_err(RegisterError::Gitlab)?;
     let creds = match (&args.registration_token, &args.token) {
@@ -221,9 +335,9 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
                     refused.join(", ")
                 )));
             }
-            let system_id = SystemId::load_or_create(&crate::gitlab::system_id_path(
-                &config::state_dir(&args.config),
-            ))
+            let system_id = SystemId::load_or_create(
+                &slipway_manager::source::gitlab::system_id_path(&config::state_dir(&args.config)),
+            )
             .await
             .map_err(RegisterError::SystemId)?;
             let mut creds = client

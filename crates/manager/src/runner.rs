@@ -22,8 +22,8 @@ use crate::localhost::LocalGroup;
 use slipway_executor_plugin::ExecutorHost;
 use slipway_status::{JobBoard, JobMetrics};
 
-use crate::config::{AutoscalerConfig, Executor, ExecutorPluginConfig, RunnerConfig};
 use crate::pool::{Checks, DockerExecs, Pool};
+use slipway_config::{AutoscalerConfig, Executor, ExecutorPluginConfig, RunnerConfig};
 
 /// A started runner.
 #[derive(Debug)]

@@ -101,7 +101,7 @@ impl StatusService {
             .map_or((0, &[][..]), |(n, j)| (*n, j.as_slice()));
         let jobs: Vec<_> = jobs
             .iter()
-            .filter(|w| !held.contains(&crate::consume::key_of(w.id)))
+            .filter(|w| !held.contains(&crate::source::queue::key_of(w.id)))
             .collect();
         let hidden = queued.as_ref().map_or(0, |(_, j)| j.len()) - jobs.len();
         Some(QueueStatus {

@@ -3,6 +3,9 @@
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Subcommand;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -369,4 +372,257 @@ async fn shell(
         p.abort();
     }
     Ok(code)
+}
+
+/// What `slipway nesting` takes.
+#[derive(Debug, clap::Args)]
+pub struct NestingArgs {
+    /// The daemon's unix socket.
+    #[arg(long, global = true, env = "SLIPWAY_NESTING_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub command: NestingCommand,
+}
+
+/// Nesting daemon commands.
+#[derive(Debug, Subcommand)]
+pub enum NestingCommand {
+    /// Serve nesting.v1 on the socket until SIGTERM; VMs outlive the daemon.
+    Serve {
+        /// VM records, disk layers and snapshots.
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Where images are found when the Init config names none.
+        #[arg(long, default_value = DEFAULT_IMAGES_DIR)]
+        images_dir: PathBuf,
+    },
+    /// Configure the daemon with a nesting_config JSON file.
+    Init {
+        /// JSON file (`-`: stdin).
+        config: PathBuf,
+    },
+    /// Start a VM from an image.
+    Create {
+        /// Image name.
+        image: String,
+        /// Slot (a VM already there is stomped).
+        #[arg(long)]
+        slot: Option<i32>,
+    },
+    /// Delete a VM.
+    Delete {
+        /// VM id.
+        id: String,
+    },
+    /// List the running VMs.
+    List,
+    /// Delete every VM and forget the configuration.
+    Shutdown,
+    /// Save a VM as a snapshot (the VM stops).
+    Snapshot {
+        /// VM id.
+        vm: String,
+        /// Snapshot name.
+        name: String,
+    },
+    /// Start a VM from a snapshot.
+    Restore {
+        /// Snapshot name.
+        snapshot: String,
+        /// Slot (a VM already there is stomped).
+        #[arg(long)]
+        slot: Option<i32>,
+    },
+    /// List the snapshots.
+    Snapshots,
+    /// Delete a snapshot.
+    DeleteSnapshot {
+        /// Snapshot name.
+        name: String,
+    },
+}
+
+/// What `slipway image` takes.
+#[derive(Debug, clap::Args)]
+pub struct ImageArgs {
+    #[command(subcommand)]
+    pub command: ImageCommand,
+}
+
+/// Guest image commands.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Build a bootable guest: Debian's cloud kernel, a busybox initramfs with the guest agent,
+    /// and a disk (an empty work disk for microvm, a debootstrap root for vm).
+    Build {
+        /// Image name.
+        #[arg(long)]
+        name: String,
+        /// `microvm` or `vm`.
+        #[arg(long, default_value = "microvm")]
+        level: String,
+        /// Images directory.
+        #[arg(long, default_value = DEFAULT_IMAGES_DIR)]
+        images_dir: PathBuf,
+        /// The guest agent binary (default: slipway-guest-agent beside this binary).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// Kernel (default: the newest /boot/vmlinuz-*-cloud-amd64).
+        #[arg(long)]
+        kernel: Option<PathBuf>,
+        /// Cache for the debootstrap tree of vm images.
+        #[arg(long, default_value = "/var/cache/slipway/debootstrap")]
+        cache_dir: PathBuf,
+        /// vm images: add OpenSSH's sshd, started at boot (for fleeting-plugin-qemu).
+        #[arg(long)]
+        sshd: bool,
+    },
+}
+
+/// What `slipway debug` takes.
+#[derive(Debug, clap::Args)]
+pub struct DebugArgs {
+    /// The failed job's id (its snapshot is `job-<id>`), or a snapshot name.
+    pub job: String,
+    /// The nesting daemon's socket.
+    #[arg(long, env = "SLIPWAY_NESTING_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// `nesting_config` JSON file, for a daemon not initialised yet.
+    #[arg(long)]
+    pub nesting_config: Option<PathBuf>,
+    /// Command to run instead of an interactive shell.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// `slipway nesting …`.
+pub async fn nesting(args: NestingArgs) -> anyhow::Result<ExitCode> {
+    nesting_command(&args.socket, args.command).await
+}
+
+/// `slipway image …`.
+pub async fn image(args: ImageArgs) -> anyhow::Result<ExitCode> {
+    image_command(args.command).await
+}
+
+/// `slipway debug`.
+pub async fn debug_command(args: DebugArgs) -> anyhow::Result<ExitCode> {
+    let DebugArgs {
+        job,
+        socket,
+        nesting_config,
+        command,
+    } = args;
+    let init_config = match nesting_config {
+        Some(p) => tokio::fs::read(&p)
+            .await
+            .with_context(|| format!("reading {}", p.display()))?,
+        None => b"{}".to_vec(),
+    };
+    let code = debug(DebugOptions {
+        job,
+        socket,
+        init_config,
+        command,
+    })
+    .await?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+async fn nesting_command(
+    socket: &std::path::Path,
+    command: NestingCommand,
+) -> anyhow::Result<ExitCode> {
+    if let NestingCommand::Serve {
+        state_dir,
+        images_dir,
+    } = command
+    {
+        let stop = super::signals::shutdown_signal()?;
+        let opts = slipway_nesting::daemon::DaemonOptions {
+            state_dir,
+            images_dir,
+        };
+        serve(socket, opts, stop).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut client = connect(socket).await?;
+    match command {
+        NestingCommand::Serve { .. } => {}
+        NestingCommand::Init { config } => {
+            let bytes = if config.as_os_str() == "-" {
+                let mut b = Vec::new();
+                tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut b).await?;
+                b
+            } else {
+                tokio::fs::read(&config)
+                    .await
+                    .with_context(|| format!("reading {}", config.display()))?
+            };
+            client.init(&bytes).await?;
+        }
+        NestingCommand::Create { image, slot } => {
+            let (vm, stomped) = client.create(&image, slot).await?;
+            if let Some(id) = stomped {
+                eprintln!("stomped VM {id}");
+            }
+            print_vms(&[vm]);
+        }
+        NestingCommand::Delete { id } => client.delete(&id).await?,
+        NestingCommand::List => print_vms(&client.list().await?),
+        NestingCommand::Shutdown => client.shutdown().await?,
+        NestingCommand::Snapshot { vm, name } => {
+            let (snap, expired) = client.snapshot(&vm, &name, Default::default()).await?;
+            print_snapshots(&[snap]);
+            for e in expired {
+                eprintln!("removed snapshot {e}: retention limit exceeded");
+            }
+        }
+        NestingCommand::Restore { snapshot, slot } => {
+            let (vm, stomped) = client.restore(&snapshot, slot).await?;
+            if let Some(id) = stomped {
+                eprintln!("stomped VM {id}");
+            }
+            print_vms(&[vm]);
+        }
+        NestingCommand::Snapshots => print_snapshots(&client.list_snapshots().await?),
+        NestingCommand::DeleteSnapshot { name } => client.delete_snapshot(&name).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
+    let ImageCommand::Build {
+        name,
+        level,
+        images_dir,
+        agent,
+        kernel,
+        cache_dir,
+        sshd,
+    } = command;
+    let level = match level.as_str() {
+        "microvm" => slipway_nesting::Level::Microvm,
+        "vm" => slipway_nesting::Level::Vm,
+        other => anyhow::bail!("--level: expected microvm or vm, got {other:?}"),
+    };
+    let agent = match agent {
+        Some(a) => a,
+        None => std::env::current_exe()
+            .context("locating this binary")?
+            .with_file_name("slipway-guest-agent"),
+    };
+    let mut opts = slipway_nesting::image::BuildOptions::new(name, level, images_dir, agent);
+    opts.kernel = kernel;
+    opts.cache_dir = cache_dir;
+    opts.sshd = sshd;
+    let manifest = build_image(&opts).await?;
+    println!(
+        "built {} image {:?} in {} (kernel {})",
+        manifest.level.as_str(),
+        manifest.name,
+        opts.out_dir.join(&manifest.name).display(),
+        manifest.kernel_version
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -10,8 +10,8 @@ use slipway_jobs::gitlab::Secret;
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
-use crate::config::Executor;
 use crate::lifecycle::Inputs;
+use slipway_config::Executor;
 
 /// The job's sources and its dependencies' artifacts; a failure ends the job.
 pub(super) async fn inputs_of(

@@ -15,10 +15,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RunnerConfig;
 use crate::lifecycle::{self, Inputs, JobSource, Life, Start, Stops};
-use crate::local;
 use crate::runner::{Runner, StartOptions};
+use slipway_config::RunnerConfig;
+
+pub mod read;
+
+pub use read::{Read, read};
 
 /// What `slipway exec` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -140,7 +143,7 @@ impl Outcome {
 /// (SIGTERM, Ctrl-C): running jobs are canceled, nothing is left behind.
 pub async fn run(
     runner_cfg: &RunnerConfig,
-    read: &local::Read,
+    read: &Read,
     opts: &ExecOptions,
     events: mpsc::UnboundedSender<Event>,
     stop: CancellationToken,
@@ -237,7 +240,7 @@ fn job_output(
             if let Some(re) = &regex {
                 for &b in &chunk {
                     if b == b'\n' {
-                        found = local::coverage_in(re, &line).or(found);
+                        found = read::coverage_in(re, &line).or(found);
                         line.clear();
                     } else if line.len() < 64 * 1024 {
                         line.push(b);
@@ -247,7 +250,7 @@ fn job_output(
             let _ = out.send(Event::Output(name.clone(), chunk));
         }
         if let Some(re) = &regex {
-            found = local::coverage_in(re, &line).or(found);
+            found = read::coverage_in(re, &line).or(found);
         }
         // Flushes the job's last partial line.
         let _ = out.send(Event::End(name));
@@ -259,7 +262,7 @@ fn job_output(
 #[allow(clippy::too_many_arguments)]
 async fn drive(
     runner: &Arc<Runner>,
-    read: &local::Read,
+    read: &Read,
     plan: &mut PipelineRun,
     opts: &ExecOptions,
     artifacts_dir: &Path,
@@ -305,7 +308,7 @@ async fn drive(
                     .cloned()
                     .collect();
                 let mut payload = job.to_job_response(id, pipeline_id, &[]);
-                local::add_dotenv(&mut payload, extra);
+                read::add_dotenv(&mut payload, extra);
                 let inputs: Vec<PathBuf> = from
                     .into_iter()
                     .filter_map(|i| artifacts.get(&i).cloned())
@@ -553,13 +556,13 @@ impl JobTask {
         for (n, c) in collected.iter().enumerate() {
             let spec = self.payload.artifacts.get(c.spec);
             if spec.is_some_and(|s| s.artifact_type == "dotenv") {
-                match local::dotenv_of(&c.tar, &self.dotenv_files) {
+                match read::dotenv_of(&c.tar, &self.dotenv_files) {
                     Ok(vars) => dotenv.extend(vars),
                     Err(e) => trace.message(&format!("WARNING: dotenv report: {e}")),
                 }
                 continue;
             }
-            let tar = match local::without_excluded(&c.tar, &self.exclude) {
+            let tar = match read::without_excluded(&c.tar, &self.exclude) {
                 Ok(t) => t,
                 Err(e) => {
                     trace.message(&format!("WARNING: artifacts: {e}"));

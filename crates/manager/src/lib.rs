@@ -1,0 +1,28 @@
+//! The Slipway manager: every runner of a `config.toml` brought to life and fed with jobs.
+//!
+//! - [`manager`]: [`Manager::run`], what `slipway run` runs: runners, sources, status server,
+//!   policy reloads, drain and stop.
+//! - [`runner`]: one `[[runners]]` entry started — plugin process, taskscaler, SSH connections
+//!   ([`pool`], [`localhost`] for runners whose jobs run on this machine).
+//! - [`lifecycle`]: one job's life on a runner — admit, reserve, acquire, execute, release — the
+//!   same for every source.
+//! - [`source`]: where jobs come from: the embedded queue, GitLab, a local pipeline.
+//! - [`request`]: a job's CPU, memory and GPU request from its variables.
+//! - [`shutdown`]: the graceful drain (SIGQUIT) and the stop (SIGTERM, SIGINT).
+//! - [`status`], [`server`]: the live status and the HTTP endpoint (`/metrics`, `/`,
+//!   `/api/v1/status`).
+//!
+//! Nothing here prints to the terminal: the `slipway` binary does.
+
+pub mod lifecycle;
+pub mod localhost;
+pub mod manager;
+pub mod pool;
+pub mod request;
+pub mod runner;
+pub mod server;
+pub mod shutdown;
+pub mod source;
+pub mod status;
+
+pub use manager::Manager;

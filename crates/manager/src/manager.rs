@@ -1,0 +1,275 @@
+//! The manager (`slipway run`): every runner of config.toml started, each fed by its source
+//! (GitLab or the embedded queue) through the one job lifecycle, the status page and metrics
+//! served, policies reloaded as config.toml changes, until a drain or a stop.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use slipway_config::{self as config, Loaded, RunnerConfig};
+use slipway_jobs::queue::Queue;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::runner;
+use crate::shutdown::Shutdown;
+use crate::source::{gitlab, queue as queue_source};
+
+/// A manager to run: the loaded config, where it lives, the embedded queue, and where plugins
+/// are found first.
+#[derive(Debug)]
+pub struct Manager<'a> {
+    /// config.toml as loaded.
+    pub loaded: &'a Loaded,
+    /// Its path (state lives beside it; edits of its policies are followed).
+    pub config_path: &'a Path,
+    /// The embedded queue the runners without GitLab serve.
+    pub queue: Queue,
+    /// Where plugins are looked for first.
+    pub plugin_dir: Option<PathBuf>,
+}
+
+impl Manager<'_> {
+    /// Run until `shutdown` drains (every running job ends first, within `shutdown_timeout`)
+    /// or stops (running jobs are canceled and reported); then stop every runner.
+    pub async fn run(self, shutdown: Shutdown) -> anyhow::Result<()> {
+        run_manager(
+            self.loaded,
+            self.config_path,
+            self.queue,
+            self.plugin_dir,
+            shutdown,
+        )
+        .await
+    }
+}
+
+async fn run_manager(
+    loaded: &Loaded,
+    config_path: &Path,
+    queue: Queue,
+    plugin_dir: Option<PathBuf>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let stop = shutdown.stop.clone();
+    // One manager consumes a queue: a second would report the first one's jobs as orphans.
+    let q = queue.clone();
+    let _consumer = queue_source::blocking(move || q.lock_consumer()).await?;
+    // What the last manager left claimed, before this one claims anything.
+    let q = queue.clone();
+    let claimed = queue_source::blocking(move || q.running()).await?;
+    let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
+    let job_metrics = slipway_status::JobMetrics::default();
+    let opts = runner::StartOptions {
+        plugin_dir,
+        state_dir: Some(config::state_dir(config_path)),
+        metrics: Some(families.clone()),
+        job_metrics: Some(job_metrics.clone()),
+        concurrent: loaded.config.concurrent,
+        ..runner::StartOptions::default()
+    };
+    let mut runners: Vec<Arc<runner::Runner>> = Vec::new();
+    for cfg in &loaded.config.runners {
+        let started = tokio::select! {
+            r = runner::Runner::start(cfg, &opts) => r,
+            _ = shutdown.drain.cancelled() => break,
+        };
+        match started {
+            Ok(r) => runners.push(Arc::new(r)),
+            Err(e) => {
+                for r in &runners {
+                    r.shutdown().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    tracing::info!(
+        runners = runners.len(),
+        queue = %queue.dir().display(),
+        "manager running"
+    );
+    // Sampled from the start, so the page's charts cover the manager's whole life.
+    let page = &loaded.config.status_page;
+    let (interval, span) = page.history_durations();
+    let mut status = crate::status::StatusService::new(runners.clone(), interval, span);
+    // The embedded queue feeds only the runners GitLab does not.
+    if !loaded.config.runners.iter().all(gitlab::serves_gitlab) {
+        status = status.with_queue(queue.clone());
+    }
+    let status = Arc::new(status);
+    let sampler_stop = CancellationToken::new();
+    // Sampled, and listed, only for someone to look at.
+    let served = loaded.config.listen_address.is_some() && page.enabled;
+    let sampler = served.then(|| status.clone().spawn(sampler_stop.clone()));
+    let server = match &loaded.config.listen_address {
+        None => None,
+        Some(addr) => {
+            let registry = crate::server::registry(&families, &job_metrics);
+            let routes = page.enabled.then(|| {
+                let status = status.clone();
+                crate::server::StatusRoutes {
+                    status: Arc::new(move || status.collect()),
+                    token: page.token.clone(),
+                }
+            });
+            match crate::server::Server::start(addr, registry, routes).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    sampler_stop.cancel();
+                    if let Some(s) = sampler {
+                        let _ = s.await;
+                    }
+                    for r in &runners {
+                        r.shutdown().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    };
+    // The job source: restart recovery, then one dispatcher per runner. All end on `stop`.
+    let mut sources = tokio::task::JoinSet::new();
+    {
+        // A drain stops it too: it only reports what the last manager left.
+        let (queue, runners, drain) = (queue.clone(), runners.clone(), shutdown.drain.clone());
+        sources.spawn(async move {
+            if let Err(e) = queue_source::recover(&queue, claimed, &runners, &drain).await {
+                tracing::error!("recovering the jobs of the last run: {e:#}");
+            }
+        });
+    }
+    let global = Arc::new(Semaphore::new(loaded.config.concurrent.max(1) as usize));
+    for (r, cfg) in runners.iter().zip(&loaded.config.runners) {
+        let limits = queue_source::Limits {
+            runner: Arc::new(Semaphore::new(effective_concurrency(loaded, cfg) as usize)),
+            global: global.clone(),
+        };
+        if gitlab::serves_gitlab(cfg) {
+            let opts = gitlab::SourceOptions {
+                state_dir: config::state_dir(config_path),
+                check_interval: std::time::Duration::from_secs(
+                    match loaded.config.check_interval {
+                        0 => 3,
+                        s => s,
+                    },
+                ),
+                runner_limit: limits.runner,
+                global_limit: limits.global,
+            };
+            let (r, cfg, shutdown) = (r.clone(), cfg.clone(), shutdown.clone());
+            sources.spawn(async move {
+                // A runner GitLab refuses stops serving; the others go on.
+                if let Err(e) = gitlab::serve(r, &cfg, opts, shutdown).await {
+                    tracing::error!("{e}");
+                }
+            });
+            continue;
+        }
+        sources.spawn(queue_source::serve(
+            r.clone(),
+            queue.clone(),
+            limits,
+            shutdown.clone(),
+        ));
+    }
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+    // Policies follow config.toml edits (GitLab reloads only [[runners.autoscaler.policy]]).
+    let mut reload = tokio::time::interval(std::time::Duration::from_secs(2));
+    let mut seen = modified(config_path).await;
+    loop {
+        tokio::select! {
+            // A stop drains too.
+            _ = shutdown.drain.cancelled() => break,
+            _ = reload.tick() => {
+                let now = modified(config_path).await;
+                if now != seen {
+                    seen = now;
+                    reload_policies(config_path, &runners).await;
+                }
+            }
+            _ = tick.tick() => {
+                for r in &runners {
+                    let s = r.stats();
+                    tracing::info!(runner = %r.name, instances = s.instances, running = s.running,
+                        acquired = s.acquired, pending = s.pending, "status");
+                }
+            }
+        }
+    }
+    // Draining: no source takes another job; the running ones have `shutdown_timeout` to end.
+    let timer = (!stop.is_cancelled()).then(|| {
+        let timeout = crate::shutdown::timeout_of(loaded.config.shutdown_timeout);
+        tracing::info!(
+            ?timeout,
+            "draining: taking no more jobs, waiting for the running ones"
+        );
+        shutdown.drain_within(timeout)
+    });
+    // Running jobs end (or, on a stop, are canceled) and are reported before their runners
+    // stop.
+    while let Some(r) = sources.join_next().await {
+        if let Err(e) = r {
+            tracing::error!("job source task failed: {e}");
+        }
+    }
+    if let Some(timer) = timer {
+        timer.abort();
+    }
+    if let Some(server) = server {
+        server.stop().await;
+    }
+    sampler_stop.cancel();
+    if let Some(s) = sampler {
+        let _ = s.await;
+    }
+    for r in &runners {
+        r.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    tokio::fs::metadata(path)
+        .await
+        .and_then(|m| m.modified())
+        .ok()
+}
+
+/// Apply the policies of an edited config; a broken file keeps the old ones.
+async fn reload_policies(path: &Path, runners: &[Arc<runner::Runner>]) {
+    let loaded = match config::load(path).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("config changed but cannot be used; keeping the old policies:\n{e}");
+            return;
+        }
+    };
+    for r in runners {
+        let Some(auto) = loaded
+            .config
+            .runners
+            .iter()
+            .find(|c| c.name == r.name)
+            .and_then(|c| c.autoscaler.as_ref())
+        else {
+            continue;
+        };
+        let policies: Vec<_> = auto.policy.iter().map(|p| p.to_policy()).collect();
+        match r.set_policies(&policies) {
+            Ok(()) => {
+                tracing::info!(runner = %r.name, policies = policies.len(), "policies reloaded")
+            }
+            Err(e) => tracing::warn!(runner = %r.name, error = %e, "reloaded policies refused"),
+        }
+    }
+}
+
+/// Jobs at once on `runner`: its `limit`, within the global `concurrent`.
+pub fn effective_concurrency(loaded: &Loaded, runner: &RunnerConfig) -> u32 {
+    let global = loaded.config.concurrent.max(1);
+    if runner.limit > 0 {
+        global.min(runner.limit)
+    } else {
+        global
+    }
+}

@@ -1,3 +1,0 @@
-//! The commands of the `slipway` binary, one module each.
-
-pub mod exec;
