@@ -7,6 +7,7 @@
 //! - [`lifecycle`]: one job's life on a runner — admit, reserve, acquire, execute, release — the
 //!   same for every source.
 //! - [`source`]: where jobs come from: the embedded queue, GitLab, a local pipeline.
+//! - [`limits`]: a runner's `limit` within `concurrent`, for every source.
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
 //! - [`shutdown`]: the graceful drain (SIGQUIT) and the stop (SIGTERM, SIGINT).
 //! - [`status`], [`server`]: the live status and the HTTP endpoint (`/metrics`, `/`,
@@ -15,6 +16,7 @@
 //! Nothing here prints to the terminal: the `slipway` binary does.
 
 pub mod lifecycle;
+pub mod limits;
 pub mod localhost;
 pub mod manager;
 pub mod pool;

@@ -5,11 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use slipway_config::{self as config, Loaded, RunnerConfig};
+use slipway_config::{self as config, Loaded};
 use slipway_jobs::queue::Queue;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::limits::{Limits, effective_concurrency};
 use crate::runner;
 use crate::shutdown::Shutdown;
 use crate::source::{gitlab, queue as queue_source};
@@ -140,7 +141,7 @@ async fn run_manager(
     }
     let global = Arc::new(Semaphore::new(loaded.config.concurrent.max(1) as usize));
     for (r, cfg) in runners.iter().zip(&loaded.config.runners) {
-        let limits = queue_source::Limits {
+        let limits = Limits {
             runner: Arc::new(Semaphore::new(effective_concurrency(loaded, cfg) as usize)),
             global: global.clone(),
         };
@@ -153,8 +154,7 @@ async fn run_manager(
                         s => s,
                     },
                 ),
-                runner_limit: limits.runner,
-                global_limit: limits.global,
+                limits,
             };
             let (r, cfg, shutdown) = (r.clone(), cfg.clone(), shutdown.clone());
             sources.spawn(async move {
@@ -261,15 +261,5 @@ async fn reload_policies(path: &Path, runners: &[Arc<runner::Runner>]) {
             }
             Err(e) => tracing::warn!(runner = %r.name, error = %e, "reloaded policies refused"),
         }
-    }
-}
-
-/// Jobs at once on `runner`: its `limit`, within the global `concurrent`.
-pub fn effective_concurrency(loaded: &Loaded, runner: &RunnerConfig) -> u32 {
-    let global = loaded.config.concurrent.max(1);
-    if runner.limit > 0 {
-        global.min(runner.limit)
-    } else {
-        global
     }
 }

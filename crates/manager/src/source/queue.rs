@@ -18,11 +18,12 @@ use slipway_executor::{FailureReason, JobOutcome, Trace};
 use slipway_jobs::queue::{JobResult, Queue, QueueError, Recovery, ResultStatus, Started, unix_ms};
 use slipway_jobs::{JobResponse, JobStatus};
 use slipway_taskscaler::Acquisition;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::lifecycle::{self, JobSource, Life, Start, Stops};
+use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
 
@@ -123,15 +124,6 @@ pub async fn recover(
     Ok(Some(rec))
 }
 
-/// Concurrency limits a runner's jobs count against.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// The runner's own `limit` (or `concurrent` when it has none).
-    pub runner: Arc<Semaphore>,
-    /// The manager's `concurrent`.
-    pub global: Arc<Semaphore>,
-}
-
 /// Feed `runner` from `queue` until the shutdown drains it; returns once every job it started
 /// has ended (a stop cancels them).
 pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: Shutdown) {
@@ -141,7 +133,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
         let permits = tokio::select! {
             biased;
             _ = shutdown.drain.cancelled() => break,
-            p = permits(&limits) => match p {
+            p = limits.acquire() => match p {
                 Some(p) => p,
                 None => break,
             },
@@ -237,12 +229,6 @@ fn reap(tasks: &mut JoinSet<()>, runner: &str) {
             tracing::error!(%runner, "job task failed: {e}");
         }
     }
-}
-
-async fn permits(limits: &Limits) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-    let runner = limits.runner.clone().acquire_owned().await.ok()?;
-    let global = limits.global.clone().acquire_owned().await.ok()?;
-    Some((runner, global))
 }
 
 async fn next_pending(queue: &Queue) -> anyhow::Result<Option<(u64, JobResponse)>> {
@@ -396,7 +382,7 @@ struct JobTask {
     trace: Trace,
     log: mpsc::UnboundedReceiver<Vec<u8>>,
     stop: CancellationToken,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _permits: Permits,
 }
 
 impl JobTask {

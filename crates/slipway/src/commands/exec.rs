@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use slipway_config::RunnerConfig;
 use slipway_jobs::{Pipeline, PipelineStatus};
-use slipway_manager::manager::effective_concurrency;
+use slipway_manager::limits::effective_concurrency;
 use slipway_manager::source::local::{self, Event, ExecOptions, JobRow};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

@@ -37,11 +37,12 @@ use slipway_jobs::gitlab::{
     TraceConfig, TraceSender, UpdateRetryPolicy, VersionInfo,
 };
 use slipway_taskscaler::{Error as TsError, Resources};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, Start, Stops};
+use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
 use git::GitSources;
@@ -87,10 +88,8 @@ pub struct SourceOptions {
     pub state_dir: PathBuf,
     /// Pause after a job request without a job (global `check_interval`).
     pub check_interval: Duration,
-    /// The runner's `limit` (or `concurrent`).
-    pub runner_limit: Arc<Semaphore>,
-    /// The manager's `concurrent`.
-    pub global_limit: Arc<Semaphore>,
+    /// The runner's `limit` within the manager's `concurrent`.
+    pub limits: Limits,
 }
 
 /// An error that keeps a runner from serving GitLab.
@@ -250,8 +249,7 @@ pub async fn serve(
     for _ in 0..loops {
         set.spawn(dispatch(
             source.clone(),
-            opts.runner_limit.clone(),
-            opts.global_limit.clone(),
+            opts.limits.clone(),
             shutdown.clone(),
         ));
     }
@@ -372,12 +370,7 @@ async fn explain_interruption(source: &Source, update: &PendingUpdate) {
 type Leftover = Option<PendingUpdate>;
 
 /// One request loop: permits → reservation → one job request → a job task.
-async fn dispatch(
-    source: Arc<Source>,
-    runner_limit: Arc<Semaphore>,
-    global_limit: Arc<Semaphore>,
-    shutdown: Shutdown,
-) {
+async fn dispatch(source: Arc<Source>, limits: Limits, shutdown: Shutdown) {
     let (drain, stop) = (&shutdown.drain, &shutdown.stop);
     let name = source.runner.name.clone();
     let mut tasks: JoinSet<Leftover> = JoinSet::new();
@@ -386,7 +379,7 @@ async fn dispatch(
         let permits = tokio::select! {
             biased;
             _ = drain.cancelled() => break,
-            p = permits(&runner_limit, &global_limit) => match p {
+            p = limits.acquire() => match p {
                 Some(p) => p,
                 None => break,
             },
@@ -490,15 +483,6 @@ fn log_undelivered(runner: &str, update: &PendingUpdate, error: Option<&GitlabEr
     );
     tracing::warn!(%runner, job = update.job_id, state = ?update.state, %error,
         "final job state not accepted by GitLab; retrying in the background");
-}
-
-async fn permits(
-    runner: &Arc<Semaphore>,
-    global: &Arc<Semaphore>,
-) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
-    let r = runner.clone().acquire_owned().await.ok()?;
-    let g = global.clone().acquire_owned().await.ok()?;
-    Some((r, g))
 }
 
 /// Reserve a slot of the default shape before asking for a job; waits (asking GitLab nothing)
@@ -676,7 +660,7 @@ async fn run_job(
     source: Arc<Source>,
     job: Box<JobResponse>,
     provisional: String,
-    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    _permits: Permits,
     stop: CancellationToken,
 ) -> Leftover {
     let runner = &source.runner;
