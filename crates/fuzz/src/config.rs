@@ -17,7 +17,7 @@ fn toml_seeds() -> &'static Vec<Vec<u8>> {
                 .into_iter()
                 .map(|(_, t)| t)
                 .collect();
-        if let Ok(t) = std::fs::read(root.join("crates/slipway/src/embedded.toml")) {
+        if let Ok(t) = std::fs::read(root.join("crates/config/src/embedded.toml")) {
             out.push(t);
         }
         out.push(Vec::new());

@@ -30,7 +30,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a local pipeline file through the whole stack.
     Exec(exec::Args),
-    /// Run the manager with a config.toml until SIGTERM or Ctrl-C.
+    /// Run the manager with a config.toml until SIGTERM or Ctrl-C (SIGQUIT: once the running
+    /// jobs have finished, within shutdown_timeout).
     Run(run::Args),
     /// Add every job of a local pipeline file to the embedded queue that `slipway run` consumes.
     ///
