@@ -2,6 +2,11 @@
 //! manager relies on ([`checks`]), with a table or JSON report.
 
 mod checks;
+mod cleanup;
+mod instance_checks;
+mod options;
+mod process_checks;
+mod report;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +14,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Subcommand;
 
-use checks::CheckOptions;
+use options::CheckOptions;
 
 use super::signals;
 
@@ -72,10 +77,10 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
     opts.connect = connect;
     opts.timeout = timeout;
     if let Some(path) = &config {
-        opts.plugin_config = checks::load_plugin_config(path).await?;
+        opts.plugin_config = options::load_plugin_config(path).await?;
     }
     if let Some(path) = &connector {
-        (opts.connector, opts.use_external_addr) = checks::load_connector(path).await?;
+        (opts.connector, opts.use_external_addr) = options::load_connector(path).await?;
     }
     let stop = signals::shutdown_signal()?;
     let report = checks::run(&opts, &stop).await?;
