@@ -15,6 +15,7 @@
 //!
 //! Nothing here prints to the terminal: the `slipway` binary does.
 
+mod chain;
 pub mod lifecycle;
 pub mod limits;
 pub mod localhost;

@@ -10,10 +10,27 @@ use slipway_jobs::queue::Queue;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::chain::Chain;
 use crate::limits::{Limits, effective_concurrency};
 use crate::runner;
+use crate::server::ServerError;
 use crate::shutdown::Shutdown;
+use crate::source::queue::QueueSourceError;
 use crate::source::{gitlab, queue as queue_source};
+
+/// Why the manager stopped before serving, or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The embedded queue could not be locked or read.
+    #[error(transparent)]
+    Queue(#[from] QueueSourceError),
+    /// A runner did not start.
+    #[error(transparent)]
+    Runner(#[from] runner::StartError),
+    /// The HTTP server (`listen_address`) did not start.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+}
 
 /// A manager to run: the loaded config, where it lives, the embedded queue, and where plugins
 /// are found first.
@@ -32,7 +49,7 @@ pub struct Manager<'a> {
 impl Manager<'_> {
     /// Run until `shutdown` drains (every running job ends first, within `shutdown_timeout`)
     /// or stops (running jobs are canceled and reported); then stop every runner.
-    pub async fn run(self, shutdown: Shutdown) -> anyhow::Result<()> {
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), ManagerError> {
         run_manager(
             self.loaded,
             self.config_path,
@@ -50,7 +67,7 @@ async fn run_manager(
     queue: Queue,
     plugin_dir: Option<PathBuf>,
     shutdown: Shutdown,
-) -> anyhow::Result<()> {
+) -> Result<(), ManagerError> {
     let stop = shutdown.stop.clone();
     // One manager consumes a queue: a second would report the first one's jobs as orphans.
     let q = queue.clone();
@@ -80,7 +97,7 @@ async fn run_manager(
                 for r in &runners {
                     r.shutdown().await;
                 }
-                return Err(e);
+                return Err(e.into());
             }
         }
     }
@@ -123,7 +140,7 @@ async fn run_manager(
                     for r in &runners {
                         r.shutdown().await;
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -135,7 +152,7 @@ async fn run_manager(
         let (queue, runners, drain) = (queue.clone(), runners.clone(), shutdown.drain.clone());
         sources.spawn(async move {
             if let Err(e) = queue_source::recover(&queue, claimed, &runners, &drain).await {
-                tracing::error!("recovering the jobs of the last run: {e:#}");
+                tracing::error!("recovering the jobs of the last run: {}", Chain(&e));
             }
         });
     }

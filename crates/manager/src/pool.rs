@@ -4,12 +4,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use async_trait::async_trait;
-use slipway_connector::{Client, DialOptions, HostKeyStore};
+use slipway_connector::{Client, ConnectError, DialOptions, HostKeyStore};
 use slipway_executor::docker::DockerExecutor;
 use slipway_fleeting::{ConnectInfo, InstanceGroup};
 use slipway_taskscaler::InstanceHooks;
+
+use crate::chain::Chain;
 
 /// A heartbeat this recent vouches for the instance.
 const HEARTBEAT_FRESH: Duration = Duration::from_secs(2);
@@ -19,6 +20,20 @@ const READY_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 /// A runner's Docker executors by instance (`localhost`: this machine's engine), each keeping
 /// its slots' networks warm across jobs.
 pub type DockerExecs = Arc<tokio::sync::Mutex<HashMap<String, DockerExecutor>>>;
+
+/// Why the pool has no connection to an instance.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// Dialling the instance, or logging in to it, failed.
+    #[error("connecting to instance {instance}")]
+    Connect {
+        /// The instance's id.
+        instance: String,
+        /// Why.
+        #[source]
+        cause: ConnectError,
+    },
+}
 
 /// Pooled connections with per-instance pinned host keys.
 #[derive(Debug)]
@@ -39,7 +54,7 @@ impl Pool {
     }
 
     /// A live connection to the instance, dialled on first use.
-    pub async fn client(&self, info: &ConnectInfo) -> anyhow::Result<Arc<Client>> {
+    pub async fn client(&self, info: &ConnectInfo) -> Result<Arc<Client>, PoolError> {
         if let Some(c) = self.clients().get(&info.id)
             && !c.is_closed()
         {
@@ -48,7 +63,10 @@ impl Pool {
         // Dial without holding the lock: one slow instance must not stall jobs on others.
         let client = Client::connect(info, &self.dial, &self.host_keys)
             .await
-            .with_context(|| format!("connecting to instance {}", info.id))?;
+            .map_err(|cause| PoolError::Connect {
+                instance: info.id.clone(),
+                cause,
+            })?;
         let mut clients = self.clients();
         clients.retain(|_, c| !c.is_closed());
         // If another job connected meanwhile, share its connection; ours closes on drop.
@@ -112,7 +130,11 @@ impl InstanceHooks for Checks {
         let Some(cmd) = &self.ready_command else {
             return Ok(());
         };
-        let client = self.pool.client(info).await.map_err(|e| format!("{e:#}"))?;
+        let client = self
+            .pool
+            .client(info)
+            .await
+            .map_err(|e| Chain(&e).to_string())?;
         let run = client.run_capture(cmd.clone(), Vec::new());
         match tokio::time::timeout(READY_COMMAND_TIMEOUT, run).await {
             Err(_) => Err(format!(
@@ -138,7 +160,11 @@ impl InstanceHooks for Checks {
             .await
             .map_err(|e| e.to_string())?;
         // GitLab's acquire heartbeat: `exit 0` through the connector.
-        let client = self.pool.client(info).await.map_err(|e| format!("{e:#}"))?;
+        let client = self
+            .pool
+            .client(info)
+            .await
+            .map_err(|e| Chain(&e).to_string())?;
         match client.run_capture("exit 0", Vec::new()).await {
             Ok((st, _, _)) if st.success() => {
                 self.alive

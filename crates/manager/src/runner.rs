@@ -1,14 +1,16 @@
 //! One `[[runners]]` entry brought to life: its plugin process, taskscaler and SSH connections.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use slipway_config::ConnectorConfigError;
 use slipway_connector::{Client, DialOptions};
-use slipway_fleeting::{InstanceGroup as _, PluginHost, PluginOptions};
+use slipway_fleeting::{GroupError, InstanceGroup as _, PluginHost, PluginOptions};
+use slipway_goplugin::HostError;
 use slipway_taskscaler::metrics::{MetricFamilies, Metrics};
-use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreIdentity};
+use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreError, StoreIdentity};
 use slipway_taskscaler::{
     Acquisition, Error as TsError, Options, Placement, Policy, Resources, Shape, Stats, Taskscaler,
 };
@@ -22,7 +24,7 @@ use crate::localhost::LocalGroup;
 use slipway_executor_plugin::ExecutorHost;
 use slipway_status::{JobBoard, JobMetrics};
 
-use crate::pool::{Checks, DockerExecs, Pool};
+use crate::pool::{Checks, DockerExecs, Pool, PoolError};
 use slipway_config::{AutoscalerConfig, Executor, ExecutorPluginConfig, RunnerConfig};
 
 /// A started runner.
@@ -107,6 +109,236 @@ pub struct StartOptions {
     pub concurrent: u32,
 }
 
+/// Why a runner, or a `plugin` runner's executor plugin, could not be started. Each error
+/// names the runner (or the shape) and the setting or step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting of the runner cannot be used.
+    #[error("runner {runner:?}: {key}: {problem}")]
+    Setting {
+        /// The runner.
+        runner: String,
+        /// The setting.
+        key: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Its jobs run on autoscaled instances, but it says nothing about them.
+    #[error("runner {runner:?} has no [runners.autoscaler] section")]
+    NoAutoscaler {
+        /// The runner.
+        runner: String,
+    },
+    /// A `[[runners.autoscaler.shape]]` setting cannot be used.
+    #[error("shape {shape:?}: {key}: {problem}")]
+    Shape {
+        /// The shape.
+        shape: String,
+        /// The setting.
+        key: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The fleeting plugin is not installed.
+    #[error("{group}")]
+    FindPlugin {
+        /// The instance group it was wanted for.
+        group: GroupName,
+        /// Why it was not found.
+        #[source]
+        cause: Box<HostError>,
+    },
+    /// `plugin_config` cannot be sent to the fleeting plugin.
+    #[error("plugin_config as JSON")]
+    PluginConfigJson(#[source] serde_json::Error),
+    /// `connector_config` cannot be used.
+    #[error(transparent)]
+    Connector(#[from] ConnectorConfigError),
+    /// The fleeting plugin's process did not start.
+    #[error("starting plugin for {group}")]
+    StartPlugin {
+        /// The instance group it was started for.
+        group: GroupName,
+        /// Why.
+        #[source]
+        cause: Box<HostError>,
+    },
+    /// The fleeting plugin refused its `Init`.
+    #[error("{group}: plugin {plugin:?} refused its config")]
+    PluginInit {
+        /// The instance group.
+        group: GroupName,
+        /// The plugin as configured.
+        plugin: String,
+        /// What it answered.
+        #[source]
+        cause: GroupError,
+    },
+    /// The state store cannot be opened (unreadable, corrupt, another runner's).
+    #[error("runner {runner:?}: state_storage")]
+    StateStorage {
+        /// The runner.
+        runner: String,
+        /// Why.
+        #[source]
+        cause: StoreError,
+    },
+    /// An instance group's taskscaler did not start.
+    #[error("{group}: starting the taskscaler")]
+    Taskscaler {
+        /// The instance group.
+        group: GroupName,
+        /// Why.
+        #[source]
+        cause: TsError,
+    },
+    /// The taskscaler over this machine's slots did not start.
+    #[error("runner {runner:?}: starting its slots")]
+    Slots {
+        /// The runner.
+        runner: String,
+        /// Why.
+        #[source]
+        cause: TsError,
+    },
+    /// The executor plugin (`[runners.plugin] name`) is not installed.
+    #[error("runner {runner:?}: plugin.name")]
+    ExecutorPluginName {
+        /// The runner.
+        runner: String,
+        /// Why it was not found.
+        #[source]
+        cause: Box<HostError>,
+    },
+    /// `[runners.plugin] config` cannot be sent to the executor plugin.
+    #[error("runner {runner:?}: plugin.config")]
+    ExecutorPluginConfig {
+        /// The runner.
+        runner: String,
+        /// Why.
+        #[source]
+        cause: serde_json::Error,
+    },
+    /// The executor plugin did not start, or refused its config.
+    #[error("runner {runner:?}: executor plugin {plugin:?}")]
+    ExecutorPlugin {
+        /// The runner.
+        runner: String,
+        /// The plugin as configured.
+        plugin: String,
+        /// Why.
+        #[source]
+        cause: Box<slipway_executor_plugin::StartError>,
+    },
+    /// The executor plugin runs jobs elsewhere than the runner puts them.
+    #[error(
+        "runner {runner:?}: executor plugin {plugin:?} runs jobs {}, but the runner {}",
+        where_plugin_runs(*.placement),
+        what_runner_has(*.placement)
+    )]
+    Placement {
+        /// The runner.
+        runner: String,
+        /// The plugin as configured.
+        plugin: String,
+        /// Where the plugin runs jobs.
+        placement: slipway_executor_plugin::Placement,
+    },
+    /// `allowed_isolation` names a level the executor plugin does not give.
+    #[error(
+        "runner {runner:?}: allowed_isolation: the executor plugin does not give level {level:?}; it declares {}",
+        quoted(.declared)
+    )]
+    LevelNotDeclared {
+        /// The runner.
+        runner: String,
+        /// The level.
+        level: String,
+        /// The levels the plugin declares.
+        declared: Vec<String>,
+    },
+    /// `isolation` is not among the levels the runner allows.
+    #[error(
+        "runner {runner:?}: isolation: {level:?} is not among the allowed levels ({})",
+        quoted(.allowed)
+    )]
+    DefaultNotAllowed {
+        /// The runner.
+        runner: String,
+        /// The default level.
+        level: String,
+        /// The levels allowed.
+        allowed: Vec<String>,
+    },
+}
+
+/// Why a runner's instance did not list its VM snapshots.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotsError {
+    /// The runner has no VM isolation, so no nesting daemon.
+    #[error("runner {runner:?} has no VM isolation")]
+    NoVmIsolation {
+        /// The runner.
+        runner: String,
+    },
+    /// The instance cannot be reached.
+    #[error(transparent)]
+    Connect(#[from] PoolError),
+    /// The nesting daemon cannot be reached on the instance.
+    #[error("{0}")]
+    Nesting(String),
+    /// The nesting daemon did not list them.
+    #[error(transparent)]
+    List(#[from] slipway_nesting::client::ClientError),
+}
+
+/// An instance group as errors name it: `runner "x"`, and ` shape "y"` when the runner has
+/// several shapes.
+#[derive(Debug, Clone)]
+pub struct GroupName {
+    /// The runner.
+    pub runner: String,
+    /// The shape, when the runner has several.
+    pub shape: Option<String>,
+}
+
+impl fmt::Display for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "runner {:?}", self.runner)?;
+        if let Some(shape) = &self.shape {
+            write!(f, " shape {shape:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a plugin placing jobs at `p` runs them, for [`StartError::Placement`].
+fn where_plugin_runs(p: slipway_executor_plugin::Placement) -> &'static str {
+    match p {
+        slipway_executor_plugin::Placement::Instance => {
+            "on autoscaled instances (PLACEMENT_INSTANCE)"
+        }
+        slipway_executor_plugin::Placement::Local => "on the manager's machine (PLACEMENT_LOCAL)",
+    }
+}
+
+/// What a runner has that does not fit a plugin placing jobs at `p`.
+fn what_runner_has(p: slipway_executor_plugin::Placement) -> &'static str {
+    match p {
+        slipway_executor_plugin::Placement::Instance => "has no [runners.autoscaler] section",
+        slipway_executor_plugin::Placement::Local => "has a [runners.autoscaler] section",
+    }
+}
+
+/// `"a", "b"`.
+fn quoted(levels: &[String]) -> String {
+    levels
+        .iter()
+        .map(|l| format!("{l:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One instance group of a runner as configured: the section itself, or one of its shapes.
 struct GroupPlan {
     shape: String,
@@ -118,13 +350,19 @@ struct GroupPlan {
 impl Runner {
     /// Start every shape's plugin, `Init` it and start its taskscaler. Nothing is left
     /// running when one of them fails.
-    pub async fn start(cfg: &RunnerConfig, opts: &StartOptions) -> anyhow::Result<Runner> {
+    pub async fn start(cfg: &RunnerConfig, opts: &StartOptions) -> Result<Runner, StartError> {
         let isolation = cfg
             .isolation_policy()
-            .map_err(|(k, e)| anyhow::anyhow!("runner {:?}: {k}: {e}", cfg.name))?;
-        let cgroups = cfg
-            .slot_cgroups()
-            .map_err(|e| anyhow::anyhow!("runner {:?}: slot_cgroup_template: {e}", cfg.name))?;
+            .map_err(|(key, problem)| StartError::Setting {
+                runner: cfg.name.clone(),
+                key,
+                problem,
+            })?;
+        let cgroups = cfg.slot_cgroups().map_err(|problem| StartError::Setting {
+            runner: cfg.name.clone(),
+            key: "slot_cgroup_template",
+            problem,
+        })?;
         let docker = cfg.docker.clone().unwrap_or_default();
         if !cfg.on_instances() {
             let executor_plugin = start_plugin_of(cfg, opts).await?;
@@ -142,7 +380,9 @@ impl Runner {
             };
         }
         let Some(auto) = &cfg.autoscaler else {
-            bail!("runner {:?} has no [runners.autoscaler] section", cfg.name);
+            return Err(StartError::NoAutoscaler {
+                runner: cfg.name.clone(),
+            });
         };
         let plans = group_plans(auto, opts)?;
         let pool = Arc::new(Pool::new(DialOptions {
@@ -269,7 +509,7 @@ impl Runner {
     }
 
     /// An SSH connection to the acquisition's instance, reused across jobs.
-    pub async fn client(&self, acq: &Acquisition) -> anyhow::Result<Arc<Client>> {
+    pub async fn client(&self, acq: &Acquisition) -> Result<Arc<Client>, PoolError> {
         self.pool.client(&acq.connect_info).await
     }
 
@@ -278,9 +518,11 @@ impl Runner {
         &self,
         id: &str,
         info: &slipway_fleeting::ConnectInfo,
-    ) -> anyhow::Result<Vec<slipway_nesting::proto::Snapshot>> {
+    ) -> Result<Vec<slipway_nesting::proto::Snapshot>, SnapshotsError> {
         let Some(config) = self.nesting.clone() else {
-            bail!("runner {:?} has no VM isolation", self.name);
+            return Err(SnapshotsError::NoVmIsolation {
+                runner: self.name.clone(),
+            });
         };
         let client = self.pool.client(info).await?;
         let exec = slipway_executor::NestingExecutor {
@@ -289,7 +531,7 @@ impl Runner {
             config,
             level: slipway_executor::Isolation::Microvm,
         };
-        let mut nesting = exec.nesting().await.map_err(anyhow::Error::msg)?;
+        let mut nesting = exec.nesting().await.map_err(SnapshotsError::Nesting)?;
         Ok(nesting.list_snapshots().await?)
     }
 
@@ -372,20 +614,31 @@ pub async fn start_executor_plugin_with(
     plugin_dir: Option<&Path>,
     handshake_timeout: Option<Duration>,
     dry_run: bool,
-) -> anyhow::Result<ExecutorHost> {
+) -> Result<ExecutorHost, StartError> {
     use slipway_executor_plugin::Placement;
     let runner = &cfg.name;
-    let path = slipway_executor_plugin::find_plugin(&plugin.name, plugin_dir)
-        .with_context(|| format!("runner {runner:?}: plugin.name"))?;
+    let path = slipway_executor_plugin::find_plugin(&plugin.name, plugin_dir).map_err(|cause| {
+        StartError::ExecutorPluginName {
+            runner: runner.clone(),
+            cause: Box::new(cause),
+        }
+    })?;
     let mut popts = slipway_goplugin::ProcessOptions::new(plugin_name(&plugin.name), path);
     if let Some(t) = handshake_timeout {
         popts.handshake_timeout = t;
     }
-    let config = serde_json::to_vec(&plugin.config)
-        .with_context(|| format!("runner {runner:?}: plugin.config"))?;
+    let config =
+        serde_json::to_vec(&plugin.config).map_err(|cause| StartError::ExecutorPluginConfig {
+            runner: runner.clone(),
+            cause,
+        })?;
     let host = ExecutorHost::start(popts, config, dry_run)
         .await
-        .with_context(|| format!("runner {runner:?}: executor plugin {:?}", plugin.name))?;
+        .map_err(|cause| StartError::ExecutorPlugin {
+            runner: runner.clone(),
+            plugin: plugin.name.clone(),
+            cause: Box::new(cause),
+        })?;
     let placement = host.capabilities().placement;
     let wanted = if cfg.on_instances() {
         Placement::Instance
@@ -394,52 +647,35 @@ pub async fn start_executor_plugin_with(
     };
     if placement != wanted {
         host.stop().await;
-        let (theirs, ours) = match placement {
-            Placement::Instance => (
-                "on autoscaled instances (PLACEMENT_INSTANCE)",
-                "has no [runners.autoscaler] section",
-            ),
-            Placement::Local => (
-                "on the manager's machine (PLACEMENT_LOCAL)",
-                "has a [runners.autoscaler] section",
-            ),
-        };
-        bail!(
-            "runner {runner:?}: executor plugin {:?} runs jobs {theirs}, but the runner {ours}",
-            plugin.name
-        );
+        return Err(StartError::Placement {
+            runner: runner.clone(),
+            plugin: plugin.name.clone(),
+            placement,
+        });
     }
     Ok(host)
 }
 
 /// Check a `plugin` runner's `allowed_isolation` and `isolation` against the levels its plugin
 /// declared.
-pub fn check_plugin_levels(cfg: &RunnerConfig, declared: &[String]) -> anyhow::Result<()> {
-    let listed = declared
-        .iter()
-        .map(|l| format!("{l:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+pub fn check_plugin_levels(cfg: &RunnerConfig, declared: &[String]) -> Result<(), StartError> {
     if let Some(allowed) = &cfg.allowed_isolation
         && let Some(bad) = allowed.iter().find(|l| !declared.contains(l))
     {
-        bail!(
-            "runner {:?}: allowed_isolation: the executor plugin does not give level {bad:?}; it declares {listed}",
-            cfg.name
-        );
+        return Err(StartError::LevelNotDeclared {
+            runner: cfg.name.clone(),
+            level: bad.clone(),
+            declared: declared.to_vec(),
+        });
     }
     if let Some(default) = &cfg.isolation {
         let allowed = cfg.allowed_isolation.as_deref().unwrap_or(declared);
         if !allowed.contains(default) {
-            bail!(
-                "runner {:?}: isolation: {default:?} is not among the allowed levels ({})",
-                cfg.name,
-                allowed
-                    .iter()
-                    .map(|l| format!("{l:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            return Err(StartError::DefaultNotAllowed {
+                runner: cfg.name.clone(),
+                level: default.clone(),
+                allowed: allowed.to_vec(),
+            });
         }
     }
     Ok(())
@@ -450,7 +686,7 @@ pub fn check_plugin_levels(cfg: &RunnerConfig, declared: &[String]) -> anyhow::R
 async fn start_plugin_of(
     cfg: &RunnerConfig,
     opts: &StartOptions,
-) -> anyhow::Result<Option<ExecutorPlugin>> {
+) -> Result<Option<ExecutorPlugin>, StartError> {
     let Some(p) = cfg
         .plugin
         .as_ref()
@@ -512,7 +748,7 @@ fn start_local(
     isolation: IsolationPolicy,
     cgroups: SlotCgroups,
     docker: DockerConfig,
-) -> anyhow::Result<Runner> {
+) -> Result<Runner, StartError> {
     let slots = if cfg.limit > 0 {
         cfg.limit
     } else {
@@ -548,7 +784,10 @@ fn start_local(
             ..Options::default()
         },
     )
-    .with_context(|| format!("runner {:?}: starting its slots", cfg.name))?;
+    .map_err(|cause| StartError::Slots {
+        runner: cfg.name.clone(),
+        cause,
+    })?;
     let builds_dir = cfg.builds_dir.clone().unwrap_or_else(|| {
         let base = opts
             .state_dir
@@ -589,7 +828,7 @@ fn start_local(
 }
 
 /// The section itself when it declares no shapes, else one plan per shape.
-fn group_plans(auto: &AutoscalerConfig, opts: &StartOptions) -> anyhow::Result<Vec<GroupPlan>> {
+fn group_plans(auto: &AutoscalerConfig, opts: &StartOptions) -> Result<Vec<GroupPlan>, StartError> {
     let with_defaults = |table: &toml::Table, suffix: Option<&str>| {
         let mut t = table.clone();
         for (k, v) in &opts.plugin_config_defaults {
@@ -621,7 +860,11 @@ fn group_plans(auto: &AutoscalerConfig, opts: &StartOptions) -> anyhow::Result<V
         .map(|shape| {
             let resources = shape
                 .resources()
-                .map_err(|(k, e)| anyhow::anyhow!("shape {:?}: {k}: {e}", shape.name))?;
+                .map_err(|(key, problem)| StartError::Shape {
+                    shape: shape.name.clone(),
+                    key,
+                    problem,
+                })?;
             let mut a = auto.clone();
             a.shape.clear();
             let mut table = auto.plugin_config.clone();
@@ -657,34 +900,42 @@ async fn start_group(
     pool: &Arc<Pool>,
     docker_execs: &DockerExecs,
     families: &Arc<MetricFamilies>,
-) -> anyhow::Result<(Arc<PluginHost>, Taskscaler)> {
+) -> Result<(Arc<PluginHost>, Taskscaler), StartError> {
     let auto = &plan.auto;
-    let what = if several {
-        format!("runner {:?} shape {:?}", cfg.name, plan.shape)
-    } else {
-        format!("runner {:?}", cfg.name)
+    let group = GroupName {
+        runner: cfg.name.clone(),
+        shape: several.then(|| plan.shape.clone()),
     };
     // OCI references find what `gitlab-runner fleeting install` put on this machine, else
     // `fleeting-plugin-<name>`.
     let path = slipway_fleeting::host::find_plugin(&auto.plugin, opts.plugin_dir.as_deref())
-        .with_context(|| what.clone())?;
-    let plugin_json = serde_json::to_vec(&auto.plugin_config).context("plugin_config as JSON")?;
+        .map_err(|cause| StartError::FindPlugin {
+            group: group.clone(),
+            cause: Box::new(cause),
+        })?;
+    let plugin_json =
+        serde_json::to_vec(&auto.plugin_config).map_err(StartError::PluginConfigJson)?;
     let connector = auto.connector_config.to_connector_config().await?;
     let mut popts = PluginOptions::new(plugin_name(&auto.plugin), path);
     if let Some(t) = opts.handshake_timeout {
         popts.process.handshake_timeout = t;
     }
-    let plugin = Arc::new(
-        PluginHost::start(popts)
-            .await
-            .with_context(|| format!("starting plugin for {what}"))?,
-    );
+    let plugin = PluginHost::start(popts)
+        .await
+        .map_err(|cause| StartError::StartPlugin {
+            group: group.clone(),
+            cause: Box::new(cause),
+        })?;
+    let plugin = Arc::new(plugin);
     let info = match plugin.init(&plugin_json, &connector).await {
         Ok(info) => info,
         Err(e) => {
             plugin.stop().await;
-            return Err(e)
-                .with_context(|| format!("{what}: plugin {:?} refused its config", auto.plugin));
+            return Err(StartError::PluginInit {
+                group,
+                plugin: auto.plugin.clone(),
+                cause: e,
+            });
         }
     };
     tracing::info!(runner = %cfg.name, shape = %plan.shape, group = %info.id, version = %info.version, "plugin ready");
@@ -730,7 +981,7 @@ async fn start_group(
         Ok(s) => Ok((plugin, s)),
         Err(e) => {
             plugin.stop().await;
-            Err(e).with_context(|| format!("{what}: starting the taskscaler"))
+            Err(StartError::Taskscaler { group, cause: e })
         }
     }
 }
@@ -771,7 +1022,7 @@ async fn open_store(
     info: &slipway_fleeting::ProviderInfo,
     opts: &StartOptions,
     shape: Option<&str>,
-) -> anyhow::Result<Option<AsyncStateStore>> {
+) -> Result<Option<AsyncStateStore>, StartError> {
     let st = &auto.state_storage;
     if !st.enabled {
         return Ok(None);
@@ -798,7 +1049,10 @@ async fn open_store(
     let path = StateStore::default_path(&dir, &runner);
     let store = AsyncStateStore::open(&path, &identity)
         .await
-        .with_context(|| format!("runner {:?}: state_storage", cfg.name))?;
+        .map_err(|cause| StartError::StateStorage {
+            runner: cfg.name.clone(),
+            cause,
+        })?;
     tracing::info!(runner = %cfg.name, path = %path.display(), "state store open");
     Ok(Some(store))
 }

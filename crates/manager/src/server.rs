@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
@@ -53,6 +52,23 @@ impl std::fmt::Debug for StatusRoutes {
     }
 }
 
+/// Why the HTTP server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The address cannot be listened on (taken, say, or not an address).
+    #[error("listen_address {addr:?}: cannot listen")]
+    Listen {
+        /// `listen_address` as configured.
+        addr: String,
+        /// Why.
+        #[source]
+        cause: std::io::Error,
+    },
+    /// The listening socket has no address to report.
+    #[error(transparent)]
+    LocalAddr(std::io::Error),
+}
+
 /// A running HTTP server; stopped by [`Server::stop`].
 #[derive(Debug)]
 pub struct Server {
@@ -68,11 +84,13 @@ impl Server {
         addr: &str,
         registry: Registry,
         status: Option<StatusRoutes>,
-    ) -> anyhow::Result<Server> {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("listen_address {addr:?}: cannot listen"))?;
-        let addr = listener.local_addr()?;
+    ) -> Result<Server, ServerError> {
+        let bound = tokio::net::TcpListener::bind(addr).await;
+        let listener = bound.map_err(|cause| ServerError::Listen {
+            addr: addr.to_string(),
+            cause,
+        })?;
+        let addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
         let registry = Arc::new(registry);
         let mut app = Router::new()
             .route(

@@ -42,7 +42,7 @@ impl Shutdown {
             tokio::select! {
                 _ = stop.cancelled() => {}
                 _ = tokio::time::sleep(timeout) => {
-                    tracing::warn!(?timeout, "shutdown_timeout passed with jobs still running: canceling them");
+                    tracing::warn!(?timeout, "shutdown_timeout passed before the drain finished: stopping (jobs still running are canceled)");
                     stop.cancel();
                 }
             }

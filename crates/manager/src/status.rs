@@ -206,7 +206,7 @@ impl StatusService {
                                     .collect::<Vec<_>>(),
                             )),
                             Ok(Err(e)) => {
-                                tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots: {e:#}");
+                                tracing::debug!(runner = %r.name, instance = %i.id, "listing snapshots: {}", crate::chain::Chain(&e));
                                 None
                             }
                             Err(_) => {

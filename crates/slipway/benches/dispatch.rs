@@ -1,5 +1,7 @@
 //! Dispatch latency with warm idle capacity: from a job being queued to its first output line,
-//! next to a bare SSH exec over an open connection and a local `sh -c true` spawn.
+//! next to a bare SSH exec over an open connection and a local `sh -c true` spawn; and the same
+//! job through the manager's one job lifecycle (admit, reserve, acquire, execute, release), as
+//! every job source runs it, against the executor driven by hand in the same run.
 //!
 //! Writes `bench/results/dispatch.json`. Run with `make bench` (see `command` in the file).
 
@@ -10,6 +12,7 @@ use anyhow::Context as _;
 use slipway_config as config;
 use slipway_executor::{InstanceExecutor, RunContext, Trace};
 use slipway_jobs::{Pipeline, PipelineOptions};
+use slipway_manager::lifecycle::{Life, NoInputs, Start, Stops};
 use slipway_manager::runner::{Runner, StartOptions};
 use slipway_sim::bench::{ms, percentile, round3 as round};
 use slipway_taskscaler::Resources;
@@ -62,7 +65,7 @@ async fn bench() -> anyhow::Result<()> {
     .await?;
     let result = measure(&runner).await;
     runner.shutdown().await;
-    let (dispatch, acquire, ssh_exec) = result?;
+    let (dispatch, acquire, ssh_exec, lifecycle) = result?;
 
     let mut spawn = Vec::with_capacity(BASELINE_RUNS);
     for _ in 0..BASELINE_RUNS {
@@ -81,6 +84,7 @@ async fn bench() -> anyhow::Result<()> {
     let s50 = percentile(&ssh_exec, 50.0);
     let p50 = percentile(&spawn, 50.0);
     let a50 = percentile(&acquire, 50.0);
+    let l50 = percentile(&lifecycle, 50.0);
     let results = serde_json::json!({
         "jobs": dispatch.len(),
         "dispatch_ms_p50": round(d50),
@@ -93,6 +97,11 @@ async fn bench() -> anyhow::Result<()> {
         // rest (the job's script reaching the instance's shell, to its first line).
         "acquire_ms_p50": round(a50),
         "acquired_to_first_line_ms_p50": round(d50 - a50),
+        // The same job through `Life::run`, the path of every source, against the executor
+        // driven by hand above.
+        "lifecycle_ms_p50": round(l50),
+        "lifecycle_ms_p95": round(percentile(&lifecycle, 95.0)),
+        "lifecycle_over_dispatch_p50": round(l50 / d50),
     });
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (_, text) = slipway_sim::bench::write(&repo, "dispatch", COMMAND, results)?;
@@ -100,9 +109,9 @@ async fn bench() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Run trivial jobs one after another; returns (queue→first line, queue→acquired, bare ssh exec)
-/// in ms, sorted.
-async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+/// Run trivial jobs one after another; returns (queue→first line, queue→acquired, bare ssh
+/// exec, queue→first line through the lifecycle) in ms, sorted.
+async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
     let pipeline = Pipeline::parse(
         "bench:\n  script: [echo hi]\n",
         "bench.yml",
@@ -127,6 +136,12 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64
     dispatch.sort_by(f64::total_cmp);
     acquire.sort_by(f64::total_cmp);
 
+    let mut lifecycle = Vec::with_capacity(JOBS);
+    for i in 1..=JOBS {
+        lifecycle.push(lifecycle_job(runner, job, (JOBS + i) as u64).await?);
+    }
+    lifecycle.sort_by(f64::total_cmp);
+
     runner
         .reserve_wait("ssh-baseline", &Resources::default())
         .await?;
@@ -141,7 +156,51 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64
     }
     runner.release("ssh-baseline");
     ssh.sort_by(f64::total_cmp);
-    Ok((dispatch, acquire, ssh))
+    Ok((dispatch, acquire, ssh, lifecycle))
+}
+
+/// One job through [`Life::run`]: the time from its arrival to its first output line after
+/// the lifecycle's "Running on instance" line.
+async fn lifecycle_job(
+    runner: &Runner,
+    job: &slipway_jobs::PipelineJob,
+    id: u64,
+) -> anyhow::Result<f64> {
+    let payload = job.to_job_response(id + 1, 1, &[]);
+    let key = format!("bench-life-{id}");
+    let queued = Instant::now();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let mut trace = Trace::new(Vec::<String>::new(), tx);
+    let first = tokio::spawn(async move {
+        let mut placed = false;
+        while let Some(chunk) = rx.recv().await {
+            if placed {
+                return Some(queued.elapsed());
+            }
+            placed = String::from_utf8_lossy(&chunk).contains("Running on instance");
+        }
+        None
+    });
+    let life = Life {
+        runner,
+        key: &key,
+        source: &NoInputs,
+        stops: Stops::default(),
+        since: None,
+    };
+    let ran = life
+        .run(&payload, Start::Admit { held: None }, &mut trace)
+        .await
+        .map_err(|no| anyhow::anyhow!("no slot: {}", no.message))?;
+    drop(ran.slot);
+    anyhow::ensure!(
+        ran.outcome.is_success(),
+        "bench job failed: {:?}",
+        ran.outcome
+    );
+    drop(trace);
+    let elapsed = first.await?.context("no output after the placement line")?;
+    Ok(ms(elapsed))
 }
 
 /// Queue one job and return the time until its first output chunk and until it was acquired.

@@ -336,13 +336,15 @@ async fn bench() -> anyhow::Result<()> {
         slipway_manager::server::registry(&big.families, &big.jobs),
         Some(big.routes()),
     )
-    .await;
+    .await
+    .map_err(anyhow::Error::from);
     let small_server = Server::start(
         "127.0.0.1:0",
         slipway_manager::server::registry(&small.families, &small.jobs),
         Some(small.routes()),
     )
-    .await;
+    .await
+    .map_err(anyhow::Error::from);
     let measured = match (&big_server, &small_server) {
         (Ok(b), Ok(s)) => measure_http(b.addr, s.addr).await,
         (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("starting a server: {e:#}")),

@@ -42,20 +42,33 @@ impl NoSlot {
     }
 }
 
-/// What a job gets on its runner, decided before capacity is reserved for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a job gets on its runner, decided once, before capacity is reserved for it: what it
+/// runs with is what was reserved for it, whatever the runner's `environment` adds later.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
-    /// The isolation level it runs at.
+    /// The isolation level it runs at (`none` for a `plugin` runner's jobs: ordinary slots).
     pub level: Isolation,
     /// The resources it asked for.
     pub request: Resources,
+    /// The executor plugin's level it runs at, for a `plugin` runner.
+    pub plugin_level: Option<String>,
 }
 
 /// The level and resources `job` gets on `runner`, or why it can never run there.
 pub fn admit(runner: &Runner, job: &JobResponse, trace: &mut Trace) -> Result<Admission, NoSlot> {
     let level = isolation_of(runner, job, trace)?;
     let request = request_of(job, trace)?;
-    Ok(Admission { level, request })
+    // Checked by `isolation_of` for a plugin runner: its error was reported there.
+    let plugin_level = runner
+        .executor_plugin
+        .is_some()
+        .then(|| plugin_level(runner, job).ok())
+        .flatten();
+    Ok(Admission {
+        level,
+        request,
+        plugin_level,
+    })
 }
 
 /// The job's resource request from its variables; an unusable one fails the job.

@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use slipway_config::Executor as ConfigExecutor;
 
-use super::admission::{isolation_of, plugin_level};
+use super::Stops;
+use super::admission::Admission;
 use crate::runner::Runner;
 
 /// Run `job` on its slot at the level it asked for: on this machine (shell, docker, custom
@@ -25,30 +26,25 @@ pub(super) async fn execute(
     runner: &Runner,
     acq: &Acquisition,
     job: &JobResponse,
+    admission: &Admission,
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
-    cancel: &CancellationToken,
-    abort: Option<&CancellationToken>,
+    stops: &Stops,
 ) -> (JobOutcome, Vec<CollectedArtifacts>) {
-    // Checked before the job was reserved (`isolation_of`); asked again here, not carried.
-    let level = match isolation_of(runner, job, trace) {
-        Ok(level) => level,
-        Err(no) => return (config_error(no.message), Vec::new()),
-    };
-    let cancel = cancel.child_token();
-    let abort = abort.map(CancellationToken::child_token);
+    let cancel = stops.cancel.child_token();
+    let abort = stops.abort.as_ref().map(CancellationToken::child_token);
     let stops = Stops {
         cancel: cancel.clone(),
         abort: abort.clone(),
     };
     if runner.local {
-        let r = execute_here(runner, acq, job, level, artifacts_in, trace, &stops).await;
+        let r = execute_here(runner, acq, job, admission, artifacts_in, trace, &stops).await;
         return (r.outcome, r.artifacts);
     }
     let client = match runner.client(acq).await {
         Ok(c) => c,
         Err(e) => {
-            let msg = format!("{e:#}");
+            let msg = crate::chain::Chain(&e).to_string();
             trace.message(&format!("ERROR: {msg}"));
             return (
                 JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
@@ -63,7 +59,7 @@ pub(super) async fn execute(
             runner,
             acq,
             job,
-            level,
+            admission,
             client,
             artifacts_in,
             &mut *trace,
@@ -95,14 +91,6 @@ pub(super) async fn execute(
     (result.outcome, result.artifacts)
 }
 
-/// What stops a job: `cancel` (its steps), and `abort` (also its `after_script`; unset: the
-/// cancel does).
-#[derive(Debug, Clone)]
-struct Stops {
-    cancel: CancellationToken,
-    abort: Option<CancellationToken>,
-}
-
 fn config_error(msg: String) -> JobOutcome {
     JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg)
 }
@@ -119,14 +107,11 @@ fn no_result(outcome: JobOutcome) -> RunResult {
 fn enter_cgroup(
     runner: &Runner,
     acq: &Acquisition,
-    job: &JobResponse,
+    admission: &Admission,
     steps: &mut JobRunner,
     trace: &mut Trace,
 ) -> Result<String, JobOutcome> {
-    let share = acq
-        .resources
-        .or_else(|| crate::request::of_job(job).ok())
-        .unwrap_or_default();
+    let share = acq.resources.unwrap_or(admission.request);
     let limits = cgroup::limits_for(share.cpu_millis, share.memory_bytes);
     match runner
         .cgroups
@@ -149,15 +134,16 @@ async fn execute_on_instance(
     runner: &Runner,
     acq: &Acquisition,
     job: &JobResponse,
-    level: Isolation,
+    admission: &Admission,
     client: std::sync::Arc<slipway_connector::Client>,
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
+    let level = admission.level;
     let exec: Box<dyn Executor + '_> = if runner.executor_plugin.is_some() {
         let instance = instance_of(&acq.connect_info);
-        match plugin_executor(runner, acq, job, Some(instance)) {
+        match plugin_executor(runner, acq, admission, Some(instance)) {
             Ok(e) => Box::new(e),
             Err(outcome) => return no_result(outcome),
         }
@@ -197,7 +183,7 @@ async fn execute_on_instance(
             ..JobRunner::default()
         };
         if level == Isolation::Cgroup
-            && let Err(outcome) = enter_cgroup(runner, acq, job, &mut steps, trace)
+            && let Err(outcome) = enter_cgroup(runner, acq, admission, &mut steps, trace)
         {
             return no_result(outcome);
         }
@@ -251,13 +237,16 @@ async fn run_on(
 fn plugin_executor(
     runner: &Runner,
     acq: &Acquisition,
-    job: &JobResponse,
+    admission: &Admission,
     instance: Option<slipway_executor_plugin::Instance>,
 ) -> Result<PluginExecutor, JobOutcome> {
     let Some(plugin) = &runner.executor_plugin else {
         return Err(config_error("no [runners.plugin] section".into()));
     };
-    let isolation = plugin_level(runner, job).map_err(config_error)?;
+    let isolation = admission
+        .plugin_level
+        .clone()
+        .ok_or_else(|| config_error(format!("runner {:?} has no executor plugin", runner.name)))?;
     let share = acq.resources.unwrap_or_default();
     Ok(PluginExecutor {
         host: plugin.host.clone(),
@@ -300,13 +289,14 @@ async fn execute_here(
     runner: &Runner,
     acq: &Acquisition,
     job: &JobResponse,
-    level: Isolation,
+    admission: &Admission,
     artifacts_in: Vec<Vec<u8>>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
+    let level = admission.level;
     let exec: Box<dyn Executor> = match runner.executor {
-        ConfigExecutor::Plugin => match plugin_executor(runner, acq, job, None) {
+        ConfigExecutor::Plugin => match plugin_executor(runner, acq, admission, None) {
             Ok(e) => Box::new(e),
             Err(outcome) => return no_result(outcome),
         },
@@ -338,7 +328,7 @@ async fn execute_here(
                 ..JobRunner::default()
             };
             if level == Isolation::Cgroup
-                && let Err(outcome) = enter_cgroup(runner, acq, job, &mut steps, trace)
+                && let Err(outcome) = enter_cgroup(runner, acq, admission, &mut steps, trace)
             {
                 return no_result(outcome);
             }

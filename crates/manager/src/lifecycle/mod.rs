@@ -81,11 +81,11 @@ pub struct Stops {
 }
 
 /// How a job enters its life.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Start<'a> {
     /// Admitted, with capacity reserved under its key already (the queue reserves before it
     /// claims a job, so that a runner without room leaves it to another).
-    Reserved,
+    Reserved(Admission),
     /// Admit it and reserve its capacity here. `held`: a reservation the source made before it
     /// had the job (GitLab: no capacity, no job request), given back just before the job's own
     /// is made, so the job normally lands on the capacity held for it.
@@ -121,7 +121,7 @@ impl std::fmt::Debug for Life<'_> {
 
 /// A job that held a slot (or lost it while its inputs failed): what it ended with.
 #[derive(Debug)]
-pub struct Ran {
+pub struct Ran<'a> {
     /// The job as its steps saw it: the runner's defaults applied, paths expanded.
     pub job: JobResponse,
     /// How it ended.
@@ -132,8 +132,29 @@ pub struct Ran {
     pub tracked: Arc<BTreeSet<String>>,
     /// Its instance and slot; `None` when its inputs failed before it got one.
     pub placement: Option<(String, u32)>,
-    /// From the acquisition to the release.
+    /// From the acquisition to the end of its steps.
     pub duration: Duration,
+    /// Its slot, still held: the source releases it when its report is safe (the queue: once
+    /// the result is on disk), or lets it go when it is dropped.
+    pub slot: Option<Held<'a>>,
+}
+
+/// A slot a finished job still holds; released by [`Held::release`] or when dropped.
+#[derive(Debug)]
+pub struct Held<'a> {
+    runner: &'a Runner,
+    key: String,
+}
+
+impl Held<'_> {
+    /// Give the slot back to the taskscaler now.
+    pub fn release(self) {}
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.runner.release(&self.key);
+    }
 }
 
 impl Life<'_> {
@@ -144,20 +165,30 @@ impl Life<'_> {
         job: &JobResponse,
         start: Start<'_>,
         trace: &mut Trace,
-    ) -> Result<Ran, NoSlot> {
-        if let Start::Admit { held } = start {
-            let admitted = admit(self.runner, job, trace);
-            if let Some(held) = held {
-                self.runner.unreserve(held);
+    ) -> Result<Ran<'_>, NoSlot> {
+        let admission = match start {
+            Start::Reserved(admission) => admission,
+            Start::Admit { held } => {
+                let admitted = admit(self.runner, job, trace);
+                if let Some(held) = held {
+                    self.runner.unreserve(held);
+                }
+                let admission = admitted?;
+                reserve(self.runner, self.key, &admission, trace, &self.stops.cancel).await?;
+                admission
             }
-            reserve(self.runner, self.key, &admitted?, trace, &self.stops.cancel).await?;
-        }
-        self.run_reserved(job, trace).await
+        };
+        self.run_reserved(job, &admission, trace).await
     }
 
     /// Acquire the slot while the inputs are fetched, then execute; whichever of the two
     /// fails first stops the other.
-    async fn run_reserved(&self, job: &JobResponse, trace: &mut Trace) -> Result<Ran, NoSlot> {
+    async fn run_reserved(
+        &self,
+        job: &JobResponse,
+        admission: &Admission,
+        trace: &mut Trace,
+    ) -> Result<Ran<'_>, NoSlot> {
         let (runner, key) = (self.runner, self.key);
         let cancel = &self.stops.cancel;
         // The runner's environment counts for everything after: sources, cache, paths, steps.
@@ -170,10 +201,12 @@ impl Life<'_> {
         let (side_tx, mut side_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let mut side = Trace::new(job.masked_values(), side_tx);
         let acquiring = async {
-            let r = acquire(runner, key, trace, &acquire_cancel).await;
+            let r = acquire(runner, key, trace, &acquire_cancel)
+                .await
+                .map(|a| (a, Instant::now()));
             match &r {
                 // It holds its slot from now on, while its inputs may still be on their way.
-                Ok(a) => runner.board.running(key, &a.instance_id, a.slot),
+                Ok((a, _)) => runner.board.running(key, &a.instance_id, a.slot),
                 Err(_) => {
                     let _ =
                         first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
@@ -193,7 +226,10 @@ impl Life<'_> {
         let (acq, inputs) = tokio::join!(acquiring, fetching);
         side.finish();
         drop(side);
-        let acquired_at = Instant::now();
+        let held = |_: &Acquisition| Held {
+            runner,
+            key: key.to_string(),
+        };
         let ran = |job: JobResponse, outcome: JobOutcome, placement: Option<&Acquisition>| Ran {
             job,
             outcome,
@@ -201,13 +237,15 @@ impl Life<'_> {
             tracked: Arc::default(),
             placement: placement.map(|a| (a.instance_id.clone(), a.slot)),
             duration: Duration::ZERO,
+            slot: placement.map(held),
         };
-        let placed = match &acq {
-            Ok(a) => self.source.placed(&job, a).await,
-            Err(_) => Ok(()),
+        // Recorded only for a job whose steps are next.
+        let placed = match (&acq, &inputs) {
+            (Ok((a, _)), Ok(_)) => self.source.placed(&job, a).await,
+            _ => Ok(()),
         };
         match (&acq, &placed) {
-            (Ok(a), Ok(())) => trace.message(&format!(
+            (Ok((a, _)), Ok(())) => trace.message(&format!(
                 "Running on instance {} slot {}",
                 a.instance_id, a.slot
             )),
@@ -217,12 +255,9 @@ impl Life<'_> {
         while let Ok(chunk) = side_rx.try_recv() {
             trace.write(&chunk);
         }
-        let (acq, inputs) = match (acq, inputs) {
+        let ((acq, acquired_at), inputs) = match (acq, inputs) {
             (Ok(a), Ok(i)) => (a, i),
-            (Ok(a), Err(outcome)) => {
-                runner.release(key);
-                return Ok(ran(job, outcome, Some(&a)));
-            }
+            (Ok((a, _)), Err(outcome)) => return Ok(ran(job, outcome, Some(&a))),
             // The fetch failed and stopped the wait for a slot (which gave its reservation back).
             (Err(_), Err(outcome)) if first_failure.load(Ordering::SeqCst) == 2 => {
                 return Ok(ran(job, outcome, None));
@@ -230,7 +265,6 @@ impl Life<'_> {
             (Err(no), _) => return Err(no),
         };
         if let Err(msg) = placed {
-            runner.release(key);
             let outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
             return Ok(ran(job, outcome, Some(&acq)));
         }
@@ -245,17 +279,16 @@ impl Life<'_> {
             runner,
             &acq,
             &job,
+            admission,
             inputs.tars,
             trace,
-            cancel,
-            self.stops.abort.as_ref(),
+            &self.stops,
         )
         .await;
-        // The slot is free while the source deals with what the job left.
-        runner.release(key);
         Ok(Ran {
             placement: Some((acq.instance_id.clone(), acq.slot)),
             duration: acquired_at.elapsed(),
+            slot: Some(held(&acq)),
             job,
             outcome,
             collected,

@@ -13,7 +13,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context as _;
 use slipway_executor::{FailureReason, JobOutcome, Trace};
 use slipway_jobs::queue::{JobResult, Queue, QueueError, Recovery, ResultStatus, Started, unix_ms};
 use slipway_jobs::{JobResponse, JobStatus};
@@ -22,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::chain::Chain;
 use crate::lifecycle::{self, JobSource, Life, Start, Stops};
 use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
@@ -32,6 +32,23 @@ const POLL: Duration = Duration::from_millis(250);
 /// Why a job left running by a dead manager is failed.
 pub const RESTART_MESSAGE: &str =
     "the manager restarted while the job was running; it cannot resume";
+
+/// Why the queue could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueSourceError {
+    /// A queue operation failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// The thread doing the queue's blocking I/O failed (a panic).
+    #[error("queue I/O task")]
+    Join(#[source] tokio::task::JoinError),
+    /// A job's log file could not be opened.
+    #[error("opening the job log")]
+    OpenLog(#[source] std::io::Error),
+    /// The thread opening a job's log file failed (a panic).
+    #[error("opening the job log")]
+    OpenLogTask(#[source] tokio::task::JoinError),
+}
 
 /// The reservation key of queue job `id`.
 pub fn key_of(id: u64) -> String {
@@ -44,14 +61,14 @@ pub fn id_of_key(key: &str) -> Option<u64> {
 }
 
 /// Run `f` (blocking queue I/O) off the runtime's threads.
-pub async fn blocking<T, F>(f: F) -> anyhow::Result<T>
+pub async fn blocking<T, F>(f: F) -> Result<T, QueueSourceError>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, QueueError> + Send + 'static,
 {
     Ok(tokio::task::spawn_blocking(f)
         .await
-        .context("queue I/O task")??)
+        .map_err(QueueSourceError::Join)??)
 }
 
 /// After a restart: wait until every runner's taskscaler has read its state store, then report
@@ -62,7 +79,7 @@ pub async fn recover(
     claimed: Vec<u64>,
     runners: &[Arc<Runner>],
     stop: &CancellationToken,
-) -> anyhow::Result<Option<Recovery>> {
+) -> Result<Option<Recovery>, QueueSourceError> {
     let mut acquired = HashSet::new();
     for r in runners {
         for shape in r.placement.shapes() {
@@ -99,7 +116,10 @@ pub async fn recover(
             Ok(rec) => break rec,
             Err(e) => {
                 if !warned {
-                    tracing::warn!("recovering the jobs of the last run: {e:#}; retrying");
+                    tracing::warn!(
+                        "recovering the jobs of the last run: {}; retrying",
+                        Chain(&e)
+                    );
                     warned = true;
                 }
                 tokio::select! {
@@ -144,7 +164,9 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
             match next_pending(&queue).await {
                 Ok(Some(found)) => break found,
                 Ok(None) => {}
-                Err(e) => tracing::error!(runner = %runner.name, "reading the queue: {e:#}"),
+                Err(e) => {
+                    tracing::error!(runner = %runner.name, "reading the queue: {}", Chain(&e))
+                }
             }
             tokio::select! {
                 biased;
@@ -166,33 +188,39 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
         let mut trace = Trace::new(secrets, tx);
         let reserved = match lifecycle::admit(&runner, &payload, &mut trace) {
             Ok(admission) => {
-                lifecycle::reserve(&runner, &key, &admission, &mut trace, &shutdown.drain).await
+                lifecycle::reserve(&runner, &key, &admission, &mut trace, &shutdown.drain)
+                    .await
+                    .map(|()| admission)
             }
             Err(no) => Err(no),
         };
-        if let Err(no) = &reserved {
-            if shutdown.drain.is_cancelled() {
-                break;
+        let admission = match reserved {
+            Ok(admission) => admission,
+            Err(no) => {
+                let no = &no;
+                if shutdown.drain.is_cancelled() {
+                    break;
+                }
+                // The job can never run here (or the runner cannot reserve at all): report it
+                // rather than retry it forever.
+                if let Ok(Some(job)) = claim(&queue, id).await {
+                    runner.board.waiting(&key, board_entry.0, board_entry.1);
+                    let mut result = JobResult::new(&job, ResultStatus::Failed);
+                    result.failure_reason = Some(no.failure_reason.as_str().into());
+                    result.message = no.message.clone();
+                    result.runner = Some(runner.name.clone());
+                    trace.finish();
+                    drop(trace);
+                    let writer = tokio::spawn(write_log(queue.log_path(id), rx));
+                    finish(&queue, result, &runner.name).await;
+                    let _ = writer.await;
+                    runner
+                        .board
+                        .finished(&key, lifecycle::ending_of_refusal(no));
+                }
+                continue;
             }
-            // The job can never run here (or the runner cannot reserve at all): report it
-            // rather than retry it forever.
-            if let Ok(Some(job)) = claim(&queue, id).await {
-                runner.board.waiting(&key, board_entry.0, board_entry.1);
-                let mut result = JobResult::new(&job, ResultStatus::Failed);
-                result.failure_reason = Some(no.failure_reason.as_str().into());
-                result.message = no.message.clone();
-                result.runner = Some(runner.name.clone());
-                trace.finish();
-                drop(trace);
-                let writer = tokio::spawn(write_log(queue.log_path(id), rx));
-                finish(&queue, result, &runner.name).await;
-                let _ = writer.await;
-                runner
-                    .board
-                    .finished(&key, lifecycle::ending_of_refusal(no));
-            }
-            continue;
-        }
+        };
         match claim(&queue, id).await {
             Ok(Some(job)) => {
                 runner.board.waiting(&key, board_entry.0, board_entry.1);
@@ -202,6 +230,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
                     id,
                     key,
                     job,
+                    admission,
                     trace,
                     log: rx,
                     stop: shutdown.stop.clone(),
@@ -212,7 +241,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
             Ok(None) => runner.unreserve(&key),
             Err(e) => {
                 runner.unreserve(&key);
-                tracing::error!(runner = %runner.name, job = id, "claiming the job: {e:#}");
+                tracing::error!(runner = %runner.name, job = id, "claiming the job: {}", Chain(&e));
             }
         }
     }
@@ -231,7 +260,7 @@ fn reap(tasks: &mut JoinSet<()>, runner: &str) {
     }
 }
 
-async fn next_pending(queue: &Queue) -> anyhow::Result<Option<(u64, JobResponse)>> {
+async fn next_pending(queue: &Queue) -> Result<Option<(u64, JobResponse)>, QueueSourceError> {
     let q = queue.clone();
     blocking(move || {
         for id in q.pending()? {
@@ -245,7 +274,7 @@ async fn next_pending(queue: &Queue) -> anyhow::Result<Option<(u64, JobResponse)
     .await
 }
 
-async fn claim(queue: &Queue, id: u64) -> anyhow::Result<Option<JobResponse>> {
+async fn claim(queue: &Queue, id: u64) -> Result<Option<JobResponse>, QueueSourceError> {
     let q = queue.clone();
     blocking(move || q.claim(id)).await
 }
@@ -270,14 +299,14 @@ async fn finish(queue: &Queue, result: JobResult, runner: &str) {
             }
             Err(e) if tokio::time::Instant::now() < deadline => {
                 if !warned {
-                    tracing::warn!(%runner, job = id, "writing the job's result: {e:#}; retrying");
+                    tracing::warn!(%runner, job = id, "writing the job's result: {}; retrying", Chain(&e));
                     warned = true;
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Err(e) => {
                 // It stays claimed: the next start reports it failed.
-                tracing::error!(%runner, job = id, "writing the job's result: {e:#}");
+                tracing::error!(%runner, job = id, "writing the job's result: {}", Chain(&e));
                 return;
             }
         }
@@ -298,8 +327,8 @@ async fn write_log(path: std::path::PathBuf, mut rx: mpsc::UnboundedReceiver<Vec
                 .open(&path)
         })
         .await
-        .context("opening the job log")
-        .and_then(|r| r.context("opening the job log"))
+        .map_err(QueueSourceError::OpenLogTask)
+        .and_then(|r| r.map_err(QueueSourceError::OpenLog))
     };
     let mut log = match opened {
         Ok(file) => Some(Log {
@@ -308,7 +337,7 @@ async fn write_log(path: std::path::PathBuf, mut rx: mpsc::UnboundedReceiver<Vec
             warned: false,
         }),
         Err(e) => {
-            tracing::warn!(path = %path.display(), "job log: {e:#}");
+            tracing::warn!(path = %path.display(), "job log: {}", Chain(&e));
             None
         }
     };
@@ -379,6 +408,8 @@ struct JobTask {
     id: u64,
     key: String,
     job: JobResponse,
+    /// What it was admitted to, with capacity reserved for it.
+    admission: lifecycle::Admission,
     trace: Trace,
     log: mpsc::UnboundedReceiver<Vec<u8>>,
     stop: CancellationToken,
@@ -393,6 +424,7 @@ impl JobTask {
             id,
             key,
             job,
+            admission,
             mut trace,
             log,
             stop,
@@ -421,14 +453,14 @@ impl JobTask {
             },
             since: None,
         };
-        match life.run(&job, Start::Reserved, &mut trace).await {
+        match life.run(&job, Start::Reserved(admission), &mut trace).await {
             Err(no) if no.status == JobStatus::Canceled && stop.is_cancelled() => {
                 // It never ran: the next manager runs it.
                 trace.message("Manager shutting down before the job started: back to pending");
                 runner.board.forget(&key);
                 let q = queue.clone();
                 if let Err(e) = blocking(move || q.requeue(id)).await {
-                    tracing::error!(runner = %name, job = id, "requeueing the job: {e:#}");
+                    tracing::error!(runner = %name, job = id, "requeueing the job: {}", Chain(&e));
                 }
             }
             Err(no) => {
@@ -445,7 +477,9 @@ impl JobTask {
                 finish(&queue, result, &name).await;
             }
             Ok(ran) => {
-                let outcome = ran.outcome;
+                // The slot is held until the result is on disk: a crash in between leaves an
+                // acquisition for a finished job, which a restart skips.
+                let (outcome, slot) = (ran.outcome, ran.slot);
                 trace.message(&lifecycle::closing_line(&outcome));
                 let started = source.started.lock().ok().and_then(|s| s.clone());
                 let mut result =
@@ -465,6 +499,7 @@ impl JobTask {
                 }
                 finish(&queue, result, &name).await;
                 runner.board.finished(&key, lifecycle::ending_of(&outcome));
+                drop(slot);
             }
         }
         watcher.abort();
@@ -499,7 +534,7 @@ impl JobSource for QueueJob {
         let (q, id) = (self.queue.clone(), self.id);
         blocking(move || q.mark_started(id, &record))
             .await
-            .map_err(|e| format!("recording the job's start: {e:#}"))
+            .map_err(|e| format!("recording the job's start: {}", Chain(&e)))
     }
 }
 

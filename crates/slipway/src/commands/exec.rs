@@ -110,13 +110,10 @@ async fn exec(
 ) -> anyhow::Result<bool> {
     let read = {
         let opts = opts.clone();
-        tokio::task::spawn_blocking(move || local::read(&opts, !list))
+        tokio::task::spawn_blocking(move || local::read(&opts, !list, &mut |n| eprintln!("{n}")))
             .await
             .context("reading the pipeline")??
     };
-    for n in &read.notices {
-        eprintln!("{n}");
-    }
     let pipeline = &read.pipeline;
     for w in &pipeline.warnings {
         eprintln!("warning: {w}");

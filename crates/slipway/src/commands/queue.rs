@@ -55,7 +55,11 @@ pub async fn cancel(args: CancelArgs, queue: Option<PathBuf>) -> anyhow::Result<
     let mut code = ExitCode::SUCCESS;
     for id in ids {
         let q = queue.clone();
-        match blocking(move || q.cancel(id)).await {
+        // Through anyhow: `{:#}` shows the error's causes too.
+        match blocking(move || q.cancel(id))
+            .await
+            .map_err(anyhow::Error::from)
+        {
             Ok(Cancel::Canceled) => println!("{id}\tcanceled"),
             Ok(Cancel::Requested) => println!("{id}\tcancel requested"),
             Ok(Cancel::AlreadyDone(status)) => println!("{id}\talready {status}"),

@@ -94,11 +94,15 @@ async fn check_executor_plugins(
                     &host.capabilities().isolation_levels,
                 );
                 host.stop().await;
-                if let Err(e) = levels {
+                if let Err(e) = levels.map_err(anyhow::Error::from) {
                     errors.push(format!("{file}: runners[{i}]: {e:#}"));
                 }
             }
-            Err(e) => errors.push(format!("{file}: runners[{i}].plugin: {e:#}")),
+            Err(e) => {
+                // Through anyhow: `{:#}` shows the error's causes too.
+                let e = anyhow::Error::from(e);
+                errors.push(format!("{file}: runners[{i}].plugin: {e:#}"))
+            }
         }
     }
     errors

@@ -389,9 +389,11 @@ async fn dispatch(source: Arc<Source>, limits: Limits, shutdown: Shutdown) {
         if !reserve_provisional(&source, &provisional, &mut tasks, &shutdown).await {
             break;
         }
+        // A request already on its way is answered even while draining: a job GitLab hands
+        // out is then run and reported, never dropped (only a stop abandons it).
         let job = tokio::select! {
             biased;
-            _ = drain.cancelled() => {
+            _ = stop.cancelled() => {
                 source.runner.unreserve(&provisional);
                 break;
             }
@@ -420,6 +422,12 @@ async fn dispatch(source: Arc<Source>, limits: Limits, shutdown: Shutdown) {
     }
     while let Some(r) = tasks.join_next().await {
         match r {
+            // Draining, not stopped: the final state is retried until it is delivered or the
+            // drain's time is up.
+            Ok(Some(update)) if !stop.is_cancelled() => {
+                let first = source.backoff.delay(0);
+                tasks.spawn(redeliver(source.clone(), update, first, stop.clone()));
+            }
             Ok(Some(update)) => tracing::warn!(runner = %name, job = update.job_id,
                 state = ?update.state, "final job state not delivered before shutdown; kept in the outbox for the next start"),
             Ok(None) => {}
@@ -829,8 +837,11 @@ async fn run_admitted(
         collected,
         tracked,
         placement,
+        slot,
         ..
     } = ran;
+    // The slot is free while the artifacts travel: uploading is the manager's work.
+    drop(slot);
     // Inputs that failed before a slot was had leave nothing to upload.
     if placement.is_some() {
         artifacts::upload_artifacts(source, &job, collected, &tracked, &mut outcome, trace, stop)

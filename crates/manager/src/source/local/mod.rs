@@ -8,20 +8,45 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use slipway_executor::{JobOutcome, Trace};
-use slipway_jobs::{JobStatus, PipelineRun, PipelineStatus, Retry, Selection, Variable};
+use slipway_jobs::{JobStatus, PipelineRun, PipelineStatus, Retry, RunError, Selection, Variable};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::lifecycle::{self, Inputs, JobSource, Life, Start, Stops};
-use crate::runner::{Runner, StartOptions};
+use crate::runner::{Runner, StartError, StartOptions};
 use slipway_config::RunnerConfig;
 
 pub mod read;
 
-pub use read::{Read, read};
+pub use read::{Read, ReadError, read};
+
+/// Why a local pipeline could not be run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// The jobs asked for do not fit the pipeline, or the run went out of order.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// The directory for the run's state and artifacts cannot be created.
+    #[error("creating the run directory")]
+    RunDir(#[source] std::io::Error),
+    /// The artifacts directory inside it cannot be created.
+    #[error(transparent)]
+    ArtifactsDir(std::io::Error),
+    /// The runner did not start.
+    #[error(transparent)]
+    Runner(#[from] StartError),
+    /// A stop came while the runner was starting.
+    #[error("interrupted while starting the runner")]
+    Interrupted,
+    /// A job's task failed (a panic).
+    #[error("job task failed: {cause}")]
+    JobTask {
+        /// Why.
+        cause: tokio::task::JoinError,
+    },
+}
 
 /// What `slipway exec` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -147,7 +172,7 @@ pub async fn run(
     opts: &ExecOptions,
     events: mpsc::UnboundedSender<Event>,
     stop: CancellationToken,
-) -> anyhow::Result<Outcome> {
+) -> Result<Outcome, LocalError> {
     let pipeline = &read.pipeline;
     let mut plan = PipelineRun::with_selection(
         pipeline,
@@ -162,9 +187,11 @@ pub async fn run(
     let run_dir = tempfile::Builder::new()
         .prefix("slipway-exec-")
         .tempdir()
-        .context("creating the run directory")?;
+        .map_err(LocalError::RunDir)?;
     let artifacts_dir = run_dir.path().join("artifacts");
-    tokio::fs::create_dir_all(&artifacts_dir).await?;
+    tokio::fs::create_dir_all(&artifacts_dir)
+        .await
+        .map_err(LocalError::ArtifactsDir)?;
 
     let start = StartOptions {
         plugin_dir: opts.plugin_dir.clone(),
@@ -186,7 +213,7 @@ pub async fn run(
     };
     let runner = tokio::select! {
         r = Runner::start(runner_cfg, &start) => Arc::new(r?),
-        _ = stop.cancelled() => anyhow::bail!("interrupted while starting the runner"),
+        _ = stop.cancelled() => return Err(LocalError::Interrupted),
     };
 
     let result = drive(
@@ -268,7 +295,7 @@ async fn drive(
     artifacts_dir: &Path,
     events: &mpsc::UnboundedSender<Event>,
     stop: &CancellationToken,
-) -> anyhow::Result<Vec<JobRow>> {
+) -> Result<Vec<JobRow>, LocalError> {
     let pipeline = &read.pipeline;
     let mut rows: Vec<Option<JobRow>> = vec![None; pipeline.jobs.len()];
     let mut artifacts: HashMap<usize, Vec<PathBuf>> = HashMap::new();
@@ -279,7 +306,7 @@ async fn drive(
     let pipeline_id = u64::from(std::process::id());
     // Jobs stop on a signal, or when the run itself fails: never abandoned mid-step.
     let jobs_stop = stop.child_token();
-    let mut fatal: Option<anyhow::Error> = None;
+    let mut fatal: Option<LocalError> = None;
     // One lock per resource group: its jobs run one at a time, in the order they start.
     let mut groups: HashMap<String, Arc<tokio::sync::Mutex<()>>> = HashMap::new();
     let sources = Arc::new(read.sources.clone());
@@ -350,7 +377,7 @@ async fn drive(
                 let finished = match done {
                     Ok(f) => f,
                     Err(e) => {
-                        fatal.get_or_insert_with(|| anyhow::anyhow!("job task failed: {e}"));
+                        fatal.get_or_insert(LocalError::JobTask { cause: e });
                         jobs_stop.cancel();
                         continue;
                     }
@@ -477,8 +504,8 @@ impl JobTask {
             let outcome = self.attempt(&key, &mut trace, &mut row).await;
             artifacts.clear();
             dotenv.clear();
-            if let Some((outcome, collected)) = outcome {
-                self.store(&collected, &mut trace, &mut artifacts, &mut dotenv)
+            if let Some((outcome, collected, job)) = outcome {
+                self.store(&job, &collected, &mut trace, &mut artifacts, &mut dotenv)
                     .await;
                 row.status = lifecycle::status_of(&outcome);
                 row.exit_code = None;
@@ -506,14 +533,18 @@ impl JobTask {
         self.end(trace, row, artifacts, dotenv).await
     }
 
-    /// One try: a slot, the job, the slot released. `None` when no slot could be had (the
-    /// row says why).
+    /// One try: a slot, the job, the slot released; its outcome, its artifacts and the job as
+    /// its steps saw it. `None` when no slot could be had (the row says why).
     async fn attempt(
         &self,
         key: &str,
         trace: &mut Trace,
         row: &mut JobRow,
-    ) -> Option<(JobOutcome, Vec<slipway_executor::CollectedArtifacts>)> {
+    ) -> Option<(
+        JobOutcome,
+        Vec<slipway_executor::CollectedArtifacts>,
+        slipway_jobs::JobResponse,
+    )> {
         let life = Life {
             runner: &self.runner,
             key,
@@ -536,33 +567,44 @@ impl JobTask {
             }
             Ok(ran) => ran,
         };
+        // Nothing to report before the slot goes back: a local pipeline has no other record.
+        drop(ran.slot);
         if let Some((instance, slot)) = ran.placement {
             row.instance = instance;
             row.slot = Some(slot);
             row.duration = Some(ran.duration);
         }
-        Some((ran.outcome, ran.collected))
+        Some((ran.outcome, ran.collected, ran.job))
     }
 
     /// Keeps a try's artifacts (one file per archive, each unpacked by its own `tar -x`) and
-    /// reads its dotenv report.
+    /// reads its dotenv report; `$VARIABLE`s in their paths and exclusions are expanded with
+    /// the variables `job` ran with, as its artifact paths were.
     async fn store(
         &self,
+        job: &slipway_jobs::JobResponse,
         collected: &[slipway_executor::CollectedArtifacts],
         trace: &mut Trace,
         artifacts: &mut Vec<PathBuf>,
         dotenv: &mut Vec<Variable>,
     ) {
+        let expand = |paths: &[String]| -> Vec<String> {
+            paths
+                .iter()
+                .map(|p| slipway_executor::cache::expand(p, job))
+                .collect()
+        };
+        let (dotenv_files, exclude) = (expand(&self.dotenv_files), expand(&self.exclude));
         for (n, c) in collected.iter().enumerate() {
             let spec = self.payload.artifacts.get(c.spec);
             if spec.is_some_and(|s| s.artifact_type == "dotenv") {
-                match read::dotenv_of(&c.tar, &self.dotenv_files) {
+                match read::dotenv_of(&c.tar, &dotenv_files) {
                     Ok(vars) => dotenv.extend(vars),
                     Err(e) => trace.message(&format!("WARNING: dotenv report: {e}")),
                 }
                 continue;
             }
-            let tar = match read::without_excluded(&c.tar, &self.exclude) {
+            let tar = match read::without_excluded(&c.tar, &exclude) {
                 Ok(t) => t,
                 Err(e) => {
                     trace.message(&format!("WARNING: artifacts: {e}"));

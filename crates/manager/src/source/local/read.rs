@@ -6,9 +6,8 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::Context as _;
 use slipway_artifacts::Globs;
-use slipway_jobs::{Checkout, JobResponse, Pipeline, PipelineOptions, Variable};
+use slipway_jobs::{Checkout, JobResponse, Pipeline, PipelineError, PipelineOptions, Variable};
 
 use super::ExecOptions;
 
@@ -16,6 +15,52 @@ use super::ExecOptions;
 pub const DEFAULT_VARIABLES_FILE: &str = ".slipway-variables.yml";
 /// Largest dotenv report read (GitLab's limit is 5 KiB; a little room for comments).
 const MAX_DOTENV_BYTES: u64 = 64 * 1024;
+
+/// Why a local pipeline could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The variables file cannot be read.
+    #[error("cannot read the variables file {}", path.display())]
+    VariablesFileUnreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        cause: std::io::Error,
+    },
+    /// The variables file holds something that is not variables.
+    #[error(transparent)]
+    VariablesFile(PipelineError),
+    /// A `--variable` without `=`.
+    #[error("--variable {given:?}: expected KEY=VALUE")]
+    VariableSyntax {
+        /// The argument as given.
+        given: String,
+    },
+    /// A `--variable` whose key is not a variable name.
+    #[error("--variable {given:?}: \"{key}\" is not a variable name (letters, digits, _)")]
+    VariableName {
+        /// The argument as given.
+        given: String,
+        /// Its key.
+        key: String,
+    },
+    /// The pipeline file cannot be read or used.
+    #[error(transparent)]
+    Pipeline(PipelineError),
+    /// A project file cannot be packed for the jobs.
+    #[error("packing {} for the jobs", path.display())]
+    Pack {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        cause: std::io::Error,
+    },
+    /// The project's files cannot be packed for the jobs.
+    #[error("packing the project's files for the jobs")]
+    PackAll(#[source] std::io::Error),
+}
 
 /// A pipeline ready to run.
 #[derive(Debug)]
@@ -26,13 +71,17 @@ pub struct Read {
     pub sources: Vec<u8>,
     /// Names of the user's variables (a dotenv report does not override them).
     pub user_keys: Vec<String>,
-    /// What the user should be told about the reading (a variables file found by itself).
-    pub notices: Vec<String>,
 }
 
 /// Reads the pipeline of `opts` and everything it needs (blocking: files and git); the
 /// project's files only `with_sources` (a run, not a listing).
-pub fn read(opts: &ExecOptions, with_sources: bool) -> anyhow::Result<Read> {
+/// `notify` is told what the user should know as it happens (a variables file found by
+/// itself), so it is said even when the reading then fails.
+pub fn read(
+    opts: &ExecOptions,
+    with_sources: bool,
+    notify: &mut dyn FnMut(String),
+) -> Result<Read, ReadError> {
     let project_dir = match opts.file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -46,23 +95,27 @@ pub fn read(opts: &ExecOptions, with_sources: bool) -> anyhow::Result<Read> {
         }
     };
     let mut user = Vec::new();
-    let mut notices = Vec::new();
     if let Some(path) = &variables_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the variables file {}", path.display()))?;
-        user = slipway_jobs::read_variables_file(&text, &path.display().to_string())?;
+        let text =
+            std::fs::read_to_string(path).map_err(|cause| ReadError::VariablesFileUnreadable {
+                path: path.clone(),
+                cause,
+            })?;
+        user = slipway_jobs::read_variables_file(&text, &path.display().to_string())
+            .map_err(ReadError::VariablesFile)?;
         if !named {
-            notices.push(format!("Variables from {}", path.display()));
+            notify(format!("Variables from {}", path.display()));
         }
     }
     for kv in &opts.variables {
         let Some((key, value)) = kv.split_once('=') else {
-            anyhow::bail!("--variable {kv:?}: expected KEY=VALUE");
+            return Err(ReadError::VariableSyntax { given: kv.clone() });
         };
         if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            anyhow::bail!(
-                "--variable {kv:?}: \"{key}\" is not a variable name (letters, digits, _)"
-            );
+            return Err(ReadError::VariableName {
+                given: kv.clone(),
+                key: key.to_string(),
+            });
         }
         user.retain(|v: &Variable| v.key != key);
         user.push(Variable::new(key, value));
@@ -78,7 +131,8 @@ pub fn read(opts: &ExecOptions, with_sources: bool) -> anyhow::Result<Read> {
             variables: user,
             changes_base: checkout.changes_base,
         },
-    )?;
+    )
+    .map_err(ReadError::Pipeline)?;
     let skip: Vec<PathBuf> = variables_file.into_iter().collect();
     let sources = if !with_sources || pipeline.jobs.is_empty() {
         Vec::new()
@@ -89,7 +143,6 @@ pub fn read(opts: &ExecOptions, with_sources: bool) -> anyhow::Result<Read> {
         pipeline,
         sources,
         user_keys,
-        notices,
     })
 }
 
@@ -99,7 +152,7 @@ pub fn read(opts: &ExecOptions, with_sources: bool) -> anyhow::Result<Read> {
 /// included): jobs start empty, as before a checkout. Files in `skip` (the variables file:
 /// secrets stay out of jobs' directories) and anything but regular files and symlinks are left
 /// out.
-pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> anyhow::Result<Vec<u8>> {
+pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> Result<Vec<u8>, ReadError> {
     let listed = Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -144,11 +197,12 @@ pub fn project_tar(dir: &Path, skip: &[PathBuf]) -> anyhow::Result<Vec<u8>> {
         }
         builder
             .append_path_with_name(&path, &rel)
-            .with_context(|| format!("packing {} for the jobs", path.display()))?;
+            .map_err(|cause| ReadError::Pack {
+                path: path.clone(),
+                cause,
+            })?;
     }
-    builder
-        .into_inner()
-        .context("packing the project's files for the jobs")
+    builder.into_inner().map_err(ReadError::PackAll)
 }
 
 /// Adds dotenv variables to a job, each replacing one of its name.
