@@ -1,0 +1,388 @@
+//! One `[[runners]]` entry brought to life: its plugin process, taskscaler and SSH connections.
+//!
+//! - `error`: why it did not start ([`StartError`]), and the errors' names for its groups.
+//! - `group`: its instance groups (one per shape), each a fleeting plugin and a taskscaler.
+//! - `local`: a runner whose jobs run on this machine, its slots one local taskscaler.
+//! - `plugin`: a `plugin` runner's executor plugin, started and its levels checked.
+
+mod error;
+mod group;
+mod local;
+mod plugin;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use slipway_config::{Executor, RunnerConfig};
+use slipway_connector::{Client, DialOptions};
+use slipway_executor::cgroup::SlotCgroups;
+use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError};
+use slipway_executor::{CustomConfig, IsolationPolicy, NestingConfig};
+use slipway_fleeting::PluginHost;
+use slipway_status::{JobBoard, JobMetrics};
+use slipway_taskscaler::metrics::MetricFamilies;
+use slipway_taskscaler::{
+    Acquisition, Error as TsError, Placement, Policy, Resources, Shape, Stats,
+};
+
+use crate::lifecycle::JobDefaults;
+use crate::pool::{DockerExecs, Pool, PoolError};
+
+pub use error::{GroupName, SnapshotsError, StartError};
+pub use group::{plugin_name, run_scoped_plugin_config};
+pub use plugin::{ExecutorPlugin, check_plugin_levels, start_executor_plugin_with};
+
+use group::{group_plans, start_group, stop_started};
+use local::start_local;
+use plugin::start_plugin_of;
+
+/// A started runner.
+#[derive(Debug)]
+pub struct Runner {
+    /// Runner name from the config.
+    pub name: String,
+    /// Builds root on instances.
+    pub builds_dir: String,
+    /// Cache root where jobs run (`cache_dir`; `cache` under `$HOME` by default).
+    pub cache_dir: String,
+    /// Cache root inside job containers (`cache_dir`; `/cache` by default, as GitLab's docker
+    /// executor: kept across jobs when `[runners.docker] volumes` mounts a volume there).
+    pub container_cache_dir: String,
+    /// Isolation levels jobs may ask for, and the default.
+    pub isolation: IsolationPolicy,
+    /// Slot cgroups of the `cgroup` level.
+    pub cgroups: SlotCgroups,
+    /// Executor (`instance`, `docker-autoscaler`, `shell`, `docker`, `custom`, `plugin`).
+    pub executor: Executor,
+    /// Jobs run on this machine (shell, docker, custom), not on autoscaled instances.
+    pub local: bool,
+    /// `[runners.docker]`.
+    pub docker: DockerConfig,
+    /// `[runners.custom]`.
+    pub custom: Option<CustomConfig>,
+    /// `[runners.autoscaler.vm_isolation]` for the `microvm` and `vm` levels.
+    pub nesting: Option<NestingConfig>,
+    /// The executor plugin of a `plugin` runner, started and initialized.
+    pub executor_plugin: Option<ExecutorPlugin>,
+    /// Its instance groups (one per shape) and where each job goes.
+    pub placement: Placement,
+    /// Its jobs as they wait, run and end (the status page and job metrics).
+    pub board: Arc<JobBoard>,
+    /// What config.toml adds to each of its jobs (`environment`, `pre_build_script`,
+    /// `post_build_script`), whatever their source.
+    pub defaults: JobDefaults,
+    /// One plugin process per shape, in the placement's order.
+    plugins: Vec<Arc<PluginHost>>,
+    /// One SSH connection per instance, shared by the jobs on its slots and health checks.
+    pool: Arc<Pool>,
+    /// Docker executors by instance (`localhost` for the local engine), kept so each slot's
+    /// network stays warm across jobs; their networks are removed when their instance is
+    /// removed, and at shutdown.
+    docker_execs: DockerExecs,
+}
+
+/// Extra settings a command passes when starting a runner.
+#[derive(Debug, Default, Clone)]
+pub struct StartOptions {
+    /// Where to look for plugins first.
+    pub plugin_dir: Option<PathBuf>,
+    /// Keys merged into `plugin_config` (a per-run state dir, say) unless the config sets them.
+    /// With several shapes, string values of `name` and `dir` get the shape's name appended,
+    /// so the groups stay apart.
+    pub plugin_config_defaults: toml::Table,
+    /// Handshake timeout.
+    pub handshake_timeout: Option<Duration>,
+    /// Delete every instance at shutdown whatever the config says (a run that owns its
+    /// plugin's state must not leave instances nobody can find again).
+    pub delete_instances_on_shutdown: bool,
+    /// `state_storage.dir` when the config names none (`run`: beside config.toml).
+    pub state_dir: Option<PathBuf>,
+    /// Metric families shared by every runner of the process (default: the runner's own).
+    pub metrics: Option<Arc<MetricFamilies>>,
+    /// Job metric families shared by every runner of the process (default: the runner's own).
+    pub job_metrics: Option<JobMetrics>,
+    /// Jobs at once on a runner without a `limit` (its slots when jobs run on this machine).
+    pub concurrent: u32,
+}
+
+impl Runner {
+    /// Start every shape's plugin, `Init` it and start its taskscaler. Nothing is left
+    /// running when one of them fails.
+    pub async fn start(cfg: &RunnerConfig, opts: &StartOptions) -> Result<Runner, StartError> {
+        let isolation = cfg
+            .isolation_policy()
+            .map_err(|(key, problem)| StartError::Setting {
+                runner: cfg.name.clone(),
+                key,
+                problem,
+            })?;
+        let cgroups = cfg.slot_cgroups().map_err(|problem| StartError::Setting {
+            runner: cfg.name.clone(),
+            key: "slot_cgroup_template",
+            problem,
+        })?;
+        let docker = cfg.docker.clone().unwrap_or_default();
+        if !cfg.on_instances() {
+            let executor_plugin = start_plugin_of(cfg, opts).await?;
+            return match start_local(cfg, opts, isolation, cgroups, docker) {
+                Ok(mut runner) => {
+                    runner.executor_plugin = executor_plugin;
+                    Ok(runner)
+                }
+                Err(e) => {
+                    if let Some(p) = executor_plugin {
+                        p.host.stop().await;
+                    }
+                    Err(e)
+                }
+            };
+        }
+        let Some(auto) = &cfg.autoscaler else {
+            return Err(StartError::NoAutoscaler {
+                runner: cfg.name.clone(),
+            });
+        };
+        let plans = group_plans(auto, opts)?;
+        let pool = Arc::new(Pool::new(DialOptions {
+            use_external_addr: auto.connector_config.use_external_addr,
+        }));
+        let families = opts.metrics.clone().unwrap_or_default();
+        let docker_execs = DockerExecs::default();
+        let mut plugins = Vec::new();
+        let mut shapes = Vec::new();
+        for plan in &plans {
+            match start_group(
+                cfg,
+                plan,
+                plans.len() > 1,
+                opts,
+                &pool,
+                &docker_execs,
+                &families,
+            )
+            .await
+            {
+                Ok((plugin, scaler)) => {
+                    plugins.push(plugin);
+                    shapes.push(Shape {
+                        name: plan.shape.clone(),
+                        scaler,
+                    });
+                }
+                Err(e) => {
+                    stop_started(&shapes, &plugins).await;
+                    return Err(e);
+                }
+            }
+        }
+        let executor_plugin = match start_plugin_of(cfg, opts).await {
+            Ok(p) => p,
+            Err(e) => {
+                stop_started(&shapes, &plugins).await;
+                return Err(e);
+            }
+        };
+        Ok(Runner {
+            name: cfg.name.clone(),
+            builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
+            cache_dir: cache_dir_of(cfg, "cache"),
+            container_cache_dir: cache_dir_of(cfg, "/cache"),
+            isolation,
+            cgroups,
+            executor: cfg.executor.clone(),
+            local: false,
+            docker,
+            custom: cfg.custom.clone(),
+            nesting: cfg.nesting_config(),
+            executor_plugin,
+            placement: Placement::new(shapes),
+            board: board_of(cfg, opts),
+            defaults: JobDefaults::of(cfg),
+            plugins,
+            pool,
+            docker_execs,
+        })
+    }
+
+    /// Reserve capacity for a job asking for `request` on the shape that fits it.
+    pub fn reserve(&self, key: &str, request: &Resources) -> Result<(), TsError> {
+        self.placement.reserve(key, request)
+    }
+
+    /// Reserve, waiting while the chosen shape has no capacity to reserve.
+    pub async fn reserve_wait(&self, key: &str, request: &Resources) -> Result<(), TsError> {
+        self.placement.reserve_wait(key, request).await
+    }
+
+    /// Reserve a whole fresh instance for a job at the `instance` isolation level.
+    pub fn reserve_instance(&self, key: &str, request: &Resources) -> Result<(), TsError> {
+        self.placement.reserve_instance(key, request)
+    }
+
+    /// [`Runner::reserve_instance`], waiting while the chosen shape has no capacity.
+    pub async fn reserve_wait_instance(
+        &self,
+        key: &str,
+        request: &Resources,
+    ) -> Result<(), TsError> {
+        self.placement.reserve_wait_instance(key, request).await
+    }
+
+    /// Bind a reservation to a slot.
+    pub async fn acquire(&self, key: &str) -> Result<Acquisition, TsError> {
+        self.placement.acquire(key).await
+    }
+
+    /// Free a reservation or acquisition.
+    pub fn release(&self, key: &str) {
+        self.placement.release(key);
+    }
+
+    /// Give back a reservation no job arrived for.
+    pub fn unreserve(&self, key: &str) {
+        self.placement.unreserve(key);
+    }
+
+    /// Counts over every shape.
+    pub fn stats(&self) -> Stats {
+        let mut total = Stats::default();
+        for s in self.placement.shapes() {
+            let st = s.scaler.stats();
+            total.instances += st.instances;
+            total.running += st.running;
+            total.pending += st.pending;
+            total.acquired += st.acquired;
+            total.created += st.created;
+            total.removed += st.removed;
+        }
+        total
+    }
+
+    /// Replace every shape's policies (config.toml reloaded).
+    pub fn set_policies(&self, policies: &[Policy]) -> Result<(), TsError> {
+        for s in self.placement.shapes() {
+            s.scaler.set_policies(policies)?;
+        }
+        Ok(())
+    }
+
+    /// An SSH connection to the acquisition's instance, reused across jobs.
+    pub async fn client(&self, acq: &Acquisition) -> Result<Arc<Client>, PoolError> {
+        self.pool.client(&acq.connect_info).await
+    }
+
+    /// The snapshots the nesting daemon on instance `id` holds (runners with VM isolation).
+    pub async fn nesting_snapshots(
+        &self,
+        id: &str,
+        info: &slipway_fleeting::ConnectInfo,
+    ) -> Result<Vec<slipway_nesting::proto::Snapshot>, SnapshotsError> {
+        let Some(config) = self.nesting.clone() else {
+            return Err(SnapshotsError::NoVmIsolation {
+                runner: self.name.clone(),
+            });
+        };
+        let client = self.pool.client(info).await?;
+        let exec = slipway_executor::NestingExecutor {
+            client,
+            instance: id.to_string(),
+            config,
+            level: slipway_executor::Isolation::Microvm,
+        };
+        let mut nesting = exec.nesting().await.map_err(SnapshotsError::Nesting)?;
+        Ok(nesting.list_snapshots().await?)
+    }
+
+    /// The Docker executor for jobs on `instance` (`None`: this machine's engine), made on first
+    /// use: it sweeps slot networks a crashed run of this runner left on that engine.
+    pub async fn docker_executor(
+        &self,
+        instance: Option<(&str, Arc<Client>)>,
+    ) -> Result<DockerExecutor, DockerExecutorError> {
+        let key = instance
+            .as_ref()
+            .map_or(crate::localhost::ID, |(id, _)| *id);
+        let mut cache = self.docker_execs.lock().await;
+        if let Some(e) = cache.get(key) {
+            return Ok(e.clone());
+        }
+        let mut exec = match &instance {
+            None => DockerExecutor::connect_local(self.docker.clone()).await?,
+            Some((_, client)) => {
+                DockerExecutor::connect_ssh(client.clone(), self.docker.clone()).await?
+            }
+        };
+        exec.runner_name = self.name.clone();
+        exec.cache_dir = Some(self.container_cache_dir.clone());
+        match DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, false).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(runner = %self.name, engine = key, removed = n,
+                "removed containers and volumes an earlier run's jobs left"),
+            Err(e) => {
+                tracing::warn!(runner = %self.name, engine = key, "sweeping an earlier run's containers: {e}")
+            }
+        }
+        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, false).await
+        {
+            tracing::warn!(runner = %self.name, engine = key, "sweeping old slot networks: {e}");
+        }
+        cache.insert(key.to_string(), exec.clone());
+        Ok(exec)
+    }
+
+    /// Close connections, stop the taskscalers (deleting instances when configured), stop the
+    /// plugins.
+    pub async fn shutdown(&self) {
+        let execs: Vec<(String, DockerExecutor)> = self.docker_execs.lock().await.drain().collect();
+        for (engine, exec) in execs {
+            // Every job has ended: what a job whose cleanup failed (its instance's connection
+            // lost, say) left on a still reachable engine goes now.
+            if let Err(e) =
+                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, true).await
+            {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing jobs' leftovers: {e}");
+            }
+            // Slot networks of executors whose instance is gone, on an engine they shared
+            // with this one (the local plugin's instances share this host's).
+            if let Err(e) =
+                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, true).await
+            {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing old slot networks: {e}");
+            }
+            if let Err(e) = exec.shutdown().await {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing slot networks: {e}");
+            }
+        }
+        self.pool.close_all().await;
+        self.placement.shutdown().await;
+        for p in &self.plugins {
+            p.stop().await;
+        }
+        if let Some(p) = &self.executor_plugin {
+            p.host.stop().await;
+        }
+    }
+}
+
+/// The runner's job board, writing the process's job metrics.
+fn board_of(cfg: &RunnerConfig, opts: &StartOptions) -> Arc<JobBoard> {
+    Arc::new(JobBoard::new(
+        &cfg.name,
+        opts.job_metrics.clone().unwrap_or_default(),
+    ))
+}
+
+/// The runner's cache root: `cache_dir` (else `default`), under `[runners.cache] Path` when
+/// that is set (GitLab's prefix for the cache of one runner).
+fn cache_dir_of(cfg: &RunnerConfig, default: &str) -> String {
+    let base = cfg
+        .cache_dir
+        .clone()
+        .filter(|d| !d.trim().is_empty())
+        .unwrap_or_else(|| default.to_string());
+    match cfg.cache.as_ref().map(|c| c.path.trim_matches('/')) {
+        Some(p) if !p.is_empty() => format!("{}/{p}", base.trim_end_matches('/')),
+        _ => base,
+    }
+}
