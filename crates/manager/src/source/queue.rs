@@ -211,9 +211,9 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
                     result.runner = Some(runner.name.clone());
                     trace.finish();
                     drop(trace);
-                    let writer = tokio::spawn(write_log(queue.log_path(id), rx));
+                    // The log first, then the result (see `JobTask::run`).
+                    write_log(queue.log_path(id), rx).await;
                     finish(&queue, result, &runner.name).await;
-                    let _ = writer.await;
                     runner
                         .board
                         .finished(&key, lifecycle::ending_of_refusal(no));
@@ -453,6 +453,11 @@ impl JobTask {
             },
             since: None,
         };
+        // The result is written last, after the whole trace is on disk: a manager killed in
+        // between leaves the job claimed (reported failed at the next start), never a result
+        // whose log lacks its end.
+        let mut ended = None;
+        let mut slot = None;
         match life.run(&job, Start::Reserved(admission), &mut trace).await {
             Err(no) if no.status == JobStatus::Canceled && stop.is_cancelled() => {
                 // It never ran: the next manager runs it.
@@ -469,17 +474,16 @@ impl JobTask {
                     result.failure_reason =
                         Some(FailureReason::RunnerSystemFailure.as_str().into());
                 }
-                runner
-                    .board
-                    .finished(&key, lifecycle::ending_of_refusal(&no));
+                let ending = lifecycle::ending_of_refusal(&no);
                 result.message = no.message;
                 result.runner = Some(name.clone());
-                finish(&queue, result, &name).await;
+                ended = Some((result, ending));
             }
             Ok(ran) => {
                 // The slot is held until the result is on disk: a crash in between leaves an
                 // acquisition for a finished job, which a restart skips.
-                let (outcome, slot) = (ran.outcome, ran.slot);
+                let outcome = ran.outcome;
+                slot = ran.slot;
                 trace.message(&lifecycle::closing_line(&outcome));
                 let started = source.started.lock().ok().and_then(|s| s.clone());
                 let mut result =
@@ -497,15 +501,18 @@ impl JobTask {
                     result.exit_code = *exit_code;
                     result.message = message.clone();
                 }
-                finish(&queue, result, &name).await;
-                runner.board.finished(&key, lifecycle::ending_of(&outcome));
-                drop(slot);
+                ended = Some((result, lifecycle::ending_of(&outcome)));
             }
         }
         watcher.abort();
         trace.finish();
         drop(trace);
         let _ = writer.await;
+        if let Some((result, ending)) = ended {
+            finish(&queue, result, &name).await;
+            runner.board.finished(&key, ending);
+        }
+        drop(slot);
     }
 }
 
