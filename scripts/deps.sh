@@ -13,6 +13,8 @@ have nsenter || missing+=(util-linux)
 have tar || missing+=(tar)
 # GitLab jobs' repositories are fetched on the manager.
 have git || missing+=(git)
+# Repositories with LFS objects (GitLab jobs; the git test server serves an LFS endpoint).
+git lfs version >/dev/null 2>&1 || missing+=(git-lfs)
 have gzip || missing+=(gzip)
 if [ "$what" = test ]; then
   have python3 || missing+=(python3)

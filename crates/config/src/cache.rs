@@ -87,17 +87,13 @@ mod tests {
             );
         let loaded = parse(&text, "config.toml").expect("valid");
         let w: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
-        assert_eq!(w.len(), 3, "{w:?}");
+        assert_eq!(w.len(), 2, "{w:?}");
         assert!(
             w[0].contains("runners[0].pre_get_sources_script: not supported yet"),
             "{w:?}"
         );
         assert!(
-            w[1].contains("runners[0].tls-ca-file: not used yet"),
-            "{w:?}"
-        );
-        assert!(
-            w[2].contains("runners[0].cache.Type: distributed cache type \"gcs\" is not supported yet; jobs use the local cache in cache_dir"),
+            w[1].contains("runners[0].cache.Type: distributed cache type \"gcs\" is not supported yet; jobs use the local cache in cache_dir"),
             "{w:?}"
         );
         let bad = GITLAB_WRITTEN.replace("shell = \"sh\"", "shell = \"pwsh\"");

@@ -140,6 +140,16 @@ impl Config {
     }
 }
 
+/// GitLab Runner's directory of well-known TLS files: `certs/` beside `config`
+/// (`/etc/gitlab-runner/certs` for `/etc/gitlab-runner/config.toml`).
+pub fn certs_dir(config: &Path) -> PathBuf {
+    config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join("certs")
+}
+
 /// The manager's state directory: `.slipway-state` beside `config` (the taskscaler stores,
 /// the `system_id`, the GitLab sources' outboxes).
 pub fn state_dir(config: &Path) -> PathBuf {

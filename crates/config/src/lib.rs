@@ -33,7 +33,7 @@ pub use connector::{ConnectorConfigError, ConnectorConfigToml};
 pub use custom::CustomBuildDirConfig;
 pub use embedded::EMBEDDED;
 pub use executor::{Executor, UnknownExecutor};
-pub use global::{Config, state_dir};
+pub use global::{Config, certs_dir, state_dir};
 pub use instance::InstanceConfig;
 pub use plugin::ExecutorPluginConfig;
 pub use policy::PolicyConfig;

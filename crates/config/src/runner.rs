@@ -1,6 +1,7 @@
 //! One `[[runners]]` entry: the keys GitLab Runner writes for it, what its jobs may ask for
 //! (isolation, slot cgroups), and the checks that join its sections.
 
+use slipway_jobs::gitlab::TlsFiles;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -147,6 +148,26 @@ impl fmt::Debug for RunnerConfig {
 }
 
 impl RunnerConfig {
+    /// TLS towards this runner's GitLab: its `tls-*` files, and where unset GitLab Runner's
+    /// well-known files in `certs_dir` (`<host>.crt`, `<host>.auth.crt`, `<host>.auth.key`).
+    pub fn tls_files(&self, certs_dir: Option<&std::path::Path>) -> TlsFiles {
+        let path = |v: &Option<String>| {
+            v.as_deref()
+                .map(str::trim)
+                .filter(|f| !f.is_empty())
+                .map(std::path::PathBuf::from)
+        };
+        let set = TlsFiles {
+            ca_file: path(&self.tls_ca_file),
+            cert_file: path(&self.tls_cert_file),
+            key_file: path(&self.tls_key_file),
+        };
+        match certs_dir {
+            Some(dir) => set.with_defaults(dir, self.url.trim()),
+            None => set,
+        }
+    }
+
     /// Whether this runner's jobs run on autoscaled instances: the `instance` and
     /// `docker-autoscaler` executors, and the `plugin` executor with `[runners.autoscaler]`.
     pub fn on_instances(&self) -> bool {
@@ -336,19 +357,36 @@ impl RunnerConfig {
                 report.warning(&[k], "not supported yet; the script is not run");
             }
         }
+        let mut tls_files_exist = true;
         for (k, v) in [
             ("tls-ca-file", &self.tls_ca_file),
             ("tls-cert-file", &self.tls_cert_file),
             ("tls-key-file", &self.tls_key_file),
         ] {
             if let Some(f) = v {
+                tls_files_exist &= std::path::Path::new(f).is_file();
                 report.missing_file(&[k], f);
-                report.warning(
-                    &[k],
-                    "not used yet: slipway checks GitLab's certificate against the system's roots \
-                     and presents no client certificate",
-                );
             }
+        }
+        let tls = self.tls_files(None);
+        if tls_files_exist
+            && !tls.is_empty()
+            && let Err(e) = tls.client_config(self.url.trim())
+        {
+            let key = match &e {
+                slipway_jobs::gitlab::GitlabError::TlsFile { file, .. }
+                    if Some(file) == tls.key_file.as_ref() =>
+                {
+                    "tls-key-file"
+                }
+                slipway_jobs::gitlab::GitlabError::TlsFile { file, .. }
+                    if Some(file) == tls.cert_file.as_ref() =>
+                {
+                    "tls-cert-file"
+                }
+                _ => "tls-ca-file",
+            };
+            report.error(&[key], e.to_string());
         }
         if self.referees.is_some() {
             report.warning(&["referees"], "not used by slipway; ignored");
@@ -395,11 +433,36 @@ mod tests {
     use crate::testing::{GITLAB_WRITTEN, errors};
 
     #[test]
+    fn tls_files_that_cannot_be_used_are_errors_naming_key_and_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("ca.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let text = GITLAB_WRITTEN.replace(
+            "tls-ca-file = \"/\"",
+            &format!("tls-ca-file = \"{}\"", junk.display()),
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("runners[0].tls-ca-file"), "{e:?}");
+        assert!(e[0].contains("ca.pem: holds no PEM certificate"), "{e:?}");
+        // Half a client identity is an error too.
+        let text = GITLAB_WRITTEN.replace(
+            "tls-ca-file = \"/\"",
+            &format!("tls-cert-file = \"{}\"", junk.display()),
+        );
+        let e = errors(&text);
+        assert!(
+            e.iter()
+                .any(|m| m.contains("needs both tls-cert-file and tls-key-file")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn reads_what_gitlab_runner_writes() {
         let loaded = parse(GITLAB_WRITTEN, "config.toml").expect("valid");
-        // Only the CA file, which this version does not use, is worth a word.
-        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
-        assert_eq!(loaded.warnings[0].key, "runners[0].tls-ca-file");
+        // Nothing GitLab Runner writes is worth a word.
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
         let r = &loaded.config.runners[0];
         assert_eq!(r.id, 7);
         assert_eq!(r.token_obtained_at.as_deref(), Some("2024-05-01T12:00:00Z"));

@@ -165,6 +165,7 @@ async fn run_manager(
         if gitlab::serves_gitlab(cfg) {
             let opts = gitlab::SourceOptions {
                 state_dir: config::state_dir(config_path),
+                certs_dir: config::certs_dir(config_path),
                 check_interval: std::time::Duration::from_secs(
                     match loaded.config.check_interval {
                         0 => 3,

@@ -17,6 +17,9 @@
 //!   cancellation, keep-alive `state: running`; every answer carries `Job-Status`.
 //! - `POST`/`GET jobs/:id/artifacts` and a signed `/object-storage/:id` the GET redirects to.
 //!
+//! - Git over smart HTTP and LFS ([`FakeGitlab::serve_git`], see [`crate::git_http`]), and
+//!   HTTPS with a test CA ([`FakeGitlab::start_tls`]).
+//!
 //! [`Outage`] applies to `/api/v4/*` only. Each accepted connection is served by its own task
 //! in a `JoinSet` owned by the accept task, which [`FakeGitlab`]'s `Drop` aborts.
 
@@ -35,6 +38,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
+
+use crate::git_http::{GitRepos, GitRequest};
 
 /// The legacy registration token [`FakeGitlab`] accepts on `POST /api/v4/runners`.
 pub const REGISTRATION_TOKEN: &str = "GR1348941fakeregtoken";
@@ -202,6 +207,8 @@ struct State {
     stale_after: Option<Duration>,
     queue_version: u64,
     last_features: Option<Value>,
+    /// Repositories served over smart HTTP, once [`FakeGitlab::serve_git`] is called.
+    git: Option<Arc<GitRepos>>,
 }
 
 #[derive(Debug)]
@@ -249,11 +256,25 @@ impl FakeGitlab {
 
     /// Start one on `127.0.0.1:0`.
     pub async fn try_start() -> std::io::Result<FakeGitlab> {
+        Self::try_start_with(None).await
+    }
+
+    /// Start one serving HTTPS on `127.0.0.1:0` with `tls` (see [`crate::tls::TestCa`]);
+    /// panics when loopback cannot be bound.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> FakeGitlab {
+        match Self::try_start_with(Some(tls)).await {
+            Ok(f) => f,
+            Err(e) => panic!("FakeGitlab: binding 127.0.0.1:0: {e}"),
+        }
+    }
+
+    async fn try_start_with(tls: Option<Arc<rustls::ServerConfig>>) -> std::io::Result<FakeGitlab> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                url: format!("http://{addr}"),
+                url: format!("{scheme}://{addr}"),
                 runners: vec![(RUNNER_TOKEN.to_owned(), 1)],
                 next_runner_id: 2,
                 next_job_id: 1,
@@ -267,9 +288,11 @@ impl FakeGitlab {
                 stale_after: None,
                 queue_version: 1,
                 last_features: None,
+                git: None,
             }),
         });
-        let server = tokio::spawn(accept_loop(listener, shared.clone()));
+        let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+        let server = tokio::spawn(accept_loop(listener, shared.clone(), tls));
         Ok(FakeGitlab {
             shared,
             addr,
@@ -277,9 +300,24 @@ impl FakeGitlab {
         })
     }
 
-    /// `http://127.0.0.1:PORT`, no trailing slash.
+    /// `http://127.0.0.1:PORT` (`https://` when started with TLS), no trailing slash.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.shared.lock().url.clone()
+    }
+
+    /// Serve the bare repositories under `root` (`<root>/<group>/<project>.git`) over smart
+    /// HTTP, with the LFS endpoint; a running job's token is the password of `gitlab-ci-token`.
+    pub fn serve_git(&self, root: &std::path::Path) -> Arc<GitRepos> {
+        let repos = Arc::new(GitRepos::new(root));
+        self.shared.lock().git = Some(repos.clone());
+        repos
+    }
+
+    /// The URL GitLab puts in a job's `repo_url` for `project` (`group/name`), with `token`.
+    pub fn repo_url(&self, project: &str, token: &str) -> String {
+        let url = self.url();
+        let (scheme, rest) = url.split_once("://").unwrap_or(("http", &url));
+        format!("{scheme}://gitlab-ci-token:{token}@{rest}/{project}.git")
     }
 
     /// The address it listens on.
@@ -551,7 +589,11 @@ pub fn job_payload_with_vars(name: &str, script: &[&str], extra: &[(&str, &str)]
     })
 }
 
-async fn accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     // Dropping this set (when the accept task is aborted) aborts every connection task.
     let mut conns = JoinSet::new();
     loop {
@@ -561,14 +603,31 @@ async fn accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
-                conns.spawn(serve_connection(stream, shared.clone()));
+                let shared = shared.clone();
+                match tls.clone() {
+                    None => {
+                        conns.spawn(serve_connection(stream, shared));
+                    }
+                    Some(acceptor) => {
+                        conns.spawn(async move {
+                            // A refused handshake (an untrusted or missing client
+                            // certificate) just ends the connection, as a server does.
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                serve_connection(stream, shared).await;
+                            }
+                        });
+                    }
+                }
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
         }
     }
 }
 
-async fn serve_connection(stream: tokio::net::TcpStream, shared: Arc<Shared>) {
+async fn serve_connection<S>(stream: S, shared: Arc<Shared>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let kill = Arc::new(Notify::new());
     let k = kill.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -661,6 +720,43 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>, kill: Arc<Notify>) 
         headers,
         body,
     };
+    let git = shared.lock().git.clone();
+    if let Some(repos) = git.filter(|_| GitRepos::handles(&req.path)) {
+        let base_url = shared.lock().url.clone();
+        let header = |name: &str| req.header(name).map(str::to_owned);
+        let query = parts.uri.query().unwrap_or_default().to_owned();
+        let git_req = GitRequest {
+            method: &req.method,
+            path: &req.path,
+            query: &query,
+            header: &header,
+            body: &req.body,
+            base_url: &base_url,
+        };
+        let token_ok = |token: &str| {
+            let st = shared.lock();
+            st.jobs
+                .values()
+                .any(|j| j.record.token == token && is_active(&j.record.state))
+        };
+        let (status, headers, body) = repos.serve(&git_req, &token_ok).await;
+        let mut resp = Response::new(Full::new(body));
+        *resp.status_mut() =
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        for (k, v) in headers {
+            if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
+                resp.headers_mut().append(k, v);
+            }
+        }
+        shared.lock().requests.push(RequestRecord {
+            method: req.method,
+            path: full_path,
+            status,
+            headers: req.headers,
+            body: Vec::new(),
+        });
+        return resp;
+    }
     let hang = shared.lock().outage == Outage::Hang;
     let resp = {
         let mut st = shared.lock();

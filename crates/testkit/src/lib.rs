@@ -10,12 +10,16 @@
 //! - [`plugin_check::plugin_check`]: `slipway plugin check --json` run on a plugin binary.
 //! - [`peer`]: local pipelines run by `slipway exec` and by gitlab-ci-local, compared.
 //! - [`python`]: an interpreter with the go-plugin peer, grpclib stubs, plugin wrappers.
+//! - [`tls::TestCa`]: a private CA with server and client certificates as PEM files.
+//! - [`git_http`]: git over smart HTTP (`git http-backend`) and an LFS endpoint for [`gitlab::FakeGitlab`].
 
+pub mod git_http;
 pub mod gitlab;
 pub mod guest;
 pub mod peer;
 pub mod plugin_check;
 pub mod python;
+pub mod tls;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

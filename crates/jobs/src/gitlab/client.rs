@@ -11,7 +11,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 
-use super::{GitlabError, MASK, Secret, SystemId, VersionInfo};
+use super::tls::certificate_problem;
+use super::{GitlabError, MASK, Secret, SystemId, TlsFiles, VersionInfo};
 
 /// Largest response body read (job payloads are at most a few hundred KiB).
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -27,6 +28,8 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Timeout of `jobs/request`, which GitLab may hold open for a long poll (~50 s).
     pub long_poll_timeout: Duration,
+    /// A private CA and a client certificate, if any.
+    pub tls: TlsFiles,
 }
 
 impl ClientConfig {
@@ -37,7 +40,14 @@ impl ClientConfig {
             info,
             request_timeout: Duration::from_secs(60),
             long_poll_timeout: Duration::from_secs(90),
+            tls: TlsFiles::default(),
         }
+    }
+
+    /// This config with `tls`.
+    pub fn with_tls(mut self, tls: TlsFiles) -> Self {
+        self.tls = tls;
+        self
     }
 }
 
@@ -151,8 +161,8 @@ fn is_zero(v: &u64) -> bool {
 }
 
 impl GitlabClient {
-    /// A client for `config.url`; HTTPS uses the system's root certificates (Mozilla's bundled
-    /// roots when the system has none).
+    /// A client for `config.url`; HTTPS trusts the system's root certificates (Mozilla's bundled
+    /// roots when the system has none) and `config.tls`'s CA, and presents its client certificate.
     pub fn new(config: ClientConfig) -> Result<Self, GitlabError> {
         let invalid = |reason: &str| GitlabError::InvalidUrl {
             url: config.url.clone(),
@@ -174,15 +184,8 @@ impl GitlabClient {
         }
         let base = format!("{}/api/v4/", config.url.trim_end_matches('/'));
 
-        let provider = rustls::crypto::aws_lc_rs::default_provider();
-        let builder = match hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider.clone())
-        {
-            Ok(b) => b,
-            Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|e| invalid(&format!("TLS setup: {e}")))?,
-        };
+        let tls = config.tls.client_config(&config.url)?;
+        let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
         let https = builder.https_or_http().enable_http1().build();
         let http = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
@@ -255,7 +258,7 @@ impl GitlabClient {
                 .http
                 .request(req)
                 .await
-                .map_err(|e| network(&endpoint, &e))?;
+                .map_err(|e| self.network(&endpoint, &e))?;
             let (parts, body) = resp.into_parts();
             let body = Limited::new(body, max_body)
                 .collect()
@@ -399,6 +402,21 @@ pub(super) fn endpoint(method: &Method, path: &str) -> String {
 }
 
 /// A transport error, described with its causes.
+impl GitlabClient {
+    /// A transport error as a [`GitlabError`]: a rejected certificate apart (not retried).
+    fn network(&self, endpoint: &str, e: &(dyn std::error::Error + 'static)) -> GitlabError {
+        if let Some(message) = certificate_problem(e) {
+            return GitlabError::Certificate {
+                endpoint: endpoint.to_string(),
+                url: self.config.url.clone(),
+                message,
+                ca_file: self.config.tls.ca_file.clone(),
+            };
+        }
+        network(endpoint, e)
+    }
+}
+
 fn network(endpoint: &str, e: &(dyn std::error::Error + 'static)) -> GitlabError {
     let mut message = e.to_string();
     let mut source = e.source();

@@ -31,6 +31,29 @@ pub enum GitlabError {
         /// The transport's description of the failure.
         message: String,
     },
+    /// A TLS file (`tls-ca-file`, `tls-cert-file`, `tls-key-file`) cannot be used.
+    #[error("{file}: {reason} (TLS towards {url})")]
+    TlsFile {
+        /// The file.
+        file: std::path::PathBuf,
+        /// The GitLab it is for.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A certificate was rejected during the handshake (ours or the server's): not retried,
+    /// since only a change of configuration or of the server's certificate fixes it.
+    #[error("{endpoint} at {url}: {message}{}", ca_hint(ca_file))]
+    Certificate {
+        /// Method and path.
+        endpoint: String,
+        /// GitLab's URL.
+        url: String,
+        /// What was rejected and why.
+        message: String,
+        /// The CA file in use besides the system's roots, if any.
+        ca_file: Option<std::path::PathBuf>,
+    },
     /// No answer within the request timeout.
     #[error("{endpoint}: no answer within {timeout:?}")]
     Timeout {
@@ -106,5 +129,12 @@ impl GitlabError {
             Self::RetryLater { retry_after, .. } => *retry_after,
             _ => None,
         }
+    }
+}
+
+fn ca_hint(ca_file: &Option<std::path::PathBuf>) -> String {
+    match ca_file {
+        Some(f) => format!(" (trusted: the system's roots and {})", f.display()),
+        None => " (trusted: the system's roots only; set tls-ca-file for a private CA)".into(),
     }
 }

@@ -22,6 +22,7 @@ mod error;
 mod outbox;
 mod request;
 mod system_id;
+mod tls;
 mod trace;
 mod update;
 
@@ -37,6 +38,7 @@ pub use error::GitlabError;
 pub use outbox::{INTERRUPTED_MESSAGE, Outbox, Owed};
 pub use request::{JobRequestOutcome, Poller, PollerConfig};
 pub use system_id::SystemId;
+pub use tls::{TlsFiles, host_of};
 pub use trace::{
     DEFAULT_OUTPUT_LIMIT_KIB, PatchOutcome, RemoteJobState, TraceConfig, TraceSender,
     limit_exceeded_message, mask_token_prefixes, range_end, update_interval,

@@ -34,7 +34,7 @@ use slipway_jobs::JobResponse;
 use slipway_jobs::gitlab::{
     Backoff, ClientConfig, FailureReason as GlReason, FinishOutcome, GitlabClient, GitlabError,
     INTERRUPTED_MESSAGE, JobState, Outbox, Owed, PatchOutcome, PendingUpdate, Secret, SystemId,
-    TraceConfig, TraceSender, UpdateRetryPolicy, VersionInfo,
+    TlsFiles, TraceConfig, TraceSender, UpdateRetryPolicy, VersionInfo,
 };
 use slipway_taskscaler::{Error as TsError, Resources};
 use tokio::sync::mpsc;
@@ -86,6 +86,8 @@ pub struct SourceOptions {
     /// runner keeps its outbox and git working copies in
     /// `gitlab/<dir>/` there, named from `URL|runner id` (or the short token).
     pub state_dir: PathBuf,
+    /// GitLab Runner's well-known TLS files (`certs/` beside config.toml).
+    pub certs_dir: PathBuf,
     /// Pause after a job request without a job (global `check_interval`).
     pub check_interval: Duration,
     /// The runner's `limit` within the manager's `concurrent`.
@@ -145,6 +147,30 @@ struct Source {
     provisional: AtomicU64,
     outbox: Outbox,
     git: GitSources,
+    /// `CI_SERVER_TLS_CA_FILE` and friends, given to every job as file variables.
+    tls_variables: Vec<slipway_jobs::Variable>,
+}
+
+/// GitLab Runner's TLS variables: the files of `tls` as file variables of every job, so its
+/// own git, curl or LFS calls trust the same CA and present the same certificate.
+async fn tls_variables(tls: &TlsFiles) -> Vec<slipway_jobs::Variable> {
+    let mut out = Vec::new();
+    for (key, file) in [
+        ("CI_SERVER_TLS_CA_FILE", &tls.ca_file),
+        ("CI_SERVER_TLS_CERT_FILE", &tls.cert_file),
+        ("CI_SERVER_TLS_KEY_FILE", &tls.key_file),
+    ] {
+        let Some(path) = file else { continue };
+        if let Ok(value) = tokio::fs::read_to_string(path).await {
+            out.push(slipway_jobs::Variable {
+                key: key.into(),
+                value,
+                file: true,
+                ..Default::default()
+            });
+        }
+    }
+    out
 }
 
 /// The runner `info` this version sends for `executor` (job requests, updates, registration).
@@ -170,10 +196,10 @@ pub async fn serve(
 ) -> Result<(), SourceError> {
     let stop = shutdown.stop.clone();
     let name = runner.name.clone();
-    let client = GitlabClient::new(ClientConfig::new(
-        cfg.url.trim(),
-        version_info(&cfg.executor),
-    ))
+    let tls = cfg.tls_files(Some(&opts.certs_dir));
+    let client = GitlabClient::new(
+        ClientConfig::new(cfg.url.trim(), version_info(&cfg.executor)).with_tls(tls.clone()),
+    )
     .map_err(|source| SourceError::Client {
         runner: name.clone(),
         source,
@@ -215,7 +241,8 @@ pub async fn serve(
         failures: std::sync::atomic::AtomicU32::new(0),
         provisional: AtomicU64::new(0),
         outbox,
-        git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone()),
+        git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone(), tls.clone()),
+        tls_variables: tls_variables(&tls).await,
     });
     let loops = cfg.request_concurrency.max(1);
     tracing::info!(runner = %name, url = %cfg.url.trim(), %source.system_id, request_concurrency = loops,
@@ -672,6 +699,13 @@ async fn run_job(
     stop: CancellationToken,
 ) -> Leftover {
     let runner = &source.runner;
+    let mut job = job;
+    // The runner's TLS variables come first: the job's own win.
+    for v in source.tls_variables.iter().rev() {
+        if job.variable(&v.key).is_none() {
+            job.variables.insert(0, v.clone());
+        }
+    }
     let job_token = Secret::new(job.token.clone());
     if let Err(e) = source
         .outbox

@@ -1,0 +1,210 @@
+//! A GitLab job's sources: its repository fetched on the manager and handed to the job as a tar
+//! stream unpacked into its project directory before the first step.
+//!
+//! Fetching on the manager means job images and instances need no git (GitLab Runner needs a
+//! helper image for that), and the job token never reaches the job's `.git/config`: it travels
+//! only in an `http.extraHeader` given to git through its environment, not on its command line.
+//!
+//! `GIT_STRATEGY`: `clone` fetches into a fresh repository; `fetch` (the default when the
+//! project allows it) updates a working copy kept per runner and project, so only new objects
+//! cross the network; `none` skips the sources. `GIT_DEPTH` overrides the payload's `depth`;
+//! `GET_SOURCES_ATTEMPTS` retries a failed fetch. Submodules follow `GIT_SUBMODULE_STRATEGY`
+//! (relative URLs resolve against the project's and get the job token); LFS objects are
+//! fetched with `git lfs pull` through GitLab's LFS batch API.
+//!
+//! The token and the TLS files (`tls-ca-file`, ...) are scoped to the project's server
+//! ([`access`]); a submodule elsewhere is fetched without them.
+
+mod access;
+mod checkout;
+mod options;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use slipway_executor::Trace;
+use slipway_jobs::gitlab::TlsFiles;
+use slipway_jobs::{GitStrategy as Strategy, JobResponse};
+use tokio_util::sync::CancellationToken;
+
+use access::Remote;
+use checkout::Checkout;
+use options::{attempts_of, depth_of, submodules_of};
+
+/// A job's sources, ready to unpack.
+#[derive(Debug, Default)]
+pub struct Sources {
+    /// Tar stream of the working tree with its `.git`.
+    pub tar: Vec<u8>,
+    /// Paths git tracks (to tell untracked artifacts apart).
+    pub tracked: BTreeSet<String>,
+}
+
+/// Working copies kept for `fetch`, one lock each so two jobs never share one at once.
+#[derive(Debug)]
+pub struct GitSources {
+    root: PathBuf,
+    /// Set once the root exists with its mode.
+    root_ready: tokio::sync::OnceCell<()>,
+    /// `clone_url`: fetch from this scheme and host instead of the payload's.
+    clone_url: Option<String>,
+    /// TLS towards the project's server.
+    tls: TlsFiles,
+    locks: std::sync::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl GitSources {
+    /// Working copies under `root` (created on first use, private: they hold source code).
+    pub fn new(root: impl Into<PathBuf>, clone_url: Option<String>, tls: TlsFiles) -> Self {
+        Self {
+            root: root.into(),
+            clone_url: clone_url.filter(|u| !u.trim().is_empty()),
+            tls,
+            root_ready: tokio::sync::OnceCell::new(),
+            locks: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The job's sources, `None` when it has no repository or `GIT_STRATEGY` is `none`.
+    /// `Err` carries a message for the job's failure (already in the trace).
+    pub async fn get(
+        &self,
+        job: &JobResponse,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Sources>, String> {
+        if job.git_info.repo_url.trim().is_empty() {
+            return Ok(None);
+        }
+        let fail = |trace: &mut Trace, msg: String| {
+            trace.message(&format!("ERROR: {msg}"));
+            Err(msg)
+        };
+        let strategy = match job.git_strategy() {
+            Ok(s) => s,
+            Err(msg) => return fail(trace, msg),
+        };
+        if strategy == Strategy::None {
+            trace.message("Skipping Git repository setup");
+            return Ok(None);
+        }
+        let depth = match depth_of(job) {
+            Ok(d) => d,
+            Err(msg) => return fail(trace, msg),
+        };
+        let submodules = match submodules_of(job, depth) {
+            Ok(s) => s,
+            Err(msg) => return fail(trace, msg),
+        };
+        let attempts = attempts_of(job);
+        let mut last = String::new();
+        for attempt in 1..=attempts {
+            if attempt > 1 {
+                trace.message(&format!(
+                    "Retrying to get the sources (attempt {attempt} of {attempts})"
+                ));
+            }
+            let result = tokio::select! {
+                r = self.get_once(job, strategy == Strategy::Fetch, depth, &submodules, trace) => r,
+                _ = cancel.cancelled() => return fail(trace, "canceled while getting the sources".into()),
+            };
+            match result {
+                Ok(s) => return Ok(Some(s)),
+                Err(msg) => last = msg,
+            }
+        }
+        fail(trace, format!("getting the sources failed: {last}"))
+    }
+
+    /// Creates the root (and its `tmp`), readable by its owner only; once per runner.
+    async fn make_root(&self) -> Result<(), String> {
+        self.root_ready
+            .get_or_try_init(|| async {
+                let tmp = self.root.join("tmp");
+                // Private from creation on; an existing root is narrowed too.
+                tokio::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&tmp)
+                    .await
+                    .map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt as _;
+                    let private = std::fs::Permissions::from_mode(0o700);
+                    let _ = tokio::fs::set_permissions(&self.root, private).await;
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn get_once(
+        &self,
+        job: &JobResponse,
+        fetch: bool,
+        depth: u32,
+        submodules: &options::Submodules,
+        trace: &mut Trace,
+    ) -> Result<Sources, String> {
+        let remote = Remote::of(
+            job,
+            self.clone_url.as_deref(),
+            &self.tls,
+            submodules.force_https,
+        );
+        match depth {
+            0 => trace.message("Fetching changes..."),
+            d => trace.message(&format!("Fetching changes with git depth set to {d}...")),
+        }
+        if fetch {
+            let dir = self.root.join(match job.job_info.project_id {
+                0 => format!("job-{}", job.id),
+                p => format!("project-{p}"),
+            });
+            let lock = {
+                let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+                locks.entry(dir.clone()).or_default().clone()
+            };
+            let _held = lock.lock().await;
+            self.make_root().await?;
+            let result = Checkout {
+                job,
+                dir: &dir,
+                depth,
+                reuse: true,
+                remote: &remote,
+                submodules,
+            }
+            .run(trace)
+            .await;
+            if result.is_err() {
+                // A broken working copy is not reused: the next job starts afresh.
+                let _ = tokio::fs::remove_dir_all(&dir).await;
+            }
+            return result;
+        }
+        let tmp = self.root.join("tmp");
+        self.make_root().await?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("job-{}-", job.id))
+            .tempdir_in(&tmp)
+            .map_err(|e| format!("creating a directory in {}: {e}", tmp.display()))?;
+        let result = Checkout {
+            job,
+            dir: dir.path(),
+            depth,
+            reuse: false,
+            remote: &remote,
+            submodules,
+        }
+        .run(trace)
+        .await;
+        let path = dir.keep();
+        // Removing a whole tree blocks: off the runtime's threads.
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+        result
+    }
+}

@@ -1,0 +1,464 @@
+//! A GitLab job's sources as GitLab projects have them: repositories served over smart HTTP
+//! (`git http-backend` behind the GitLab test server) with the job token, submodules with
+//! relative URLs, LFS objects through the batch API, and a GitLab behind a private CA (with a
+//! client certificate required in one variant).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use common::World;
+use serde_json::{Value, json};
+use slipway_testkit::gitlab::{FakeGitlab, job_payload_with_vars};
+use slipway_testkit::tls::TestCa;
+
+/// Run git in `dir`, panicking with its output on failure; stdout.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        // Authoring repositories here reads local paths: allowed for this setup only.
+        .env("GIT_ALLOW_PROTOCOL", "file")
+        .output()
+        .expect("git");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A bare repository `<root>/<project>.git` made from the files `files` (and the submodules
+/// `subs`: path → URL as written in `.gitmodules`, added from `<root>/<name>.git`); the sha of
+/// its one commit.
+fn publish(
+    root: &Path,
+    work: &Path,
+    project: &str,
+    files: &[(&str, &str)],
+    subs: &[(&str, &str, &str)],
+) -> String {
+    let dir = work.join(project.replace('/', "-"));
+    std::fs::create_dir_all(&dir).unwrap();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    for (path, text) in files {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    for (path, from, url) in subs {
+        // Added from the local bare repository, then pointed at the URL a project uses.
+        let local = format!("file://{}", root.join(format!("{from}.git")).display());
+        git(
+            &dir,
+            &[
+                "-c",
+                "protocol.file.allow=always",
+                "submodule",
+                "add",
+                "-q",
+                &local,
+                path,
+            ],
+        );
+        git(
+            &dir,
+            &[
+                "config",
+                "-f",
+                ".gitmodules",
+                &format!("submodule.{path}.url"),
+                url,
+            ],
+        );
+    }
+    git(&dir, &["add", "-A"]);
+    git(&dir, &["commit", "-q", "-m", "publish"]);
+    let bare = root.join(format!("{project}.git"));
+    std::fs::create_dir_all(bare.parent().unwrap()).unwrap();
+    let out = Command::new("git")
+        .args(["clone", "-q", "--bare"])
+        .arg(&dir)
+        .arg(&bare)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    git(&dir, &["rev-parse", "HEAD"]).trim().to_string()
+}
+
+/// An LFS pointer file for `content` stored under `oid`.
+fn lfs_pointer(oid: &str, content: &[u8]) -> String {
+    format!(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {}\n",
+        content.len()
+    )
+}
+
+/// A job of `project` at `sha`, fetched with `token`, running `script` with `vars`.
+fn job_of(
+    gl: &FakeGitlab,
+    project: &str,
+    sha: &str,
+    token: &str,
+    script: &[&str],
+    vars: &[(&str, &str)],
+) -> Value {
+    let mut job = job_payload_with_vars(project, script, vars);
+    job["token"] = json!(token);
+    job["git_info"]["repo_url"] = json!(gl.repo_url(project, token));
+    job["git_info"]["sha"] = json!(sha);
+    job["git_info"]["depth"] = json!(20);
+    job
+}
+
+/// A config with one instance-executor runner serving `gl`, with `extra` runner keys.
+fn config(w: &World, gl: &FakeGitlab, name: &str, extra: &str) -> PathBuf {
+    w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 2
+check_interval = 1
+[[runners]]
+  name = "{name}"
+  url = "{url}"
+  token = "{token}"
+  executor = "instance"
+{extra}
+{autoscaler}"#,
+            url = gl.url(),
+            token = gl.runner_token(),
+            autoscaler = common::local_autoscaler(w, name),
+        ),
+    )
+}
+
+fn start(w: &World, cfg: &Path) -> Child {
+    w.slipway(&["run", "-c", cfg.to_str().unwrap()])
+        .spawn()
+        .expect("spawn slipway run")
+}
+
+/// Stop the manager; its stderr.
+fn stop(w: &World, child: Child) -> String {
+    common::signal(child.id(), "TERM");
+    let out = common::wait_with_timeout(child, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+    stderr
+}
+
+/// Wait for job `id` to end; its state and trace.
+async fn ended(gl: &FakeGitlab, id: u64) -> (String, String) {
+    for _ in 0..2400 {
+        if let Some(j) = gl
+            .job(id)
+            .filter(|j| j.state == "success" || j.state == "failed")
+        {
+            return (j.state.clone(), j.trace_text());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let j = gl.job(id);
+    panic!(
+        "job {id} never ended: {:?}\n{}",
+        j.as_ref().map(|j| j.state.clone()),
+        j.map(|j| j.trace_text()).unwrap_or_default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submodules_and_lfs_objects_come_over_http_with_the_job_token_only() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    let work = w.path().join("authoring");
+    let repos = gl.serve_git(&root);
+    let big = b"large binary content kept in LFS\n".repeat(64);
+    let oid = repos.put_lfs_object(&big);
+    publish(
+        &root,
+        &work,
+        "group/deep",
+        &[("deep.txt", "from the nested submodule\n")],
+        &[],
+    );
+    publish(
+        &root,
+        &work,
+        "group/lib",
+        &[("lib.txt", "from the submodule\n")],
+        &[("deep", "group/deep", "../deep.git")],
+    );
+    let sha = publish(
+        &root,
+        &work,
+        "group/project",
+        &[
+            ("README.md", "the project\n"),
+            (
+                ".gitattributes",
+                "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+            ),
+            ("data/big.bin", &lfs_pointer(&oid, &big)),
+        ],
+        &[("libs/lib", "group/lib", "../lib.git")],
+    );
+    let token = "glcbt-1_srcTokenForTheJob0001";
+    let id = gl.enqueue(job_of(
+        &gl,
+        "group/project",
+        &sha,
+        token,
+        &[
+            "cat README.md libs/lib/lib.txt libs/lib/deep/deep.txt",
+            "head -c 32 data/big.bin; echo",
+            "test \"$(wc -c < data/big.bin)\" = 2112 && echo lfs-object-whole",
+            "grep -rl glcbt .git/config .git/modules && exit 9 || echo no-token-in-git-files",
+        ],
+        &[
+            ("GIT_SUBMODULE_STRATEGY", "recursive"),
+            ("GIT_SUBMODULE_DEPTH", "1"),
+        ],
+    ));
+    let cfg = config(&w, &gl, "sources", "");
+    let child = start(&w, &cfg);
+    let (state, trace) = ended(&gl, id).await;
+    let stderr = stop(&w, child);
+    assert_eq!(state, "success", "{trace}\n{stderr}");
+    for want in [
+        "the project",
+        "from the submodule",
+        "from the nested submodule",
+        "large binary content kept in L",
+        "lfs-object-whole",
+        "no-token-in-git-files",
+        "Updating/initializing submodules recursively...",
+    ] {
+        assert!(
+            trace.contains(want),
+            "{want:?} missing:\n{trace}\nrequests: {:?}",
+            gl.requests()
+                .iter()
+                .map(|r| (r.method.clone(), r.path.clone(), r.status))
+                .collect::<Vec<_>>()
+        );
+    }
+    assert!(!trace.contains(token), "job token in the trace");
+    // Every repository and the LFS batch API were asked with the job token.
+    let requests = gl.requests();
+    for path in [
+        "/group/project.git/info/refs",
+        "/group/lib.git/info/refs",
+        "/group/deep.git/info/refs",
+        "/group/project.git/info/lfs/objects/batch",
+    ] {
+        let asked: Vec<_> = requests
+            .iter()
+            .filter(|r| r.path.starts_with(path))
+            .collect();
+        assert!(!asked.is_empty(), "{path} never asked");
+        assert!(
+            asked
+                .iter()
+                .any(|r| r.status == 200 && r.header("authorization").is_some()),
+            "{path}: no authorized request: {:?}",
+            asked.iter().map(|r| r.status).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_a_missing_lfs_object_and_a_foreign_submodule_say_which() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    let work = w.path().join("authoring");
+    let repos = gl.serve_git(&root);
+    let sha = publish(&root, &work, "group/plain", &[("a.txt", "a\n")], &[]);
+    let missing = b"never uploaded\n";
+    let lfs_sha = publish(
+        &root,
+        &work,
+        "group/lfs",
+        &[
+            (
+                ".gitattributes",
+                "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+            ),
+            ("x.bin", &lfs_pointer(&"ab".repeat(32), missing)),
+        ],
+        &[],
+    );
+    // The same server under another name: another host, so the token is not sent there.
+    let foreign = format!(
+        "{}/group/plain.git",
+        gl.url().replace("127.0.0.1", "localhost")
+    );
+    let sub_sha = publish(
+        &root,
+        &work,
+        "group/withsub",
+        &[("b.txt", "b\n")],
+        &[("ext/plain", "group/plain", &foreign)],
+    );
+    let _ = repos;
+    let mut refused = job_of(
+        &gl,
+        "group/plain",
+        &sha,
+        "glcbt-1_srcTokenRefused00001",
+        &["true"],
+        &[],
+    );
+    refused["git_info"]["repo_url"] = json!(gl.repo_url("group/plain", "glcbt-not-a-job-token"));
+    let refused = gl.enqueue(refused);
+    let lfs = gl.enqueue(job_of(
+        &gl,
+        "group/lfs",
+        &lfs_sha,
+        "glcbt-1_srcTokenLfs000000001",
+        &["true"],
+        &[],
+    ));
+    let sub = gl.enqueue(job_of(
+        &gl,
+        "group/withsub",
+        &sub_sha,
+        "glcbt-1_srcTokenSub000000001",
+        &["true"],
+        &[("GIT_SUBMODULE_STRATEGY", "normal")],
+    ));
+    let cfg = config(&w, &gl, "sourcefail", "");
+    let child = start(&w, &cfg);
+    let mut seen = Vec::new();
+    for id in [refused, lfs, sub] {
+        seen.push(ended(&gl, id).await);
+    }
+    let stderr = stop(&w, child);
+    for ((state, trace), want) in seen.iter().zip([
+        [
+            "fetching the repository",
+            "the server refused the job token",
+        ],
+        ["fetching LFS objects", "Object does not exist"],
+        ["fetching the submodules", "localhost"],
+    ]) {
+        assert_eq!(state, "failed", "{trace}\n{stderr}");
+        for w in want {
+            assert!(trace.contains(w), "{w:?} missing:\n{trace}");
+        }
+    }
+    for id in [refused, lfs, sub] {
+        let job = gl.job(id).unwrap();
+        let last = job.updates.last().cloned().unwrap_or_default();
+        assert_eq!(last["failure_reason"], "runner_system_failure", "{last}");
+    }
+    // The token went to the project's host only.
+    let foreign_asked = gl
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.path.starts_with("/group/plain.git")
+                && r.header("host").is_some_and(|h| h.starts_with("localhost"))
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        !foreign_asked.is_empty(),
+        "the foreign submodule was never asked"
+    );
+    assert!(
+        foreign_asked
+            .iter()
+            .all(|r| r.header("authorization").is_none()),
+        "the job token went to another host"
+    );
+}
+
+/// Config keys for `ca` (and its client certificate when `client`).
+fn tls_keys(ca: &TestCa, client: bool) -> String {
+    let mut keys = format!("  tls-ca-file = \"{}\"\n", ca.ca_file.display());
+    if client {
+        keys.push_str(&format!(
+            "  tls-cert-file = \"{}\"\n  tls-key-file = \"{}\"\n",
+            ca.client_cert.display(),
+            ca.client_key.display()
+        ));
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gitlab_behind_a_private_ca_is_served_with_tls_ca_file_and_a_client_certificate() {
+    let w = World::new();
+    let ca = TestCa::new(w.path(), "corp");
+    for client in [false, true] {
+        let gl = FakeGitlab::start_tls(ca.server_config(client)).await;
+        let root = w.path().join(format!("srv-{client}"));
+        gl.serve_git(&root);
+        let sha = publish(
+            &root,
+            &w.path().join(format!("authoring-{client}")),
+            "group/project",
+            &[("README.md", "over https\n")],
+            &[],
+        );
+        let id = gl.enqueue(job_of(
+            &gl,
+            "group/project",
+            &sha,
+            "glcbt-1_srcTokenTls000000001",
+            &[
+                "cat README.md",
+                "grep -q 'BEGIN CERTIFICATE' \"$CI_SERVER_TLS_CA_FILE\" && echo ca-file-given",
+            ],
+            &[],
+        ));
+        let cfg = config(&w, &gl, &format!("tls{client}"), &tls_keys(&ca, client));
+        let verify = w.run(&["verify-config", "-c", cfg.to_str().unwrap()]);
+        assert_eq!(verify.code, Some(0), "{}", verify.explain());
+        assert!(!verify.stderr.contains("tls-"), "{}", verify.explain());
+        let child = start(&w, &cfg);
+        let (state, trace) = ended(&gl, id).await;
+        let stderr = stop(&w, child);
+        assert_eq!(state, "success", "{trace}\n{stderr}");
+        assert!(trace.contains("over https"), "{trace}");
+        assert!(trace.contains("ca-file-given"), "{trace}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_gitlab_or_a_missing_client_certificate_is_one_clear_error() {
+    let w = World::new();
+    let ca = TestCa::new(w.path(), "corp");
+    for (client_required, keys, want) in [
+        (false, String::new(), "set tls-ca-file"),
+        (true, tls_keys(&ca, false), "refused our client certificate"),
+    ] {
+        let gl = FakeGitlab::start_tls(ca.server_config(client_required)).await;
+        let cfg = config(&w, &gl, "untrusted", &keys);
+        let child = start(&w, &cfg);
+        let url = gl.url();
+        // Long enough for a retry storm to show.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let stderr = stop(&w, child);
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.contains(want)).collect();
+        assert_eq!(errors.len(), 1, "want one {want:?} error:\n{stderr}");
+        assert!(
+            errors[0].contains(&url),
+            "the server is not named: {}",
+            errors[0]
+        );
+        assert!(!stderr.contains("retrying"), "retried:\n{stderr}");
+    }
+}
