@@ -86,26 +86,6 @@ check_interval = 1
     )
 }
 
-fn start(w: &World, cfg: &Path) -> Child {
-    w.slipway(&["run", "-c", cfg.to_str().unwrap()])
-        .spawn()
-        .expect("spawn slipway run")
-}
-
-/// Stop the manager with SIGTERM; its stderr.
-fn stop(w: &World, child: Child) -> String {
-    common::signal(child.id(), "TERM");
-    let out = common::wait_with_timeout(child, Duration::from_secs(60));
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert!(
-        w.processes().is_empty(),
-        "left running: {:?}",
-        w.processes()
-    );
-    stderr
-}
-
 /// Wait (up to 3 minutes) for job `id`'s trace to hold `text`; whether it did.
 fn trace_shows(gl: &FakeGitlab, id: u64, text: &str) -> bool {
     common::wait_until(Duration::from_secs(180), || {
@@ -182,7 +162,7 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
         &gl,
         "  environment = [\"FROM_RUNNER=set-in-config\"]\n  pre_build_script = \"echo pre-build-ran\"",
     );
-    let mut child = Some(start(&w, &cfg));
+    let mut child = Some(common::start_manager(&w, &cfg));
     finished(&gl, build_id, "success", &w, &mut child).await;
     let job = gl.job(build_id).unwrap();
     let trace = job.trace_text();
@@ -293,7 +273,7 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
     ] {
         assert_eq!(features[f], true, "{f}: {features}");
     }
-    stop(&w, child.take().unwrap());
+    common::stop_manager(&w, child.take().unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,7 +289,7 @@ async fn cancel_from_gitlab_stops_the_job() {
     with_after_script(&mut payload, &marker);
     let id = gl.enqueue(payload);
     let cfg = instance_config(&w, &gl, "");
-    let mut child = Some(start(&w, &cfg));
+    let mut child = Some(common::start_manager(&w, &cfg));
     let started = trace_shows(&gl, id, "started-long-job");
     assert!(
         started,
@@ -330,7 +310,7 @@ async fn cancel_from_gitlab_stops_the_job() {
         "the job's process survived: {:?}",
         common::processes_matching("sleep 307")
     );
-    stop(&w, child.take().unwrap());
+    common::stop_manager(&w, child.take().unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,7 +326,7 @@ async fn a_job_canceled_outright_in_gitlab_is_stopped_and_its_slot_freed() {
     with_after_script(&mut payload, &marker);
     let id = gl.enqueue(payload);
     let cfg = instance_config(&w, &gl, "");
-    let mut child = Some(start(&w, &cfg));
+    let mut child = Some(common::start_manager(&w, &cfg));
     let started = trace_shows(&gl, id, "started-hard-cancel");
     assert!(started, "job never started");
     // GitLab's state is `canceled` at once: the runner learns it from its next trace call.
@@ -374,7 +354,7 @@ async fn a_job_canceled_outright_in_gitlab_is_stopped_and_its_slot_freed() {
         !marker.exists(),
         "after_script ran after an outright cancel"
     );
-    stop(&w, child.take().unwrap());
+    common::stop_manager(&w, child.take().unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,7 +367,7 @@ async fn a_gitlab_outage_during_a_job_loses_nothing() {
         &[("GIT_STRATEGY", "none")],
     ));
     let cfg = instance_config(&w, &gl, "");
-    let mut child = Some(start(&w, &cfg));
+    let mut child = Some(common::start_manager(&w, &cfg));
     let started = trace_shows(&gl, id, "line-2\n");
     assert!(started, "job never started");
     // 30 s without GitLab: dropped connections, then 503s.
@@ -417,7 +397,7 @@ async fn a_gitlab_outage_during_a_job_loses_nothing() {
         .filter(|r| r.status == 0 || r.status == 503)
         .count();
     assert!(refused > 0, "no request hit the outage");
-    stop(&w, child.take().unwrap());
+    common::stop_manager(&w, child.take().unwrap());
 }
 
 /// The runner's state files out of reach at start (a full disk, here a file where its outbox
@@ -437,7 +417,7 @@ async fn a_runner_whose_state_is_out_of_reach_at_start_serves_once_it_is_back() 
     std::fs::create_dir_all(&state).unwrap();
     let blocker = state.join("gitlab");
     std::fs::write(&blocker, "not a directory").unwrap();
-    let child = start(&w, &cfg);
+    let child = common::start_manager(&w, &cfg);
     // Tried, refused, tried again: nothing is asked of GitLab meanwhile.
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(gl.job(id).unwrap().state, "pending");
@@ -445,7 +425,7 @@ async fn a_runner_whose_state_is_out_of_reach_at_start_serves_once_it_is_back() 
     let mut child = Some(child);
     finished(&gl, id, "success", &w, &mut child).await;
     assert!(gl.job(id).unwrap().trace_text().contains("served-at-last"));
-    let stderr = stop(&w, child.take().unwrap());
+    let stderr = common::stop_manager(&w, child.take().unwrap());
     assert!(stderr.contains("retrying in"), "{stderr}");
 }
 
@@ -459,14 +439,14 @@ async fn a_job_running_when_the_manager_dies_is_reported_after_restart() {
         &[("GIT_STRATEGY", "none")],
     ));
     let cfg = instance_config(&w, &gl, "");
-    let child = start(&w, &cfg);
+    let child = common::start_manager(&w, &cfg);
     let started = trace_shows(&gl, id, "started-doomed");
     assert!(started, "job never started");
     common::signal(child.id(), "KILL");
     let _ = common::wait_with_timeout(child, Duration::from_secs(30));
     assert_eq!(gl.job(id).unwrap().state, "running");
 
-    let mut child = Some(start(&w, &cfg));
+    let mut child = Some(common::start_manager(&w, &cfg));
     finished(&gl, id, "failed", &w, &mut child).await;
     let job = gl.job(id).unwrap();
     let last = job.updates.last().unwrap();
@@ -481,7 +461,7 @@ async fn a_job_running_when_the_manager_dies_is_reported_after_restart() {
         ),
         "{trace}"
     );
-    let stderr = stop(&w, child.take().unwrap());
+    let stderr = common::stop_manager(&w, child.take().unwrap());
     assert!(
         stderr.contains("left by an earlier run"),
         "restart did not say why:\n{stderr}"
@@ -558,7 +538,7 @@ check_interval = 1
             state = w.path().join("plugin-state").display(),
         ),
     );
-    let mut child = Some(start(&w, &cfg));
+    let mut child = Some(common::start_manager(&w, &cfg));
     finished(&gl, ok_id, "success", &w, &mut child).await;
     finished(&gl, bad_id, "failed", &w, &mut child).await;
 
@@ -585,7 +565,7 @@ check_interval = 1
     assert_eq!(last["failure_reason"], "script_failure", "{last}");
     assert_eq!(last["exit_code"], 3, "{last}");
     assert_eq!(gl.last_features().unwrap()["image"], true);
-    let logs = stop(&w, child.take().unwrap());
+    let logs = common::stop_manager(&w, child.take().unwrap());
     // Nothing of the runner's stays on the engine once the manager has stopped.
     let left = common::runner_networks(&runner);
     assert!(left.is_empty(), "networks left: {left:?}\n{logs}");
@@ -601,13 +581,13 @@ async fn a_final_state_gitlab_missed_is_sent_after_a_restart() {
         &[("GIT_STRATEGY", "none")],
     ));
     let cfg = instance_config(&w, &gl, "");
-    let child = start(&w, &cfg);
+    let child = common::start_manager(&w, &cfg);
     let started = trace_shows(&gl, id, "started-unlucky");
     assert!(started, "job never started");
     // GitLab goes away before the job ends, and the manager is stopped while it still is.
     gl.set_outage(Outage::Unavailable);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let stderr = stop(&w, child);
+    let stderr = common::stop_manager(&w, child);
     assert!(
         stderr.contains("kept in the outbox"),
         "shutdown did not keep the state:\n{stderr}"
@@ -615,10 +595,10 @@ async fn a_final_state_gitlab_missed_is_sent_after_a_restart() {
     assert_eq!(gl.job(id).unwrap().state, "running");
 
     gl.set_outage(Outage::None);
-    let mut child = Some(start(&w, &cfg));
+    let mut child = Some(common::start_manager(&w, &cfg));
     finished(&gl, id, "success", &w, &mut child).await;
     let job = gl.job(id).unwrap();
     assert_eq!(job.accepted_final_states(), vec!["success".to_string()]);
-    let stderr = stop(&w, child.take().unwrap());
+    let stderr = common::stop_manager(&w, child.take().unwrap());
     assert!(stderr.contains("left by an earlier run"), "{stderr}");
 }

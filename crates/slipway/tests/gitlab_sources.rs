@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use common::World;
@@ -138,26 +138,6 @@ check_interval = 1
     )
 }
 
-fn start(w: &World, cfg: &Path) -> Child {
-    w.slipway(&["run", "-c", cfg.to_str().unwrap()])
-        .spawn()
-        .expect("spawn slipway run")
-}
-
-/// Stop the manager; its stderr.
-fn stop(w: &World, child: Child) -> String {
-    common::signal(child.id(), "TERM");
-    let out = common::wait_with_timeout(child, Duration::from_secs(60));
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert!(
-        w.processes().is_empty(),
-        "left running: {:?}",
-        w.processes()
-    );
-    stderr
-}
-
 /// Wait for job `id` to end; its state and trace.
 async fn ended(gl: &FakeGitlab, id: u64) -> (String, String) {
     for _ in 0..2400 {
@@ -232,9 +212,9 @@ async fn submodules_and_lfs_objects_come_over_http_with_the_job_token_only() {
         ],
     ));
     let cfg = config(&w, &gl, "sources", "");
-    let child = start(&w, &cfg);
+    let child = common::start_manager(&w, &cfg);
     let (state, trace) = ended(&gl, id).await;
-    let stderr = stop(&w, child);
+    let stderr = common::stop_manager(&w, child);
     assert_eq!(state, "success", "{trace}\n{stderr}");
     for want in [
         "the project",
@@ -340,12 +320,12 @@ async fn a_refused_token_a_missing_lfs_object_and_a_foreign_submodule_say_which(
         &[("GIT_SUBMODULE_STRATEGY", "normal")],
     ));
     let cfg = config(&w, &gl, "sourcefail", "");
-    let child = start(&w, &cfg);
+    let child = common::start_manager(&w, &cfg);
     let mut seen = Vec::new();
     for id in [refused, lfs, sub] {
         seen.push(ended(&gl, id).await);
     }
-    let stderr = stop(&w, child);
+    let stderr = common::stop_manager(&w, child);
     for ((state, trace), want) in seen.iter().zip([
         [
             "fetching the repository",
@@ -428,9 +408,9 @@ async fn a_gitlab_behind_a_private_ca_is_served_with_tls_ca_file_and_a_client_ce
         let verify = w.run(&["verify-config", "-c", cfg.to_str().unwrap()]);
         assert_eq!(verify.code, Some(0), "{}", verify.explain());
         assert!(!verify.stderr.contains("tls-"), "{}", verify.explain());
-        let child = start(&w, &cfg);
+        let child = common::start_manager(&w, &cfg);
         let (state, trace) = ended(&gl, id).await;
-        let stderr = stop(&w, child);
+        let stderr = common::stop_manager(&w, child);
         assert_eq!(state, "success", "{trace}\n{stderr}");
         assert!(trace.contains("over https"), "{trace}");
         assert!(trace.contains("ca-file-given"), "{trace}");
@@ -447,11 +427,11 @@ async fn an_untrusted_gitlab_or_a_missing_client_certificate_is_one_clear_error(
     ] {
         let gl = FakeGitlab::start_tls(ca.server_config(client_required)).await;
         let cfg = config(&w, &gl, "untrusted", &keys);
-        let child = start(&w, &cfg);
+        let child = common::start_manager(&w, &cfg);
         let url = gl.url();
         // Long enough for a retry storm to show.
         tokio::time::sleep(Duration::from_secs(6)).await;
-        let stderr = stop(&w, child);
+        let stderr = common::stop_manager(&w, child);
         let errors: Vec<&str> = stderr.lines().filter(|l| l.contains(want)).collect();
         assert_eq!(errors.len(), 1, "want one {want:?} error:\n{stderr}");
         assert!(

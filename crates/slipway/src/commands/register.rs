@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use slipway_jobs::gitlab::{
     ClientConfig, GitlabClient, GitlabError, RegisterOptions, RunnerCredentials, Secret, SystemId,
+    TlsFiles,
 };
 
 use slipway_config::{self as config, Executor};
@@ -39,6 +40,9 @@ pub struct RegisterArgs {
     pub docker_image: Option<String>,
     /// What the legacy flow sends besides the token.
     pub options: RegisterOptions,
+    /// `--tls-ca-file`, `--tls-cert-file`, `--tls-key-file`: used to reach GitLab and written
+    /// to the entry.
+    pub tls: TlsFiles,
 }
 
 impl std::fmt::Debug for RegisterArgs {
@@ -199,6 +203,15 @@ pub struct Args {
     /// Maintenance note (legacy flow).
     #[arg(long)]
     pub maintenance_note: Option<String>,
+    /// PEM certificates trusted besides the system's roots (a GitLab behind a private CA).
+    #[arg(long = "tls-ca-file", env = "CI_SERVER_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to GitLab.
+    #[arg(long = "tls-cert-file", env = "CI_SERVER_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM key of the client certificate.
+    #[arg(long = "tls-key-file", env = "CI_SERVER_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// `slipway register`: the arguments as GitLab Runner takes them, then the registration.
@@ -219,6 +232,9 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         access_level,
         maximum_timeout,
         maintenance_note,
+        tls_ca_file,
+        tls_cert_file,
+        tls_key_file,
     } = args;
     let args = RegisterArgs {
         config,
@@ -242,6 +258,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
             access_level: access_level.unwrap_or_default(),
             maximum_timeout: maximum_timeout.unwrap_or(0),
             paused,
+        },
+        tls: TlsFiles {
+            ca_file: tls_ca_file,
+            cert_file: tls_cert_file,
+            key_file: tls_key_file,
         },
     };
     let r = register(&args).await?;
@@ -295,10 +316,18 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
         })?;
     }
     let name = args.name.clone().unwrap_or_else(hostname);
-    let client = GitlabClient::new(ClientConfig::new(
-        args.url.trim(),
-        slipway_manager::source::gitlab::version_info(&args.executor),
-    ))
+    // GitLab Runner's well-known files beside the config count here as in `slipway run`.
+    let tls = args
+        .tls
+        .clone()
+        .with_defaults(&config::certs_dir(&args.config), args.url.trim());
+    let client = GitlabClient::new(
+        ClientConfig::new(
+            args.url.trim(),
+            slipway_manager::source::gitlab::version_info(&args.executor),
+        )
+        .with_tls(tls),
+    )
     .map_err(RegisterError::Gitlab)?;
     let creds = match (&args.registration_token, &args.token) {
         (Some(_), Some(_)) => {
@@ -361,6 +390,7 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
         obtained_at: &humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         executor: &args.executor,
         docker_image: args.docker_image.as_deref(),
+        tls: &args.tls,
     });
     let created = existing.is_none();
     let text = append(existing.as_deref(), &entry);
@@ -402,6 +432,8 @@ struct NewRunner<'a> {
     obtained_at: &'a str,
     executor: &'a Executor,
     docker_image: Option<&'a str>,
+    /// The TLS files given to `register`, written as GitLab Runner writes them.
+    tls: &'a TlsFiles,
 }
 
 /// A TOML string literal.
@@ -436,6 +468,15 @@ fn runner_entry(r: &NewRunner<'_>) -> String {
         datetime(r.obtained_at)
     ));
     s.push_str(&format!("  token_expires_at = {expires}\n"));
+    for (key, file) in [
+        ("tls-ca-file", &r.tls.ca_file),
+        ("tls-cert-file", &r.tls.cert_file),
+        ("tls-key-file", &r.tls.key_file),
+    ] {
+        if let Some(f) = file {
+            s.push_str(&format!("  {key} = {}\n", quote(&f.display().to_string())));
+        }
+    }
     s.push_str(&format!("  executor = {}\n", quote(r.executor.as_str())));
     if matches!(r.executor, Executor::Docker | Executor::DockerAutoscaler) {
         s.push_str("  [runners.docker]\n");
@@ -544,7 +585,30 @@ mod tests {
             obtained_at: "2026-08-20T10:00:00Z",
             executor: &executor,
             docker_image: None,
+            tls: &TlsFiles::default(),
         })
+    }
+
+    #[test]
+    fn tls_files_are_written_as_gitlab_runner_writes_them() {
+        let tls = TlsFiles {
+            ca_file: Some("/etc/gitlab-runner/certs/ca.crt".into()),
+            ..TlsFiles::default()
+        };
+        let text = runner_entry(&NewRunner {
+            name: "ci",
+            url: "https://gitlab.example.com/",
+            creds: &creds(None),
+            obtained_at: "2026-08-20T10:00:00Z",
+            executor: &Executor::Shell,
+            docker_image: None,
+            tls: &tls,
+        });
+        assert!(
+            text.contains("  tls-ca-file = \"/etc/gitlab-runner/certs/ca.crt\"\n"),
+            "{text}"
+        );
+        assert!(!text.contains("tls-cert-file"), "{text}");
     }
 
     #[test]

@@ -257,21 +257,26 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(st.success(), "kill -{sig} {pid} failed");
 }
 
+/// Start `slipway run -c cfg` in this world.
+pub fn start_manager(w: &World, cfg: &Path) -> std::process::Child {
+    w.slipway(&["run", "-c", &cfg.display().to_string()])
+        .spawn()
+        .expect("spawn slipway run")
+}
+
 /// SIGTERM a `slipway run` manager: it must exit 0 and leave nothing of this world running.
-pub fn stop_manager(w: &World, child: std::process::Child) {
+/// Its stderr.
+pub fn stop_manager(w: &World, child: std::process::Child) -> String {
     signal(child.id(), "TERM");
-    let out = wait_with_timeout(child, Duration::from_secs(30));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = wait_with_timeout(child, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
         w.processes().is_empty(),
         "left running: {:?}",
         w.processes()
     );
+    stderr
 }
 
 /// Instances a job ran on, from its `[job] Running on instance ID slot N` lines.
