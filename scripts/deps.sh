@@ -89,6 +89,15 @@ if [ "$what" = test ]; then
       || python3 -m pip install -q --break-system-packages 'moto[server]' 2>&1 | grep -v 'Running pip as the' || true
     python3 -c 'import moto.server, flask, flask_cors, boto3' >/dev/null
   fi
+  # LocalStack's S3 (the distributed cache's tests), pinned in a virtual environment of its own.
+  ls_venv=${SLIPWAY_LOCALSTACK_VENV:-$HOME/.cache/slipway/localstack-4.4.0}
+  if ! "$ls_venv/bin/python" -c 'import localstack.aws.components, boto3' >/dev/null 2>&1; then
+    echo "deps: installing LocalStack 4.4.0 (pip, into $ls_venv)"
+    python3 -m venv "$ls_venv"
+    "$ls_venv/bin/python" -m pip install -q 'localstack-core[runtime]==4.4.0' 'cbor2<5.7' \
+      'pyOpenSSL<24.3' 'cryptography<44' 'joserfc<1.1' service_identity
+    "$ls_venv/bin/python" -c 'import localstack.aws.components, boto3' >/dev/null
+  fi
 fi
 if [ "$what" = test ]; then
   # gitlab-ci-local 4.60.1: the newest that runs on Node 20 (newer ones need Node 22).

@@ -110,6 +110,55 @@ fn script_start(dirs: &JobDirs, title: &str) -> String {
     )
 }
 
+/// The keys to try for `spec`, in GitLab's order: its key, its `fallback_keys`, then
+/// `fallback` (`CACHE_FALLBACK_KEY`), expanded, each once; keys GitLab refuses go to `skipped`.
+fn restore_keys(
+    spec: &CacheSpec,
+    job: &JobResponse,
+    fallback: Option<&str>,
+    skipped: &mut Vec<Skipped>,
+) -> Vec<String> {
+    let mut keys = vec![key_of(spec, job)];
+    keys.extend(spec.fallback_keys.iter().map(|k| expand(k, job)));
+    keys.extend(fallback.map(str::to_string));
+    let mut candidates = Vec::new();
+    for k in keys {
+        match key_problem(&k) {
+            None if !candidates.contains(&k) => candidates.push(k),
+            None => {}
+            Some(reason) => skipped.push(Skipped { key: k, reason }),
+        }
+    }
+    candidates
+}
+
+/// The keys to try when restoring `spec` of `job` ([`restore_keys`] with the job's
+/// `CACHE_FALLBACK_KEY`), and the keys skipped; empty when `spec` does not pull.
+pub fn keys_to_restore(spec: &CacheSpec, job: &JobResponse) -> (Vec<String>, Vec<Skipped>) {
+    let mut skipped = Vec::new();
+    if !pulls(spec) {
+        return (Vec::new(), skipped);
+    }
+    let fallback = job
+        .variable(FALLBACK_KEY_VARIABLE)
+        .map(|k| expand(k, job))
+        .filter(|k| !k.is_empty());
+    let keys = restore_keys(spec, job, fallback.as_deref(), &mut skipped);
+    (keys, skipped)
+}
+
+/// The key `spec` of `job` is saved under when it pushes, or why it is not saved.
+pub fn key_to_save(spec: &CacheSpec, job: &JobResponse) -> Option<Result<String, Skipped>> {
+    if !pushes(spec) {
+        return None;
+    }
+    let key = key_of(spec, job);
+    Some(match key_problem(&key) {
+        None => Ok(key),
+        Some(reason) => Err(Skipped { key, reason }),
+    })
+}
+
 /// A script restoring every `pull`/`pull-push` cache of `job` into its project directory:
 /// the first key of each entry (its key, its `fallback_keys`, then `CACHE_FALLBACK_KEY`) that
 /// has an archive. `None` when the job restores nothing.
@@ -130,18 +179,7 @@ pub fn restore_script(
         .map(|k| expand(k, job))
         .filter(|k| !k.is_empty());
     for spec in specs {
-        let key = key_of(spec, job);
-        let mut keys = vec![key.clone()];
-        keys.extend(spec.fallback_keys.iter().map(|k| expand(k, job)));
-        keys.extend(fallback.clone());
-        let mut candidates = Vec::new();
-        for k in keys {
-            match key_problem(&k) {
-                None if !candidates.contains(&k) => candidates.push(k),
-                None => {}
-                Some(reason) => skipped.push(Skipped { key: k, reason }),
-            }
-        }
+        let candidates = restore_keys(spec, job, fallback.as_deref(), &mut skipped);
         if candidates.is_empty() {
             continue;
         }

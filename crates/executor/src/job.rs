@@ -388,7 +388,11 @@ impl JobRunner {
             if paths.is_empty() {
                 continue;
             }
-            trace.message("Collecting artifacts");
+            if a.is_cache() {
+                trace.message(&format!("Creating cache {}...", a.name));
+            } else {
+                trace.message("Collecting artifacts");
+            }
             let stage = if outcome.is_success() {
                 "upload_artifacts_on_success"
             } else {
@@ -410,6 +414,10 @@ impl JobRunner {
                         trace.message(w);
                     }
                     artifacts.push(CollectedArtifacts { spec, tar })
+                }
+                // A cache never fails a job (GitLab's rule).
+                Err(msg) if a.is_cache() => {
+                    trace.message(&format!("WARNING: collecting the cache failed: {msg}"));
                 }
                 Err(msg) => {
                     trace.message(&format!("ERROR: collecting artifacts failed: {msg}"));

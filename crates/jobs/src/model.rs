@@ -556,6 +556,17 @@ pub struct ArtifactSpec {
     pub expire_in: String,
 }
 
+impl ArtifactSpec {
+    /// The `artifact_type` of an entry Slipway adds itself to collect a cache's paths for the
+    /// distributed cache (never one GitLab sends, never uploaded as an artifact).
+    pub const CACHE_TYPE: &'static str = "slipway-cache";
+
+    /// Whether this entry collects a cache ([`Self::CACHE_TYPE`]).
+    pub fn is_cache(&self) -> bool {
+        self.artifact_type == Self::CACHE_TYPE
+    }
+}
+
 /// A cache to restore before and save after the job.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -10,6 +10,7 @@
 //! - [`plugin_check::plugin_check`]: `slipway plugin check --json` run on a plugin binary.
 //! - [`peer`]: local pipelines run by `slipway exec` and by gitlab-ci-local, compared.
 //! - [`python`]: an interpreter with the go-plugin peer, grpclib stubs, plugin wrappers.
+//! - [`s3::LocalStack`]: a real S3-compatible server (LocalStack, from PyPI) with a bucket.
 //! - [`tls::TestCa`]: a private CA with server and client certificates as PEM files.
 //! - [`git_http`]: git over smart HTTP (`git http-backend`) and an LFS endpoint for [`gitlab::FakeGitlab`].
 
@@ -19,6 +20,7 @@ pub mod guest;
 pub mod peer;
 pub mod plugin_check;
 pub mod python;
+pub mod s3;
 pub mod tls;
 
 use std::path::{Path, PathBuf};

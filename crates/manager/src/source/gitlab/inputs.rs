@@ -59,6 +59,18 @@ pub(super) async fn inputs_of(
             ));
         }
     }
+    // GitLab's order: sources, the cache, then the dependencies' artifacts (which win over a
+    // stale cache of the same paths).
+    if let Some(cache) = &source.cache {
+        let specs = source.cache_specs_of().get(&job.id).cloned();
+        if let Some(specs) = specs {
+            let mut with_cache = job.clone();
+            with_cache.cache = specs;
+            inputs
+                .tars
+                .extend(cache.restore(&with_cache, trace, cancel).await);
+        }
+    }
     for dep in &job.dependencies {
         if dep.artifacts_file.is_none() {
             continue;

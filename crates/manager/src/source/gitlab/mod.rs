@@ -24,6 +24,7 @@
 //! restarted manager sends what is left (a job that was running is reported
 //! `runner_system_failure`).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,10 +46,12 @@ use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, Start, Stops}
 use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
+use cache::DistributedCache;
 use git::GitSources;
 use slipway_config::{Executor, RunnerConfig};
 
 mod artifacts;
+mod cache;
 pub mod git;
 mod inputs;
 
@@ -149,6 +152,11 @@ struct Source {
     git: GitSources,
     /// `CI_SERVER_TLS_CA_FILE` and friends, given to every job as file variables.
     tls_variables: Vec<slipway_jobs::Variable>,
+    /// The S3 cache, when `[runners.cache]` sets one up.
+    cache: Option<DistributedCache>,
+    /// The `cache:` entries of jobs whose inputs are on their way (the executor gets the job
+    /// without them: [`DistributedCache::for_executor`]).
+    cache_specs: std::sync::Mutex<HashMap<u64, Vec<slipway_jobs::model::CacheSpec>>>,
 }
 
 /// GitLab Runner's TLS variables: the files of `tls` as file variables of every job, so its
@@ -229,6 +237,7 @@ pub async fn serve(
     if !verify(&client, &token, &system_id, &name, backoff, &shutdown.drain).await? {
         return Ok(());
     }
+    let cache = DistributedCache::new(cfg.cache.as_ref(), &token.short());
     let source = Arc::new(Source {
         runner,
         client,
@@ -243,6 +252,8 @@ pub async fn serve(
         outbox,
         git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone(), tls.clone()),
         tls_variables: tls_variables(&tls).await,
+        cache,
+        cache_specs: std::sync::Mutex::new(HashMap::new()),
     });
     let loops = cfg.request_concurrency.max(1);
     tracing::info!(runner = %name, url = %cfg.url.trim(), %source.system_id, request_concurrency = loops,
@@ -861,7 +872,21 @@ async fn run_admitted(
     let start = Start::Admit {
         held: Some(provisional),
     };
-    let ran = match life.run(job, start, trace).await {
+    // With the S3 cache, the executor saves the caches as extra artifact entries and has no
+    // local cache; the entries are restored with the job's inputs.
+    let artifacts_len = job.artifacts.len();
+    let distributed = source.cache.is_some() && !job.cache.is_empty();
+    let exec_job;
+    let job = if distributed {
+        source.cache_specs_of().insert(job.id, job.cache.clone());
+        exec_job = DistributedCache::for_executor(job);
+        &exec_job
+    } else {
+        job
+    };
+    let ran = life.run(job, start, trace).await;
+    let specs = source.cache_specs_of().remove(&job.id);
+    let ran = match ran {
         Ok(ran) => ran,
         Err(no) => return refused(&no, stop),
     };
@@ -876,12 +901,33 @@ async fn run_admitted(
     } = ran;
     // The slot is free while the artifacts travel: uploading is the manager's work.
     drop(slot);
+    let (collected, caches): (Vec<_>, Vec<_>) =
+        collected.into_iter().partition(|c| c.spec < artifacts_len);
     // Inputs that failed before a slot was had leave nothing to upload.
     if placement.is_some() {
         artifacts::upload_artifacts(source, &job, collected, &tracked, &mut outcome, trace, stop)
             .await;
+        if let (Some(cache), Some(specs)) = (&source.cache, specs) {
+            let mut original = job.clone();
+            original.cache = specs;
+            original.artifacts.truncate(artifacts_len);
+            cache
+                .save(&original, artifacts_len, caches, &tracked, trace)
+                .await;
+        }
     }
     outcome
+}
+
+impl Source {
+    /// The `cache:` entries of jobs on their way (a poisoned lock is still usable: plain data).
+    fn cache_specs_of(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<slipway_jobs::model::CacheSpec>>> {
+        self.cache_specs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// What GitLab adds to a job's life: its sources and its dependencies' artifacts.

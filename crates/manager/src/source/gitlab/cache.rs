@@ -1,0 +1,315 @@
+//! GitLab's distributed cache (`[runners.cache] Type = "s3"`): a job's `cache:` entries
+//! restored from and saved to a bucket, under GitLab Runner's object names and in its format
+//! (a zip archive), so a fleet moving from GitLab Runner keeps its caches.
+//!
+//! Every transfer uses a pre-signed URL, valid for the job's timeout: the bucket's keys stay on
+//! the manager. The archives travel through the manager, like artifacts do: restored ones are
+//! unpacked into the job's directory after its sources and before its dependencies'
+//! artifacts; saved ones are collected where the job ran as extra artifact entries
+//! ([`ArtifactSpec::CACHE_TYPE`]) and archived here. Nothing here fails a job: an unreachable
+//! or refusing bucket, a corrupt archive or one over `MaxUploadedArchiveSize` is a warning.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use slipway_artifacts::{Format, Globs};
+use slipway_cache::{S3, object_name, transfer};
+use slipway_config::CacheConfig;
+use slipway_executor::cache::{key_to_save, keys_to_restore};
+use slipway_executor::{CollectedArtifacts, Trace};
+use slipway_jobs::JobResponse;
+use slipway_jobs::model::ArtifactSpec;
+use tokio_util::sync::CancellationToken;
+
+/// Largest cache archive read back (GitLab Runner has no limit; this keeps a runaway object
+/// from filling the manager's memory).
+const MAX_RESTORE: usize = 4 * 1024 * 1024 * 1024;
+
+/// A runner's S3 cache.
+#[derive(Debug)]
+pub(super) struct DistributedCache {
+    s3: S3,
+    client: transfer::Client,
+    path: String,
+    shared: bool,
+    short_token: String,
+    max_upload: u64,
+}
+
+impl DistributedCache {
+    /// The cache of `cfg` for the runner whose token's short form is `short_token`; `None`
+    /// when jobs use the local cache.
+    pub fn new(cfg: Option<&CacheConfig>, short_token: &str) -> Option<DistributedCache> {
+        let cfg = cfg?;
+        let s3 = cfg.s3_config()?;
+        let client = match transfer::Client::new(Duration::from_secs(3600)) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("the S3 cache cannot be used: {e}; jobs use the local cache");
+                return None;
+            }
+        };
+        Some(DistributedCache {
+            s3: S3::new(s3),
+            client,
+            path: cfg.path.clone(),
+            shared: cfg.shared,
+            short_token: short_token.to_string(),
+            max_upload: u64::try_from(cfg.max_uploaded_archive_size).unwrap_or(0),
+        })
+    }
+
+    /// `job` as the executor gets it: no `cache:` (no local cache), and one extra artifact
+    /// entry per cache to save, collecting its paths where the job runs.
+    pub fn for_executor(job: &JobResponse) -> JobResponse {
+        let mut out = job.clone();
+        for spec in std::mem::take(&mut out.cache) {
+            let Some(Ok(key)) = key_to_save(&spec, job) else {
+                continue;
+            };
+            out.artifacts.push(ArtifactSpec {
+                name: key,
+                untracked: spec.untracked,
+                paths: spec.paths.clone(),
+                when: spec.when,
+                artifact_type: ArtifactSpec::CACHE_TYPE.into(),
+                ..ArtifactSpec::default()
+            });
+        }
+        out
+    }
+
+    fn object(&self, job: &JobResponse, key: &str) -> Result<String, String> {
+        object_name(
+            &self.path,
+            self.shared,
+            &self.short_token,
+            job.job_info.project_id,
+            key,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// How long a URL of `job` stays valid: its timeout (an hour when it has none).
+    fn valid_for(job: &JobResponse) -> Duration {
+        match job.runner_info.timeout {
+            0 => Duration::from_secs(3600),
+            s => Duration::from_secs(s),
+        }
+    }
+
+    /// The tar streams of the caches of `job` that pull, the first key of each that has an
+    /// archive.
+    pub async fn restore(
+        &self,
+        job: &JobResponse,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Vec<Vec<u8>> {
+        let mut tars = Vec::new();
+        for spec in &job.cache {
+            let (keys, skipped) = keys_to_restore(spec, job);
+            for s in skipped {
+                trace.message(&format!(
+                    "WARNING: cache key {:?} skipped: {}",
+                    s.key, s.reason
+                ));
+            }
+            if keys.is_empty() {
+                continue;
+            }
+            let mut found = false;
+            for key in &keys {
+                trace.message(&format!("Checking cache for {key}..."));
+                let object = match self.object(job, key) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        trace.message(&format!("WARNING: {e}"));
+                        continue;
+                    }
+                };
+                let url = self
+                    .s3
+                    .get_url(&object, Self::valid_for(job), SystemTime::now());
+                let got = tokio::select! {
+                    r = self.client.get(&url, MAX_RESTORE) => r,
+                    _ = cancel.cancelled() => return tars,
+                };
+                match got {
+                    Ok(None) => continue,
+                    Ok(Some(zip)) => {
+                        trace.message(&format!(
+                            "Downloading cache from {}",
+                            url.split('?').next().unwrap_or_default()
+                        ));
+                        let unpacked = tokio::task::spawn_blocking(move || {
+                            slipway_artifacts::zip_to_tar(&zip)
+                        })
+                        .await;
+                        match unpacked {
+                            Ok(Ok(tar)) => {
+                                trace.message("Successfully extracted cache");
+                                tars.push(tar);
+                            }
+                            Ok(Err(e)) => {
+                                trace.message(&format!("WARNING: Failed to extract cache: {e}"))
+                            }
+                            Err(e) => {
+                                trace.message(&format!("WARNING: Failed to extract cache: {e}"))
+                            }
+                        }
+                        found = true;
+                        break;
+                    }
+                    Err(e) => {
+                        trace.message(&format!("WARNING: Failed to download the cache: {e}"));
+                        found = true;
+                        break;
+                    }
+                }
+            }
+            if !found {
+                trace.message(&format!("WARNING: no cache found for {}", keys.join(", ")));
+            }
+        }
+        tars
+    }
+
+    /// Archive and upload what was collected for the caches of `job` (the entries
+    /// [`Self::for_executor`] added, after its `artifacts_len` own ones).
+    pub async fn save(
+        &self,
+        job: &JobResponse,
+        artifacts_len: usize,
+        collected: Vec<CollectedArtifacts>,
+        tracked: &Arc<BTreeSet<String>>,
+        trace: &mut Trace,
+    ) {
+        let exec_job = Self::for_executor(job);
+        for c in collected {
+            let Some(spec) = exec_job
+                .artifacts
+                .get(c.spec)
+                .filter(|_| c.spec >= artifacts_len)
+            else {
+                continue;
+            };
+            let key = spec.name.clone();
+            let object = match self.object(job, &key) {
+                Ok(o) => o,
+                Err(e) => {
+                    trace.message(&format!("WARNING: {e}"));
+                    continue;
+                }
+            };
+            let (paths, untracked) = (spec.paths.clone(), spec.untracked);
+            let tracked = Arc::clone(tracked);
+            let zip = tokio::task::spawn_blocking(move || {
+                let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
+                // Without `untracked` the executor collected the paths alone; with it, the
+                // whole directory, of which the paths and what git does not track are kept.
+                let keep = |p: &str| {
+                    !untracked
+                        || lineage(p).any(|q| includes.is_match(q))
+                        || (!tracked.contains(p) && !holds(&tracked, p))
+                };
+                slipway_artifacts::archive_from_tar(&c.tar, Format::Zip, &keep)
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            let archive = match zip {
+                Ok(Ok(a)) => a,
+                Ok(Err(e)) => {
+                    trace.message(&format!("WARNING: archiving the cache failed: {e}"));
+                    continue;
+                }
+                Err(e) => {
+                    trace.message(&format!("WARNING: archiving the cache failed: {e}"));
+                    continue;
+                }
+            };
+            if archive.files == 0 {
+                trace.message(&format!(
+                    "WARNING: cache {key}: no files matched its paths; not saved"
+                ));
+                continue;
+            }
+            let size = archive.bytes.len() as u64;
+            if self.max_upload > 0 && size > self.max_upload {
+                trace.message(&format!(
+                    "WARNING: cache {key} is {size} bytes, over MaxUploadedArchiveSize \
+                     ({}); not uploaded",
+                    self.max_upload
+                ));
+                continue;
+            }
+            let (url, headers) = self
+                .s3
+                .put_url(&object, Self::valid_for(job), SystemTime::now());
+            trace.message(&format!(
+                "Uploading cache.zip to {}",
+                url.split('?').next().unwrap_or_default()
+            ));
+            match self
+                .client
+                .put(&url, &headers, Bytes::from(archive.bytes))
+                .await
+            {
+                Ok(()) => trace.message(&format!("Created cache {key}")),
+                Err(e) => trace.message(&format!("WARNING: uploading the cache failed: {e}")),
+            }
+        }
+    }
+}
+
+/// `p` and each directory above it.
+fn lineage(p: &str) -> impl Iterator<Item = &str> {
+    std::iter::successors(Some(p), |q| q.rsplit_once('/').map(|(head, _)| head))
+}
+
+/// Whether directory `p` holds a tracked file (so it is not untracked itself).
+fn holds(tracked: &BTreeSet<String>, p: &str) -> bool {
+    let under = format!("{p}/");
+    tracked
+        .range(under.clone()..)
+        .next()
+        .is_some_and(|t| t.starts_with(&under))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slipway_jobs::model::CacheSpec;
+
+    #[test]
+    fn caches_to_save_become_artifact_entries_and_leave_the_local_cache() {
+        let mut job = JobResponse {
+            cache: vec![
+                CacheSpec {
+                    key: "deps-$CI_JOB_NAME".into(),
+                    paths: vec!["deps/".into()],
+                    ..CacheSpec::default()
+                },
+                CacheSpec {
+                    key: "only-read".into(),
+                    policy: "pull".into(),
+                    paths: vec!["x/".into()],
+                    ..CacheSpec::default()
+                },
+            ],
+            ..JobResponse::default()
+        };
+        job.variables.push(slipway_jobs::Variable {
+            key: "CI_JOB_NAME".into(),
+            value: "build".into(),
+            ..Default::default()
+        });
+        let exec = DistributedCache::for_executor(&job);
+        assert!(exec.cache.is_empty());
+        assert_eq!(exec.artifacts.len(), 1);
+        assert_eq!(exec.artifacts[0].name, "deps-build");
+        assert!(exec.artifacts[0].is_cache());
+    }
+}

@@ -1,0 +1,223 @@
+//! GitLab's distributed cache on a real S3-compatible server (LocalStack's S3, signatures
+//! checked): with `max_use_count = 1` every job gets a fresh instance, and still finds what an
+//! earlier job saved; objects sit under GitLab Runner's names as zip archives, and a zip put
+//! there by someone else (GitLab Runner) is restored too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::World;
+use serde_json::{Value, json};
+use slipway_testkit::gitlab::{FakeGitlab, job_payload_with_vars};
+use slipway_testkit::s3::{ACCESS_KEY, LocalStack, SECRET_KEY};
+
+const BUCKET: &str = "runner-cache";
+
+/// A runner on fresh instances (one job each) with the S3 cache on `s3`.
+fn config(w: &World, gl: &FakeGitlab, s3: &LocalStack, secret: &str) -> PathBuf {
+    w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 1
+check_interval = 1
+[[runners]]
+  name = "s3cache"
+  url = "{url}"
+  token = "{token}"
+  executor = "instance"
+  [runners.cache]
+    Type = "s3"
+    Path = "ci"
+    MaxUploadedArchiveSize = 0
+    [runners.cache.s3]
+      ServerAddress = "{server}"
+      AccessKey = "{ACCESS_KEY}"
+      SecretKey = "{secret}"
+      BucketName = "{BUCKET}"
+      Insecure = true
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 1
+    max_use_count = 1
+    max_instances = 1
+    update_interval = "200ms"
+    update_interval_when_expecting = "100ms"
+    delete_instances_on_shutdown = true
+    [runners.autoscaler.plugin_config]
+      dir = "{state}"
+      name = "s3c{pid}"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+      idle_time = "10m"
+"#,
+            url = gl.url(),
+            token = gl.runner_token(),
+            server = s3.address(),
+            state = w.path().join("plugin-state").display(),
+            pid = std::process::id(),
+        ),
+    )
+}
+
+/// A job without sources running `script` with `cache`.
+fn job(name: &str, script: &[&str], cache: Value) -> Value {
+    let mut job = job_payload_with_vars(name, script, &[("GIT_STRATEGY", "none")]);
+    job["cache"] = cache;
+    job
+}
+
+async fn ended(gl: &FakeGitlab, id: u64) -> (String, String) {
+    for _ in 0..2400 {
+        if let Some(j) = gl
+            .job(id)
+            .filter(|j| j.state == "success" || j.state == "failed")
+        {
+            return (j.state.clone(), j.trace_text());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "job {id} never ended: {:?}",
+        gl.job(id).map(|j| (j.state.clone(), j.trace_text()))
+    );
+}
+
+/// The instance a trace ran on.
+fn instance(trace: &str) -> String {
+    trace
+        .lines()
+        .find_map(|l| l.strip_prefix("Running on instance "))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_instance_restores_what_another_saved_in_s3() {
+    let s3 = LocalStack::start(BUCKET).expect("LocalStack");
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let project = "ci/runner/fAkErUnNe/project/1";
+    // A cache GitLab Runner saved: a zip under its object name.
+    let zip = {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("vendor")).unwrap();
+        std::fs::write(
+            dir.path().join("vendor/lib.txt"),
+            "saved by gitlab-runner\n",
+        )
+        .unwrap();
+        let out = std::process::Command::new("python3")
+            .current_dir(dir.path())
+            .args([
+                "-c",
+                "import zipfile; z = zipfile.ZipFile('cache.zip', 'w', zipfile.ZIP_DEFLATED); \
+                 z.write('vendor/'); z.write('vendor/lib.txt'); z.close()",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        std::fs::read(dir.path().join("cache.zip")).unwrap()
+    };
+    let put = slipway_cache::S3::new(slipway_cache::S3Config {
+        server_address: s3.address(),
+        bucket: BUCKET.into(),
+        insecure: true,
+        credentials: slipway_cache::Credentials {
+            access_key: ACCESS_KEY.into(),
+            secret_key: SECRET_KEY.into(),
+            session_token: None,
+        },
+        ..slipway_cache::S3Config::default()
+    });
+    let (url, headers) = put.put_url(
+        &format!("{project}/from-gitlab-runner"),
+        Duration::from_secs(300),
+        std::time::SystemTime::now(),
+    );
+    slipway_cache::transfer::Client::new(Duration::from_secs(60))
+        .unwrap()
+        .put(&url, &headers, zip.into())
+        .await
+        .expect("putting GitLab Runner's cache");
+
+    let save = gl.enqueue(job(
+        "build",
+        &["mkdir -p deps && echo saved-on-the-first > deps/lib.txt"],
+        json!([{"key": "deps-$CI_JOB_NAME", "paths": ["deps/"], "policy": "pull-push"}]),
+    ));
+    let restore = gl.enqueue(job(
+        "test",
+        &["cat deps/lib.txt vendor/lib.txt"],
+        json!([
+            {"key": "missing", "fallback_keys": ["deps-build"], "paths": ["deps/"], "policy": "pull"},
+            {"key": "from-gitlab-runner", "paths": ["vendor/"], "policy": "pull"}
+        ]),
+    ));
+    let cfg = config(&w, &gl, &s3, SECRET_KEY);
+    let verify = w.run(&["verify-config", "-c", cfg.to_str().unwrap()]);
+    assert_eq!(verify.code, Some(0), "{}", verify.explain());
+    assert!(
+        !verify.stderr.contains("not supported"),
+        "{}",
+        verify.explain()
+    );
+    let child = common::start_manager(&w, &cfg);
+    let (state1, trace1) = ended(&gl, save).await;
+    let (state2, trace2) = ended(&gl, restore).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state1, "success", "{trace1}\n{stderr}");
+    assert_eq!(state2, "success", "{trace2}\n{stderr}");
+    assert!(trace1.contains("Created cache deps-build"), "{trace1}");
+    assert!(trace2.contains("saved-on-the-first"), "{trace2}");
+    assert!(trace2.contains("saved by gitlab-runner"), "{trace2}");
+    assert_ne!(
+        instance(&trace1),
+        instance(&trace2),
+        "the second job must run on a fresh instance"
+    );
+    // GitLab Runner's object name, holding a zip archive; no credential in any trace.
+    let objects = s3.objects(BUCKET).unwrap();
+    assert!(
+        objects.contains(&format!("{project}/deps-build")),
+        "{objects:?}"
+    );
+    let saved = s3.object(BUCKET, &format!("{project}/deps-build")).unwrap();
+    assert!(saved.starts_with(b"PK"), "not a zip archive");
+    // Signed URLs are shown without their query: no signature, no credential.
+    for t in [&trace1, &trace2, &stderr] {
+        assert!(!t.contains("X-Amz-Signature"), "a signed URL leaked");
+        assert!(!t.contains(ACCESS_KEY), "the access key leaked");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_bucket_is_a_warning_never_a_failed_job() {
+    let s3 = LocalStack::start(BUCKET).expect("LocalStack");
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job(
+        "build",
+        &["mkdir -p deps && echo x > deps/lib.txt"],
+        json!([{"key": "deps", "paths": ["deps/"]}]),
+    ));
+    let cfg = config(&w, &gl, &s3, "not-the-secret");
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}\n{stderr}");
+    assert!(
+        trace.contains("WARNING: Failed to download the cache"),
+        "{trace}"
+    );
+    assert!(
+        trace.contains("WARNING: uploading the cache failed"),
+        "{trace}"
+    );
+    assert!(trace.contains("HTTP 403"), "{trace}");
+    assert!(s3.objects(BUCKET).unwrap().is_empty());
+}
