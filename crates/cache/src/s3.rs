@@ -69,6 +69,12 @@ impl S3 {
                 .trim_start_matches("http://")
                 .to_string(),
         };
+        // AWS's global endpoint for a bucket of another region answers with a redirect:
+        // the region's own endpoint instead, as GitLab Runner's client finds it.
+        let server = match (server.as_str(), self.region()) {
+            ("s3.amazonaws.com", r) if r != "us-east-1" => format!("s3.{r}.amazonaws.com"),
+            _ => server,
+        };
         let aws = server.ends_with("amazonaws.com");
         let object = object.trim_start_matches('/');
         if c.path_style.unwrap_or(!aws) {
