@@ -442,3 +442,65 @@ async fn an_untrusted_gitlab_or_a_missing_client_certificate_is_one_clear_error(
         assert!(!stderr.contains("retrying"), "retried:\n{stderr}");
     }
 }
+
+/// The command lines of every process now (what `ps` shows).
+fn command_lines() -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            out.push(String::from_utf8_lossy(&c).replace('\0', " "));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_job_token_is_in_no_command_line_while_git_fetches() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    let repos = gl.serve_git(&root);
+    let sha = publish(
+        &root,
+        &w.path().join("authoring"),
+        "group/slow",
+        &[("a.txt", "a\n")],
+        &[],
+    );
+    // Every git answer takes a while: the fetch is long enough to be watched.
+    repos.set_delay(Duration::from_millis(700));
+    let token = "glcbt-1_srcTokenPs0000000001";
+    let id = gl.enqueue(job_of(&gl, "group/slow", &sha, token, &["cat a.txt"], &[]));
+    let cfg = config(&w, &gl, "pswatch", "");
+    let child = common::start_manager(&w, &cfg);
+    let mut gits_seen = 0;
+    let mut leaks = Vec::new();
+    while gl
+        .job(id)
+        .is_none_or(|j| j.state != "success" && j.state != "failed")
+    {
+        for line in command_lines() {
+            if line.starts_with("git ")
+                || line.contains("/git ")
+                || line.contains("git-remote-http")
+            {
+                gits_seen += 1;
+            }
+            if line.contains(token) {
+                leaks.push(line);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (state, trace) = ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}\n{stderr}");
+    assert!(
+        gits_seen > 0,
+        "no git process was ever seen: the watch proves nothing"
+    );
+    assert!(
+        leaks.is_empty(),
+        "the job token in a command line: {leaks:?}"
+    );
+}

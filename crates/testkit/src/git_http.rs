@@ -18,6 +18,8 @@ use tokio::io::AsyncWriteExt as _;
 pub struct GitRepos {
     root: PathBuf,
     lfs: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// Held before each answer (a slow server, to watch a fetch while it runs).
+    delay: Mutex<std::time::Duration>,
 }
 
 /// A request as the git routes need it.
@@ -40,6 +42,7 @@ impl GitRepos {
         GitRepos {
             root: root.to_path_buf(),
             lfs: Mutex::new(BTreeMap::new()),
+            delay: Mutex::new(std::time::Duration::ZERO),
         }
     }
 
@@ -53,6 +56,14 @@ impl GitRepos {
         oid
     }
 
+    /// Hold every answer for `delay` from now on.
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        *self
+            .delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = delay;
+    }
+
     /// Whether `path` is one of these routes (`…/<project>.git/…`).
     pub(crate) fn handles(path: &str) -> bool {
         path.contains(".git/")
@@ -64,6 +75,11 @@ impl GitRepos {
         req: &GitRequest<'_>,
         token_ok: &(dyn Fn(&str) -> bool + Sync),
     ) -> GitAnswer {
+        let delay = *self
+            .delay
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tokio::time::sleep(delay).await;
         let auth = (req.header)("authorization");
         let token = auth.as_deref().and_then(basic_password);
         if !token.as_deref().is_some_and(token_ok) {
