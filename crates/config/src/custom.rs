@@ -5,26 +5,22 @@ use std::path::Path;
 use serde::Deserialize;
 use slipway_executor::CustomConfig;
 
+use crate::executor::Executor;
 use crate::problem::Report;
 
 /// `[runners.custom_build_dir]`.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(default)]
 pub struct CustomBuildDirConfig {
-    /// Let jobs choose their build directory (`GIT_CLONE_PATH`); not supported yet.
-    pub enabled: bool,
+    /// Let jobs choose their build directory under `$CI_BUILDS_DIR` (`GIT_CLONE_PATH`); unset:
+    /// GitLab Runner's default for the executor ([`custom_build_dir_default`]).
+    pub enabled: Option<bool>,
 }
 
-impl CustomBuildDirConfig {
-    /// Enabled: a warning, jobs cannot choose yet.
-    pub(crate) fn validate(&self, report: &mut Report<'_>) {
-        if self.enabled {
-            report.warning(
-                &["enabled"],
-                "not supported yet: jobs cannot choose their build directory (GIT_CLONE_PATH)",
-            );
-        }
-    }
+/// GitLab Runner's default of `[runners.custom_build_dir] enabled`: on for the docker
+/// executors (each job has a container of its own), off for the others.
+pub fn custom_build_dir_default(executor: &Executor) -> bool {
+    matches!(executor, Executor::Docker | Executor::DockerAutoscaler)
 }
 
 /// The driver's executables given by absolute path must exist here, whatever the executor.

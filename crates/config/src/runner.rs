@@ -148,6 +148,15 @@ impl fmt::Debug for RunnerConfig {
 }
 
 impl RunnerConfig {
+    /// Whether jobs may set `GIT_CLONE_PATH` (`[runners.custom_build_dir] enabled`, else GitLab
+    /// Runner's default for the executor).
+    pub fn custom_build_dir(&self) -> bool {
+        self.custom_build_dir
+            .as_ref()
+            .and_then(|c| c.enabled)
+            .unwrap_or_else(|| crate::custom::custom_build_dir_default(&self.executor))
+    }
+
     /// TLS towards this runner's GitLab: its `tls-*` files, and where unset GitLab Runner's
     /// well-known files in `certs_dir` (`<host>.crt`, `<host>.auth.crt`, `<host>.auth.key`).
     pub fn tls_files(&self, certs_dir: Option<&std::path::Path>) -> TlsFiles {
@@ -404,9 +413,7 @@ impl RunnerConfig {
                 "not used by slipway (it backs off on failed requests instead); ignored",
             );
         }
-        if let Some(c) = &self.custom_build_dir {
-            c.validate(&mut report.section(&["custom_build_dir"]));
-        }
+
         if let Some(c) = &self.cache {
             c.validate(&mut report.section(&["cache"]));
         }

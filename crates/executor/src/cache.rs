@@ -327,6 +327,7 @@ mod tests {
             builds_dir: "builds".into(),
             slot: 0,
             job_id: 5,
+            clone_path: None,
         };
         let mut j = job();
         j.cache.push(CacheSpec {

@@ -193,10 +193,21 @@ impl JobRunner {
             abort,
             artifacts_in,
         } = ctx;
+        let clone_path = match script::clone_path_of(job) {
+            Ok(p) => p,
+            Err(msg) => {
+                trace.message(&format!("ERROR: {msg}"));
+                return RunResult {
+                    outcome: JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg),
+                    artifacts: Vec::new(),
+                };
+            }
+        };
         let dirs = JobDirs {
             builds_dir: self.builds_dir.clone(),
             slot,
             job_id: job.id,
+            clone_path,
         };
         let timeout = match job.runner_info.timeout {
             0 => DEFAULT_JOB_TIMEOUT,

@@ -428,6 +428,7 @@ impl NestingExecutor {
             builds_dir: self.config.builds_dir.clone(),
             slot: slot.and_then(|s| u32::try_from(s).ok()).unwrap_or(0),
             job_id: job.id,
+            clone_path: crate::script::clone_path_of(job).ok().flatten(),
         }
         .project_dir()
     }

@@ -18,6 +18,39 @@ pub struct JobDirs {
     pub slot: u32,
     /// Job id.
     pub job_id: u64,
+    /// `GIT_CLONE_PATH` under the slot's directory (see [`clone_path_of`]); `None`: `job-<id>`.
+    pub clone_path: Option<String>,
+}
+
+/// The job's `GIT_CLONE_PATH` as a path under `$CI_BUILDS_DIR` (the slot's directory),
+/// variables expanded; `None` when unset. GitLab's rule: it has to be within `$CI_BUILDS_DIR`.
+pub fn clone_path_of(job: &JobResponse) -> Result<Option<String>, String> {
+    let Some(value) = job
+        .variable("GIT_CLONE_PATH")
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    else {
+        return Ok(None);
+    };
+    let outside = || format!("the GIT_CLONE_PATH={value:?} has to be within \"$CI_BUILDS_DIR\"");
+    let rest = value
+        .strip_prefix("${CI_BUILDS_DIR}")
+        .or_else(|| value.strip_prefix("$CI_BUILDS_DIR"))
+        .filter(|r| r.starts_with('/'))
+        .ok_or_else(outside)?;
+    let expanded = crate::cache::expand(rest, job);
+    let mut parts = Vec::new();
+    for seg in expanded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => return Err(outside()),
+            s => parts.push(s),
+        }
+    }
+    if parts.is_empty() {
+        return Err(outside());
+    }
+    Ok(Some(parts.join("/")))
 }
 
 impl JobDirs {
@@ -33,7 +66,10 @@ impl JobDirs {
 
     /// The job's project directory, as a bash expression.
     pub fn project_dir(&self) -> String {
-        format!("{}/job-{}", self.slot_dir(), self.job_id)
+        match &self.clone_path {
+            Some(rel) => format!("{}/{}", self.slot_dir(), quote(rel)),
+            None => format!("{}/job-{}", self.slot_dir(), self.job_id),
+        }
     }
 
     /// File holding the process-group id of a running step, as a bash expression.
@@ -284,6 +320,38 @@ fn valid_name(key: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn clone_paths_stay_within_the_builds_dir() {
+        let with = |v: &str| {
+            let mut job = JobResponse::default();
+            for (k, val) in [("GIT_CLONE_PATH", v), ("CI_PROJECT_NAME", "proj")] {
+                job.variables.push(slipway_jobs::Variable {
+                    key: k.into(),
+                    value: val.into(),
+                    ..Default::default()
+                });
+            }
+            clone_path_of(&job)
+        };
+        assert_eq!(
+            with("$CI_BUILDS_DIR/group/$CI_PROJECT_NAME")
+                .unwrap()
+                .as_deref(),
+            Some("group/proj")
+        );
+        assert_eq!(with("${CI_BUILDS_DIR}/./x/").unwrap().as_deref(), Some("x"));
+        for bad in [
+            "/tmp/x",
+            "$CI_BUILDS_DIR/../x",
+            "$CI_BUILDS_DIR",
+            "$CI_BUILDS_DIRx/y",
+        ] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("has to be within"), "{bad}: {e}");
+        }
+        assert_eq!(clone_path_of(&JobResponse::default()).unwrap(), None);
+    }
     use super::*;
 
     /// Runs `fed` with `bash -s`, stdin a pipe or (`file`) a regular file: (stdout, exit code).
@@ -337,6 +405,7 @@ mod tests {
             builds_dir: "builds".into(),
             slot: 1,
             job_id: 7,
+            clone_path: None,
         };
         assert_eq!(d.project_dir(), "\"$HOME\"/'builds'/slot-1/job-7");
     }

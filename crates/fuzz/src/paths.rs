@@ -78,6 +78,7 @@ pub fn check(input: &Input) {
         builds_dir: "builds".into(),
         slot: 0,
         job_id: 1,
+        clone_path: None,
     };
     let keys: Vec<String> = std::iter::once(&input.key)
         .chain(input.fallback_keys.iter().take(4))

@@ -504,3 +504,73 @@ async fn the_job_token_is_in_no_command_line_while_git_fetches() {
         "the job token in a command line: {leaks:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_clone_path_places_the_project_when_custom_build_dir_allows_it() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    gl.serve_git(&root);
+    let sha = publish(
+        &root,
+        &w.path().join("authoring"),
+        "group/placed",
+        &[("README.md", "placed\n")],
+        &[],
+    );
+    let script = ["pwd", "cat README.md"];
+    let vars = [("GIT_CLONE_PATH", "$CI_BUILDS_DIR/src/$CI_JOB_NAME")];
+    let allowed = gl.enqueue(job_of(
+        &gl,
+        "group/placed",
+        &sha,
+        "glcbt-1_srcTokenClone00001",
+        &script,
+        &vars,
+    ));
+    let cfg = config(
+        &w,
+        &gl,
+        "clonepath",
+        "  [runners.custom_build_dir]\n    enabled = true",
+    );
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = ended(&gl, allowed).await;
+    common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}");
+    assert!(
+        trace.lines().any(|l| l.ends_with("/src/group/placed")),
+        "not in the clone path:\n{trace}"
+    );
+    assert!(trace.contains("placed"), "{trace}");
+
+    // Without custom_build_dir (the instance executor's default): GitLab's refusal.
+    let refused = gl.enqueue(job_of(
+        &gl,
+        "group/placed",
+        &sha,
+        "glcbt-1_srcTokenClone00002",
+        &script,
+        &vars,
+    ));
+    let cfg = config(&w, &gl, "clonepath2", "");
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = ended(&gl, refused).await;
+    common::stop_manager(&w, child);
+    assert_eq!(state, "failed", "{trace}");
+    assert!(
+        trace.contains("setting GIT_CLONE_PATH is not allowed, enable `custom_build_dir` feature"),
+        "{trace}"
+    );
+    let last = gl
+        .job(refused)
+        .unwrap()
+        .updates
+        .last()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        last["failure_reason"], "runner_configuration_error",
+        "{last}"
+    );
+}

@@ -415,6 +415,7 @@ impl ExecutorProvider for NestingProvider {
             builds_dir: self.config()?.builds_dir,
             slot: state.slot.and_then(|s| u32::try_from(s).ok()).unwrap_or(0),
             job_id: state.job_id,
+            clone_path: None,
         };
         let mut stop = StopOnDrop {
             agent,

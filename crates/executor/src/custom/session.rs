@@ -40,6 +40,8 @@ impl Session<'_> {
             builds_dir: self.builds_dir.clone(),
             slot: self.slot,
             job_id: self.job.id,
+            // The driver chooses where the job lives (`builds_dir` of config_exec).
+            clone_path: None,
         }
     }
 

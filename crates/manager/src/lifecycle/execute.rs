@@ -31,6 +31,19 @@ pub(super) async fn execute(
     trace: &mut Trace,
     stops: &Stops,
 ) -> (JobOutcome, Vec<CollectedArtifacts>) {
+    if !runner.custom_build_dir
+        && job
+            .variable("GIT_CLONE_PATH")
+            .is_some_and(|v| !v.trim().is_empty())
+    {
+        // GitLab Runner's rule and words.
+        let msg = "setting GIT_CLONE_PATH is not allowed, enable `custom_build_dir` feature";
+        trace.message(&format!("ERROR: {msg}"));
+        return (
+            JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg),
+            Vec::new(),
+        );
+    }
     let cancel = stops.cancel.child_token();
     let abort = stops.abort.as_ref().map(CancellationToken::child_token);
     let stops = Stops {

@@ -88,6 +88,7 @@ pub(super) fn start_local(
         cgroups,
         executor: cfg.executor.clone(),
         local: true,
+        custom_build_dir: cfg.custom_build_dir(),
         docker,
         custom: cfg.custom.clone(),
         nesting: None,

@@ -57,6 +57,8 @@ pub struct Runner {
     pub executor: Executor,
     /// Jobs run on this machine (shell, docker, custom), not on autoscaled instances.
     pub local: bool,
+    /// Jobs may choose their directory with `GIT_CLONE_PATH` (`[runners.custom_build_dir]`).
+    pub custom_build_dir: bool,
     /// `[runners.docker]`.
     pub docker: DockerConfig,
     /// `[runners.custom]`.
@@ -192,6 +194,7 @@ impl Runner {
             cgroups,
             executor: cfg.executor.clone(),
             local: false,
+            custom_build_dir: cfg.custom_build_dir(),
             docker,
             custom: cfg.custom.clone(),
             nesting: cfg.nesting_config(),
