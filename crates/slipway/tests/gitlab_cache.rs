@@ -70,22 +70,6 @@ fn job(name: &str, script: &[&str], cache: Value) -> Value {
     job
 }
 
-async fn ended(gl: &FakeGitlab, id: u64) -> (String, String) {
-    for _ in 0..2400 {
-        if let Some(j) = gl
-            .job(id)
-            .filter(|j| j.state == "success" || j.state == "failed")
-        {
-            return (j.state.clone(), j.trace_text());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "job {id} never ended: {:?}",
-        gl.job(id).map(|j| (j.state.clone(), j.trace_text()))
-    );
-}
-
 /// The instance a trace ran on.
 fn instance(trace: &str) -> String {
     trace
@@ -167,8 +151,8 @@ async fn a_fresh_instance_restores_what_another_saved_in_s3() {
         verify.explain()
     );
     let child = common::start_manager(&w, &cfg);
-    let (state1, trace1) = ended(&gl, save).await;
-    let (state2, trace2) = ended(&gl, restore).await;
+    let (state1, trace1) = common::job_ended(&gl, save).await;
+    let (state2, trace2) = common::job_ended(&gl, restore).await;
     let stderr = common::stop_manager(&w, child);
     assert_eq!(state1, "success", "{trace1}\n{stderr}");
     assert_eq!(state2, "success", "{trace2}\n{stderr}");
@@ -207,7 +191,7 @@ async fn a_refusing_bucket_is_a_warning_never_a_failed_job() {
     ));
     let cfg = config(&w, &gl, &s3, "not-the-secret");
     let child = common::start_manager(&w, &cfg);
-    let (state, trace) = ended(&gl, id).await;
+    let (state, trace) = common::job_ended(&gl, id).await;
     let stderr = common::stop_manager(&w, child);
     assert_eq!(state, "success", "{trace}\n{stderr}");
     assert!(

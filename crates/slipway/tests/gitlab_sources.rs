@@ -138,25 +138,6 @@ check_interval = 1
     )
 }
 
-/// Wait for job `id` to end; its state and trace.
-async fn ended(gl: &FakeGitlab, id: u64) -> (String, String) {
-    for _ in 0..2400 {
-        if let Some(j) = gl
-            .job(id)
-            .filter(|j| j.state == "success" || j.state == "failed")
-        {
-            return (j.state.clone(), j.trace_text());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let j = gl.job(id);
-    panic!(
-        "job {id} never ended: {:?}\n{}",
-        j.as_ref().map(|j| j.state.clone()),
-        j.map(|j| j.trace_text()).unwrap_or_default()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submodules_and_lfs_objects_come_over_http_with_the_job_token_only() {
     let w = World::new();
@@ -213,7 +194,7 @@ async fn submodules_and_lfs_objects_come_over_http_with_the_job_token_only() {
     ));
     let cfg = config(&w, &gl, "sources", "");
     let child = common::start_manager(&w, &cfg);
-    let (state, trace) = ended(&gl, id).await;
+    let (state, trace) = common::job_ended(&gl, id).await;
     let stderr = common::stop_manager(&w, child);
     assert_eq!(state, "success", "{trace}\n{stderr}");
     for want in [
@@ -323,7 +304,7 @@ async fn a_refused_token_a_missing_lfs_object_and_a_foreign_submodule_say_which(
     let child = common::start_manager(&w, &cfg);
     let mut seen = Vec::new();
     for id in [refused, lfs, sub] {
-        seen.push(ended(&gl, id).await);
+        seen.push(common::job_ended(&gl, id).await);
     }
     let stderr = common::stop_manager(&w, child);
     for ((state, trace), want) in seen.iter().zip([
@@ -409,7 +390,7 @@ async fn a_gitlab_behind_a_private_ca_is_served_with_tls_ca_file_and_a_client_ce
         assert_eq!(verify.code, Some(0), "{}", verify.explain());
         assert!(!verify.stderr.contains("tls-"), "{}", verify.explain());
         let child = common::start_manager(&w, &cfg);
-        let (state, trace) = ended(&gl, id).await;
+        let (state, trace) = common::job_ended(&gl, id).await;
         let stderr = common::stop_manager(&w, child);
         assert_eq!(state, "success", "{trace}\n{stderr}");
         assert!(trace.contains("over https"), "{trace}");
@@ -492,7 +473,7 @@ async fn the_job_token_is_in_no_command_line_while_git_fetches() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (state, trace) = ended(&gl, id).await;
+    let (state, trace) = common::job_ended(&gl, id).await;
     let stderr = common::stop_manager(&w, child);
     assert_eq!(state, "success", "{trace}\n{stderr}");
     assert!(
@@ -535,7 +516,7 @@ async fn git_clone_path_places_the_project_when_custom_build_dir_allows_it() {
         "  [runners.custom_build_dir]\n    enabled = true",
     );
     let child = common::start_manager(&w, &cfg);
-    let (state, trace) = ended(&gl, allowed).await;
+    let (state, trace) = common::job_ended(&gl, allowed).await;
     common::stop_manager(&w, child);
     assert_eq!(state, "success", "{trace}");
     assert!(
@@ -555,7 +536,7 @@ async fn git_clone_path_places_the_project_when_custom_build_dir_allows_it() {
     ));
     let cfg = config(&w, &gl, "clonepath2", "");
     let child = common::start_manager(&w, &cfg);
-    let (state, trace) = ended(&gl, refused).await;
+    let (state, trace) = common::job_ended(&gl, refused).await;
     common::stop_manager(&w, child);
     assert_eq!(state, "failed", "{trace}");
     assert!(

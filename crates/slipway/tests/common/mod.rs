@@ -437,3 +437,20 @@ pub fn local_autoscaler_of(w: &World, name: &str, max_instances: u32) -> String 
         std::process::id(),
     )
 }
+
+/// Wait (up to 4 minutes) for GitLab job `id` of `gl` to succeed or fail; its state and trace.
+pub async fn job_ended(gl: &slipway_testkit::gitlab::FakeGitlab, id: u64) -> (String, String) {
+    for _ in 0..2400 {
+        if let Some(j) = gl
+            .job(id)
+            .filter(|j| j.state == "success" || j.state == "failed")
+        {
+            return (j.state.clone(), j.trace_text());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "job {id} never ended: {:?}",
+        gl.job(id).map(|j| (j.state.clone(), j.trace_text()))
+    );
+}
