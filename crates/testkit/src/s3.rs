@@ -55,6 +55,17 @@ pub fn ensure_installed() -> Result<(), FixtureError> {
         return Ok(());
     }
     let dir = venv();
+    // Tests start at once: one installs, the others wait for it.
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| err("LocalStack's directory", e))?;
+    }
+    let lock = std::fs::File::create(dir.with_extension("lock"))
+        .map_err(|e| err("LocalStack's install lock", e))?;
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| err("LocalStack's install lock", e))?;
+    if ready() {
+        return Ok(());
+    }
     let made = Command::new("python3")
         .args(["-m", "venv"])
         .arg(&dir)
