@@ -26,6 +26,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod compression;
 mod entries;
 mod error;
 mod format;
@@ -33,6 +34,7 @@ mod globs;
 mod gzip;
 mod zip;
 
+pub use compression::Compression;
 pub use error::ArtifactsError;
 pub use format::Format;
 pub use globs::Globs;
@@ -57,10 +59,20 @@ pub fn archive_from_tar(
     format: Format,
     keep: &dyn Fn(&str) -> bool,
 ) -> Result<Archive, ArtifactsError> {
+    archive_from_tar_with(tar, format, keep, Compression::Default)
+}
+
+/// [`archive_from_tar`] with zip files compressed at `compression`.
+pub fn archive_from_tar_with(
+    tar: &[u8],
+    format: Format,
+    keep: &dyn Fn(&str) -> bool,
+    compression: Compression,
+) -> Result<Archive, ArtifactsError> {
     let entries = entries::read_tar(tar, keep)?;
     match format {
         Format::Zip => Ok(Archive {
-            bytes: zip::write_zip(&entries)?,
+            bytes: zip::write_zip(&entries, compression)?,
             files: entries.len(),
             raw_path: None,
         }),

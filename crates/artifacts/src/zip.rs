@@ -12,8 +12,8 @@ use ::zip::extra_fields::ExtraField;
 use ::zip::write::{FullFileOptions, SimpleFileOptions};
 use ::zip::{CompressionMethod, DateTime, System, ZipArchive, ZipWriter};
 
-use crate::ArtifactsError;
 use crate::entries::{Entry, Kind, normalize};
+use crate::{ArtifactsError, Compression};
 
 /// Mode given to entries of zips that record none (e.g. made on Windows).
 const DEFAULT_FILE_MODE: u32 = 0o644;
@@ -21,7 +21,10 @@ const DEFAULT_DIR_MODE: u32 = 0o755;
 const DEFAULT_SYMLINK_MODE: u32 = 0o777;
 
 /// Writes `entries` as a zip archive.
-pub(crate) fn write_zip(entries: &[Entry<'_>]) -> Result<Vec<u8>, ArtifactsError> {
+pub(crate) fn write_zip(
+    entries: &[Entry<'_>],
+    compression: Compression,
+) -> Result<Vec<u8>, ArtifactsError> {
     let err = |e: ::zip::result::ZipError| ArtifactsError::ZipWrite(e.into());
     let mut zip = ZipWriter::new(Cursor::new(Vec::new()));
     for entry in entries {
@@ -30,8 +33,13 @@ pub(crate) fn write_zip(entries: &[Entry<'_>]) -> Result<Vec<u8>, ArtifactsError
             Kind::Dir => zip.add_directory(format!("{}/", entry.path), options),
             Kind::Symlink(target) => zip.add_symlink(&entry.path, target, options),
             Kind::File(data) => {
+                let options = match compression.level() {
+                    Some(0) => options.compression_method(CompressionMethod::Stored),
+                    level => options
+                        .compression_method(CompressionMethod::Deflated)
+                        .compression_level(level),
+                };
                 let options = options
-                    .compression_method(CompressionMethod::Deflated)
                     // Sizes from 4 GiB on need ZIP64 records, which must be chosen up front.
                     .large_file(data.len() as u64 >= u64::from(u32::MAX));
                 zip.start_file(&entry.path, options)

@@ -53,6 +53,7 @@ pub(super) async fn upload_artifacts(
     stop: &CancellationToken,
 ) {
     let token = Secret::new(job.token.clone());
+    let compression = super::cache::compression_of(job, "ARTIFACT_COMPRESSION_LEVEL", trace);
     for c in collected {
         let Some(spec) = job.artifacts.get(c.spec) else {
             continue;
@@ -106,7 +107,7 @@ pub(super) async fn upload_artifacts(
             let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
             let excludes = Globs::new(&exclude).map_err(|e| e.to_string())?;
             let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
-            slipway_artifacts::archive_from_tar(&c.tar, format, &keep)
+            slipway_artifacts::archive_from_tar_with(&c.tar, format, &keep, compression)
                 .map(|a| (format, a))
                 .map_err(|e| e.to_string())
         })

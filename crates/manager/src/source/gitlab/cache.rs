@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use slipway_artifacts::{Format, Globs};
+use slipway_artifacts::{Compression, Format, Globs};
 use slipway_cache::{S3, object_name, transfer};
 use slipway_config::CacheConfig;
 use slipway_executor::cache::{key_to_save, keys_to_restore};
@@ -188,6 +188,7 @@ impl DistributedCache {
         trace: &mut Trace,
     ) {
         let exec_job = Self::for_executor(job);
+        let compression = compression_of(job, "CACHE_COMPRESSION_LEVEL", trace);
         for c in collected {
             let Some(spec) = exec_job
                 .artifacts
@@ -215,7 +216,7 @@ impl DistributedCache {
                         || lineage(p).any(|q| includes.is_match(q))
                         || (!tracked.contains(p) && !holds(&tracked, p))
                 };
-                slipway_artifacts::archive_from_tar(&c.tar, Format::Zip, &keep)
+                slipway_artifacts::archive_from_tar_with(&c.tar, Format::Zip, &keep, compression)
                     .map_err(|e| e.to_string())
             })
             .await;
@@ -262,6 +263,19 @@ impl DistributedCache {
             }
         }
     }
+}
+
+/// The compression level `variable` of `job` names (GitLab's `fastest` … `slowest`); an
+/// unknown name is a warning and the default.
+pub(super) fn compression_of(job: &JobResponse, variable: &str, trace: &mut Trace) -> Compression {
+    let value = job.variable(variable).unwrap_or_default();
+    Compression::parse(value).unwrap_or_else(|| {
+        trace.message(&format!(
+            "WARNING: {variable} {value:?} is not one of fastest, fast, default, slow, slowest; \
+             using default"
+        ));
+        Compression::Default
+    })
 }
 
 /// `p` and each directory above it.

@@ -1,0 +1,79 @@
+//! How hard zip archives are compressed: GitLab's `ARTIFACT_COMPRESSION_LEVEL` and
+//! `CACHE_COMPRESSION_LEVEL`.
+
+/// A compression level by GitLab's name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Compression {
+    /// `fastest`: stored, not compressed (incompressible data costs nothing).
+    Fastest,
+    /// `fast`: deflate level 1.
+    Fast,
+    /// `default`: deflate's default level.
+    #[default]
+    Default,
+    /// `slow`: deflate level 7.
+    Slow,
+    /// `slowest`: deflate level 9.
+    Slowest,
+}
+
+impl Compression {
+    /// The level named `name` (`fastest`, `fast`, `default`, `slow`, `slowest`), any case.
+    pub fn parse(name: &str) -> Option<Compression> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "fastest" => Some(Compression::Fastest),
+            "fast" => Some(Compression::Fast),
+            "" | "default" => Some(Compression::Default),
+            "slow" => Some(Compression::Slow),
+            "slowest" => Some(Compression::Slowest),
+            _ => None,
+        }
+    }
+
+    /// The deflate level; `None` for deflate's default, `Some(0)` for stored.
+    pub(crate) fn level(self) -> Option<i64> {
+        match self {
+            Compression::Fastest => Some(0),
+            Compression::Fast => Some(1),
+            Compression::Default => None,
+            Compression::Slow => Some(7),
+            Compression::Slowest => Some(9),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fastest_stores_and_default_deflates_and_both_read_back() {
+        let data = vec![b'a'; 100_000];
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, "out/a.txt", &data[..]).unwrap();
+        let tar = b.into_inner().unwrap();
+        let zip = |c| {
+            crate::archive_from_tar_with(&tar, crate::Format::Zip, &|_| true, c)
+                .unwrap()
+                .bytes
+        };
+        let (stored, deflated) = (zip(Compression::Fastest), zip(Compression::Default));
+        assert!(stored.len() > data.len(), "{}", stored.len());
+        assert!(deflated.len() < data.len() / 10, "{}", deflated.len());
+        for z in [stored, deflated, zip(Compression::Slowest)] {
+            let back = crate::zip_to_tar(&z).unwrap();
+            assert!(back.windows(1000).any(|w| w == &data[..1000]));
+        }
+    }
+
+    #[test]
+    fn gitlab_names_parse() {
+        assert_eq!(Compression::parse("FASTEST"), Some(Compression::Fastest));
+        assert_eq!(Compression::parse(""), Some(Compression::Default));
+        assert_eq!(Compression::parse("quick"), None);
+    }
+}
