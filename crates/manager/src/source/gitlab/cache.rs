@@ -133,8 +133,18 @@ impl DistributedCache {
                 let url = self
                     .s3
                     .get_url(&object, Self::valid_for(job), SystemTime::now());
+                let limit = request_timeout(job);
                 let got = tokio::select! {
-                    r = self.client.get(&url, MAX_RESTORE) => r,
+                    r = tokio::time::timeout(limit, self.client.get(&url, MAX_RESTORE)) => match r {
+                        Ok(r) => r,
+                        Err(_) => {
+                            trace.message(&format!(
+                                "WARNING: Failed to download the cache: no answer within {limit:?} (CACHE_REQUEST_TIMEOUT)"
+                            ));
+                            found = true;
+                            break;
+                        }
+                    },
                     _ = cancel.cancelled() => return tars,
                 };
                 match got {
@@ -253,13 +263,15 @@ impl DistributedCache {
                 "Uploading cache.zip to {}",
                 url.split('?').next().unwrap_or_default()
             ));
-            match self
-                .client
-                .put(&url, &headers, Bytes::from(archive.bytes))
-                .await
-            {
-                Ok(()) => trace.message(&format!("Created cache {key}")),
-                Err(e) => trace.message(&format!("WARNING: uploading the cache failed: {e}")),
+            let limit = request_timeout(job);
+            let put = self.client.put(&url, &headers, Bytes::from(archive.bytes));
+            match tokio::time::timeout(limit, put).await {
+                Ok(Ok(())) => trace.message(&format!("Created cache {key}")),
+                Ok(Err(e)) => trace.message(&format!("WARNING: uploading the cache failed: {e}")),
+                Err(_) => trace.message(&format!(
+                    "WARNING: uploading the cache failed: no answer within {limit:?} \
+                     (CACHE_REQUEST_TIMEOUT)"
+                )),
             }
         }
     }
@@ -276,6 +288,17 @@ pub(super) fn compression_of(job: &JobResponse, variable: &str, trace: &mut Trac
         ));
         Compression::Default
     })
+}
+
+/// How long one cache transfer may take: `CACHE_REQUEST_TIMEOUT` minutes, GitLab Runner's 10
+/// by default.
+fn request_timeout(job: &JobResponse) -> Duration {
+    let minutes = job
+        .variable("CACHE_REQUEST_TIMEOUT")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|m| *m > 0)
+        .unwrap_or(10);
+    Duration::from_secs(minutes * 60)
 }
 
 /// `p` and each directory above it.
