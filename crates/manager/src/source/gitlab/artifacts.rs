@@ -14,7 +14,7 @@ use super::Source;
 
 /// Whether the tar entry `path` belongs in an `artifacts:` entry's archive: not excluded, and
 /// with `untracked`, either under one of its `paths` or not tracked by git.
-fn keeps(
+pub(super) fn keeps(
     path: &str,
     includes: &Globs,
     excludes: &Globs,

@@ -23,6 +23,8 @@ use slipway_jobs::JobResponse;
 use slipway_jobs::model::ArtifactSpec;
 use tokio_util::sync::CancellationToken;
 
+use super::artifacts::keeps;
+
 /// Largest cache archive read back (GitLab Runner has no limit; this keeps a runaway object
 /// from filling the manager's memory).
 const MAX_RESTORE: usize = 4 * 1024 * 1024 * 1024;
@@ -187,24 +189,18 @@ impl DistributedCache {
         tars
     }
 
-    /// Archive and upload what was collected for the caches of `job` (the entries
-    /// [`Self::for_executor`] added, after its `artifacts_len` own ones).
+    /// Archive and upload what was collected for the caches of `job` (as it ran: the entries
+    /// [`Self::for_executor`] added are among its artifacts).
     pub async fn save(
         &self,
         job: &JobResponse,
-        artifacts_len: usize,
         collected: Vec<CollectedArtifacts>,
         tracked: &Arc<BTreeSet<String>>,
         trace: &mut Trace,
     ) {
-        let exec_job = Self::for_executor(job);
         let compression = compression_of(job, "CACHE_COMPRESSION_LEVEL", trace);
         for c in collected {
-            let Some(spec) = exec_job
-                .artifacts
-                .get(c.spec)
-                .filter(|_| c.spec >= artifacts_len)
-            else {
+            let Some(spec) = job.artifacts.get(c.spec).filter(|s| s.is_cache()) else {
                 continue;
             };
             let key = spec.name.clone();
@@ -219,23 +215,16 @@ impl DistributedCache {
             let tracked = Arc::clone(tracked);
             let zip = tokio::task::spawn_blocking(move || {
                 let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
-                // Without `untracked` the executor collected the paths alone; with it, the
-                // whole directory, of which the paths and what git does not track are kept.
-                let keep = |p: &str| {
-                    !untracked
-                        || lineage(p).any(|q| includes.is_match(q))
-                        || (!tracked.contains(p) && !holds(&tracked, p))
-                };
+                let excludes = Globs::new(&[]).map_err(|e| e.to_string())?;
+                let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
                 slipway_artifacts::archive_from_tar_with(&c.tar, Format::Zip, &keep, compression)
                     .map_err(|e| e.to_string())
             })
-            .await;
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
             let archive = match zip {
-                Ok(Ok(a)) => a,
-                Ok(Err(e)) => {
-                    trace.message(&format!("WARNING: archiving the cache failed: {e}"));
-                    continue;
-                }
+                Ok(a) => a,
                 Err(e) => {
                     trace.message(&format!("WARNING: archiving the cache failed: {e}"));
                     continue;
@@ -299,20 +288,6 @@ fn request_timeout(job: &JobResponse) -> Duration {
         .filter(|m| *m > 0)
         .unwrap_or(10);
     Duration::from_secs(minutes * 60)
-}
-
-/// `p` and each directory above it.
-fn lineage(p: &str) -> impl Iterator<Item = &str> {
-    std::iter::successors(Some(p), |q| q.rsplit_once('/').map(|(head, _)| head))
-}
-
-/// Whether directory `p` holds a tracked file (so it is not untracked itself).
-fn holds(tracked: &BTreeSet<String>, p: &str) -> bool {
-    let under = format!("{p}/");
-    tracked
-        .range(under.clone()..)
-        .next()
-        .is_some_and(|t| t.starts_with(&under))
 }
 
 #[cfg(test)]

@@ -885,7 +885,9 @@ async fn run_admitted(
         job
     };
     let ran = life.run(job, start, trace).await;
-    let specs = source.cache_specs_of().remove(&job.id);
+    if distributed {
+        source.cache_specs_of().remove(&job.id);
+    }
     let ran = match ran {
         Ok(ran) => ran,
         Err(no) => return refused(&no, stop),
@@ -907,13 +909,8 @@ async fn run_admitted(
     if placement.is_some() {
         artifacts::upload_artifacts(source, &job, collected, &tracked, &mut outcome, trace, stop)
             .await;
-        if let (Some(cache), Some(specs)) = (&source.cache, specs) {
-            let mut original = job.clone();
-            original.cache = specs;
-            original.artifacts.truncate(artifacts_len);
-            cache
-                .save(&original, artifacts_len, caches, &tracked, trace)
-                .await;
+        if let Some(cache) = source.cache.as_ref().filter(|_| distributed) {
+            cache.save(&job, caches, &tracked, trace).await;
         }
     }
     outcome
