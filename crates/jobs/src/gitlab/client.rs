@@ -405,28 +405,24 @@ pub(super) fn endpoint(method: &Method, path: &str) -> String {
 impl GitlabClient {
     /// A transport error as a [`GitlabError`]: a rejected certificate apart (not retried).
     fn network(&self, endpoint: &str, e: &(dyn std::error::Error + 'static)) -> GitlabError {
-        if let Some(message) = certificate_problem(e) {
-            return GitlabError::Certificate {
+        let mut message = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            source = s.source();
+        }
+        match certificate_problem(&message) {
+            Some(message) => GitlabError::Certificate {
                 endpoint: endpoint.to_string(),
                 url: self.config.url.clone(),
                 message,
                 ca_file: self.config.tls.ca_file.clone(),
-            };
+            },
+            None => GitlabError::Network {
+                endpoint: endpoint.to_string(),
+                message,
+            },
         }
-        network(endpoint, e)
-    }
-}
-
-fn network(endpoint: &str, e: &(dyn std::error::Error + 'static)) -> GitlabError {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        message.push_str(": ");
-        message.push_str(&s.to_string());
-        source = s.source();
-    }
-    GitlabError::Network {
-        endpoint: endpoint.to_string(),
-        message,
     }
 }

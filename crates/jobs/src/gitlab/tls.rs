@@ -142,29 +142,11 @@ fn tls_error(file: &Path, url: &str, reason: String) -> GitlabError {
     }
 }
 
-/// Whether `e` (or what caused it) is a rejected certificate: of the server (an unknown CA,
-/// a wrong name) or of ours (the server refused the client certificate).
-pub(super) fn certificate_problem(e: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(r) = err.downcast_ref::<rustls::Error>() {
-            return certificate_text(r);
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && let Some(r) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
-        {
-            return certificate_text(r);
-        }
-        cur = err.source();
-    }
-    // Wrappers that hide the rustls error from `source()` (an `io::Error` does) still say it.
-    let mut text = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        text.push_str(": ");
-        text.push_str(&err.to_string());
-        cur = err.source();
-    }
+/// Whether a transport error, told as `text` (the error and its causes), is a rejected
+/// certificate: of the server (an unknown CA, a wrong name) or of ours (the server refused the
+/// client certificate). Read from the words: hyper's `io::Error` wrapper hides the rustls error
+/// from `source()`.
+pub(super) fn certificate_problem(text: &str) -> Option<String> {
     if let Some(at) = text.find("invalid peer certificate: ") {
         let what = &text[at + "invalid peer certificate: ".len()..];
         return Some(format!("GitLab's certificate is not trusted: {what}"));
@@ -177,35 +159,13 @@ pub(super) fn certificate_problem(e: &(dyn std::error::Error + 'static)) -> Opti
         "CertificateExpired",
         "AccessDenied",
     ];
-    if let Some(at) = text.find("received fatal alert: ") {
-        let alert = &text[at + "received fatal alert: ".len()..];
-        if let Some(a) = REFUSED.iter().find(|a| alert.starts_with(*a)) {
-            return Some(format!("GitLab refused our client certificate ({a})"));
-        }
-    }
-    None
-}
-
-fn certificate_text(e: &rustls::Error) -> Option<String> {
-    match e {
-        rustls::Error::InvalidCertificate(c) => {
-            Some(format!("GitLab's certificate is not trusted: {c:?}"))
-        }
-        rustls::Error::AlertReceived(a)
-            if matches!(
-                a,
-                rustls::AlertDescription::CertificateRequired
-                    | rustls::AlertDescription::BadCertificate
-                    | rustls::AlertDescription::UnknownCA
-                    | rustls::AlertDescription::CertificateUnknown
-                    | rustls::AlertDescription::CertificateExpired
-                    | rustls::AlertDescription::AccessDenied
-            ) =>
-        {
-            Some(format!("GitLab refused our client certificate ({a:?})"))
-        }
-        _ => None,
-    }
+    let alert = text
+        .find("received fatal alert: ")
+        .map(|at| &text[at + "received fatal alert: ".len()..])?;
+    REFUSED
+        .iter()
+        .find(|a| alert.starts_with(*a))
+        .map(|a| format!("GitLab refused our client certificate ({a})"))
 }
 
 #[cfg(test)]

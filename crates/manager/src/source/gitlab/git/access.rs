@@ -4,7 +4,7 @@
 
 use base64::Engine as _;
 use slipway_jobs::JobResponse;
-use slipway_jobs::gitlab::TlsFiles;
+use slipway_jobs::gitlab::{TlsFiles, host_of};
 use tokio::process::Command;
 
 /// The repository to fetch and the git settings that reach it.
@@ -113,22 +113,6 @@ fn server_of(url: &str) -> Option<String> {
     }
     let authority = rest.split('/').next().filter(|a| !a.is_empty())?;
     Some(format!("{scheme}://{authority}/"))
-}
-
-fn host_of(server: &str) -> Option<String> {
-    let authority = server.split_once("://")?.1.trim_end_matches('/');
-    let host = match authority.rsplit_once(':') {
-        // A port, not a part of an IPv6 address.
-        Some((h, port))
-            if !port.is_empty()
-                && port.bytes().all(|b| b.is_ascii_digit())
-                && (!h.contains(':') || h.ends_with(']')) =>
-        {
-            h
-        }
-        _ => authority,
-    };
-    Some(host.to_string())
 }
 
 /// A URL without its `user:password@` part, and that part.
