@@ -9,6 +9,9 @@ use std::sync::Mutex;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::Full;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 
@@ -34,7 +37,7 @@ pub(crate) struct GitRequest<'a> {
 }
 
 /// An answer: status, headers, body.
-pub(crate) type GitAnswer = (u16, Vec<(String, String)>, Bytes);
+type GitAnswer = (u16, Vec<(String, String)>, Bytes);
 
 impl GitRepos {
     /// Repositories under `root`.
@@ -71,6 +74,23 @@ impl GitRepos {
 
     /// Answer a git or LFS request; `token_ok` says whether a job token is valid.
     pub(crate) async fn serve(
+        &self,
+        req: &GitRequest<'_>,
+        token_ok: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Response<Full<Bytes>> {
+        let (status, headers, body) = self.answer(req, token_ok).await;
+        let mut resp = Response::new(Full::new(body));
+        *resp.status_mut() =
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        for (k, v) in headers {
+            if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
+                resp.headers_mut().append(k, v);
+            }
+        }
+        resp
+    }
+
+    async fn answer(
         &self,
         req: &GitRequest<'_>,
         token_ok: &(dyn Fn(&str) -> bool + Sync),
