@@ -18,20 +18,7 @@ use slipway_testkit::gitlab::{FakeGitlab, Outage, job_payload_with_vars};
 fn repository(w: &World) -> (String, String) {
     let dir = w.path().join("repo");
     std::fs::create_dir_all(&dir).unwrap();
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(&dir)
-            .args(args)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@example.com")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@example.com")
-            .output()
-            .expect("git");
-        assert!(out.status.success(), "git {args:?}: {out:?}");
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let git = |args: &[&str]| common::git(&dir, args);
     git(&["init", "-q", "-b", "main"]);
     std::fs::write(dir.join("README.md"), "hello from the repository\n").unwrap();
     std::fs::write(dir.join(".gitignore"), "ignored.log\n").unwrap();

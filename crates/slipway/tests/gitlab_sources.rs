@@ -10,28 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::World;
+use common::{World, git};
 use serde_json::{Value, json};
 use slipway_testkit::gitlab::{FakeGitlab, job_payload_with_vars};
 use slipway_testkit::tls::TestCa;
-
-/// Run git in `dir`, panicking with its output on failure; stdout.
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        // Authoring repositories here reads local paths: allowed for this setup only.
-        .env("GIT_ALLOW_PROTOCOL", "file")
-        .output()
-        .expect("git");
-    assert!(out.status.success(), "git {args:?}: {out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// A bare repository `<root>/<project>.git` made from the files `files` (and the submodules
 /// `subs`: path → URL as written in `.gitmodules`, added from `<root>/<name>.git`); the sha of

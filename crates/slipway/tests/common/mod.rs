@@ -454,3 +454,21 @@ pub async fn job_ended(gl: &slipway_testkit::gitlab::FakeGitlab, id: u64) -> (St
         gl.job(id).map(|j| (j.state.clone(), j.trace_text()))
     );
 }
+
+/// Run git in `dir` as a test author, panicking with its output on failure; its stdout.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        // Authoring repositories here reads local paths (submodules): allowed for tests only.
+        .env("GIT_ALLOW_PROTOCOL", "file")
+        .output()
+        .expect("git");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
