@@ -1,18 +1,44 @@
-//! Reading the executor's tar stream into normalized entries.
+//! Reading the executor's tar stream into normalized entries. File contents stay where they
+//! are (a span of the stream); [`Contents`] copies them out when an archive is written, so a
+//! stream in a file is never held in memory.
 
-use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
+use std::io::{self, Read, Seek, SeekFrom, Write};
 
 use tar::EntryType;
 
 use crate::ArtifactsError;
 
+/// Where a regular file's content is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Data {
+    /// `len` bytes at `offset` of the stream.
+    Span {
+        /// Offset in the stream.
+        offset: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Read out of the stream (a sparse file, stored in pieces).
+    Owned(Vec<u8>),
+}
+
+impl Data {
+    /// The content's length.
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            Data::Span { len, .. } => *len,
+            Data::Owned(v) => v.len() as u64,
+        }
+    }
+}
+
 /// What an entry is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Kind<'a> {
-    /// A regular file and its content (borrowed from the stream when stored contiguously).
-    File(Cow<'a, [u8]>),
+pub(crate) enum Kind {
+    /// A regular file and where its content is.
+    File(Data),
     /// A directory.
     Dir,
     /// A symbolic link and its target.
@@ -21,7 +47,7 @@ pub(crate) enum Kind<'a> {
 
 /// One entry of the stream, its path normalized.
 #[derive(Clone, Debug)]
-pub(crate) struct Entry<'a> {
+pub(crate) struct Entry {
     /// Relative, `/`-separated, without `./`, empty or `.` segments, or a trailing `/`.
     pub path: String,
     /// Permission bits (`0o7777`).
@@ -29,26 +55,70 @@ pub(crate) struct Entry<'a> {
     /// Modification time, Unix seconds.
     pub mtime: u64,
     /// File, directory or symlink.
-    pub kind: Kind<'a>,
+    pub kind: Kind,
 }
 
-/// Reads every entry of `tar` (several archives may be concatenated) for which `keep(path)` is
-/// true, in stream order; a path seen twice keeps its first position and its last content, as
-/// unpacking the stream would leave it. Hard links become copies of their target; devices,
-/// FIFOs and the project directory itself (`./`) are skipped, as GitLab Runner skips them.
-pub(crate) fn read_tar<'a>(
-    tar: &'a [u8],
+/// The stream the entries' spans point into.
+pub(crate) trait Contents {
+    /// Copy `data` to `out`.
+    fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()>;
+}
+
+impl Contents for &[u8] {
+    fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
+        match data {
+            Data::Owned(v) => out.write_all(v),
+            Data::Span { offset, len } => {
+                let slice = usize::try_from(*offset)
+                    .ok()
+                    .zip(usize::try_from(*len).ok())
+                    .and_then(|(s, l)| self.get(s..s.checked_add(l)?))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+                out.write_all(slice)
+            }
+        }
+    }
+}
+
+/// A stream in a file.
+pub(crate) struct FileContents(pub RefCell<std::fs::File>);
+
+impl Contents for FileContents {
+    fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
+        match data {
+            Data::Owned(v) => out.write_all(v),
+            Data::Span { offset, len } => {
+                let mut file = self.0.borrow_mut();
+                file.seek(SeekFrom::Start(*offset))?;
+                let copied = io::copy(&mut (&mut *file).take(*len), out)?;
+                if copied == *len {
+                    Ok(())
+                } else {
+                    Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+                }
+            }
+        }
+    }
+}
+
+/// Reads every entry of the tar stream `tar` (several archives may be concatenated) for which
+/// `keep(path)` is true, in stream order; a path seen twice keeps its first position and its
+/// last content, as unpacking the stream would leave it. Hard links become copies of their
+/// target; devices, FIFOs and the project directory itself (`./`) are skipped, as GitLab
+/// Runner skips them.
+pub(crate) fn read_tar<R: Read + Seek>(
+    tar: R,
     keep: &dyn Fn(&str) -> bool,
-) -> Result<Vec<Entry<'a>>, ArtifactsError> {
+) -> Result<Vec<Entry>, ArtifactsError> {
     let mut archive = tar::Archive::new(tar);
     // Without this the reader stops at the first archive's end-of-archive blocks.
     archive.set_ignore_zeros(true);
-    let mut entries: Vec<Entry<'a>> = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     // Every regular file's content, kept or not, for hard links to it.
-    let mut contents: HashMap<String, Cow<'a, [u8]>> = HashMap::new();
+    let mut contents: HashMap<String, Data> = HashMap::new();
 
-    for entry in archive.entries().map_err(ArtifactsError::Tar)? {
+    for entry in archive.entries_with_seek().map_err(ArtifactsError::Tar)? {
         let mut entry = entry.map_err(ArtifactsError::Tar)?;
         let header = entry.header();
         let entry_type = header.entry_type();
@@ -58,7 +128,16 @@ pub(crate) fn read_tar<'a>(
 
         let kind = match entry_type {
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                let data = file_data(tar, &mut entry, entry_type)?;
+                let data = if entry_type == EntryType::GNUSparse {
+                    let mut data = Vec::new();
+                    entry.read_to_end(&mut data).map_err(ArtifactsError::Tar)?;
+                    Data::Owned(data)
+                } else {
+                    Data::Span {
+                        offset: entry.raw_file_position(),
+                        len: entry.size(),
+                    }
+                };
                 contents.insert(path.clone(), data.clone());
                 Kind::File(data)
             }
@@ -136,27 +215,6 @@ pub(crate) fn read_tar<'a>(
         });
     }
     Ok(entries)
-}
-
-/// A regular file's content: a slice of the stream when stored contiguously, else read.
-fn file_data<'a>(
-    tar: &'a [u8],
-    entry: &mut tar::Entry<'_, &'a [u8]>,
-    entry_type: EntryType,
-) -> Result<Cow<'a, [u8]>, ArtifactsError> {
-    if entry_type != EntryType::GNUSparse {
-        let start = usize::try_from(entry.raw_file_position()).ok();
-        let len = usize::try_from(entry.size()).ok();
-        if let Some(slice) = start
-            .zip(len)
-            .and_then(|(s, l)| tar.get(s..s.checked_add(l)?))
-        {
-            return Ok(Cow::Borrowed(slice));
-        }
-    }
-    let mut data = Vec::new();
-    entry.read_to_end(&mut data).map_err(ArtifactsError::Tar)?;
-    Ok(Cow::Owned(data))
 }
 
 /// Normalizes an entry name: UTF-8, relative, no `..`; `./`, empty and `.` segments and a

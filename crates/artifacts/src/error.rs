@@ -61,6 +61,15 @@ pub enum ArtifactsError {
         #[source]
         source: io::Error,
     },
+    /// A file of the conversion cannot be opened, created or written.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
     /// Writing a gzip member or a tar entry failed.
     #[error("writing {what}: {source}")]
     Write {

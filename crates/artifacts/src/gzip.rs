@@ -7,12 +7,18 @@ use std::io::Write;
 use flate2::{Compression, GzBuilder};
 
 use crate::ArtifactsError;
-use crate::entries::{Entry, Kind};
+use crate::entries::{Contents, Data, Entry, Kind};
 
 /// Writes the regular files of `entries` as concatenated gzip members; directories are skipped
-/// and anything else is refused, as GitLab Runner does. Returns the bytes and the member count.
-pub(crate) fn write_gzip(entries: &[Entry<'_>]) -> Result<(Vec<u8>, usize), ArtifactsError> {
-    let mut files: Vec<(&Entry<'_>, &[u8])> = Vec::new();
+/// and anything else is refused, as GitLab Runner does. Returns the writer and the member
+/// count.
+/// `entries`' contents are in `contents`; written to `out`.
+pub(crate) fn write_gzip<W: Write>(
+    entries: &[Entry],
+    contents: &dyn Contents,
+    mut out: W,
+) -> Result<(W, usize), ArtifactsError> {
+    let mut files: Vec<(&Entry, &Data)> = Vec::new();
     for entry in entries {
         match &entry.kind {
             Kind::Dir => {}
@@ -26,7 +32,6 @@ pub(crate) fn write_gzip(entries: &[Entry<'_>]) -> Result<(Vec<u8>, usize), Arti
     }
     files.sort_by(|a, b| a.0.path.cmp(&b.0.path));
 
-    let mut out = Vec::new();
     for (entry, data) in &files {
         let base = entry.path.rsplit('/').next().unwrap_or(&entry.path);
         let write_err = |source| ArtifactsError::Write {
@@ -40,7 +45,7 @@ pub(crate) fn write_gzip(entries: &[Entry<'_>]) -> Result<(Vec<u8>, usize), Arti
             .comment(entry.path.as_bytes())
             .mtime(mtime)
             .write(&mut out, Compression::default());
-        gz.write_all(data).map_err(write_err)?;
+        contents.copy(data, &mut gz).map_err(write_err)?;
         gz.finish().map_err(write_err)?;
     }
     Ok((out, files.len()))

@@ -5,6 +5,8 @@
 //! - [`Globs`]: `artifacts:paths` / `artifacts:exclude` patterns (doublestar syntax).
 //! - [`archive_from_tar`]: builds a [`Format::Zip`] or [`Format::Gzip`] [`Archive`].
 //! - [`zip_to_tar`]: a downloaded zip as a tar stream, refusing entries that would escape.
+//! - [`archive_file_from_tar_file`], [`zip_file_to_tar_file`]: the same from file to file,
+//!   streamed, for archives larger than memory should hold.
 //!
 //! ```
 //! use slipway_artifacts::{Format, Globs, archive_from_tar, zip_to_tar};
@@ -33,6 +35,13 @@ mod format;
 mod globs;
 mod gzip;
 mod zip;
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Cursor, Seek, Write};
+use std::path::Path;
+
+use entries::{Contents, FileContents};
 
 pub use compression::Compression;
 pub use error::ArtifactsError;
@@ -69,38 +78,89 @@ pub fn archive_from_tar_with(
     keep: &dyn Fn(&str) -> bool,
     compression: Compression,
 ) -> Result<Archive, ArtifactsError> {
-    let entries = entries::read_tar(tar, keep)?;
+    let entries = entries::read_tar(Cursor::new(tar), keep)?;
+    let mut out = Cursor::new(Vec::new());
+    let (files, raw_path) = write_archive(&entries, &tar, format, compression, &mut out)?;
+    Ok(Archive {
+        bytes: out.into_inner(),
+        files,
+        raw_path,
+    })
+}
+
+/// An artifacts archive written to a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchiveFile {
+    /// Entries stored (as [`Archive::files`]).
+    pub files: usize,
+    /// The stored file's path, for [`Format::Raw`].
+    pub raw_path: Option<String>,
+}
+
+/// [`archive_from_tar_with`] from the tar stream in the file `tar` to the file `out`
+/// (created or truncated), streamed: memory does not grow with the files' sizes.
+pub fn archive_file_from_tar_file(
+    tar: &Path,
+    out: &Path,
+    format: Format,
+    keep: &dyn Fn(&str) -> bool,
+    compression: Compression,
+) -> Result<ArchiveFile, ArtifactsError> {
+    let open = |path: &Path| {
+        File::open(path).map_err(|source| ArtifactsError::File {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let entries = entries::read_tar(BufReader::new(open(tar)?), keep)?;
+    let contents = FileContents(RefCell::new(open(tar)?));
+    let written = File::create(out).map_err(|source| ArtifactsError::File {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let mut writer = BufWriter::with_capacity(256 * 1024, written);
+    let (files, raw_path) = write_archive(&entries, &contents, format, compression, &mut writer)?;
+    writer.flush().map_err(|source| ArtifactsError::File {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    Ok(ArchiveFile { files, raw_path })
+}
+
+/// Writes `entries` in `format` to `out`: the entry count and, for raw, the file's path.
+fn write_archive<W: Write + Seek>(
+    entries: &[entries::Entry],
+    contents: &dyn Contents,
+    format: Format,
+    compression: Compression,
+    out: &mut W,
+) -> Result<(usize, Option<String>), ArtifactsError> {
     match format {
-        Format::Zip => Ok(Archive {
-            bytes: zip::write_zip(&entries, compression)?,
-            files: entries.len(),
-            raw_path: None,
-        }),
+        Format::Zip => {
+            zip::write_zip(entries, contents, compression, &mut *out)?;
+            Ok((entries.len(), None))
+        }
         Format::Gzip => {
-            let (bytes, files) = gzip::write_gzip(&entries)?;
-            Ok(Archive {
-                bytes,
-                files,
-                raw_path: None,
-            })
+            let (_, files) = gzip::write_gzip(entries, contents, &mut *out)?;
+            Ok((files, None))
         }
         Format::Raw => {
             // GitLab Runner's raw format holds exactly one regular file, sent as it is.
             let mut files = entries.iter().filter_map(|e| match &e.kind {
-                entries::Kind::File(data) => Some((e.path.clone(), data.to_vec())),
+                entries::Kind::File(data) => Some((e.path.clone(), data)),
                 _ => None,
             });
             match (files.next(), files.next()) {
-                (None, _) => Ok(Archive {
-                    bytes: Vec::new(),
-                    files: 0,
-                    raw_path: None,
-                }),
-                (Some((path, bytes)), None) => Ok(Archive {
-                    bytes,
-                    files: 1,
-                    raw_path: Some(path),
-                }),
+                (None, _) => Ok((0, None)),
+                (Some((path, data)), None) => {
+                    contents
+                        .copy(data, out)
+                        .map_err(|source| ArtifactsError::Write {
+                            what: format!("raw artifact {path:?}"),
+                            source,
+                        })?;
+                    Ok((1, Some(path)))
+                }
                 (Some((first, _)), Some((second, _))) => {
                     Err(ArtifactsError::RawNeedsOneFile { first, second })
                 }
@@ -113,5 +173,20 @@ pub fn archive_from_tar_with(
 /// directory; refuses (error naming the entry) absolute paths, `..` escapes and entries under a
 /// symlink of the archive; keeps file modes and symlinks where the zip records them.
 pub fn zip_to_tar(zip: &[u8]) -> Result<Vec<u8>, ArtifactsError> {
-    zip::zip_to_tar(zip)
+    zip::zip_to_tar(Cursor::new(zip), Vec::new())
+}
+
+/// [`zip_to_tar`] from the file `zip` to the file `out` (created or truncated), streamed.
+pub fn zip_file_to_tar_file(zip: &Path, out: &Path) -> Result<(), ArtifactsError> {
+    let file = |path: &Path, source| ArtifactsError::File {
+        path: path.to_path_buf(),
+        source,
+    };
+    let input = File::open(zip).map_err(|e| file(zip, e))?;
+    let output = File::create(out).map_err(|e| file(out, e))?;
+    let mut written = zip::zip_to_tar(
+        BufReader::new(input),
+        BufWriter::with_capacity(256 * 1024, output),
+    )?;
+    written.flush().map_err(|e| file(out, e))
 }

@@ -6,13 +6,13 @@
 //! time (MS-DOS time in UTC plus the exact extended timestamp) are kept.
 
 use std::collections::HashSet;
-use std::io::{self, Cursor, Read, Write};
+use std::io::{self, Read, Seek, Write};
 
 use ::zip::extra_fields::ExtraField;
 use ::zip::write::{FullFileOptions, SimpleFileOptions};
 use ::zip::{CompressionMethod, DateTime, System, ZipArchive, ZipWriter};
 
-use crate::entries::{Entry, Kind, normalize};
+use crate::entries::{Contents, Entry, Kind, normalize};
 use crate::{ArtifactsError, Compression};
 
 /// Mode given to entries of zips that record none (e.g. made on Windows).
@@ -20,13 +20,15 @@ const DEFAULT_FILE_MODE: u32 = 0o644;
 const DEFAULT_DIR_MODE: u32 = 0o755;
 const DEFAULT_SYMLINK_MODE: u32 = 0o777;
 
-/// Writes `entries` as a zip archive.
-pub(crate) fn write_zip(
-    entries: &[Entry<'_>],
+/// Writes `entries` (their contents in `contents`) as a zip archive to `out`.
+pub(crate) fn write_zip<W: Write + Seek>(
+    entries: &[Entry],
+    contents: &dyn Contents,
     compression: Compression,
-) -> Result<Vec<u8>, ArtifactsError> {
+    out: W,
+) -> Result<W, ArtifactsError> {
     let err = |e: ::zip::result::ZipError| ArtifactsError::ZipWrite(e.into());
-    let mut zip = ZipWriter::new(Cursor::new(Vec::new()));
+    let mut zip = ZipWriter::new(out);
     for entry in entries {
         let options = options(entry).map_err(err)?;
         match &entry.kind {
@@ -41,18 +43,21 @@ pub(crate) fn write_zip(
                 };
                 let options = options
                     // Sizes from 4 GiB on need ZIP64 records, which must be chosen up front.
-                    .large_file(data.len() as u64 >= u64::from(u32::MAX));
-                zip.start_file(&entry.path, options)
-                    .and_then(|()| zip.write_all(data).map_err(::zip::result::ZipError::Io))
+                    .large_file(data.len() >= u64::from(u32::MAX));
+                zip.start_file(&entry.path, options).and_then(|()| {
+                    contents
+                        .copy(data, &mut zip)
+                        .map_err(::zip::result::ZipError::Io)
+                })
             }
         }
         .map_err(err)?;
     }
-    Ok(zip.finish().map_err(err)?.into_inner())
+    zip.finish().map_err(err)
 }
 
 /// The entry's mode and times as zip options.
-fn options(entry: &Entry<'_>) -> ::zip::result::ZipResult<FullFileOptions<'static, 'static>> {
+fn options(entry: &Entry) -> ::zip::result::ZipResult<FullFileOptions<'static, 'static>> {
     let base = SimpleFileOptions::default()
         .system(System::Unix)
         .unix_permissions(entry.mode)
@@ -64,10 +69,9 @@ fn options(entry: &Entry<'_>) -> ::zip::result::ZipResult<FullFileOptions<'stati
 }
 
 /// Converts a zip artifacts archive into a tar stream (see [`crate::zip_to_tar`]).
-pub(crate) fn zip_to_tar(zip: &[u8]) -> Result<Vec<u8>, ArtifactsError> {
-    let mut archive =
-        ZipArchive::new(Cursor::new(zip)).map_err(|e| ArtifactsError::ZipRead(e.into()))?;
-    let mut builder = tar::Builder::new(Vec::new());
+pub(crate) fn zip_to_tar<R: Read + Seek, W: Write>(zip: R, out: W) -> Result<W, ArtifactsError> {
+    let mut archive = ZipArchive::new(zip).map_err(|e| ArtifactsError::ZipRead(e.into()))?;
+    let mut builder = tar::Builder::new(out);
     // Symlinks of this archive: nothing may be unpacked through them.
     let mut symlinks: HashSet<String> = HashSet::new();
 
@@ -114,13 +118,28 @@ pub(crate) fn zip_to_tar(zip: &[u8]) -> Result<Vec<u8>, ArtifactsError> {
             header.set_size(0);
             builder.append_data(&mut header, &path, io::empty())
         } else {
-            let mut data = Vec::new();
-            // Reading to the end checks the CRC, so a corrupt entry fails here.
-            file.read_to_end(&mut data).map_err(entry_err)?;
             header.set_entry_type(tar::EntryType::Regular);
             header.set_mode(mode.unwrap_or(DEFAULT_FILE_MODE));
-            header.set_size(data.len() as u64);
-            builder.append_data(&mut header, &path, data.as_slice())
+            header.set_size(file.size());
+            // Streamed; reading to the end checks the CRC, so a corrupt entry fails here (an
+            // entry shorter or longer than its recorded size too).
+            let size = file.size();
+            let mut counted = Counted {
+                inner: &mut file,
+                read: 0,
+                failed: None,
+            };
+            let appended = builder.append_data(&mut header, &path, &mut counted);
+            if let Some(source) = counted.failed {
+                return Err(entry_err(source));
+            }
+            if counted.read != size {
+                return Err(entry_err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("holds {} bytes, not the {size} it records", counted.read),
+                )));
+            }
+            appended
         };
         written.map_err(|source| ArtifactsError::Write {
             what: format!("tar entry {path:?}"),
@@ -133,6 +152,30 @@ pub(crate) fn zip_to_tar(zip: &[u8]) -> Result<Vec<u8>, ArtifactsError> {
             what: "the tar stream".into(),
             source,
         })
+}
+
+/// A reader that counts what it gave and keeps its error (to tell a corrupt zip entry from a
+/// failed write).
+struct Counted<'r, R> {
+    inner: &'r mut R,
+    read: u64,
+    failed: Option<io::Error>,
+}
+
+impl<R: Read> Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.inner.read(buf) {
+            Ok(n) => {
+                self.read += n as u64;
+                Ok(n)
+            }
+            Err(e) => {
+                let told = io::Error::new(e.kind(), e.to_string());
+                self.failed = Some(e);
+                Err(told)
+            }
+        }
+    }
 }
 
 /// `a/b/c` → `a`, `a/b` (not the path itself).

@@ -354,3 +354,70 @@ fn raw_artifacts_are_one_file_as_it_is() {
         "two files are refused"
     );
 }
+
+/// The file-to-file conversions (used for archives larger than memory should hold) write what
+/// the in-memory ones do, hard links and the raw format included, and name a missing file.
+#[test]
+fn file_conversions_write_what_the_in_memory_ones_do() {
+    let big: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
+    let tar = TarBuilder::new()
+        .dir("./out")
+        .file("./out/big.bin", 0o640, &big)
+        .file("./out/run.sh", 0o755, b"echo hi\n")
+        .link(tar::EntryType::Link, "./out/again.bin", "out/big.bin")
+        .link(tar::EntryType::Symlink, "./out/latest", "big.bin")
+        .finish();
+    let dir = tempfile::tempdir().unwrap();
+    let (tar_path, zip_path, back_path) = (
+        dir.path().join("in.tar"),
+        dir.path().join("out.zip"),
+        dir.path().join("back.tar"),
+    );
+    std::fs::write(&tar_path, &tar).unwrap();
+    let keep = |p: &str| p != "out/run.sh";
+    let made = slipway_artifacts::archive_file_from_tar_file(
+        &tar_path,
+        &zip_path,
+        Format::Zip,
+        &keep,
+        slipway_artifacts::Compression::Fast,
+    )
+    .unwrap();
+    let in_memory = slipway_artifacts::archive_from_tar_with(
+        &tar,
+        Format::Zip,
+        &keep,
+        slipway_artifacts::Compression::Fast,
+    )
+    .unwrap();
+    assert_eq!(made.files, in_memory.files);
+    // Deflate's output depends on how the data was fed: compare what the zips hold.
+    slipway_artifacts::zip_file_to_tar_file(&zip_path, &back_path).unwrap();
+    let back = unpack(&std::fs::read(&back_path).unwrap());
+    assert_eq!(back, unpack(&zip_to_tar(&in_memory.bytes).unwrap()));
+    assert_eq!(back["out/again.bin"].2, big, "a hard link is a copy");
+    assert!(!back.contains_key("out/run.sh"));
+
+    let raw_path = dir.path().join("raw");
+    let raw = slipway_artifacts::archive_file_from_tar_file(
+        &tar_path,
+        &raw_path,
+        Format::Raw,
+        &|p| p == "out/big.bin",
+        slipway_artifacts::Compression::Default,
+    )
+    .unwrap();
+    assert_eq!(raw.raw_path.as_deref(), Some("out/big.bin"));
+    assert_eq!(std::fs::read(&raw_path).unwrap(), big);
+
+    let missing = dir.path().join("missing.tar");
+    let e = slipway_artifacts::archive_file_from_tar_file(
+        &missing,
+        &raw_path,
+        Format::Zip,
+        &|_| true,
+        slipway_artifacts::Compression::Default,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("missing.tar"), "{e}");
+}
