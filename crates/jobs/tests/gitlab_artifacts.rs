@@ -332,6 +332,34 @@ async fn mock_stores_the_upload_and_serves_it_back() {
     assert_eq!(entry.path().unwrap().to_str(), Some("out/run.sh"));
     assert_eq!(entry.header().mode().unwrap(), 0o755);
 
+    // The same through files, streamed: what large archives take.
+    let dir = tempfile::tempdir().unwrap();
+    let (up, down) = (dir.path().join("up.zip"), dir.path().join("down.zip"));
+    std::fs::write(&up, &zip).unwrap();
+    let named = UploadOptions {
+        name: Some("from-file".into()),
+        ..opts.clone()
+    };
+    client
+        .upload_artifacts_file(job.id, &token, &up, &named)
+        .await
+        .unwrap();
+    let stored: Vec<_> = mock.get_job(job.id).unwrap().uploaded_artifacts().collect();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(stored[1].filename.as_deref(), Some("from-file.zip"));
+    assert_eq!(stored[1].data.as_slice(), zip.as_slice());
+    client
+        .download_artifacts_to(job.id, &token, &down)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&down).unwrap(), zip);
+    let missing = dir.path().join("missing.zip");
+    let err = client
+        .upload_artifacts_file(job.id, &token, &missing, &named)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("missing.zip"), "{err}");
+
     let err = client
         .upload_artifacts(job.id, &Secret::new("wrong"), zip, &opts)
         .await

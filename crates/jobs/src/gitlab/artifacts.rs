@@ -1,12 +1,13 @@
 //! Job artifacts: `POST /api/v4/jobs/:id/artifacts` (multipart upload) and
 //! `GET /api/v4/jobs/:id/artifacts` (download, possibly redirected to object storage).
 
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Uri};
 
-use super::client::endpoint;
+use super::client::{Payload, endpoint};
 use super::{Backoff, GitlabClient, GitlabError, Secret};
 
 /// Largest artifacts archive [`GitlabClient::download_artifacts`] reads.
@@ -91,18 +92,54 @@ impl GitlabClient {
         archive: Vec<u8>,
         opts: &UploadOptions,
     ) -> Result<(), GitlabError> {
+        let boundary = boundary(&archive, job_id);
+        let (content_type, head, tail) = multipart(opts, &boundary);
+        let body = [head.as_bytes(), &archive, tail.as_bytes()].concat();
+        let payload = Payload::Bytes(Bytes::from(body));
+        self.upload(job_id, job_token, payload, &content_type, opts)
+            .await
+    }
+
+    /// [`Self::upload_artifacts`] for an archive in the file `archive`, streamed from it (read
+    /// again on a retry), so memory does not grow with its size.
+    pub async fn upload_artifacts_file(
+        &self,
+        job_id: u64,
+        job_token: &Secret,
+        archive: &Path,
+        opts: &UploadOptions,
+    ) -> Result<(), GitlabError> {
+        let boundary = random_boundary(job_id);
+        let (content_type, head, tail) = multipart(opts, &boundary);
+        let payload = Payload::File {
+            head: Bytes::from(head),
+            path: archive.to_path_buf(),
+            tail: Bytes::from(tail),
+        };
+        self.upload(job_id, job_token, payload, &content_type, opts)
+            .await
+    }
+
+    async fn upload(
+        &self,
+        job_id: u64,
+        job_token: &Secret,
+        payload: Payload,
+        content_type: &str,
+        opts: &UploadOptions,
+    ) -> Result<(), GitlabError> {
         let path = format!("jobs/{job_id}/artifacts?{}", upload_query(opts));
         let ep = endpoint(&Method::POST, &path);
-        let (content_type, body) = multipart(archive, opts, job_id);
         retrying(job_id, "upload", || async {
-            self.call_url(
+            self.exchange(
                 Method::POST,
                 &self.api_url(&path),
                 ep.clone(),
                 &[("JOB-TOKEN", job_token.expose())],
-                Some((&content_type, body.clone())),
+                Some((content_type, payload.clone())),
                 TRANSFER_TIMEOUT,
                 MAX_UPLOAD_ANSWER,
+                None,
             )
             .await
             .and_then(|resp| match resp.status.as_u16() {
@@ -129,11 +166,34 @@ impl GitlabClient {
         job_id: u64,
         job_token: &Secret,
     ) -> Result<Bytes, GitlabError> {
-        retrying(job_id, "download", || self.download_once(job_id, job_token)).await
+        retrying(job_id, "download", || {
+            self.download_once(job_id, job_token, None)
+        })
+        .await
     }
 
-    /// One download, redirects followed.
-    async fn download_once(&self, job_id: u64, job_token: &Secret) -> Result<Bytes, GitlabError> {
+    /// [`Self::download_artifacts`] into the file `dest` (created or truncated), streamed, so
+    /// memory does not grow with the archive's size.
+    pub async fn download_artifacts_to(
+        &self,
+        job_id: u64,
+        job_token: &Secret,
+        dest: &Path,
+    ) -> Result<(), GitlabError> {
+        retrying(job_id, "download", || {
+            self.download_once(job_id, job_token, Some(dest))
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// One download, redirects followed; into `sink` when given.
+    async fn download_once(
+        &self,
+        job_id: u64,
+        job_token: &Secret,
+        sink: Option<&Path>,
+    ) -> Result<Bytes, GitlabError> {
         let path = format!("jobs/{job_id}/artifacts");
         let gitlab_url = self.api_url(&path);
         let gitlab_origin = origin(&gitlab_url);
@@ -148,7 +208,7 @@ impl GitlabClient {
                 &[]
             };
             let resp = self
-                .call_url(
+                .exchange(
                     Method::GET,
                     &url,
                     ep.clone(),
@@ -156,6 +216,7 @@ impl GitlabClient {
                     None,
                     TRANSFER_TIMEOUT,
                     MAX_DOWNLOAD_SIZE,
+                    sink,
                 )
                 .await?;
             match resp.status.as_u16() {
@@ -216,10 +277,10 @@ fn encode(value: &str) -> String {
     out
 }
 
-/// The multipart body: the archive as field `file`, plus `artifact_type` and `artifact_format`
-/// as fields too (GitLab merges them with the query; some servers and mocks read only these).
-fn multipart(archive: Vec<u8>, opts: &UploadOptions, job_id: u64) -> (String, Bytes) {
-    let boundary = boundary(&archive, job_id);
+/// The multipart framing around the archive (field `file`), plus `artifact_type` and
+/// `artifact_format` as fields too (GitLab merges them with the query; some servers and mocks
+/// read only these): the content type, what goes before the archive and what after.
+fn multipart(opts: &UploadOptions, boundary: &str) -> (String, String, String) {
     // Values from the job payload must not break the multipart framing.
     let clean = |v: &str| v.replace(['"', '\r', '\n'], "_");
     let file_name = clean(&opts.file_name());
@@ -232,14 +293,23 @@ fn multipart(archive: Vec<u8>, opts: &UploadOptions, job_id: u64) -> (String, By
         clean(&opts.artifact_format)
     );
     let tail = format!("\r\n--{boundary}--\r\n");
-    let mut body = Vec::with_capacity(head.len() + archive.len() + tail.len());
-    body.extend_from_slice(head.as_bytes());
-    body.extend_from_slice(&archive);
-    body.extend_from_slice(tail.as_bytes());
     (
         format!("multipart/form-data; boundary={boundary}"),
-        Bytes::from(body),
+        head,
+        tail,
     )
+}
+
+/// A boundary for content that is not read beforehand: 128 bits from the process's random
+/// hash keys (as Go's multipart writer, which GitLab Runner uses, picks 240 random bits).
+fn random_boundary(job_id: u64) -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let word = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(job_id ^ salt);
+        h.finish()
+    };
+    format!("slipway-{:016x}{:016x}", word(1), word(2))
 }
 
 /// A boundary that does not occur in `content` (derived from the clock, the job and a counter;

@@ -1,15 +1,18 @@
 //! The HTTP layer and the runner lifecycle calls (`runners/verify`, `runners`, unregister).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt as _;
 
 use super::tls::certificate_problem;
 use super::{GitlabError, MASK, Secret, SystemId, TlsFiles, VersionInfo};
@@ -55,7 +58,7 @@ impl ClientConfig {
 #[derive(Clone)]
 pub struct GitlabClient {
     base: String,
-    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: Client<HttpsConnector<HttpConnector>, Outbound>,
     pub(super) config: ClientConfig,
 }
 
@@ -64,6 +67,56 @@ impl std::fmt::Debug for GitlabClient {
         f.debug_struct("GitlabClient")
             .field("base", &self.base)
             .finish_non_exhaustive()
+    }
+}
+
+/// A request body: bytes in memory, or streamed from a file.
+type Outbound = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// What a request sends.
+#[derive(Debug, Clone)]
+pub(super) enum Payload {
+    /// Bytes in memory.
+    Bytes(Bytes),
+    /// `head`, the file at `path` (read as it is sent), then `tail`.
+    File {
+        /// Sent before the file.
+        head: Bytes,
+        /// The file.
+        path: PathBuf,
+        /// Sent after it.
+        tail: Bytes,
+    },
+}
+
+impl Payload {
+    /// The body and its length; a file is opened now (an error names it).
+    async fn body(self, endpoint: &str) -> Result<(Outbound, u64), GitlabError> {
+        match self {
+            Payload::Bytes(b) => {
+                let len = b.len() as u64;
+                Ok((
+                    Full::new(b).map_err(|never| match never {}).boxed_unsync(),
+                    len,
+                ))
+            }
+            Payload::File { head, path, tail } => {
+                let unreadable = |e: std::io::Error| GitlabError::InvalidRequest {
+                    endpoint: endpoint.to_string(),
+                    message: format!("reading {}: {e}", path.display()),
+                };
+                let file = tokio::fs::File::open(&path).await.map_err(unreadable)?;
+                let size = file.metadata().await.map_err(unreadable)?.len();
+                let len = head.len() as u64 + size + tail.len() as u64;
+                use futures::StreamExt as _;
+                let reader = tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024);
+                let frames = futures::stream::once(async move { Ok(head) })
+                    .chain(reader)
+                    .chain(futures::stream::once(async move { Ok(tail) }))
+                    .map(|chunk| chunk.map(hyper::body::Frame::data));
+                Ok((StreamBody::new(frames).boxed_unsync(), len))
+            }
+        }
     }
 }
 
@@ -231,6 +284,28 @@ impl GitlabClient {
         timeout: Duration,
         max_body: usize,
     ) -> Result<RawResponse, GitlabError> {
+        let body = body.map(|(ct, b)| (ct, Payload::Bytes(b)));
+        self.exchange(
+            method, uri, endpoint, headers, body, timeout, max_body, None,
+        )
+        .await
+    }
+
+    /// One request and its answer: the body sent from `body`; a `200 OK` answer's body written
+    /// to `sink` when given (its [`RawResponse::body`] is then empty), any other answer read
+    /// into memory; at most `max_body` bytes either way.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn exchange(
+        &self,
+        method: Method,
+        uri: &str,
+        endpoint: String,
+        headers: &[(&str, &str)],
+        body: Option<(&str, Payload)>,
+        timeout: Duration,
+        max_body: usize,
+        sink: Option<&Path>,
+    ) -> Result<RawResponse, GitlabError> {
         let mut req = Request::builder().method(method).uri(uri).header(
             "user-agent",
             format!("slipway {}", self.config.info.version),
@@ -238,20 +313,21 @@ impl GitlabClient {
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let body = match body {
-            Some((content_type, bytes)) => {
+        let (body, len) = match body {
+            Some((content_type, payload)) => {
                 req = req.header("content-type", content_type);
-                bytes
+                payload.body(&endpoint).await?
             }
-            None => Bytes::new(),
+            None => Payload::Bytes(Bytes::new()).body(&endpoint).await?,
         };
+        if len > 0 {
+            req = req.header("content-length", len);
+        }
         // The builder's error could quote a header value (a token): do not show it.
-        let req = req
-            .body(Full::new(body))
-            .map_err(|_| GitlabError::InvalidRequest {
-                endpoint: endpoint.clone(),
-                message: "a header or the URL has invalid characters".into(),
-            })?;
+        let req = req.body(body).map_err(|_| GitlabError::InvalidRequest {
+            endpoint: endpoint.clone(),
+            message: "a header or the URL has invalid characters".into(),
+        })?;
 
         let exchange = async {
             let resp = self
@@ -260,14 +336,34 @@ impl GitlabClient {
                 .await
                 .map_err(|e| self.network(&endpoint, &e))?;
             let (parts, body) = resp.into_parts();
-            let body = Limited::new(body, max_body)
-                .collect()
-                .await
-                .map_err(|e| GitlabError::Network {
-                    endpoint: endpoint.clone(),
-                    message: format!("reading body: {e}"),
-                })?
-                .to_bytes();
+            let reading = |e: &dyn std::fmt::Display| GitlabError::Network {
+                endpoint: endpoint.clone(),
+                message: format!("reading body: {e}"),
+            };
+            let body = match sink {
+                Some(path) if parts.status == StatusCode::OK => {
+                    let writing = |e: std::io::Error| GitlabError::InvalidRequest {
+                        endpoint: endpoint.clone(),
+                        message: format!("writing {}: {e}", path.display()),
+                    };
+                    let file = tokio::fs::File::create(path).await.map_err(writing)?;
+                    let mut file = tokio::io::BufWriter::with_capacity(256 * 1024, file);
+                    let mut body = Limited::new(body, max_body);
+                    while let Some(frame) = body.frame().await {
+                        let frame = frame.map_err(|e| reading(&e))?;
+                        if let Ok(data) = frame.into_data() {
+                            file.write_all(&data).await.map_err(writing)?;
+                        }
+                    }
+                    file.flush().await.map_err(writing)?;
+                    Bytes::new()
+                }
+                _ => Limited::new(body, max_body)
+                    .collect()
+                    .await
+                    .map_err(|e| reading(&e))?
+                    .to_bytes(),
+            };
             Ok(RawResponse {
                 status: parts.status,
                 headers: parts.headers,
