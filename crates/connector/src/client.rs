@@ -36,6 +36,9 @@ pub struct RunOptions {
     pub command: String,
     /// Bytes written to the command's stdin, followed by EOF.
     pub stdin: Vec<u8>,
+    /// A file on this machine streamed to stdin after [`RunOptions::stdin`] (large inputs:
+    /// read as the channel's window allows, never held in memory).
+    pub stdin_file: Option<std::path::PathBuf>,
     /// Give up (closing the channel) after this long; `None` waits forever.
     pub timeout: Option<Duration>,
     /// Keep one more channel with this same command started and waiting for its stdin, so the
@@ -55,6 +58,12 @@ impl RunOptions {
     /// Set the bytes sent to stdin.
     pub fn stdin(mut self, stdin: impl Into<Vec<u8>>) -> Self {
         self.stdin = stdin.into();
+        self
+    }
+
+    /// Stream the file `path` to stdin (see [`RunOptions::stdin_file`]).
+    pub fn stdin_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.stdin_file = Some(path.into());
         self
     }
 
@@ -267,9 +276,23 @@ impl Client {
         let RunOptions {
             command,
             stdin,
+            stdin_file,
             timeout,
             ready_ahead,
         } = opts;
+        // Opened first: a missing file is this side's error, not the command's.
+        let stdin_file = match stdin_file {
+            Some(path) => match tokio::fs::File::open(&path).await {
+                Ok(f) => Some(f),
+                Err(source) => {
+                    return Err(ConnectError::Input {
+                        path: path.clone(),
+                        source,
+                    });
+                }
+            },
+            None => None,
+        };
         let deadline = timeout.map(|t| Instant::now() + t);
         let timed_out = || ConnectError::Timeout {
             instance: self.instance.clone(),
@@ -302,6 +325,11 @@ impl Client {
             let feed = async {
                 if !stdin.is_empty() {
                     write.data(stdin.as_slice()).await?;
+                }
+                if let Some(file) = stdin_file {
+                    write
+                        .data(tokio::io::BufReader::with_capacity(256 * 1024, file))
+                        .await?;
                 }
                 write.eof().await
             };

@@ -26,6 +26,15 @@ pub enum ConnectError {
         /// Parser message (never key material).
         reason: String,
     },
+    /// A file to stream to a command's stdin cannot be opened.
+    #[error("cannot read {}: {source}", path.display())]
+    Input {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The TCP connection could not be established.
     #[error("instance {instance} at {addr}: cannot connect: {source}")]
     Io {

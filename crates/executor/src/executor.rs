@@ -30,7 +30,7 @@ pub struct JobSlot<'a> {
     /// fires too. Unset: a cancel skips `after_script`.
     pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
-    pub artifacts_in: Vec<Vec<u8>>,
+    pub artifacts_in: Vec<crate::tarball::Tarball>,
 }
 
 /// An executor: turns a job payload and a slot into a finished job.

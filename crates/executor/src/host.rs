@@ -4,6 +4,7 @@
 //! as tar streams, a kill script on timeout or cancel); what differs is how a script reaches
 //! a shell. That is this trait.
 
+use std::path::Path;
 use std::process::Stdio;
 
 use async_trait::async_trait;
@@ -53,6 +54,35 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
         let _ = stage;
         self.capture(body, stdin).await
+    }
+
+    /// [`Host::capture_stage`] with stdin read from the file `input` and stdout written to the
+    /// file `output` (files on this machine) when given; the returned stdout is then empty.
+    /// Hosts that can stream do (memory does not grow with the files' sizes); the default
+    /// reads and writes them whole.
+    async fn transfer_stage(
+        &self,
+        stage: &str,
+        body: &str,
+        input: Option<&Path>,
+        output: Option<&Path>,
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+        let stdin = match input {
+            Some(path) => tokio::fs::read(path)
+                .await
+                .map_err(|e| format!("reading {}: {e}", path.display()))?,
+            None => Vec::new(),
+        };
+        let (status, out, err) = self.capture_stage(stage, body, stdin).await?;
+        match output {
+            Some(path) => {
+                tokio::fs::write(path, &out)
+                    .await
+                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                Ok((status, Vec::new(), err))
+            }
+            None => Ok((status, out, err)),
+        }
     }
 
     /// Stop the step running as `stage` (a timeout or cancel): by default `kill_script`, which
@@ -105,6 +135,67 @@ impl Host for SshHost<'_> {
             .run_capture(command, stdin)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    async fn transfer_stage(
+        &self,
+        _stage: &str,
+        body: &str,
+        input: Option<&Path>,
+        output: Option<&Path>,
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+        let command = format!("exec bash --noprofile --norc -c {}", script::quote(body));
+        let mut opts = RunOptions::new(command);
+        if let Some(path) = input {
+            opts = opts.stdin_file(path);
+        }
+        let (tx, rx) = mpsc::channel(64);
+        // `run` owns the sender, so the pump ends when `run` returns.
+        let (status, pumped) = tokio::join!(self.0.run(opts, tx), pump(rx, output));
+        let (out, err) = pumped?;
+        Ok((status.map_err(|e| e.to_string())?, out, err))
+    }
+}
+
+/// Gathers a command's output: stdout into the file `output` when given (else kept), stderr
+/// kept.
+pub(crate) async fn pump(
+    mut rx: mpsc::Receiver<Output>,
+    output: Option<&Path>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let mut file = match output {
+        Some(path) => Some(
+            tokio::fs::File::create(path)
+                .await
+                .map(|f| tokio::io::BufWriter::with_capacity(256 * 1024, f))
+                .map_err(|e| format!("creating {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let mut failed = None;
+    while let Some(chunk) = rx.recv().await {
+        match (chunk, &mut file) {
+            (Output::Stdout(b), Some(f)) => {
+                // Keep draining after a write error so the command can finish.
+                if failed.is_none()
+                    && let Err(e) = f.write_all(&b).await
+                {
+                    failed = Some(e);
+                }
+            }
+            (Output::Stdout(b), None) => out.extend(b),
+            (Output::Stderr(b), _) => err.extend(b),
+        }
+    }
+    if let (Some(f), None) = (&mut file, &failed)
+        && let Err(e) = f.flush().await
+    {
+        failed = Some(e);
+    }
+    match (failed, output) {
+        (Some(e), Some(path)) => Err(format!("writing {}: {e}", path.display())),
+        _ => Ok((out, err)),
     }
 }
 
@@ -201,6 +292,37 @@ impl Host for LocalHost {
         };
         let (_, out) = tokio::join!(feed, child.wait_with_output());
         let out = out.map_err(|e| format!("waiting for bash: {e}"))?;
+        Ok((exit_status(out.status), out.stdout, out.stderr))
+    }
+
+    async fn transfer_stage(
+        &self,
+        _stage: &str,
+        body: &str,
+        input: Option<&Path>,
+        output: Option<&Path>,
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+        // The files are bash's own stdin and stdout: nothing passes through this process.
+        let mut command = self.command(&["-c", body]);
+        match input {
+            Some(path) => command.stdin(
+                std::fs::File::open(path)
+                    .map_err(|e| format!("reading {}: {e}", path.display()))?,
+            ),
+            None => command.stdin(Stdio::null()),
+        };
+        if let Some(path) = output {
+            command.stdout(
+                std::fs::File::create(path)
+                    .map_err(|e| format!("creating {}: {e}", path.display()))?,
+            );
+        }
+        let out = command
+            .spawn()
+            .map_err(|e| format!("cannot start bash: {e}"))?
+            .wait_with_output()
+            .await
+            .map_err(|e| format!("waiting for bash: {e}"))?;
         Ok((exit_status(out.status), out.stdout, out.stderr))
     }
 }

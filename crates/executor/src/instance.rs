@@ -40,7 +40,7 @@ pub struct RunContext<'a> {
     /// Cancelled to stop the job (manager shutdown, instance lost).
     pub cancel: CancellationToken,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
-    pub artifacts_in: Vec<Vec<u8>>,
+    pub artifacts_in: Vec<crate::tarball::Tarball>,
 }
 
 impl InstanceExecutor {

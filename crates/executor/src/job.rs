@@ -13,14 +13,16 @@ use crate::cache;
 use crate::host::Host;
 use crate::outcome::{FailureReason, JobOutcome};
 use crate::script::{self, JobDirs};
+use crate::tarball::Tarball;
 use crate::trace::Trace;
 
 /// Job timeout when the job names none (GitLab's project default).
 pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
 /// `after_script` has its own timeout, as in GitLab.
 pub const AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
-/// Bounded time for unpacking and collecting artifacts.
-const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bounded time for unpacking sources and artifacts and collecting artifacts: a repository
+/// or an archive of gigabytes takes minutes, and the job's own timeout still bounds the job.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Bounded time for removing a job's files; short, since it also runs on cancel.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -82,8 +84,9 @@ pub struct JobContext<'a> {
     /// timeout, unless this fires too. Unset: a cancel skips `after_script`. Firing it must also
     /// fire `cancel` (make `cancel` its child): the steps themselves watch `cancel` only.
     pub abort: Option<CancellationToken>,
-    /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
-    pub artifacts_in: Vec<Vec<u8>>,
+    /// Tar streams to unpack into the project directory, in order (the job's sources, then
+    /// earlier jobs' artifacts).
+    pub artifacts_in: Vec<Tarball>,
 }
 
 /// A finished job.
@@ -96,13 +99,14 @@ pub struct RunResult {
 }
 
 /// The files of one `artifacts:` entry, as collected where the job ran.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CollectedArtifacts {
     /// Index of the entry in the job's `artifacts`.
     pub spec: usize,
-    /// Tar stream of the matching paths, relative to the project directory. With `untracked`
-    /// it holds the whole project directory: the caller filters it.
-    pub tar: Vec<u8>,
+    /// Tar stream of the matching paths, relative to the project directory, in a file on this
+    /// machine (streamed there, so memory does not grow with its size). With `untracked` it
+    /// holds the whole project directory: the caller filters it.
+    pub tar: Tarball,
 }
 
 enum StepEnd {
@@ -127,7 +131,7 @@ impl JobRunner {
                 host,
                 "prepare_script",
                 &self.prepare,
-                Vec::new(),
+                None,
                 TRANSFER_TIMEOUT,
             )
             .await
@@ -164,7 +168,7 @@ impl JobRunner {
             host,
             "cleanup_file_variables",
             &self.teardown,
-            Vec::new(),
+            None,
             CLEANUP_TIMEOUT,
         )
         .await
@@ -223,7 +227,7 @@ impl JobRunner {
 
         // Without artifacts to unpack, the script step creates its own directory: one SSH
         // round trip less between a job being queued and its first output line.
-        let mut inputs: std::collections::VecDeque<Vec<u8>> =
+        let mut inputs: std::collections::VecDeque<Tarball> =
             artifacts_in.into_iter().filter(|a| !a.is_empty()).collect();
         let restore = self.cache_script(job, &dirs, trace, None);
         let separate_prepare = !inputs.is_empty() || restore.is_some();
@@ -243,7 +247,7 @@ impl JobRunner {
                 false,
             )];
             if let Some(body) = restore {
-                runs.push(("restore_cache", body, Vec::new(), true));
+                runs.push(("restore_cache", body, Tarball::default(), true));
             }
             // One archive per run: busybox tar (in job images) cannot read concatenated ones.
             runs.extend(inputs.into_iter().map(|tar| {
@@ -255,7 +259,7 @@ impl JobRunner {
                 )
             }));
             for (stage, body, tar, is_cache) in runs {
-                match housekeeping(host, stage, &body, tar, TRANSFER_TIMEOUT).await {
+                match housekeeping(host, stage, &body, Some(tar), TRANSFER_TIMEOUT).await {
                     Ok(out) if is_cache => trace.write(&out),
                     Ok(_) => {}
                     // A missing or broken cache never fails the job (GitLab's rule); only a host
@@ -369,7 +373,7 @@ impl JobRunner {
         if !cancel.is_cancelled()
             && let Some(body) = self.cache_script(job, &dirs, trace, Some(outcome.is_success()))
         {
-            match housekeeping(host, "archive_cache", &body, Vec::new(), TRANSFER_TIMEOUT).await {
+            match housekeeping(host, "archive_cache", &body, None, TRANSFER_TIMEOUT).await {
                 Ok(out) => trace.write(&out),
                 Err(msg) => trace.message(&format!("WARNING: saving the cache failed: {msg}")),
             }
@@ -409,16 +413,29 @@ impl JobRunner {
             } else {
                 "upload_artifacts_on_failure"
             };
-            match housekeeping_with_stderr(
+            let collected = match Tarball::create_file(None, &format!("job-{}-", job.id)) {
+                Ok(t) => t,
+                Err(e) => {
+                    let msg = format!("creating a file for the collected artifacts: {e}");
+                    trace.message(&format!("ERROR: {msg}"));
+                    if outcome.is_success() {
+                        outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+                    }
+                    continue;
+                }
+            };
+            match transfer(
                 host,
                 stage,
                 &script::collect_script(&dirs, &paths),
-                Vec::new(),
+                None,
+                collected.path(),
                 TRANSFER_TIMEOUT,
             )
             .await
             {
-                Ok((tar, err)) => {
+                Ok((_, err)) => {
+                    let tar = collected;
                     // The collect script's warnings (a path leaving through a symlink).
                     let err = String::from_utf8_lossy(&err);
                     for w in err.lines().filter(|l| l.starts_with("WARNING: ")) {
@@ -564,7 +581,7 @@ impl JobRunner {
             host,
             "cleanup_file_variables",
             &script::cleanup_script(dirs),
-            Vec::new(),
+            None,
             CLEANUP_TIMEOUT,
         )
         .await
@@ -580,28 +597,52 @@ fn write_output(trace: &mut Trace, chunk: Output) {
     }
 }
 
-/// Run a bash script with bounded time; `Err` carries a message for the trace.
+/// Run a bash script with bounded time, `input` on its stdin; its stdout, or a message for
+/// the trace.
 async fn housekeeping(
     host: &dyn Host,
     stage: &str,
     body: &str,
-    stdin: Vec<u8>,
+    input: Option<Tarball>,
     limit: Duration,
 ) -> Result<Vec<u8>, String> {
-    housekeeping_with_stderr(host, stage, body, stdin, limit)
+    transfer(host, stage, body, input, None, limit)
         .await
         .map(|(out, _)| out)
 }
 
-/// [`housekeeping`], with the script's stderr when it succeeded too.
-async fn housekeeping_with_stderr(
+/// [`housekeeping`] with stdout into the file `output` when given, and the script's stderr
+/// when it succeeded too. A stream in a file goes through [`Host::transfer_stage`].
+async fn transfer(
     host: &dyn Host,
     stage: &str,
     body: &str,
-    stdin: Vec<u8>,
+    input: Option<Tarball>,
+    output: Option<&std::path::Path>,
     limit: Duration,
 ) -> Result<(Vec<u8>, Vec<u8>), String> {
-    let run = host.capture_stage(stage, body, stdin);
+    let run = async {
+        match input {
+            Some(Tarball::Bytes(stdin)) if output.is_none() => {
+                host.capture_stage(stage, body, stdin).await
+            }
+            None if output.is_none() => host.capture_stage(stage, body, Vec::new()).await,
+            Some(Tarball::File(path)) => {
+                host.transfer_stage(stage, body, Some(&path), output).await
+            }
+            Some(Tarball::Bytes(stdin)) => {
+                // Bytes in, a file out: not a combination the steps use; kept general.
+                let (status, out, err) = host.capture_stage(stage, body, stdin).await?;
+                if let Some(path) = output {
+                    tokio::fs::write(path, &out)
+                        .await
+                        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                }
+                Ok((status, Vec::new(), err))
+            }
+            None => host.transfer_stage(stage, body, None, output).await,
+        }
+    };
     match tokio::time::timeout(limit, run).await {
         Err(_) => Err(format!("timed out after {}", fmt_secs(limit))),
         Ok(Err(e)) => Err(e.to_string()),

@@ -13,6 +13,7 @@
 //!   daemon, kept as a snapshot when the job asks.
 //! - [`plugin`]: the `plugin` executor — stages run where an executor plugin puts them.
 //! - [`isolation`]: the isolation level a job gets, within what its runner allows.
+//! - [`tarball`]: tar streams into and out of a job's directory, in memory or in a file.
 //! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
 //! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
 
@@ -29,6 +30,7 @@ pub mod nesting;
 pub mod outcome;
 pub mod plugin;
 pub mod script;
+pub mod tarball;
 pub mod trace;
 
 pub use custom::{ConfigExecOutput, CustomConfig, CustomContext, CustomError, CustomExecutor};
@@ -44,4 +46,5 @@ pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor};
 pub use outcome::{FailureReason, JobOutcome};
 pub use plugin::PluginExecutor;
+pub use tarball::Tarball;
 pub use trace::{Masker, Trace};

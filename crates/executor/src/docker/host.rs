@@ -1,6 +1,7 @@
 //! The build container as a [`Host`]: the first script through its attached main shell, every
 //! later one as an exec.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -247,5 +248,63 @@ impl Host for DockerHost {
             out.output.stdout,
             out.output.stderr,
         ))
+    }
+
+    async fn transfer_stage(
+        &self,
+        _stage: &str,
+        body: &str,
+        input: Option<&Path>,
+        output: Option<&Path>,
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+        let mut spec = ExecSpec::new(["sh", "-c", CAPTURE_SHELL, "sh", body]);
+        spec.stdin = true;
+        let err = |e: slipway_docker::Error| format!("exec in the build container: {e}");
+        // Opened first: a missing file is this side's error, and no exec is left waiting.
+        let source = match input {
+            Some(path) => Some(
+                tokio::fs::File::open(path)
+                    .await
+                    .map_err(|e| format!("reading {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        let id = self
+            .docker
+            .create_exec(&self.container, &spec)
+            .await
+            .map_err(err)?;
+        let Attached {
+            output: mut stream,
+            mut input,
+        } = self.docker.start_exec(&id, false).await.map_err(err)?;
+        let feed = async move {
+            if let Some(file) = source {
+                // A script that exits early stops reading: a broken pipe is not an error here.
+                let mut file = tokio::io::BufReader::with_capacity(256 * 1024, file);
+                let _ = tokio::io::copy_buf(&mut file, &mut input).await;
+            }
+            let _ = input.shutdown().await;
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let forward = async move {
+            while let Some(chunk) = stream.next().await {
+                let chunk = match chunk {
+                    Ok(LogOutput::StdOut(b) | LogOutput::Console(b)) => Output::Stdout(b.to_vec()),
+                    Ok(LogOutput::StdErr(b)) => Output::Stderr(b.to_vec()),
+                    Ok(LogOutput::StdIn(_)) => continue,
+                    Err(e) => return Err(format!("build container output: {e}")),
+                };
+                if tx.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        };
+        let ((), forwarded, pumped) = tokio::join!(feed, forward, crate::host::pump(rx, output));
+        forwarded?;
+        let (out, err_out) = pumped?;
+        let code = self.docker.exec_exit_code(&id).await.map_err(err)?;
+        Ok((exit_status(code), out, err_out))
     }
 }

@@ -144,7 +144,7 @@ pub struct DockerRunContext<'a> {
     /// fires too. Unset: a cancel skips `after_script`.
     pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
-    pub artifacts_in: Vec<Vec<u8>>,
+    pub artifacts_in: Vec<crate::tarball::Tarball>,
 }
 
 /// The `docker` executor (and, over [`dial_stdio_transport`], `docker-autoscaler`).

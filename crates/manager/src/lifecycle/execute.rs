@@ -4,7 +4,8 @@
 
 use slipway_executor::{
     CollectedArtifacts, CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner,
-    JobSlot, LocalHost, NestingExecutor, PluginExecutor, RunResult, SshHost, Steps, Trace, cgroup,
+    JobSlot, LocalHost, NestingExecutor, PluginExecutor, RunResult, SshHost, Steps, Tarball, Trace,
+    cgroup,
 };
 use slipway_jobs::JobResponse;
 use slipway_taskscaler::Acquisition;
@@ -27,7 +28,7 @@ pub(super) async fn execute(
     acq: &Acquisition,
     job: &JobResponse,
     admission: &Admission,
-    artifacts_in: Vec<Vec<u8>>,
+    artifacts_in: Vec<Tarball>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> (JobOutcome, Vec<CollectedArtifacts>) {
@@ -149,7 +150,7 @@ async fn execute_on_instance(
     job: &JobResponse,
     admission: &Admission,
     client: std::sync::Arc<slipway_connector::Client>,
-    artifacts_in: Vec<Vec<u8>>,
+    artifacts_in: Vec<Tarball>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
@@ -221,7 +222,7 @@ async fn run_on(
     exec: &dyn Executor,
     acq: &Acquisition,
     job: &JobResponse,
-    artifacts_in: Vec<Vec<u8>>,
+    artifacts_in: Vec<Tarball>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
@@ -303,7 +304,7 @@ async fn execute_here(
     acq: &Acquisition,
     job: &JobResponse,
     admission: &Admission,
-    artifacts_in: Vec<Vec<u8>>,
+    artifacts_in: Vec<Tarball>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
+use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Tarball, Trace};
 use slipway_jobs::JobResponse;
 use slipway_taskscaler::Acquisition;
 use tokio::sync::mpsc;
@@ -62,10 +62,10 @@ pub struct NoInputs;
 impl JobSource for NoInputs {}
 
 /// What is unpacked into a job's directory before its steps.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Inputs {
     /// Tar streams, unpacked in order: the sources, then each dependency's artifacts.
-    pub tars: Vec<Vec<u8>>,
+    pub tars: Vec<Tarball>,
     /// Paths git tracks in the sources (what `artifacts:untracked` leaves out).
     pub tracked: Arc<BTreeSet<String>>,
 }

@@ -102,26 +102,50 @@ pub(super) async fn upload_artifacts(
         );
         // Shared, not copied: the list can hold every file of a large repository.
         let tracked = Arc::clone(tracked);
-        // Compressing is CPU work: off the runtime's threads.
+        let Some(tar) = c.tar.path().map(std::path::Path::to_path_buf) else {
+            fail_upload(
+                outcome,
+                trace,
+                "archiving artifacts: the collected files are not in a file".into(),
+            );
+            continue;
+        };
+        let archive = match tempfile::Builder::new()
+            .prefix(&format!("artifacts-{}-", job.id))
+            .tempfile()
+        {
+            Ok(f) => f.into_temp_path(),
+            Err(e) => {
+                fail_upload(
+                    outcome,
+                    trace,
+                    format!("archiving artifacts: creating a file: {e}"),
+                );
+                continue;
+            }
+        };
+        let out = archive.to_path_buf();
+        // Compressing is CPU work: off the runtime's threads. File to file, streamed: memory
+        // does not grow with the artifacts.
         let archived = tokio::task::spawn_blocking(move || {
             let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
             let excludes = Globs::new(&exclude).map_err(|e| e.to_string())?;
             let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
-            slipway_artifacts::archive_from_tar_with(&c.tar, format, &keep, compression)
+            slipway_artifacts::archive_file_from_tar_file(&tar, &out, format, &keep, compression)
                 .map(|a| (format, a))
                 .map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r);
-        let (format, archive) = match archived {
+        let (format, made) = match archived {
             Ok(a) => a,
             Err(msg) => {
                 fail_upload(outcome, trace, format!("archiving artifacts: {msg}"));
                 continue;
             }
         };
-        if archive.files == 0 {
+        if made.files == 0 {
             trace.message(&format!(
                 "WARNING: no files to upload for artifacts {kind:?} (paths {:?})",
                 spec.paths
@@ -130,9 +154,9 @@ pub(super) async fn upload_artifacts(
         }
         trace.message(&format!(
             "{} files and directories; uploading artifacts as {kind:?} to coordinator...",
-            archive.files
+            made.files
         ));
-        let name = match (&archive.raw_path, spec.name.as_str()) {
+        let name = match (&made.raw_path, spec.name.as_str()) {
             (Some(path), _) => Some(path.clone()),
             (None, "") => None,
             (None, n) => Some(n.to_string()),
@@ -144,7 +168,7 @@ pub(super) async fn upload_artifacts(
             expire_in: (!spec.expire_in.is_empty()).then(|| spec.expire_in.clone()),
         };
         let uploaded = tokio::select! {
-            r = source.client.upload_artifacts(job.id, &token, archive.bytes, &opts) => r,
+            r = source.client.upload_artifacts_file(job.id, &token, &archive, &opts) => r,
             // A shutdown does not wait for uploads: the job's state still gets reported.
             _ = stop.cancelled() => {
                 fail_upload(outcome, trace, "uploading artifacts: interrupted by the runner's shutdown".into());

@@ -217,7 +217,8 @@ impl DistributedCache {
                 let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
                 let excludes = Globs::new(&[]).map_err(|e| e.to_string())?;
                 let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
-                slipway_artifacts::archive_from_tar_with(&c.tar, Format::Zip, &keep, compression)
+                let tar = c.tar.to_bytes().map_err(|e| e.to_string())?;
+                slipway_artifacts::archive_from_tar_with(&tar, Format::Zip, &keep, compression)
                     .map_err(|e| e.to_string())
             })
             .await

@@ -1,10 +1,10 @@
 //! What a GitLab job finds in its directory before its steps: its sources (fetched on the
-//! manager) and its dependencies' artifacts.
+//! manager) and its dependencies' artifacts, each as a tar stream in a file.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use slipway_executor::{FailureReason, JobOutcome, Trace};
+use slipway_executor::{FailureReason, JobOutcome, Tarball, Trace};
 use slipway_jobs::JobResponse;
 use slipway_jobs::gitlab::Secret;
 use tokio_util::sync::CancellationToken;
@@ -66,9 +66,13 @@ pub(super) async fn inputs_of(
         if let Some(specs) = specs {
             let mut with_cache = job.clone();
             with_cache.cache = specs;
-            inputs
-                .tars
-                .extend(cache.restore(&with_cache, trace, cancel).await);
+            inputs.tars.extend(
+                cache
+                    .restore(&with_cache, trace, cancel)
+                    .await
+                    .into_iter()
+                    .map(Tarball::from),
+            );
         }
     }
     for dep in &job.dependencies {
@@ -80,17 +84,10 @@ pub(super) async fn inputs_of(
             dep.name, dep.id
         ));
         let token = Secret::new(dep.token.clone());
-        let zip = tokio::select! {
-            r = source.client.download_artifacts(dep.id, &token) => r,
+        // Through files, streamed: memory does not grow with the archive.
+        let tar = tokio::select! {
+            r = dependency_tar(source, dep.id, &token) => r,
             _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
-        };
-        let tar = match zip {
-            // Unpacking is CPU work: off the runtime's threads.
-            Ok(zip) => tokio::task::spawn_blocking(move || slipway_artifacts::zip_to_tar(&zip))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string())),
-            Err(e) => Err(e.to_string()),
         };
         match tar {
             Ok(tar) => {
@@ -111,4 +108,32 @@ pub(super) async fn inputs_of(
         }
     }
     Ok(inputs)
+}
+
+/// The artifacts of job `id` as a tar stream in a file: the zip downloaded into one file, then
+/// converted into another.
+async fn dependency_tar(source: &Source, id: u64, token: &Secret) -> Result<Tarball, String> {
+    let zip = tempfile::Builder::new()
+        .prefix(&format!("artifacts-{id}-"))
+        .suffix(".zip")
+        .tempfile()
+        .map_err(|e| format!("creating a file for the download: {e}"))?
+        .into_temp_path();
+    source
+        .client
+        .download_artifacts_to(id, token, &zip)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tar = Tarball::create_file(None, &format!("artifacts-{id}-"))
+        .map_err(|e| format!("creating a file for the artifacts: {e}"))?;
+    let out = tar
+        .path()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    // Unpacking is CPU work: off the runtime's threads.
+    tokio::task::spawn_blocking(move || slipway_artifacts::zip_file_to_tar_file(&zip, &out))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(tar)
 }

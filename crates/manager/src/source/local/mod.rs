@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slipway_executor::{JobOutcome, Trace};
+use slipway_executor::{JobOutcome, Tarball, Trace};
 use slipway_jobs::{JobStatus, PipelineRun, PipelineStatus, Retry, RunError, Selection, Variable};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -597,14 +597,23 @@ impl JobTask {
         let (dotenv_files, exclude) = (expand(&self.dotenv_files), expand(&self.exclude));
         for (n, c) in collected.iter().enumerate() {
             let spec = self.payload.artifacts.get(c.spec);
+            // A local run's artifacts are read whole (they are kept as files for its later
+            // jobs); a GitLab job's are streamed.
+            let tar = match c.tar.to_bytes() {
+                Ok(t) => t,
+                Err(e) => {
+                    trace.message(&format!("WARNING: reading collected artifacts: {e}"));
+                    continue;
+                }
+            };
             if spec.is_some_and(|s| s.artifact_type == "dotenv") {
-                match read::dotenv_of(&c.tar, &dotenv_files) {
+                match read::dotenv_of(&tar, &dotenv_files) {
                     Ok(vars) => dotenv.extend(vars),
                     Err(e) => trace.message(&format!("WARNING: dotenv report: {e}")),
                 }
                 continue;
             }
-            let tar = match read::without_excluded(&c.tar, &exclude) {
+            let tar = match read::without_excluded(&tar, &exclude) {
                 Ok(t) => t,
                 Err(e) => {
                     trace.message(&format!("WARNING: artifacts: {e}"));
@@ -649,10 +658,10 @@ impl JobSource for JobTask {
         trace: &mut Trace,
         _cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {
-        let mut tars = vec![self.sources.to_vec()];
+        let mut tars = vec![Tarball::from(self.sources.to_vec())];
         for p in &self.inputs {
             match tokio::fs::read(p).await {
-                Ok(b) => tars.push(b),
+                Ok(b) => tars.push(b.into()),
                 Err(e) => trace.message(&format!("WARNING: artifacts {}: {e}", p.display())),
             }
         }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use slipway_executor::Trace;
+use slipway_executor::{Tarball, Trace};
 use slipway_jobs::JobResponse;
 use tokio::process::Command;
 
@@ -253,13 +253,18 @@ impl Checkout<'_> {
             let _ =
                 tokio::fs::set_permissions(self.dir, std::fs::Permissions::from_mode(0o755)).await;
         }
+        // Into a file, streamed from there to the job: memory does not grow with the
+        // repository (GitLab Runner fetches where the job runs; see `GitSources`).
+        let file = Tarball::create_file(None, &format!("sources-{}-", self.job.id))
+            .map_err(|e| format!("creating a file for the sources: {e}"))?;
+        let path = file.path().map(Path::to_path_buf).unwrap_or_default();
         // Owned by root in the archive: a job image's root user must not find a stranger's
         // uid (git refuses "dubious ownership"), whoever runs the manager.
         let tar = Command::new("tar")
             .args(["--owner=0", "--group=0", "--numeric-owner"])
             .arg("-c")
             .arg("-f")
-            .arg("-")
+            .arg(&path)
             .arg("-C")
             .arg(self.dir)
             .arg(".")
@@ -273,10 +278,7 @@ impl Checkout<'_> {
                 String::from_utf8_lossy(&tar.stderr).trim()
             ));
         }
-        Ok(Sources {
-            tar: tar.stdout,
-            tracked,
-        })
+        Ok(Sources { tar: file, tracked })
     }
 }
 

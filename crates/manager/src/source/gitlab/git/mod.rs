@@ -23,7 +23,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use slipway_executor::Trace;
+use slipway_executor::{Tarball, Trace};
 use slipway_jobs::gitlab::TlsFiles;
 use slipway_jobs::{GitStrategy as Strategy, JobResponse};
 use tokio_util::sync::CancellationToken;
@@ -33,10 +33,10 @@ use checkout::Checkout;
 use options::{attempts_of, depth_of, submodules_of};
 
 /// A job's sources, ready to unpack.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Sources {
-    /// Tar stream of the working tree with its `.git`.
-    pub tar: Vec<u8>,
+    /// Tar stream of the working tree with its `.git`, in a file.
+    pub tar: Tarball,
     /// Paths git tracks (to tell untracked artifacts apart).
     pub tracked: BTreeSet<String>,
 }

@@ -1,0 +1,88 @@
+//! A tar stream handed to a job's directory or collected from it: small ones in memory, large
+//! ones in a file on this machine, streamed to and from where the job runs so that memory does
+//! not grow with their size.
+
+use std::path::Path;
+
+use tempfile::TempPath;
+
+/// A tar stream, in memory or in a file (removed when dropped).
+#[derive(Debug)]
+pub enum Tarball {
+    /// The stream's bytes.
+    Bytes(Vec<u8>),
+    /// A file holding the stream, deleted with this value.
+    File(TempPath),
+}
+
+impl Tarball {
+    /// A new empty file for a stream, in `dir` (the system's temporary directory when `None`),
+    /// readable by its owner only (job files may hold secrets).
+    pub fn create_file(dir: Option<&Path>, prefix: &str) -> std::io::Result<Tarball> {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(prefix).suffix(".tar");
+        let file = match dir {
+            Some(dir) => builder.tempfile_in(dir)?,
+            None => builder.tempfile()?,
+        };
+        Ok(Tarball::File(file.into_temp_path()))
+    }
+
+    /// The file, if the stream is in one.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Tarball::Bytes(_) => None,
+            Tarball::File(p) => Some(p),
+        }
+    }
+
+    /// Whether the stream holds nothing.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Tarball::Bytes(b) => b.is_empty(),
+            Tarball::File(p) => std::fs::metadata(p).map(|m| m.len() == 0).unwrap_or(true),
+        }
+    }
+
+    /// The stream's bytes, read from its file if need be (for consumers of small streams).
+    pub fn to_bytes(&self) -> std::io::Result<std::borrow::Cow<'_, [u8]>> {
+        match self {
+            Tarball::Bytes(b) => Ok(std::borrow::Cow::Borrowed(b)),
+            Tarball::File(p) => std::fs::read(p).map(std::borrow::Cow::Owned),
+        }
+    }
+}
+
+impl Default for Tarball {
+    fn default() -> Self {
+        Tarball::Bytes(Vec::new())
+    }
+}
+
+impl From<Vec<u8>> for Tarball {
+    fn from(bytes: Vec<u8>) -> Self {
+        Tarball::Bytes(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_file_tarball_is_private_and_removed_with_its_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Tarball::create_file(Some(dir.path()), "job-1-").unwrap();
+        let path = t.path().unwrap().to_path_buf();
+        assert!(t.is_empty());
+        std::fs::write(&path, b"data").unwrap();
+        assert!(!t.is_empty());
+        assert_eq!(&*t.to_bytes().unwrap(), b"data");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        drop(t);
+        assert!(!path.exists());
+    }
+}
