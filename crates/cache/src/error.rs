@@ -3,6 +3,15 @@
 /// Why a cache operation failed. None of these fails a job: GitLab's rule is a warning.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
+    /// A file of a transfer (the archive sent, or where the answer goes) cannot be used.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The key would leave the project's part of the bucket (`../`).
     #[error(
         "cache key {key:?}: computed cache path outside of the project's; remove \"../\" from the key"

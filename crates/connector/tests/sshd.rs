@@ -264,6 +264,29 @@ async fn stdin_stdout_stderr_and_exit_codes() {
     assert!(st.success());
     assert_eq!(out.len(), big.len());
     assert!(out == big);
+
+    // The same from a file, streamed: what sources of gigabytes take.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("stdin.bin");
+    std::fs::write(&file, &big).unwrap();
+    let (tx, rx) = mpsc::channel(64);
+    let opts = RunOptions::new("wc -c")
+        .stdin(b"0123".to_vec())
+        .stdin_file(&file);
+    let (st, (out, _)) = tokio::join!(client.run(opts, tx), Output::gather(rx));
+    assert!(st.unwrap().success());
+    assert_eq!(
+        String::from_utf8_lossy(&out).trim(),
+        (big.len() + 4).to_string(),
+        "the bytes, then the file"
+    );
+    let (tx, _rx) = mpsc::channel(64);
+    let missing = dir.path().join("missing.bin");
+    let e = client
+        .run(RunOptions::new("cat").stdin_file(&missing), tx)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("missing.bin"), "{e}");
     client.close().await;
 }
 

@@ -382,6 +382,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn local_host_transfers_files_without_holding_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&input, &data).unwrap();
+        let host = LocalHost::default();
+        let (st, out, err) = host
+            .transfer_stage(
+                "get_sources",
+                "cat; echo note >&2",
+                Some(&input),
+                Some(&output),
+            )
+            .await
+            .unwrap();
+        assert!(st.success());
+        assert!(out.is_empty(), "stdout went to the file");
+        assert_eq!(err, b"note\n");
+        assert!(std::fs::read(&output).unwrap() == data);
+        // No input file: empty stdin; no output file: stdout returned.
+        let (_, out, _) = host.transfer_stage("x", "wc -c", None, None).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&out).trim(), "0");
+        let e = host
+            .transfer_stage("x", "cat", Some(&dir.path().join("missing")), None)
+            .await
+            .unwrap_err();
+        assert!(e.contains("missing"), "{e}");
+    }
+
+    #[tokio::test]
     async fn local_host_reports_a_kill_by_signal() {
         let (tx, _rx) = mpsc::channel(16);
         let st = LocalHost::default()

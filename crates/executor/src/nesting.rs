@@ -593,6 +593,28 @@ impl Host for GuestHost {
             .map_err(|e| format!("the VM's agent: {e}"))?;
         Ok((exit_status(code, None), out, err))
     }
+
+    async fn transfer_stage(
+        &self,
+        _stage: &str,
+        body: &str,
+        input: Option<&std::path::Path>,
+        output: Option<&std::path::Path>,
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+        let argv = vec![
+            "bash".into(),
+            "--noprofile".into(),
+            "--norc".into(),
+            "-c".into(),
+            body.to_string(),
+        ];
+        let (code, out, err) = self
+            .agent
+            .run_transfer(argv, input, output)
+            .await
+            .map_err(|e| format!("the VM's agent: {e}"))?;
+        Ok((exit_status(code, None), out, err))
+    }
 }
 
 fn exit_status(code: Option<i32>, signal: Option<i32>) -> ExitStatus {

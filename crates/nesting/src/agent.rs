@@ -237,6 +237,97 @@ impl AgentClient {
         Err(AgentError::Closed)
     }
 
+    /// [`Self::run_capture`] with stdin read from the file `input` (sent in pieces as the agent
+    /// takes them) and stdout written to the file `output` when given (then returned empty):
+    /// memory does not grow with the files' sizes.
+    pub async fn run_transfer(
+        &self,
+        argv: Vec<String>,
+        input: Option<&std::path::Path>,
+        output: Option<&std::path::Path>,
+    ) -> Result<(Option<i32>, Vec<u8>, Vec<u8>), AgentError> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let io = |path: &std::path::Path, e: std::io::Error| {
+            AgentError::Refused(format!("{}: {e}", path.display()))
+        };
+        let mut source = match input {
+            Some(path) => Some(tokio::fs::File::open(path).await.map_err(|e| io(path, e))?),
+            None => None,
+        };
+        let mut sink = match output {
+            Some(path) => Some(tokio::io::BufWriter::new(
+                tokio::fs::File::create(path)
+                    .await
+                    .map_err(|e| io(path, e))?,
+            )),
+            None => None,
+        };
+        let mut execution = self
+            .exec(Exec {
+                argv,
+                stdin: None,
+                keep_stdin: source.is_some(),
+                ..Exec::default()
+            })
+            .await?;
+        let id = execution.id;
+        let feed = async {
+            if let Some(file) = source.as_mut() {
+                let mut buf = vec![0u8; 256 * 1024];
+                loop {
+                    let n = file
+                        .read(&mut buf)
+                        .await
+                        .map_err(|e| io(input.unwrap_or(std::path::Path::new("")), e))?;
+                    if n == 0 {
+                        break;
+                    }
+                    self.stdin(id, Some(buf[..n].to_vec()), false).await?;
+                }
+                self.stdin(id, None, true).await?;
+            }
+            Ok::<(), AgentError>(())
+        };
+        let gather = async {
+            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+            while let Some(event) = execution.events.recv().await {
+                match event {
+                    ExecEvent::Started(_) => {}
+                    ExecEvent::Stdout(data) => match sink.as_mut() {
+                        Some(f) => f
+                            .write_all(&data)
+                            .await
+                            .map_err(|e| io(output.unwrap_or(std::path::Path::new("")), e))?,
+                        None => stdout.extend(data),
+                    },
+                    ExecEvent::Stderr(data) => stderr.extend(data),
+                    ExecEvent::Exit { code, .. } => {
+                        if let (Some(f), Some(path)) = (sink.as_mut(), output) {
+                            f.flush().await.map_err(|e| io(path, e))?;
+                        }
+                        return Ok((code, stdout, stderr));
+                    }
+                    ExecEvent::Error(message) => return Err(AgentError::Refused(message)),
+                }
+            }
+            Err(AgentError::Closed)
+        };
+        tokio::pin!(feed, gather);
+        let mut fed = false;
+        loop {
+            tokio::select! {
+                r = &mut feed, if !fed => {
+                    fed = true;
+                    // A process that exits without reading all of its input is not an error here.
+                    if let Err(e) = r {
+                        tracing::debug!("stdin not fully sent: {e}");
+                    }
+                }
+                r = &mut gather => return r,
+            }
+        }
+    }
+
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }

@@ -3,7 +3,8 @@
 //! (a zip archive), so a fleet moving from GitLab Runner keeps its caches.
 //!
 //! Every transfer uses a pre-signed URL, valid for the job's timeout: the bucket's keys stay on
-//! the manager. The archives travel through the manager, like artifacts do: restored ones are
+//! the manager. The archives travel through the manager's disk, streamed, like artifacts do
+//! (memory does not grow with their size): restored ones are
 //! unpacked into the job's directory after its sources and before its dependencies'
 //! artifacts; saved ones are collected where the job ran as extra artifact entries
 //! ([`ArtifactSpec::CACHE_TYPE`]) and archived here. Nothing here fails a job: an unreachable
@@ -13,12 +14,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
 use slipway_artifacts::{Compression, Format, Globs};
 use slipway_cache::{S3, object_name, transfer};
 use slipway_config::CacheConfig;
 use slipway_executor::cache::{key_to_save, keys_to_restore};
-use slipway_executor::{CollectedArtifacts, Trace};
+use slipway_executor::{CollectedArtifacts, Tarball, Trace};
 use slipway_jobs::JobResponse;
 use slipway_jobs::model::ArtifactSpec;
 use tokio_util::sync::CancellationToken;
@@ -109,7 +109,7 @@ impl DistributedCache {
         job: &JobResponse,
         trace: &mut Trace,
         cancel: &CancellationToken,
-    ) -> Vec<Vec<u8>> {
+    ) -> Vec<Tarball> {
         let mut tars = Vec::new();
         for spec in &job.cache {
             let (keys, skipped) = keys_to_restore(spec, job);
@@ -136,8 +136,23 @@ impl DistributedCache {
                     .s3
                     .get_url(&object, Self::valid_for(job), SystemTime::now());
                 let limit = request_timeout(job);
+                // Through files, streamed: memory does not grow with the cache.
+                let zip = match tempfile::Builder::new()
+                    .prefix("cache-")
+                    .suffix(".zip")
+                    .tempfile()
+                {
+                    Ok(f) => f.into_temp_path(),
+                    Err(e) => {
+                        trace.message(&format!(
+                            "WARNING: Failed to download the cache: creating a file: {e}"
+                        ));
+                        found = true;
+                        break;
+                    }
+                };
                 let got = tokio::select! {
-                    r = tokio::time::timeout(limit, self.client.get(&url, MAX_RESTORE)) => match r {
+                    r = tokio::time::timeout(limit, self.client.get_to_file(&url, &zip, MAX_RESTORE)) => match r {
                         Ok(r) => r,
                         Err(_) => {
                             trace.message(&format!(
@@ -150,23 +165,16 @@ impl DistributedCache {
                     _ = cancel.cancelled() => return tars,
                 };
                 match got {
-                    Ok(None) => continue,
-                    Ok(Some(zip)) => {
+                    Ok(false) => continue,
+                    Ok(true) => {
                         trace.message(&format!(
                             "Downloading cache from {}",
                             url.split('?').next().unwrap_or_default()
                         ));
-                        let unpacked = tokio::task::spawn_blocking(move || {
-                            slipway_artifacts::zip_to_tar(&zip)
-                        })
-                        .await;
-                        match unpacked {
-                            Ok(Ok(tar)) => {
+                        match unpack(zip).await {
+                            Ok(tar) => {
                                 trace.message("Successfully extracted cache");
                                 tars.push(tar);
-                            }
-                            Ok(Err(e)) => {
-                                trace.message(&format!("WARNING: Failed to extract cache: {e}"))
                             }
                             Err(e) => {
                                 trace.message(&format!("WARNING: Failed to extract cache: {e}"))
@@ -213,31 +221,58 @@ impl DistributedCache {
             };
             let (paths, untracked) = (spec.paths.clone(), spec.untracked);
             let tracked = Arc::clone(tracked);
-            let zip = tokio::task::spawn_blocking(move || {
+            let archive = match (
+                c.tar.path(),
+                tempfile::Builder::new()
+                    .prefix("cache-")
+                    .suffix(".zip")
+                    .tempfile(),
+            ) {
+                (Some(tar), Ok(out)) => (tar.to_path_buf(), out.into_temp_path()),
+                (None, _) => {
+                    trace.message("WARNING: archiving the cache failed: the collected files are not in a file");
+                    continue;
+                }
+                (_, Err(e)) => {
+                    trace.message(&format!(
+                        "WARNING: archiving the cache failed: creating a file: {e}"
+                    ));
+                    continue;
+                }
+            };
+            let (tar, zip) = archive;
+            let out = zip.to_path_buf();
+            // File to file, streamed, off the runtime's threads (compressing is CPU work).
+            let made = tokio::task::spawn_blocking(move || {
                 let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
                 let excludes = Globs::new(&[]).map_err(|e| e.to_string())?;
                 let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
-                let tar = c.tar.to_bytes().map_err(|e| e.to_string())?;
-                slipway_artifacts::archive_from_tar_with(&tar, Format::Zip, &keep, compression)
-                    .map_err(|e| e.to_string())
+                slipway_artifacts::archive_file_from_tar_file(
+                    &tar,
+                    &out,
+                    Format::Zip,
+                    &keep,
+                    compression,
+                )
+                .map_err(|e| e.to_string())
             })
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r);
-            let archive = match zip {
+            let made = match made {
                 Ok(a) => a,
                 Err(e) => {
                     trace.message(&format!("WARNING: archiving the cache failed: {e}"));
                     continue;
                 }
             };
-            if archive.files == 0 {
+            if made.files == 0 {
                 trace.message(&format!(
                     "WARNING: cache {key}: no files matched its paths; not saved"
                 ));
                 continue;
             }
-            let size = archive.bytes.len() as u64;
+            let size = std::fs::metadata(&zip).map(|m| m.len()).unwrap_or(0);
             if self.max_upload > 0 && size > self.max_upload {
                 trace.message(&format!(
                     "WARNING: cache {key} is {size} bytes, over MaxUploadedArchiveSize \
@@ -254,7 +289,7 @@ impl DistributedCache {
                 url.split('?').next().unwrap_or_default()
             ));
             let limit = request_timeout(job);
-            let put = self.client.put(&url, &headers, Bytes::from(archive.bytes));
+            let put = self.client.put_file(&url, &headers, &zip);
             match tokio::time::timeout(limit, put).await {
                 Ok(Ok(())) => trace.message(&format!("Created cache {key}")),
                 Ok(Err(e)) => trace.message(&format!("WARNING: uploading the cache failed: {e}")),
@@ -265,6 +300,21 @@ impl DistributedCache {
             }
         }
     }
+}
+
+/// A downloaded cache archive as a tar stream in a file (converted file to file, off the
+/// runtime's threads).
+async fn unpack(zip: tempfile::TempPath) -> Result<Tarball, String> {
+    let tar = Tarball::create_file(None, "cache-").map_err(|e| format!("creating a file: {e}"))?;
+    let out = tar
+        .path()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    tokio::task::spawn_blocking(move || slipway_artifacts::zip_file_to_tar_file(&zip, &out))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(tar)
 }
 
 /// The compression level `variable` of `job` names (GitLab's `fastest` … `slowest`); an

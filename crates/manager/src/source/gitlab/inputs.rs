@@ -66,13 +66,9 @@ pub(super) async fn inputs_of(
         if let Some(specs) = specs {
             let mut with_cache = job.clone();
             with_cache.cache = specs;
-            inputs.tars.extend(
-                cache
-                    .restore(&with_cache, trace, cancel)
-                    .await
-                    .into_iter()
-                    .map(Tarball::from),
-            );
+            inputs
+                .tars
+                .extend(cache.restore(&with_cache, trace, cancel).await);
         }
     }
     for dep in &job.dependencies {
