@@ -380,6 +380,7 @@ async fn run_host(
                 cancel: CancellationToken::new(),
                 abort: None,
                 artifacts_in: Vec::new(),
+                scratch_dir: None,
             },
         )
         .await;
@@ -402,6 +403,7 @@ async fn run_docker(exec: &DockerExecutor, job: &JobResponse) -> anyhow::Result<
                 cancel: CancellationToken::new(),
                 abort: None,
                 artifacts_in: Vec::new(),
+                scratch_dir: None,
             },
         )
         .await;

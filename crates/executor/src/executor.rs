@@ -31,6 +31,8 @@ pub struct JobSlot<'a> {
     pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<crate::tarball::Tarball>,
+    /// Where collected artifacts are written on this machine (see [`JobContext`]).
+    pub scratch_dir: Option<std::path::PathBuf>,
 }
 
 /// An executor: turns a job payload and a slot into a finished job.
@@ -72,6 +74,7 @@ impl<H: Host> Executor for Steps<H> {
                     cancel: slot.cancel,
                     abort: slot.abort,
                     artifacts_in: slot.artifacts_in,
+                    scratch_dir: slot.scratch_dir,
                 },
             )
             .await
@@ -95,6 +98,7 @@ impl Executor for DockerExecutor {
                 cancel: slot.cancel,
                 abort: slot.abort,
                 artifacts_in: slot.artifacts_in,
+                scratch_dir: slot.scratch_dir,
             },
         )
         .await

@@ -41,6 +41,8 @@ pub struct RunContext<'a> {
     pub cancel: CancellationToken,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<crate::tarball::Tarball>,
+    /// Where collected artifacts are written on this machine (see [`JobContext`]).
+    pub scratch_dir: Option<std::path::PathBuf>,
 }
 
 impl InstanceExecutor {
@@ -63,6 +65,7 @@ impl InstanceExecutor {
                     cancel: ctx.cancel,
                     abort: None,
                     artifacts_in: ctx.artifacts_in,
+                    scratch_dir: ctx.scratch_dir,
                 },
             )
             .await

@@ -87,6 +87,9 @@ pub struct JobContext<'a> {
     /// Tar streams to unpack into the project directory, in order (the job's sources, then
     /// earlier jobs' artifacts).
     pub artifacts_in: Vec<Tarball>,
+    /// Where collected artifacts are written on this machine (the system's temporary
+    /// directory when `None`): a disk with room for the largest artifacts of concurrent jobs.
+    pub scratch_dir: Option<std::path::PathBuf>,
 }
 
 /// A finished job.
@@ -125,6 +128,7 @@ impl JobRunner {
             cancel,
             abort,
             artifacts_in,
+            scratch_dir,
         } = ctx;
         if !self.prepare.is_empty()
             && let Err(msg) = housekeeping(
@@ -153,6 +157,7 @@ impl JobRunner {
             cancel,
             abort,
             artifacts_in,
+            scratch_dir,
         };
         let mut result = self.run_steps(job, inner).await;
         self.tear_down(host, trace, &mut result.outcome).await;
@@ -196,6 +201,7 @@ impl JobRunner {
             cancel,
             abort,
             artifacts_in,
+            scratch_dir,
         } = ctx;
         let clone_path = match script::clone_path_of(job) {
             Ok(p) => p,
@@ -413,7 +419,8 @@ impl JobRunner {
             } else {
                 "upload_artifacts_on_failure"
             };
-            let collected = match Tarball::create_file(None, &format!("job-{}-", job.id)) {
+            let scratch = scratch_dir.as_deref();
+            let collected = match Tarball::create_file(scratch, &format!("job-{}-", job.id)) {
                 Ok(t) => t,
                 Err(e) => {
                     let msg = format!("creating a file for the collected artifacts: {e}");

@@ -46,5 +46,5 @@ pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor};
 pub use outcome::{FailureReason, JobOutcome};
 pub use plugin::PluginExecutor;
-pub use tarball::Tarball;
+pub use tarball::{Tarball, scratch_file};
 pub use trace::{Masker, Trace};

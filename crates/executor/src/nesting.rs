@@ -362,6 +362,7 @@ impl Executor for NestingExecutor {
                             cancel: slot.cancel.clone(),
                             abort: slot.abort.clone(),
                             artifacts_in: slot.artifacts_in,
+                            scratch_dir: slot.scratch_dir,
                         },
                     )
                     .await

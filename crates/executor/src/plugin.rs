@@ -139,6 +139,7 @@ impl Executor for PluginExecutor {
                     cancel: slot.cancel.clone(),
                     abort: slot.abort.clone(),
                     artifacts_in: std::mem::take(&mut slot.artifacts_in),
+                    scratch_dir: slot.scratch_dir.clone(),
                 },
             )
             .await;

@@ -19,13 +19,7 @@ impl Tarball {
     /// A new empty file for a stream, in `dir` (the system's temporary directory when `None`),
     /// readable by its owner only (job files may hold secrets).
     pub fn create_file(dir: Option<&Path>, prefix: &str) -> std::io::Result<Tarball> {
-        let mut builder = tempfile::Builder::new();
-        builder.prefix(prefix).suffix(".tar");
-        let file = match dir {
-            Some(dir) => builder.tempfile_in(dir)?,
-            None => builder.tempfile()?,
-        };
-        Ok(Tarball::File(file.into_temp_path()))
+        scratch_file(dir, prefix, ".tar").map(Tarball::File)
     }
 
     /// The file, if the stream is in one.
@@ -51,6 +45,18 @@ impl Tarball {
             Tarball::File(p) => std::fs::read(p).map(std::borrow::Cow::Owned),
         }
     }
+}
+
+/// A new empty private file named `<prefix>…<suffix>` in `dir` (the system's temporary
+/// directory when `None`), removed when the returned path is dropped.
+pub fn scratch_file(dir: Option<&Path>, prefix: &str, suffix: &str) -> std::io::Result<TempPath> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(prefix).suffix(suffix);
+    let file = match dir {
+        Some(dir) => builder.tempfile_in(dir)?,
+        None => builder.tempfile()?,
+    };
+    Ok(file.into_temp_path())
 }
 
 impl Default for Tarball {

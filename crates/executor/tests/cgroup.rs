@@ -58,6 +58,7 @@ async fn run(cgroups: &SlotCgroups, slot: u32, limits: Limits, job: &JobResponse
                 cancel: CancellationToken::new(),
                 abort: None,
                 artifacts_in: Vec::new(),
+                scratch_dir: None,
             },
         )
         .await;

@@ -206,6 +206,7 @@ async fn run_watch(
                     cancel,
                     abort: None,
                     artifacts_in: Vec::new(),
+                    scratch_dir: None,
                 },
             )
             .await;
@@ -770,6 +771,7 @@ async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
                 cancel: CancellationToken::new(),
                 abort: None,
                 artifacts_in: Vec::new(),
+                scratch_dir: None,
             },
         )
         .await;

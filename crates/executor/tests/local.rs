@@ -60,6 +60,7 @@ async fn run_with(
                 cancel,
                 abort,
                 artifacts_in: Vec::new(),
+                scratch_dir: None,
             },
         )
         .await;

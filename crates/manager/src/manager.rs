@@ -30,6 +30,15 @@ pub enum ManagerError {
     /// The HTTP server (`listen_address`) did not start.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// The scratch directory (jobs' data on its way) cannot be made ready.
+    #[error("preparing {}: {source}", dir.display())]
+    Scratch {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A manager to run: the loaded config, where it lives, the embedded queue, and where plugins
@@ -85,6 +94,11 @@ async fn run_manager(
         concurrent: loaded.config.concurrent,
         ..runner::StartOptions::default()
     };
+    if let Some(dir) = runner::scratch_dir_of(&opts) {
+        runner::prepare_scratch(&dir)
+            .await
+            .map_err(|source| ManagerError::Scratch { dir, source })?;
+    }
     let mut runners: Vec<Arc<runner::Runner>> = Vec::new();
     for cfg in &loaded.config.runners {
         let started = tokio::select! {

@@ -230,6 +230,7 @@ async fn runner_job(
                 trace: &mut trace,
                 cancel: CancellationToken::new(),
                 artifacts_in: Vec::new(),
+                scratch_dir: None,
             },
         )
         .await;

@@ -13,7 +13,8 @@
 //!
 //! `SLIPWAY_BENCH_PARTS` (comma-separated; all by default) picks parts; `SLIPWAY_BENCH_REPO_MIB`,
 //! `SLIPWAY_BENCH_ARTIFACT_MIB` and `SLIPWAY_BENCH_JOBS` scale the fleet part (the sizes used
-//! are in the results). Writes (merges into) `bench/results/gitlab-data.json`. Run with
+//! are in the results). Writes `bench/results/gitlab-data.json` (with only some parts, replaces
+//! their keys in it). Run with
 //! `cargo bench -p slipway --bench gitlab_data`.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -39,6 +40,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let all = std::env::var("SLIPWAY_BENCH_PARTS").is_err();
     let parts =
         std::env::var("SLIPWAY_BENCH_PARTS").unwrap_or_else(|_| "fleet,upload,cache".into());
     let mut results = serde_json::Map::new();
@@ -56,7 +58,12 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (_, text) = slipway_sim::bench::write(&repo, "gitlab-data", COMMAND, results.into())?;
+    // Some parts only: their keys replace those of the file, the others stay.
+    let (_, text) = if all {
+        slipway_sim::bench::write(&repo, "gitlab-data", COMMAND, results.into())?
+    } else {
+        slipway_sim::bench::merge(&repo, "gitlab-data", results)?
+    };
     println!("{text}");
     Ok(())
 }

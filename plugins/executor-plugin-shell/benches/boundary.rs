@@ -85,6 +85,7 @@ async fn run(
                 cancel: CancellationToken::new(),
                 abort: None,
                 artifacts_in: Vec::new(),
+                scratch_dir: None,
             },
         )
         .await;

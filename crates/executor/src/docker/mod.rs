@@ -145,6 +145,8 @@ pub struct DockerRunContext<'a> {
     pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<crate::tarball::Tarball>,
+    /// Where collected artifacts are written on this machine (see [`JobContext`]).
+    pub scratch_dir: Option<std::path::PathBuf>,
 }
 
 /// The `docker` executor (and, over [`dial_stdio_transport`], `docker-autoscaler`).
@@ -230,6 +232,7 @@ impl DockerExecutor {
             cancel,
             abort,
             artifacts_in,
+            scratch_dir,
         } = ctx;
         let setup = Setup {
             run: &run,
@@ -248,6 +251,7 @@ impl DockerExecutor {
                     cancel,
                     abort,
                     artifacts_in,
+                    scratch_dir,
                 };
                 self.run_steps(job, started, ctx).await
             }

@@ -242,6 +242,7 @@ async fn run_on(
             cancel: stops.cancel.clone(),
             abort: stops.abort.clone(),
             artifacts_in,
+            scratch_dir: runner.scratch_dir.clone(),
         },
     )
     .await

@@ -80,6 +80,7 @@ pub(super) fn start_local(
         .map(|p| p.join("cache").display().to_string())
         .unwrap_or_else(|| "cache".into());
     Ok(Runner {
+        scratch_dir: super::scratch_dir_of(opts),
         name: cfg.name.clone(),
         builds_dir,
         cache_dir: cache_dir_of(cfg, &local_default),

@@ -74,6 +74,9 @@ pub struct Runner {
     /// What config.toml adds to each of its jobs (`environment`, `pre_build_script`,
     /// `post_build_script`), whatever their source.
     pub defaults: JobDefaults,
+    /// Where jobs' sources, artifacts and caches wait on this machine's disk on their way
+    /// (`<state dir>/tmp`; the system's temporary directory without a state dir).
+    pub scratch_dir: Option<PathBuf>,
     /// One plugin process per shape, in the placement's order.
     plugins: Vec<Arc<PluginHost>>,
     /// One SSH connection per instance, shared by the jobs on its slots and health checks.
@@ -106,6 +109,28 @@ pub struct StartOptions {
     pub job_metrics: Option<JobMetrics>,
     /// Jobs at once on a runner without a `limit` (its slots when jobs run on this machine).
     pub concurrent: u32,
+}
+
+/// `<state dir>/tmp` (see [`Runner::scratch_dir`]).
+pub(crate) fn scratch_dir_of(opts: &StartOptions) -> Option<PathBuf> {
+    opts.state_dir.as_ref().map(|d| d.join("tmp"))
+}
+
+/// Creates the scratch directory, private (it holds jobs' sources), and empties what a killed
+/// manager left there. Once per manager, before any job.
+pub async fn prepare_scratch(dir: &std::path::Path) -> std::io::Result<()> {
+    if tokio::fs::try_exists(dir).await? {
+        let dir = dir.to_path_buf();
+        // Removing trees blocks: off the runtime's threads.
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
+            .await
+            .map_err(std::io::Error::other)??;
+    }
+    tokio::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .await
 }
 
 impl Runner {
@@ -186,6 +211,7 @@ impl Runner {
             }
         };
         Ok(Runner {
+            scratch_dir: scratch_dir_of(opts),
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
             cache_dir: cache_dir_of(cfg, "cache"),

@@ -110,11 +110,13 @@ pub(super) async fn upload_artifacts(
             );
             continue;
         };
-        let archive = match tempfile::Builder::new()
-            .prefix(&format!("artifacts-{}-", job.id))
-            .tempfile()
-        {
-            Ok(f) => f.into_temp_path(),
+        let scratch = source.runner.scratch_dir.as_deref();
+        let archive = match slipway_executor::scratch_file(
+            scratch,
+            &format!("artifacts-{}-", job.id),
+            ".archive",
+        ) {
+            Ok(f) => f,
             Err(e) => {
                 fail_upload(
                     outcome,
@@ -124,21 +126,27 @@ pub(super) async fn upload_artifacts(
                 continue;
             }
         };
-        let out = archive.to_path_buf();
         // Compressing is CPU work: off the runtime's threads. File to file, streamed: memory
-        // does not grow with the artifacts.
+        // does not grow with the artifacts. The archive's file goes with the task and comes
+        // back, so an interrupted job cannot leave one behind that the task then writes.
         let archived = tokio::task::spawn_blocking(move || {
             let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
             let excludes = Globs::new(&exclude).map_err(|e| e.to_string())?;
             let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
-            slipway_artifacts::archive_file_from_tar_file(&tar, &out, format, &keep, compression)
-                .map(|a| (format, a))
-                .map_err(|e| e.to_string())
+            slipway_artifacts::archive_file_from_tar_file(
+                &tar,
+                &archive,
+                format,
+                &keep,
+                compression,
+            )
+            .map(|a| (format, a, archive))
+            .map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r);
-        let (format, made) = match archived {
+        let (format, made, archive) = match archived {
             Ok(a) => a,
             Err(msg) => {
                 fail_upload(outcome, trace, format!("archiving artifacts: {msg}"));

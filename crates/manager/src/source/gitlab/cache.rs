@@ -38,12 +38,18 @@ pub(super) struct DistributedCache {
     shared: bool,
     short_token: String,
     max_upload: u64,
+    /// Where archives wait on their way (the system's temporary directory when `None`).
+    scratch: Option<std::path::PathBuf>,
 }
 
 impl DistributedCache {
     /// The cache of `cfg` for the runner whose token's short form is `short_token`; `None`
     /// when jobs use the local cache.
-    pub fn new(cfg: Option<&CacheConfig>, short_token: &str) -> Option<DistributedCache> {
+    pub fn new(
+        cfg: Option<&CacheConfig>,
+        short_token: &str,
+        scratch: Option<std::path::PathBuf>,
+    ) -> Option<DistributedCache> {
         let cfg = cfg?;
         let s3 = cfg.s3_config()?;
         let client = match transfer::Client::new(Duration::from_secs(3600)) {
@@ -60,6 +66,7 @@ impl DistributedCache {
             shared: cfg.shared,
             short_token: short_token.to_string(),
             max_upload: u64::try_from(cfg.max_uploaded_archive_size).unwrap_or(0),
+            scratch,
         })
     }
 
@@ -171,7 +178,7 @@ impl DistributedCache {
                             "Downloading cache from {}",
                             url.split('?').next().unwrap_or_default()
                         ));
-                        match unpack(zip).await {
+                        match unpack(zip, self.scratch.as_deref()).await {
                             Ok(tar) => {
                                 trace.message("Successfully extracted cache");
                                 tars.push(tar);
@@ -241,25 +248,26 @@ impl DistributedCache {
                 }
             };
             let (tar, zip) = archive;
-            let out = zip.to_path_buf();
-            // File to file, streamed, off the runtime's threads (compressing is CPU work).
+            // File to file, streamed, off the runtime's threads (compressing is CPU work); the
+            // archive's file goes with the task and comes back (nothing left behind).
             let made = tokio::task::spawn_blocking(move || {
                 let includes = Globs::new(&paths).map_err(|e| e.to_string())?;
                 let excludes = Globs::new(&[]).map_err(|e| e.to_string())?;
                 let keep = |p: &str| keeps(p, &includes, &excludes, untracked, &tracked);
                 slipway_artifacts::archive_file_from_tar_file(
                     &tar,
-                    &out,
+                    &zip,
                     Format::Zip,
                     &keep,
                     compression,
                 )
+                .map(|made| (made, zip))
                 .map_err(|e| e.to_string())
             })
             .await
             .map_err(|e| e.to_string())
             .and_then(|r| r);
-            let made = match made {
+            let (made, zip) = match made {
                 Ok(a) => a,
                 Err(e) => {
                     trace.message(&format!("WARNING: archiving the cache failed: {e}"));
@@ -304,17 +312,23 @@ impl DistributedCache {
 
 /// A downloaded cache archive as a tar stream in a file (converted file to file, off the
 /// runtime's threads).
-async fn unpack(zip: tempfile::TempPath) -> Result<Tarball, String> {
-    let tar = Tarball::create_file(None, "cache-").map_err(|e| format!("creating a file: {e}"))?;
-    let out = tar
-        .path()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
-    tokio::task::spawn_blocking(move || slipway_artifacts::zip_file_to_tar_file(&zip, &out))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    Ok(tar)
+async fn unpack(
+    zip: tempfile::TempPath,
+    scratch: Option<&std::path::Path>,
+) -> Result<Tarball, String> {
+    let tar =
+        Tarball::create_file(scratch, "cache-").map_err(|e| format!("creating a file: {e}"))?;
+    // The files go with the task: nothing is left behind if the job is dropped meanwhile.
+    tokio::task::spawn_blocking(move || {
+        let out = tar
+            .path()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default();
+        slipway_artifacts::zip_file_to_tar_file(&zip, &out).map(|()| tar)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
 }
 
 /// The compression level `variable` of `job` names (GitLab's `fastest` … `slowest`); an

@@ -109,27 +109,26 @@ pub(super) async fn inputs_of(
 /// The artifacts of job `id` as a tar stream in a file: the zip downloaded into one file, then
 /// converted into another.
 async fn dependency_tar(source: &Source, id: u64, token: &Secret) -> Result<Tarball, String> {
-    let zip = tempfile::Builder::new()
-        .prefix(&format!("artifacts-{id}-"))
-        .suffix(".zip")
-        .tempfile()
-        .map_err(|e| format!("creating a file for the download: {e}"))?
-        .into_temp_path();
+    let scratch = source.runner.scratch_dir.as_deref();
+    let zip = slipway_executor::scratch_file(scratch, &format!("artifacts-{id}-"), ".zip")
+        .map_err(|e| format!("creating a file for the download: {e}"))?;
     source
         .client
         .download_artifacts_to(id, token, &zip)
         .await
         .map_err(|e| e.to_string())?;
-    let tar = Tarball::create_file(None, &format!("artifacts-{id}-"))
+    let tar = Tarball::create_file(scratch, &format!("artifacts-{id}-"))
         .map_err(|e| format!("creating a file for the artifacts: {e}"))?;
-    let out = tar
-        .path()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
-    // Unpacking is CPU work: off the runtime's threads.
-    tokio::task::spawn_blocking(move || slipway_artifacts::zip_file_to_tar_file(&zip, &out))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    Ok(tar)
+    // Unpacking is CPU work: off the runtime's threads. The files go with the task, so a
+    // canceled job cannot leave one behind that the task then writes.
+    tokio::task::spawn_blocking(move || {
+        let out = tar
+            .path()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default();
+        slipway_artifacts::zip_file_to_tar_file(&zip, &out).map(|()| tar)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
 }

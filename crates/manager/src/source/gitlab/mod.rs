@@ -237,7 +237,8 @@ pub async fn serve(
     if !verify(&client, &token, &system_id, &name, backoff, &shutdown.drain).await? {
         return Ok(());
     }
-    let cache = DistributedCache::new(cfg.cache.as_ref(), &token.short());
+    let scratch = runner.scratch_dir.clone();
+    let cache = DistributedCache::new(cfg.cache.as_ref(), &token.short(), scratch.clone());
     let source = Arc::new(Source {
         runner,
         client,
@@ -250,7 +251,8 @@ pub async fn serve(
         failures: std::sync::atomic::AtomicU32::new(0),
         provisional: AtomicU64::new(0),
         outbox,
-        git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone(), tls.clone()),
+        git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone(), tls.clone())
+            .with_scratch(scratch),
         tls_variables: tls_variables(&tls).await,
         cache,
         cache_specs: std::sync::Mutex::new(HashMap::new()),

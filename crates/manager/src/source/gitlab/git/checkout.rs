@@ -34,6 +34,8 @@ pub(super) struct Checkout<'a> {
     pub remote: &'a Remote,
     /// Submodule settings.
     pub submodules: &'a Submodules,
+    /// Where the tar file goes.
+    pub scratch: Option<&'a Path>,
 }
 
 impl Checkout<'_> {
@@ -255,7 +257,7 @@ impl Checkout<'_> {
         }
         // Into a file, streamed from there to the job: memory does not grow with the
         // repository (GitLab Runner fetches where the job runs; see `GitSources`).
-        let file = Tarball::create_file(None, &format!("sources-{}-", self.job.id))
+        let file = Tarball::create_file(self.scratch, &format!("sources-{}-", self.job.id))
             .map_err(|e| format!("creating a file for the sources: {e}"))?;
         let path = file.path().map(Path::to_path_buf).unwrap_or_default();
         // Owned by root in the archive: a job image's root user must not find a stranger's

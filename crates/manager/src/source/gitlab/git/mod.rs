@@ -51,6 +51,8 @@ pub struct GitSources {
     clone_url: Option<String>,
     /// TLS towards the project's server.
     tls: TlsFiles,
+    /// Where the sources' tar files go (the system's temporary directory when `None`).
+    scratch: Option<PathBuf>,
     locks: std::sync::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -61,9 +63,16 @@ impl GitSources {
             root: root.into(),
             clone_url: clone_url.filter(|u| !u.trim().is_empty()),
             tls,
+            scratch: None,
             root_ready: tokio::sync::OnceCell::new(),
             locks: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// These working copies with their tar files in `scratch`.
+    pub fn with_scratch(mut self, scratch: Option<PathBuf>) -> Self {
+        self.scratch = scratch;
+        self
     }
 
     /// The job's sources, `None` when it has no repository or `GIT_STRATEGY` is `none`.
@@ -177,6 +186,7 @@ impl GitSources {
                 reuse: true,
                 remote: &remote,
                 submodules,
+                scratch: self.scratch.as_deref(),
             }
             .run(trace)
             .await;
@@ -199,6 +209,7 @@ impl GitSources {
             reuse: false,
             remote: &remote,
             submodules,
+            scratch: self.scratch.as_deref(),
         }
         .run(trace)
         .await;
