@@ -589,3 +589,58 @@ async fn a_final_state_gitlab_missed_is_sent_after_a_restart() {
     let stderr = common::stop_manager(&w, child.take().unwrap());
     assert!(stderr.contains("left by an earlier run"), "{stderr}");
 }
+
+/// A dependency's archive that cannot be unpacked is downloaded `ARTIFACT_DOWNLOAD_ATTEMPTS`
+/// times, then fails the job saying which; the files it passed through are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_dependency_is_tried_artifact_download_attempts_times() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let dep_id = 900;
+    gl.put_artifact(
+        dep_id,
+        "glcbt-1_depToken00001",
+        b"not a zip archive".to_vec(),
+    );
+    let mut job = job_payload_with_vars(
+        "test",
+        &["echo never-runs"],
+        &[
+            ("GIT_STRATEGY", "none"),
+            ("ARTIFACT_DOWNLOAD_ATTEMPTS", "2"),
+        ],
+    );
+    job["dependencies"] = json!([
+        {"id": dep_id, "token": "glcbt-1_depToken00001", "name": "build",
+         "artifacts_file": {"filename": "artifacts.zip", "size": 17}}
+    ]);
+    let id = gl.enqueue(job);
+    let cfg = instance_config(&w, &gl, "");
+    let mut child = Some(common::start_manager(&w, &cfg));
+    finished(&gl, id, "failed", &w, &mut child).await;
+    let trace = gl.job(id).unwrap().trace_text();
+    for want in [
+        "Retrying to download the artifacts of build (attempt 2 of 2)",
+        "invalid zip archive",
+    ] {
+        assert!(trace.contains(want), "{want:?} missing:\n{trace}");
+    }
+    assert!(!trace.contains("never-runs"), "{trace}");
+    let downloads = gl
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.method == "GET"
+                && r.path
+                    .starts_with(&format!("/api/v4/jobs/{dep_id}/artifacts"))
+        })
+        .count();
+    assert_eq!(downloads, 2, "one download per attempt");
+    let scratch = w.path().join(".slipway-state/tmp");
+    let left: Vec<_> = std::fs::read_dir(&scratch)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in {}: {left:?}", scratch.display());
+    common::stop_manager(&w, child.take().unwrap());
+}

@@ -144,33 +144,38 @@ impl DistributedCache {
                     .get_url(&object, Self::valid_for(job), SystemTime::now());
                 let limit = request_timeout(job);
                 // Through files, streamed: memory does not grow with the cache.
-                let zip = match tempfile::Builder::new()
-                    .prefix("cache-")
-                    .suffix(".zip")
-                    .tempfile()
-                {
-                    Ok(f) => f.into_temp_path(),
-                    Err(e) => {
-                        trace.message(&format!(
-                            "WARNING: Failed to download the cache: creating a file: {e}"
-                        ));
-                        found = true;
-                        break;
-                    }
-                };
-                let got = tokio::select! {
-                    r = tokio::time::timeout(limit, self.client.get_to_file(&url, &zip, MAX_RESTORE)) => match r {
-                        Ok(r) => r,
-                        Err(_) => {
+                let zip =
+                    match slipway_executor::scratch_file(self.scratch.as_deref(), "cache-", ".zip")
+                    {
+                        Ok(f) => f,
+                        Err(e) => {
                             trace.message(&format!(
-                                "WARNING: Failed to download the cache: no answer within {limit:?} (CACHE_REQUEST_TIMEOUT)"
+                                "WARNING: Failed to download the cache: creating a file: {e}"
                             ));
                             found = true;
                             break;
                         }
-                    },
-                    _ = cancel.cancelled() => return tars,
-                };
+                    };
+                let attempts = super::git::attempts_of(job, "RESTORE_CACHE_ATTEMPTS");
+                let mut got = Ok(false);
+                for attempt in 1..=attempts {
+                    if attempt > 1 {
+                        trace.message(&format!(
+                            "Retrying to download the cache (attempt {attempt} of {attempts})"
+                        ));
+                    }
+                    let get = self.client.get_to_file(&url, &zip, MAX_RESTORE);
+                    got = tokio::select! {
+                        r = tokio::time::timeout(limit, get) => match r {
+                            Ok(r) => r.map_err(|e| e.to_string()),
+                            Err(_) => Err(format!("no answer within {limit:?} (CACHE_REQUEST_TIMEOUT)")),
+                        },
+                        _ = cancel.cancelled() => return tars,
+                    };
+                    if got.is_ok() {
+                        break;
+                    }
+                }
                 match got {
                     Ok(false) => continue,
                     Ok(true) => {
@@ -230,12 +235,9 @@ impl DistributedCache {
             let tracked = Arc::clone(tracked);
             let archive = match (
                 c.tar.path(),
-                tempfile::Builder::new()
-                    .prefix("cache-")
-                    .suffix(".zip")
-                    .tempfile(),
+                slipway_executor::scratch_file(self.scratch.as_deref(), "cache-", ".zip"),
             ) {
-                (Some(tar), Ok(out)) => (tar.to_path_buf(), out.into_temp_path()),
+                (Some(tar), Ok(out)) => (tar.to_path_buf(), out),
                 (None, _) => {
                     trace.message("WARNING: archiving the cache failed: the collected files are not in a file");
                     continue;

@@ -80,11 +80,31 @@ pub(super) async fn inputs_of(
             dep.name, dep.id
         ));
         let token = Secret::new(dep.token.clone());
-        // Through files, streamed: memory does not grow with the archive.
-        let tar = tokio::select! {
-            r = dependency_tar(source, dep.id, &token) => r,
-            _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
-        };
+        let attempts = super::git::attempts_of(job, "ARTIFACT_DOWNLOAD_ATTEMPTS");
+        let mut tar = Err(String::new());
+        for attempt in 1..=attempts {
+            if attempt > 1 {
+                trace.message(&format!(
+                    "Retrying to download the artifacts of {} (attempt {attempt} of {attempts})",
+                    dep.name
+                ));
+            }
+            // Through files, streamed: memory does not grow with the archive.
+            tar = tokio::select! {
+                r = dependency_tar(source, dep.id, &token) => r,
+                _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
+            };
+            match &tar {
+                Ok(_) => break,
+                Err(e) if attempt < attempts => {
+                    trace.message(&format!(
+                        "WARNING: downloading the artifacts of {}: {e}",
+                        dep.name
+                    ));
+                }
+                Err(_) => {}
+            }
+        }
         match tar {
             Ok(tar) => {
                 trace.message(&format!(

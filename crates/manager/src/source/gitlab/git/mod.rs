@@ -30,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 use access::Remote;
 use checkout::Checkout;
-use options::{attempts_of, depth_of, submodules_of};
+pub(super) use options::attempts_of;
+use options::{depth_of, submodules_of};
 
 /// A job's sources, ready to unpack.
 #[derive(Debug)]
@@ -106,7 +107,7 @@ impl GitSources {
             Ok(s) => s,
             Err(msg) => return fail(trace, msg),
         };
-        let attempts = attempts_of(job);
+        let attempts = attempts_of(job, "GET_SOURCES_ATTEMPTS");
         let mut last = String::new();
         for attempt in 1..=attempts {
             if attempt > 1 {
