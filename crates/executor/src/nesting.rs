@@ -580,16 +580,9 @@ impl Host for GuestHost {
         body: &str,
         stdin: Vec<u8>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
-        let argv = vec![
-            "bash".into(),
-            "--noprofile".into(),
-            "--norc".into(),
-            "-c".into(),
-            body.to_string(),
-        ];
         let (code, out, err) = self
             .agent
-            .run_capture(argv, stdin)
+            .run_capture(bash_c(body), stdin)
             .await
             .map_err(|e| format!("the VM's agent: {e}"))?;
         Ok((exit_status(code, None), out, err))
@@ -602,20 +595,20 @@ impl Host for GuestHost {
         input: Option<&std::path::Path>,
         output: Option<&std::path::Path>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
-        let argv = vec![
-            "bash".into(),
-            "--noprofile".into(),
-            "--norc".into(),
-            "-c".into(),
-            body.to_string(),
-        ];
         let (code, out, err) = self
             .agent
-            .run_transfer(argv, input, output)
+            .run_transfer(bash_c(body), input, output)
             .await
             .map_err(|e| format!("the VM's agent: {e}"))?;
         Ok((exit_status(code, None), out, err))
     }
+}
+
+/// `bash -c body` for the agent.
+fn bash_c(body: &str) -> Vec<String> {
+    ["bash", "--noprofile", "--norc", "-c", body]
+        .map(String::from)
+        .to_vec()
 }
 
 fn exit_status(code: Option<i32>, signal: Option<i32>) -> ExitStatus {

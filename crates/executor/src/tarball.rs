@@ -47,16 +47,27 @@ impl Tarball {
     }
 }
 
-/// A new empty private file named `<prefix>…<suffix>` in `dir` (the system's temporary
-/// directory when `None`), removed when the returned path is dropped.
+/// A new empty private file named `<prefix>…<suffix>` in `dir` (created, private, when
+/// missing; the system's temporary directory when `None`), removed when the returned path is
+/// dropped.
 pub fn scratch_file(dir: Option<&Path>, prefix: &str, suffix: &str) -> std::io::Result<TempPath> {
     let mut builder = tempfile::Builder::new();
     builder.prefix(prefix).suffix(suffix);
-    let file = match dir {
-        Some(dir) => builder.tempfile_in(dir)?,
-        None => builder.tempfile()?,
+    let Some(dir) = dir else {
+        return builder.tempfile().map(|f| f.into_temp_path());
     };
-    Ok(file.into_temp_path())
+    match builder.tempfile_in(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+            builder.tempfile_in(dir)
+        }
+        made => made,
+    }
+    .map(|f| f.into_temp_path())
 }
 
 impl Default for Tarball {
@@ -78,8 +89,10 @@ mod tests {
 
     #[test]
     fn a_file_tarball_is_private_and_removed_with_its_value() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = Tarball::create_file(Some(dir.path()), "job-1-").unwrap();
+        let top = tempfile::tempdir().unwrap();
+        // Made when missing (a run without a manager's start, `slipway exec`).
+        let dir = top.path().join("state/tmp");
+        let t = Tarball::create_file(Some(&dir), "job-1-").unwrap();
         let path = t.path().unwrap().to_path_buf();
         assert!(t.is_empty());
         std::fs::write(&path, b"data").unwrap();

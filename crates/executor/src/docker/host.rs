@@ -196,40 +196,8 @@ impl Host for DockerHost {
         if let Some(first) = self.take_first() {
             return self.run_first(first, script, output).await;
         }
-        let mut spec = ExecSpec::new(["sh", "-c", RUN_SHELL]);
-        spec.stdin = true;
-        let err = |e: slipway_docker::Error| format!("exec in the build container: {e}");
-        let id = self
-            .docker
-            .create_exec(&self.container, &spec)
-            .await
-            .map_err(err)?;
-        let Attached {
-            output: mut stream,
-            mut input,
-        } = self.docker.start_exec(&id, false).await.map_err(err)?;
-        let feed = async move {
-            // A script that exits early stops reading: a broken pipe is not an error here.
-            let _ = input.write_all(script.as_bytes()).await;
-            let _ = input.shutdown().await;
-        };
-        let pump = async move {
-            while let Some(chunk) = stream.next().await {
-                let chunk = match chunk {
-                    Ok(LogOutput::StdOut(b) | LogOutput::Console(b)) => Output::Stdout(b.to_vec()),
-                    Ok(LogOutput::StdErr(b)) => Output::Stderr(b.to_vec()),
-                    Ok(LogOutput::StdIn(_)) => continue,
-                    Err(e) => return Err(format!("build container output: {e}")),
-                };
-                // Nobody reading any more: keep draining so the exec can finish.
-                let _ = output.send(chunk).await;
-            }
-            Ok(())
-        };
-        let ((), pumped) = tokio::join!(feed, pump);
-        pumped?;
-        let code = self.docker.exec_exit_code(&id).await.map_err(err)?;
-        Ok(exit_status(code))
+        let spec = ExecSpec::new(["sh", "-c", RUN_SHELL]);
+        self.exec_streamed(spec, script.as_bytes(), output).await
     }
 
     async fn capture(
@@ -257,18 +225,42 @@ impl Host for DockerHost {
         input: Option<&Path>,
         output: Option<&Path>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
-        let mut spec = ExecSpec::new(["sh", "-c", CAPTURE_SHELL, "sh", body]);
-        spec.stdin = true;
-        let err = |e: slipway_docker::Error| format!("exec in the build container: {e}");
+        let spec = ExecSpec::new(["sh", "-c", CAPTURE_SHELL, "sh", body]);
         // Opened first: a missing file is this side's error, and no exec is left waiting.
         let source = match input {
-            Some(path) => Some(
+            Some(path) => Some(tokio::io::BufReader::with_capacity(
+                256 * 1024,
                 tokio::fs::File::open(path)
                     .await
                     .map_err(|e| format!("reading {}: {e}", path.display()))?,
-            ),
+            )),
             None => None,
         };
+        let stdin: Box<dyn tokio::io::AsyncRead + Send + Unpin> = match source {
+            Some(file) => Box::new(file),
+            None => Box::new(tokio::io::empty()),
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let (status, pumped) = tokio::join!(
+            self.exec_streamed(spec, stdin, tx),
+            crate::host::pump(rx, output)
+        );
+        let (out, err) = pumped?;
+        Ok((status?, out, err))
+    }
+}
+
+impl DockerHost {
+    /// An exec of `spec` with `stdin` streamed to it and its output sent to `output` as it
+    /// comes (kept draining when nobody reads, so the exec can finish); its exit status.
+    async fn exec_streamed(
+        &self,
+        mut spec: ExecSpec,
+        mut stdin: impl tokio::io::AsyncRead + Send + Unpin,
+        output: mpsc::Sender<Output>,
+    ) -> Result<ExitStatus, String> {
+        spec.stdin = true;
+        let err = |e: slipway_docker::Error| format!("exec in the build container: {e}");
         let id = self
             .docker
             .create_exec(&self.container, &spec)
@@ -279,15 +271,11 @@ impl Host for DockerHost {
             mut input,
         } = self.docker.start_exec(&id, false).await.map_err(err)?;
         let feed = async move {
-            if let Some(file) = source {
-                // A script that exits early stops reading: a broken pipe is not an error here.
-                let mut file = tokio::io::BufReader::with_capacity(256 * 1024, file);
-                let _ = tokio::io::copy_buf(&mut file, &mut input).await;
-            }
+            // A script that exits early stops reading: a broken pipe is not an error here.
+            let _ = tokio::io::copy(&mut stdin, &mut input).await;
             let _ = input.shutdown().await;
         };
-        let (tx, rx) = mpsc::channel(64);
-        let forward = async move {
+        let pump = async move {
             while let Some(chunk) = stream.next().await {
                 let chunk = match chunk {
                     Ok(LogOutput::StdOut(b) | LogOutput::Console(b)) => Output::Stdout(b.to_vec()),
@@ -295,16 +283,14 @@ impl Host for DockerHost {
                     Ok(LogOutput::StdIn(_)) => continue,
                     Err(e) => return Err(format!("build container output: {e}")),
                 };
-                if tx.send(chunk).await.is_err() {
-                    break;
-                }
+                // Nobody reading any more: keep draining so the exec can finish.
+                let _ = output.send(chunk).await;
             }
             Ok(())
         };
-        let ((), forwarded, pumped) = tokio::join!(feed, forward, crate::host::pump(rx, output));
-        forwarded?;
-        let (out, err_out) = pumped?;
+        let ((), pumped) = tokio::join!(feed, pump);
+        pumped?;
         let code = self.docker.exec_exit_code(&id).await.map_err(err)?;
-        Ok((exit_status(code), out, err_out))
+        Ok(exit_status(code))
     }
 }

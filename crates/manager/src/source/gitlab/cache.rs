@@ -183,7 +183,8 @@ impl DistributedCache {
                             "Downloading cache from {}",
                             url.split('?').next().unwrap_or_default()
                         ));
-                        match unpack(zip, self.scratch.as_deref()).await {
+                        match super::inputs::unzipped(zip, self.scratch.as_deref(), "cache-").await
+                        {
                             Ok(tar) => {
                                 trace.message("Successfully extracted cache");
                                 tars.push(tar);
@@ -310,27 +311,6 @@ impl DistributedCache {
             }
         }
     }
-}
-
-/// A downloaded cache archive as a tar stream in a file (converted file to file, off the
-/// runtime's threads).
-async fn unpack(
-    zip: tempfile::TempPath,
-    scratch: Option<&std::path::Path>,
-) -> Result<Tarball, String> {
-    let tar =
-        Tarball::create_file(scratch, "cache-").map_err(|e| format!("creating a file: {e}"))?;
-    // The files go with the task: nothing is left behind if the job is dropped meanwhile.
-    tokio::task::spawn_blocking(move || {
-        let out = tar
-            .path()
-            .map(std::path::Path::to_path_buf)
-            .unwrap_or_default();
-        slipway_artifacts::zip_file_to_tar_file(&zip, &out).map(|()| tar)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())
 }
 
 /// The compression level `variable` of `job` names (GitLab's `fastest` … `slowest`); an

@@ -137,10 +137,19 @@ async fn dependency_tar(source: &Source, id: u64, token: &Secret) -> Result<Tarb
         .download_artifacts_to(id, token, &zip)
         .await
         .map_err(|e| e.to_string())?;
-    let tar = Tarball::create_file(scratch, &format!("artifacts-{id}-"))
-        .map_err(|e| format!("creating a file for the artifacts: {e}"))?;
-    // Unpacking is CPU work: off the runtime's threads. The files go with the task, so a
-    // canceled job cannot leave one behind that the task then writes.
+    unzipped(zip, scratch, &format!("artifacts-{id}-")).await
+}
+
+/// The zip archive `zip` as a tar stream in a new file of `scratch` named `<prefix>…`,
+/// converted file to file off the runtime's threads. The files go with the task, so a
+/// canceled job cannot leave one behind that the task then writes.
+pub(super) async fn unzipped(
+    zip: tempfile::TempPath,
+    scratch: Option<&std::path::Path>,
+    prefix: &str,
+) -> Result<Tarball, String> {
+    let tar = Tarball::create_file(scratch, prefix)
+        .map_err(|e| format!("creating a file for the tar stream: {e}"))?;
     tokio::task::spawn_blocking(move || {
         let out = tar
             .path()
