@@ -81,7 +81,8 @@ impl Pool {
         let clients: Vec<Arc<Client>> = self.clients().drain().map(|(_, c)| c).collect();
         for c in clients {
             if let Ok(c) = Arc::try_unwrap(c) {
-                c.close().await;
+                // Bounded: an instance deleted meanwhile may never take the goodbye.
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(5), c.close()).await;
             }
         }
     }

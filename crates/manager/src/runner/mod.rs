@@ -365,22 +365,31 @@ impl Runner {
     pub async fn shutdown(&self) {
         let execs: Vec<(String, DockerExecutor)> = self.docker_execs.lock().await.drain().collect();
         for (engine, exec) in execs {
+            // Each call is bounded: an engine whose instance is being deleted meanwhile (an
+            // idle removal racing the shutdown) may never answer, and would hold the shutdown
+            // until TCP gives up.
             // Every job has ended: what a job whose cleanup failed (its instance's connection
             // lost, say) left on a still reachable engine goes now.
-            if let Err(e) =
-                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, true).await
-            {
-                tracing::warn!(runner = %self.name, engine = %engine, "removing jobs' leftovers: {e}");
-            }
+            let leftovers = tokio::time::timeout(
+                ENGINE_CLEANUP_TIMEOUT,
+                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, true),
+            )
+            .await;
             // Slot networks of executors whose instance is gone, on an engine they shared
             // with this one (the local plugin's instances share this host's).
-            if let Err(e) =
-                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, true).await
-            {
-                tracing::warn!(runner = %self.name, engine = %engine, "removing old slot networks: {e}");
-            }
-            if let Err(e) = exec.shutdown().await {
-                tracing::warn!(runner = %self.name, engine = %engine, "removing slot networks: {e}");
+            let old_networks = tokio::time::timeout(
+                ENGINE_CLEANUP_TIMEOUT,
+                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, true),
+            )
+            .await;
+            let networks = tokio::time::timeout(ENGINE_CLEANUP_TIMEOUT, exec.shutdown()).await;
+            let problems = [
+                cleanup_problem("removing jobs' leftovers", leftovers),
+                cleanup_problem("removing old slot networks", old_networks),
+                cleanup_problem("removing slot networks", networks),
+            ];
+            for problem in problems.into_iter().flatten() {
+                tracing::warn!(runner = %self.name, engine = %engine, "{problem}");
             }
         }
         self.pool.close_all().await;
@@ -391,6 +400,23 @@ impl Runner {
         if let Some(p) = &self.executor_plugin {
             p.host.stop().await;
         }
+    }
+}
+
+/// How long a shutdown waits for one cleanup call to a Docker Engine.
+const ENGINE_CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What went wrong with a bounded cleanup call, if anything.
+fn cleanup_problem<T, E: std::fmt::Display>(
+    what: &str,
+    result: Result<Result<T, E>, tokio::time::error::Elapsed>,
+) -> Option<String> {
+    match result {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(format!("{what}: {e}")),
+        Err(_) => Some(format!(
+            "{what}: no answer within {ENGINE_CLEANUP_TIMEOUT:?}"
+        )),
     }
 }
 
