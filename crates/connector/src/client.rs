@@ -283,7 +283,7 @@ impl Client {
         // Opened first: a missing file is this side's error, not the command's.
         let stdin_file = match stdin_file {
             Some(path) => match tokio::fs::File::open(&path).await {
-                Ok(f) => Some(f),
+                Ok(f) => Some((f, path)),
                 Err(source) => {
                     return Err(ConnectError::Input {
                         path: path.clone(),
@@ -322,14 +322,25 @@ impl Client {
             }
             // Stdin is written concurrently with reading output: a command that produces output
             // before consuming its input must not deadlock on SSH window sizes.
+            // A read error of the file is this side's: it ends the run (no EOF, so the command
+            // cannot take a cut stream for a whole one).
+            let unreadable: std::sync::Mutex<Option<(std::path::PathBuf, std::io::Error)>> =
+                std::sync::Mutex::new(None);
             let feed = async {
                 if !stdin.is_empty() {
                     write.data(stdin.as_slice()).await?;
                 }
-                if let Some(file) = stdin_file {
-                    write
-                        .data(tokio::io::BufReader::with_capacity(256 * 1024, file))
-                        .await?;
+                if let Some((file, path)) = stdin_file {
+                    let mut reader = ReadErrors {
+                        inner: tokio::io::BufReader::with_capacity(256 * 1024, file),
+                        failed: None,
+                    };
+                    let sent = write.data(&mut reader).await;
+                    if let Some(e) = reader.failed.take() {
+                        *unreadable.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, e));
+                        return sent;
+                    }
+                    sent?;
                 }
                 write.eof().await
             };
@@ -340,6 +351,10 @@ impl Client {
                 tokio::select! {
                     res = &mut feed, if !fed => {
                         fed = true;
+                        let failed = unreadable.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        if let Some((path, source)) = failed {
+                            return Err(ConnectError::Input { path, source });
+                        }
                         if let Err(e) = res {
                             // The command may exit without reading its input; not an error.
                             tracing::debug!(instance = %self.instance, "stdin not fully sent: {e}");
@@ -528,6 +543,27 @@ impl Client {
             instance: self.instance.clone(),
             addr: self.addr.clone(),
         }
+    }
+}
+
+/// A reader that keeps its first error (to tell a local read failure from a closed channel).
+struct ReadErrors<R> {
+    inner: R,
+    failed: Option<std::io::Error>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ReadErrors<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Err(e)) = &polled {
+            let told = std::io::Error::new(e.kind(), e.to_string());
+            self.failed = Some(told);
+        }
+        polled
     }
 }
 

@@ -21,7 +21,8 @@ pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
 /// `after_script` has its own timeout, as in GitLab.
 pub const AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bounded time for unpacking sources and artifacts and collecting artifacts: a repository
-/// or an archive of gigabytes takes minutes, and the job's own timeout still bounds the job.
+/// or an archive of gigabytes takes minutes. Unpacking is also bounded by the job's timeout,
+/// and a cancel stops either.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Bounded time for removing a job's files; short, since it also runs on cancel.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -265,7 +266,11 @@ impl JobRunner {
                 )
             }));
             for (stage, body, tar, is_cache) in runs {
-                match housekeeping(host, stage, &body, Some(tar), TRANSFER_TIMEOUT).await {
+                // Within the job's timeout, and stopped by a cancel like the steps are.
+                let limit =
+                    TRANSFER_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+                let run = transfer(host, stage, &body, Some(tar), None, limit, Some(&cancel));
+                match run.await.map(|(out, _)| out) {
                     Ok(out) if is_cache => trace.write(&out),
                     Ok(_) => {}
                     // A missing or broken cache never fails the job (GitLab's rule); only a host
@@ -277,13 +282,16 @@ impl JobRunner {
                         trace.message(&format!(
                             "ERROR: preparing the build directory failed: {msg}"
                         ));
+                        let reason = if cancel.is_cancelled() {
+                            FailureReason::JobCanceled
+                        } else if Instant::now() >= deadline {
+                            FailureReason::JobExecutionTimeout
+                        } else {
+                            FailureReason::RunnerSystemFailure
+                        };
                         self.cleanup(host, &dirs, trace).await;
                         return RunResult {
-                            outcome: JobOutcome::failed(
-                                FailureReason::RunnerSystemFailure,
-                                None,
-                                msg,
-                            ),
+                            outcome: JobOutcome::failed(reason, None, msg),
                             artifacts: Vec::new(),
                         };
                     }
@@ -379,7 +387,16 @@ impl JobRunner {
         if !cancel.is_cancelled()
             && let Some(body) = self.cache_script(job, &dirs, trace, Some(outcome.is_success()))
         {
-            match housekeeping(host, "archive_cache", &body, None, TRANSFER_TIMEOUT).await {
+            let run = transfer(
+                host,
+                "archive_cache",
+                &body,
+                None,
+                None,
+                TRANSFER_TIMEOUT,
+                Some(&cancel),
+            );
+            match run.await.map(|(out, _)| out) {
                 Ok(out) => trace.write(&out),
                 Err(msg) => trace.message(&format!("WARNING: saving the cache failed: {msg}")),
             }
@@ -438,6 +455,7 @@ impl JobRunner {
                 None,
                 collected.path(),
                 TRANSFER_TIMEOUT,
+                Some(&cancel),
             )
             .await
             {
@@ -613,13 +631,14 @@ async fn housekeeping(
     input: Option<Tarball>,
     limit: Duration,
 ) -> Result<Vec<u8>, String> {
-    transfer(host, stage, body, input, None, limit)
+    transfer(host, stage, body, input, None, limit, None)
         .await
         .map(|(out, _)| out)
 }
 
 /// [`housekeeping`] with stdout into the file `output` when given, and the script's stderr
-/// when it succeeded too. A stream in a file goes through [`Host::transfer_stage`].
+/// when it succeeded too; stopped early when `cancel` fires. A stream in a file goes through
+/// [`Host::transfer_stage`].
 async fn transfer(
     host: &dyn Host,
     stage: &str,
@@ -627,6 +646,7 @@ async fn transfer(
     input: Option<Tarball>,
     output: Option<&std::path::Path>,
     limit: Duration,
+    cancel: Option<&CancellationToken>,
 ) -> Result<(Vec<u8>, Vec<u8>), String> {
     let run = async {
         match input {
@@ -650,7 +670,17 @@ async fn transfer(
             None => host.transfer_stage(stage, body, None, output).await,
         }
     };
-    match tokio::time::timeout(limit, run).await {
+    let canceled = async {
+        match cancel {
+            Some(c) => c.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    let bounded = tokio::select! {
+        r = tokio::time::timeout(limit, run) => r,
+        () = canceled => return Err("canceled".into()),
+    };
+    match bounded {
         Err(_) => Err(format!("timed out after {}", fmt_secs(limit))),
         Ok(Err(e)) => Err(e.to_string()),
         Ok(Ok((status, out, err))) if status.success() => Ok((out, err)),

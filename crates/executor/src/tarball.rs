@@ -30,11 +30,12 @@ impl Tarball {
         }
     }
 
-    /// Whether the stream holds nothing.
+    /// Whether the stream holds nothing. A file that cannot be read is not empty: using it
+    /// then fails, naming it, rather than dropping it unseen.
     pub fn is_empty(&self) -> bool {
         match self {
             Tarball::Bytes(b) => b.is_empty(),
-            Tarball::File(p) => std::fs::metadata(p).map(|m| m.len() == 0).unwrap_or(true),
+            Tarball::File(p) => std::fs::metadata(p).is_ok_and(|m| m.len() == 0),
         }
     }
 

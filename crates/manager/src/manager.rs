@@ -94,11 +94,13 @@ async fn run_manager(
         concurrent: loaded.config.concurrent,
         ..runner::StartOptions::default()
     };
-    if let Some(dir) = runner::scratch_dir_of(&opts) {
-        runner::prepare_scratch(&dir)
+    // Held until this manager returns.
+    let _scratch_lock = match runner::scratch_dir_of(&opts) {
+        Some(dir) => runner::prepare_scratch(&dir)
             .await
-            .map_err(|source| ManagerError::Scratch { dir, source })?;
-    }
+            .map_err(|source| ManagerError::Scratch { dir, source })?,
+        None => None,
+    };
     let mut runners: Vec<Arc<runner::Runner>> = Vec::new();
     for cfg in &loaded.config.runners {
         let started = tokio::select! {

@@ -318,9 +318,17 @@ impl AgentClient {
             tokio::select! {
                 r = &mut feed, if !fed => {
                     fed = true;
-                    // A process that exits without reading all of its input is not an error here.
-                    if let Err(e) = r {
-                        tracing::debug!("stdin not fully sent: {e}");
+                    match r {
+                        // A file that cannot be read ends the run: the process is killed, so
+                        // it never takes a cut stream for a whole one.
+                        Err(e @ AgentError::Refused(_)) => {
+                            let _ = self.signal(id, 9).await;
+                            return Err(e);
+                        }
+                        // A process that exits without reading all of its input is not an
+                        // error here.
+                        Err(e) => tracing::debug!("stdin not fully sent: {e}"),
+                        Ok(()) => {}
                     }
                 }
                 r = &mut gather => return r,

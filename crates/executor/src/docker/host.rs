@@ -272,8 +272,21 @@ impl DockerHost {
         } = self.docker.start_exec(&id, false).await.map_err(err)?;
         let feed = async move {
             // A script that exits early stops reading: a broken pipe is not an error here.
-            let _ = tokio::io::copy(&mut stdin, &mut input).await;
+            // A read error of this side's stdin is: the script must not take a cut stream
+            // for a whole one, so its run fails.
+            let mut buf = vec![0u8; 64 * 1024];
+            let unreadable = loop {
+                let n = match tokio::io::AsyncReadExt::read(&mut stdin, &mut buf).await {
+                    Ok(0) => break None,
+                    Ok(n) => n,
+                    Err(e) => break Some(e),
+                };
+                if input.write_all(&buf[..n]).await.is_err() {
+                    break None;
+                }
+            };
             let _ = input.shutdown().await;
+            unreadable
         };
         let pump = async move {
             while let Some(chunk) = stream.next().await {
@@ -288,7 +301,12 @@ impl DockerHost {
             }
             Ok(())
         };
-        let ((), pumped) = tokio::join!(feed, pump);
+        let (unreadable, pumped) = tokio::join!(feed, pump);
+        if let Some(e) = unreadable {
+            return Err(format!(
+                "reading the input of the build container's script: {e}"
+            ));
+        }
         pumped?;
         let code = self.docker.exec_exit_code(&id).await.map_err(err)?;
         Ok(exit_status(code))

@@ -117,20 +117,43 @@ pub(crate) fn scratch_dir_of(opts: &StartOptions) -> Option<PathBuf> {
 }
 
 /// Creates the scratch directory, private (it holds jobs' sources), and empties what a killed
-/// manager left there. Once per manager, before any job.
-pub async fn prepare_scratch(dir: &std::path::Path) -> std::io::Result<()> {
-    if tokio::fs::try_exists(dir).await? {
-        let dir = dir.to_path_buf();
-        // Removing trees blocks: off the runtime's threads.
-        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
-            .await
-            .map_err(std::io::Error::other)??;
-    }
-    tokio::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .await
+/// manager left there. Once per manager, before any job. The returned lock (on `<dir>.lock`)
+/// is held for the manager's life: a second manager on the same state directory finds it
+/// taken and leaves the first one's files alone.
+pub async fn prepare_scratch(dir: &std::path::Path) -> std::io::Result<Option<std::fs::File>> {
+    let dir = dir.to_path_buf();
+    // File system work and a file lock: off the runtime's threads.
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let private = |d: &std::path::Path| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d)
+        };
+        if let Some(parent) = dir.parent() {
+            private(parent)?;
+        }
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.with_extension("lock"))?;
+        let owned = match lock.try_lock() {
+            Ok(()) => {
+                if dir.exists() {
+                    std::fs::remove_dir_all(&dir)?;
+                }
+                Some(lock)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => None,
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        };
+        private(&dir)?;
+        Ok(owned)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 impl Runner {
@@ -439,5 +462,32 @@ fn cache_dir_of(cfg: &RunnerConfig, default: &str) -> String {
     match cfg.cache.as_ref().map(|c| c.path.trim_matches('/')) {
         Some(p) if !p.is_empty() => format!("{}/{p}", base.trim_end_matches('/')),
         _ => base,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test]
+    async fn the_scratch_directory_is_emptied_by_its_first_manager_only() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path().join("tmp");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("left-by-a-killed-manager.tar"), b"x").unwrap();
+        let first = prepare_scratch(&dir).await.unwrap();
+        assert!(first.is_some(), "the first manager holds the lock");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "leftovers go");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        std::fs::write(dir.join("in-flight.tar"), b"x").unwrap();
+        let second = prepare_scratch(&dir).await.unwrap();
+        assert!(second.is_none());
+        assert!(dir.join("in-flight.tar").exists(), "a running manager's files stay");
+        drop(first);
+        assert!(prepare_scratch(&dir).await.unwrap().is_some());
+        assert!(!dir.join("in-flight.tar").exists());
     }
 }
