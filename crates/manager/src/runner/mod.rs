@@ -134,10 +134,12 @@ pub async fn prepare_scratch(dir: &std::path::Path) -> std::io::Result<Option<st
         if let Some(parent) = dir.parent() {
             private(parent)?;
         }
+        use std::os::unix::fs::OpenOptionsExt as _;
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(dir.with_extension("lock"))?;
         let owned = match lock.try_lock() {
             Ok(()) => {
@@ -388,31 +390,37 @@ impl Runner {
     pub async fn shutdown(&self) {
         let execs: Vec<(String, DockerExecutor)> = self.docker_execs.lock().await.drain().collect();
         for (engine, exec) in execs {
-            // Each call is bounded: an engine whose instance is being deleted meanwhile (an
-            // idle removal racing the shutdown) may never answer, and would hold the shutdown
-            // until TCP gives up.
+            // An engine that does not answer a ping at once is skipped: its instance is being
+            // deleted meanwhile (an idle removal racing the shutdown), and a call through it
+            // would hold the shutdown until TCP gives up. A slow but live engine is cleaned
+            // whole, however long it takes.
+            match tokio::time::timeout(ENGINE_PING_TIMEOUT, exec.docker().ping()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(runner = %self.name, engine = %engine, "not cleaned at shutdown: {e}");
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!(runner = %self.name, engine = %engine, "not cleaned at shutdown: no answer to a ping within {ENGINE_PING_TIMEOUT:?}");
+                    continue;
+                }
+            }
             // Every job has ended: what a job whose cleanup failed (its instance's connection
             // lost, say) left on a still reachable engine goes now.
-            let leftovers = tokio::time::timeout(
-                ENGINE_CLEANUP_TIMEOUT,
-                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, true),
-            )
-            .await;
+            if let Err(e) =
+                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, true).await
+            {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing jobs' leftovers: {e}");
+            }
             // Slot networks of executors whose instance is gone, on an engine they shared
             // with this one (the local plugin's instances share this host's).
-            let old_networks = tokio::time::timeout(
-                ENGINE_CLEANUP_TIMEOUT,
-                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, true),
-            )
-            .await;
-            let networks = tokio::time::timeout(ENGINE_CLEANUP_TIMEOUT, exec.shutdown()).await;
-            let problems = [
-                cleanup_problem("removing jobs' leftovers", leftovers),
-                cleanup_problem("removing old slot networks", old_networks),
-                cleanup_problem("removing slot networks", networks),
-            ];
-            for problem in problems.into_iter().flatten() {
-                tracing::warn!(runner = %self.name, engine = %engine, "{problem}");
+            if let Err(e) =
+                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, true).await
+            {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing old slot networks: {e}");
+            }
+            if let Err(e) = exec.shutdown().await {
+                tracing::warn!(runner = %self.name, engine = %engine, "removing slot networks: {e}");
             }
         }
         self.pool.close_all().await;
@@ -426,22 +434,8 @@ impl Runner {
     }
 }
 
-/// How long a shutdown waits for one cleanup call to a Docker Engine.
-const ENGINE_CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What went wrong with a bounded cleanup call, if anything.
-fn cleanup_problem<T, E: std::fmt::Display>(
-    what: &str,
-    result: Result<Result<T, E>, tokio::time::error::Elapsed>,
-) -> Option<String> {
-    match result {
-        Ok(Ok(_)) => None,
-        Ok(Err(e)) => Some(format!("{what}: {e}")),
-        Err(_) => Some(format!(
-            "{what}: no answer within {ENGINE_CLEANUP_TIMEOUT:?}"
-        )),
-    }
-}
+/// How long a shutdown waits for a Docker Engine to answer before cleaning it.
+const ENGINE_PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The runner's job board, writing the process's job metrics.
 fn board_of(cfg: &RunnerConfig, opts: &StartOptions) -> Arc<JobBoard> {
@@ -480,12 +474,17 @@ mod tests {
         assert!(first.is_some(), "the first manager holds the lock");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "leftovers go");
         use std::os::unix::fs::PermissionsExt as _;
-        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
-        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        for private in [dir.clone(), dir.with_extension("lock")] {
+            let mode = std::fs::metadata(&private).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{}: {mode:o}", private.display());
+        }
         std::fs::write(dir.join("in-flight.tar"), b"x").unwrap();
         let second = prepare_scratch(&dir).await.unwrap();
         assert!(second.is_none());
-        assert!(dir.join("in-flight.tar").exists(), "a running manager's files stay");
+        assert!(
+            dir.join("in-flight.tar").exists(),
+            "a running manager's files stay"
+        );
         drop(first);
         assert!(prepare_scratch(&dir).await.unwrap().is_some());
         assert!(!dir.join("in-flight.tar").exists());
