@@ -324,11 +324,9 @@ impl Client {
             // before consuming its input must not deadlock on SSH window sizes.
             // A read error of the file is this side's: it ends the run (no EOF, so the command
             // cannot take a cut stream for a whole one).
-            let unreadable: std::sync::Mutex<Option<(std::path::PathBuf, std::io::Error)>> =
-                std::sync::Mutex::new(None);
             let feed = async {
                 if !stdin.is_empty() {
-                    write.data(stdin.as_slice()).await?;
+                    write.data(stdin.as_slice()).await.map_err(Fed::Channel)?;
                 }
                 if let Some((file, path)) = stdin_file {
                     let mut reader = ReadErrors {
@@ -337,12 +335,11 @@ impl Client {
                     };
                     let sent = write.data(&mut reader).await;
                     if let Some(e) = reader.failed.take() {
-                        *unreadable.lock().unwrap_or_else(|p| p.into_inner()) = Some((path, e));
-                        return sent;
+                        return Err(Fed::Unreadable(path, e));
                     }
-                    sent?;
+                    sent.map_err(Fed::Channel)?;
                 }
-                write.eof().await
+                write.eof().await.map_err(Fed::Channel)
             };
             let collect = collect(&mut read, &output);
             tokio::pin!(feed, collect);
@@ -351,13 +348,15 @@ impl Client {
                 tokio::select! {
                     res = &mut feed, if !fed => {
                         fed = true;
-                        let failed = unreadable.lock().unwrap_or_else(|p| p.into_inner()).take();
-                        if let Some((path, source)) = failed {
-                            return Err(ConnectError::Input { path, source });
-                        }
-                        if let Err(e) = res {
+                        match res {
+                            Err(Fed::Unreadable(path, source)) => {
+                                return Err(ConnectError::Input { path, source });
+                            }
                             // The command may exit without reading its input; not an error.
-                            tracing::debug!(instance = %self.instance, "stdin not fully sent: {e}");
+                            Err(Fed::Channel(e)) => {
+                                tracing::debug!(instance = %self.instance, "stdin not fully sent: {e}");
+                            }
+                            Ok(()) => {}
                         }
                     }
                     res = &mut collect => break res,
@@ -544,6 +543,14 @@ impl Client {
             addr: self.addr.clone(),
         }
     }
+}
+
+/// Why a command's stdin was not all sent.
+enum Fed {
+    /// The channel refused it (the command exited without reading it all).
+    Channel(russh::Error),
+    /// The file could not be read.
+    Unreadable(std::path::PathBuf, std::io::Error),
 }
 
 /// A reader that keeps its first error (to tell a local read failure from a closed channel).

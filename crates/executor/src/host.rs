@@ -103,6 +103,11 @@ pub trait Host: Send + Sync + std::fmt::Debug {
 /// step's process group.
 const SHELL: &str = "exec bash --noprofile --norc -s";
 
+/// `body` run by `bash -c` as an SSH command line.
+fn bash_c(body: &str) -> String {
+    format!("exec bash --noprofile --norc -c {}", script::quote(body))
+}
+
 /// An instance reached over SSH.
 #[derive(Debug, Clone, Copy)]
 pub struct SshHost<'a>(pub &'a Client);
@@ -130,7 +135,7 @@ impl Host for SshHost<'_> {
         body: &str,
         stdin: Vec<u8>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
-        let command = format!("exec bash --noprofile --norc -c {}", script::quote(body));
+        let command = bash_c(body);
         self.0
             .run_capture(command, stdin)
             .await
@@ -144,7 +149,7 @@ impl Host for SshHost<'_> {
         input: Option<&Path>,
         output: Option<&Path>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
-        let command = format!("exec bash --noprofile --norc -c {}", script::quote(body));
+        let command = bash_c(body);
         let mut opts = RunOptions::new(command);
         if let Some(path) = input {
             opts = opts.stdin_file(path);

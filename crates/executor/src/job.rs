@@ -437,30 +437,32 @@ impl JobRunner {
                 "upload_artifacts_on_failure"
             };
             let scratch = scratch_dir.as_deref();
-            let collected = match Tarball::create_file(scratch, &format!("job-{}-", job.id)) {
-                Ok(t) => t,
-                Err(e) => {
-                    let msg = format!("creating a file for the collected artifacts: {e}");
-                    trace.message(&format!("ERROR: {msg}"));
-                    if outcome.is_success() {
-                        outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+            let collected =
+                match crate::tarball::scratch_file(scratch, &format!("job-{}-", job.id), ".tar") {
+                    Ok(t) => t,
+                    Err(e) => {
+                        let msg = format!("creating a file for the collected artifacts: {e}");
+                        trace.message(&format!("ERROR: {msg}"));
+                        if outcome.is_success() {
+                            outcome =
+                                JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+                        }
+                        continue;
                     }
-                    continue;
-                }
-            };
+                };
             match transfer(
                 host,
                 stage,
                 &script::collect_script(&dirs, &paths),
                 None,
-                collected.path(),
+                Some(&collected),
                 TRANSFER_TIMEOUT,
                 Some(&cancel),
             )
             .await
             {
                 Ok((_, err)) => {
-                    let tar = collected;
+                    let tar = Tarball::File(collected);
                     // The collect script's warnings (a path leaving through a symlink).
                     let err = String::from_utf8_lossy(&err);
                     for w in err.lines().filter(|l| l.starts_with("WARNING: ")) {
@@ -649,25 +651,17 @@ async fn transfer(
     cancel: Option<&CancellationToken>,
 ) -> Result<(Vec<u8>, Vec<u8>), String> {
     let run = async {
-        match input {
-            Some(Tarball::Bytes(stdin)) if output.is_none() => {
-                host.capture_stage(stage, body, stdin).await
-            }
-            None if output.is_none() => host.capture_stage(stage, body, Vec::new()).await,
-            Some(Tarball::File(path)) => {
+        match (input.unwrap_or_default(), output) {
+            (Tarball::File(path), output) => {
                 host.transfer_stage(stage, body, Some(&path), output).await
             }
-            Some(Tarball::Bytes(stdin)) => {
-                // Bytes in, a file out: not a combination the steps use; kept general.
-                let (status, out, err) = host.capture_stage(stage, body, stdin).await?;
-                if let Some(path) = output {
-                    tokio::fs::write(path, &out)
-                        .await
-                        .map_err(|e| format!("writing {}: {e}", path.display()))?;
-                }
-                Ok((status, Vec::new(), err))
+            (Tarball::Bytes(stdin), None) => host.capture_stage(stage, body, stdin).await,
+            (Tarball::Bytes(stdin), Some(output)) if stdin.is_empty() => {
+                host.transfer_stage(stage, body, None, Some(output)).await
             }
-            None => host.transfer_stage(stage, body, None, output).await,
+            (Tarball::Bytes(_), Some(_)) => {
+                Err("bytes in and a file out: no step does that".to_string())
+            }
         }
     };
     let canceled = async {

@@ -16,12 +16,6 @@ pub enum Tarball {
 }
 
 impl Tarball {
-    /// A new empty file for a stream, in `dir` (the system's temporary directory when `None`),
-    /// readable by its owner only (job files may hold secrets).
-    pub fn create_file(dir: Option<&Path>, prefix: &str) -> std::io::Result<Tarball> {
-        scratch_file(dir, prefix, ".tar").map(Tarball::File)
-    }
-
     /// The file, if the stream is in one.
     pub fn path(&self) -> Option<&Path> {
         match self {
@@ -93,7 +87,7 @@ mod tests {
         let top = tempfile::tempdir().unwrap();
         // Made when missing (a run without a manager's start, `slipway exec`).
         let dir = top.path().join("state/tmp");
-        let t = Tarball::create_file(Some(&dir), "job-1-").unwrap();
+        let t = Tarball::File(scratch_file(Some(&dir), "job-1-", ".tar").unwrap());
         let path = t.path().unwrap().to_path_buf();
         assert!(t.is_empty());
         std::fs::write(&path, b"data").unwrap();

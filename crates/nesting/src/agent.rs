@@ -251,14 +251,20 @@ impl AgentClient {
             AgentError::Refused(format!("{}: {e}", path.display()))
         };
         let mut source = match input {
-            Some(path) => Some(tokio::fs::File::open(path).await.map_err(|e| io(path, e))?),
+            Some(path) => Some((
+                tokio::fs::File::open(path).await.map_err(|e| io(path, e))?,
+                path,
+            )),
             None => None,
         };
         let mut sink = match output {
-            Some(path) => Some(tokio::io::BufWriter::new(
-                tokio::fs::File::create(path)
-                    .await
-                    .map_err(|e| io(path, e))?,
+            Some(path) => Some((
+                tokio::io::BufWriter::new(
+                    tokio::fs::File::create(path)
+                        .await
+                        .map_err(|e| io(path, e))?,
+                ),
+                path,
             )),
             None => None,
         };
@@ -272,13 +278,10 @@ impl AgentClient {
             .await?;
         let id = execution.id;
         let feed = async {
-            if let Some(file) = source.as_mut() {
+            if let Some((file, path)) = source.as_mut() {
                 let mut buf = vec![0u8; 256 * 1024];
                 loop {
-                    let n = file
-                        .read(&mut buf)
-                        .await
-                        .map_err(|e| io(input.unwrap_or(std::path::Path::new("")), e))?;
+                    let n = file.read(&mut buf).await.map_err(|e| io(path, e))?;
                     if n == 0 {
                         break;
                     }
@@ -294,15 +297,12 @@ impl AgentClient {
                 match event {
                     ExecEvent::Started(_) => {}
                     ExecEvent::Stdout(data) => match sink.as_mut() {
-                        Some(f) => f
-                            .write_all(&data)
-                            .await
-                            .map_err(|e| io(output.unwrap_or(std::path::Path::new("")), e))?,
+                        Some((f, path)) => f.write_all(&data).await.map_err(|e| io(path, e))?,
                         None => stdout.extend(data),
                     },
                     ExecEvent::Stderr(data) => stderr.extend(data),
                     ExecEvent::Exit { code, .. } => {
-                        if let (Some(f), Some(path)) = (sink.as_mut(), output) {
+                        if let Some((f, path)) = sink.as_mut() {
                             f.flush().await.map_err(|e| io(path, e))?;
                         }
                         return Ok((code, stdout, stderr));

@@ -139,15 +139,15 @@ async fn fleet() -> anyhow::Result<serde_json::Value> {
         .trim()
         .to_string();
     let bare = root.join("group/big.git");
-    std::fs::create_dir_all(bare.parent().unwrap())?;
+    std::fs::create_dir_all(root.join("group"))?;
     common::git(
         &root,
         &[
             "clone",
             "-q",
             "--bare",
-            work.to_str().unwrap(),
-            bare.to_str().unwrap(),
+            &work.display().to_string(),
+            &bare.display().to_string(),
         ],
     );
     common::git(&bare, &["config", "pack.compression", "0"]);

@@ -283,7 +283,10 @@ impl DistributedCache {
                 ));
                 continue;
             }
-            let size = std::fs::metadata(&zip).map(|m| m.len()).unwrap_or(0);
+            let size = tokio::fs::metadata(&zip)
+                .await
+                .map(|m| m.len())
+                .unwrap_or(0);
             if self.max_upload > 0 && size > self.max_upload {
                 trace.message(&format!(
                     "WARNING: cache {key} is {size} bytes, over MaxUploadedArchiveSize \

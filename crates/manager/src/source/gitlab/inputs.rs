@@ -148,14 +148,10 @@ pub(super) async fn unzipped(
     scratch: Option<&std::path::Path>,
     prefix: &str,
 ) -> Result<Tarball, String> {
-    let tar = Tarball::create_file(scratch, prefix)
+    let tar = slipway_executor::scratch_file(scratch, prefix, ".tar")
         .map_err(|e| format!("creating a file for the tar stream: {e}"))?;
     tokio::task::spawn_blocking(move || {
-        let out = tar
-            .path()
-            .map(std::path::Path::to_path_buf)
-            .unwrap_or_default();
-        slipway_artifacts::zip_file_to_tar_file(&zip, &out).map(|()| tar)
+        slipway_artifacts::zip_file_to_tar_file(&zip, &tar).map(|()| Tarball::File(tar))
     })
     .await
     .map_err(|e| e.to_string())?

@@ -257,9 +257,12 @@ impl Checkout<'_> {
         }
         // Into a file, streamed from there to the job: memory does not grow with the
         // repository (GitLab Runner fetches where the job runs; see `GitSources`).
-        let file = Tarball::create_file(self.scratch, &format!("sources-{}-", self.job.id))
-            .map_err(|e| format!("creating a file for the sources: {e}"))?;
-        let path = file.path().map(Path::to_path_buf).unwrap_or_default();
+        let path = slipway_executor::scratch_file(
+            self.scratch,
+            &format!("sources-{}-", self.job.id),
+            ".tar",
+        )
+        .map_err(|e| format!("creating a file for the sources: {e}"))?;
         // Owned by root in the archive: a job image's root user must not find a stranger's
         // uid (git refuses "dubious ownership"), whoever runs the manager.
         let tar = Command::new("tar")
@@ -280,7 +283,10 @@ impl Checkout<'_> {
                 String::from_utf8_lossy(&tar.stderr).trim()
             ));
         }
-        Ok(Sources { tar: file, tracked })
+        Ok(Sources {
+            tar: Tarball::File(path),
+            tracked,
+        })
     }
 }
 
