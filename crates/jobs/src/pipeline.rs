@@ -345,6 +345,7 @@ impl Pipeline {
         );
         let mut root = composer.root(text, file_name, path);
         let mut composed = std::mem::take(&mut composer.errors);
+        let yaml_warnings = std::mem::take(&mut composer.warnings);
         if let Some(root) = root.as_mut() {
             reference::resolve(root, &mut composed);
         }
@@ -359,6 +360,10 @@ impl Pipeline {
         };
         for (line, message) in composed {
             r.error(line, message);
+        }
+        for (line, message) in yaml_warnings {
+            let d = r.diagnostic(line, message);
+            r.ignored.push(d);
         }
         let pipeline = match root {
             Some(root) if r.errors.is_empty() => r.pipeline(root),

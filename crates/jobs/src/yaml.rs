@@ -1,8 +1,10 @@
-//! A tiny YAML tree with line numbers, built from yaml-rust2's event parser.
+//! A tiny YAML tree with line numbers, built from the events of libyaml (its safe Rust port).
 //!
-//! yaml-rust2's own `Yaml` loader drops positions and silently keeps the last of duplicate keys;
-//! the pipeline reader needs a line for every error and must reject duplicate job names, so it
-//! builds its own tree. Anchors and aliases are resolved here, as are `<<` merge keys. GitLab's
+//! GitLab reads `.gitlab-ci.yml` with Ruby's Psych, which is libyaml: the same parser here
+//! accepts exactly what GitLab accepts (a flow sequence closed below its items' indentation, for
+//! one). The tree keeps a line for every node, so every error can name one. A key written twice
+//! in a mapping keeps its last value, as Psych does, with a warning naming both lines. Anchors
+//! and aliases are resolved here, as are `<<` merge keys. GitLab's
 //! `!reference [name, key, ...]` tag becomes a [`Kind::Reference`] node, resolved by the pipeline
 //! loader once every included file is merged.
 //!
@@ -11,8 +13,7 @@
 
 use std::collections::HashMap;
 
-use yaml_rust2::parser::{Event, Parser};
-use yaml_rust2::scanner::{Marker, TScalarStyle};
+use libyaml_safer::{Event, EventData, Parser, ScalarStyle};
 
 /// Deepest nesting accepted; deeper input is an error rather than a stack overflow.
 const MAX_DEPTH: usize = 128;
@@ -146,12 +147,46 @@ impl Node {
     }
 }
 
-/// Parses one YAML document. `Ok(None)` for an empty stream. Duplicate keys are reported all at
-/// once; a syntax error stops parsing.
+/// Parses one YAML document. `Ok(None)` for an empty stream. Errors are reported all at once
+/// where parsing can go on; a syntax error stops it.
 #[cfg(test)]
 pub(crate) fn parse(text: &str) -> Result<Option<Node>, Vec<YamlError>> {
-    let docs = parse_documents(text, 0, 1)?;
-    Ok(docs.into_iter().next())
+    let parsed = parse_documents(text, 0, 1)?;
+    Ok(parsed.docs.into_iter().next())
+}
+
+/// The documents of a YAML stream, and the keys written twice in one mapping.
+#[derive(Debug, Default)]
+pub(crate) struct Parsed {
+    /// The documents, in order.
+    pub docs: Vec<Node>,
+    /// Keys written twice; the tree holds the last value (Psych's rule).
+    pub duplicates: Vec<Duplicate>,
+}
+
+/// A key written twice in one mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Duplicate {
+    /// The key.
+    pub key: String,
+    /// Where it was written first, and again (with the base added).
+    pub first_line: usize,
+    pub line: usize,
+}
+
+impl Duplicate {
+    /// The warning a pipeline reader prints: GitLab accepts the file.
+    pub fn warning(&self, base: usize) -> YamlError {
+        YamlError {
+            line: self.line,
+            message: format!(
+                "duplicate key \"{}\" (lines {} and {}): the last value is used, as GitLab does",
+                self.key,
+                self.first_line - base,
+                self.line - base
+            ),
+        }
+    }
 }
 
 /// Parses up to `max_docs` YAML documents (separated by `---`), every line offset by `base`.
@@ -160,16 +195,23 @@ pub(crate) fn parse_documents(
     text: &str,
     base: usize,
     max_docs: usize,
-) -> Result<Vec<Node>, Vec<YamlError>> {
+) -> Result<Parsed, Vec<YamlError>> {
+    let mut input = text.as_bytes();
+    let mut parser = Parser::new();
+    parser.set_input_string(&mut input);
     let mut b = Builder {
-        parser: Parser::new_from_str(text),
+        parser,
         anchors: HashMap::new(),
         errors: Vec::new(),
+        duplicates: Vec::new(),
         nodes: 0,
         base,
     };
     match b.documents(max_docs) {
-        Ok(docs) if b.errors.is_empty() => Ok(docs),
+        Ok(docs) if b.errors.is_empty() => Ok(Parsed {
+            docs,
+            duplicates: b.duplicates,
+        }),
         Ok(_) => Err(b.errors),
         Err(e) => {
             b.errors.push(e);
@@ -178,28 +220,42 @@ pub(crate) fn parse_documents(
     }
 }
 
-struct Builder<'a> {
-    parser: Parser<std::str::Chars<'a>>,
-    anchors: HashMap<usize, Node>,
-    /// Non-fatal problems (duplicate keys, bad merge values); parsing goes on to find them all.
+struct Builder<'r, 'b> {
+    parser: Parser<&'b mut &'r [u8]>,
+    anchors: HashMap<String, Node>,
+    /// Non-fatal problems (bad merge values, non-string keys); parsing goes on to find them all.
     errors: Vec<YamlError>,
+    /// Keys written twice.
+    duplicates: Vec<Duplicate>,
     nodes: usize,
     /// Added to every line (the file's place in the source map).
     base: usize,
 }
 
-fn line_of(mark: &Marker) -> usize {
-    mark.line().max(1)
-}
-
-impl Builder<'_> {
-    fn next(&mut self) -> Result<(Event, usize), YamlError> {
-        match self.parser.next_token() {
-            Ok((ev, mark)) => Ok((ev, self.base + line_of(&mark))),
-            Err(e) => Err(YamlError {
-                line: self.base + line_of(e.marker()),
-                message: format!("invalid YAML: {}", e.info()),
-            }),
+impl Builder<'_, '_> {
+    fn next(&mut self) -> Result<(EventData, usize), YamlError> {
+        match self.parser.parse() {
+            Ok(Event {
+                data, start_mark, ..
+            }) => Ok((data, self.base + start_mark.line as usize + 1)),
+            Err(e) => {
+                let line = e.problem_mark().map_or(1, |m| m.line as usize + 1);
+                // Psych's wording: "did not find expected ',' or ']' while parsing a flow
+                // sequence", with where that sequence started.
+                let message = match (e.context(), e.context_mark()) {
+                    (Some(ctx), Some(m)) => format!(
+                        "invalid YAML: {} {ctx} started on line {}",
+                        e.problem(),
+                        m.line as usize + 1
+                    ),
+                    (Some(ctx), None) => format!("invalid YAML: {} {ctx}", e.problem()),
+                    (None, _) => format!("invalid YAML: {}", e.problem()),
+                };
+                Err(YamlError {
+                    line: self.base + line,
+                    message,
+                })
+            }
         }
     }
 
@@ -208,9 +264,9 @@ impl Builder<'_> {
         loop {
             let (ev, line) = self.next()?;
             match ev {
-                Event::StreamStart | Event::DocumentEnd | Event::Nothing => {}
-                Event::StreamEnd => return Ok(docs),
-                Event::DocumentStart => {
+                EventData::StreamStart { .. } | EventData::DocumentEnd { .. } => {}
+                EventData::StreamEnd => return Ok(docs),
+                EventData::DocumentStart { .. } => {
                     if docs.len() >= max_docs {
                         return Err(YamlError {
                             line,
@@ -246,13 +302,13 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn anchor(&mut self, id: usize, node: &Node) {
-        if id > 0 {
-            self.anchors.insert(id, node.clone());
+    fn anchor(&mut self, name: Option<String>, node: &Node) {
+        if let Some(name) = name {
+            self.anchors.insert(name, node.clone());
         }
     }
 
-    fn node(&mut self, ev: Event, line: usize, depth: usize) -> Result<Node, YamlError> {
+    fn node(&mut self, ev: EventData, line: usize, depth: usize) -> Result<Node, YamlError> {
         if depth > MAX_DEPTH {
             return Err(YamlError {
                 line,
@@ -260,21 +316,27 @@ impl Builder<'_> {
             });
         }
         match ev {
-            Event::Scalar(text, style, anchor, tag) => {
-                reject_tag(tag.as_ref(), line)?;
+            EventData::Scalar {
+                anchor,
+                tag,
+                value,
+                style,
+                ..
+            } => {
+                reject_tag(tag.as_deref(), line)?;
                 self.count(1, line)?;
                 let node = Node {
                     line,
                     kind: Kind::Scalar {
-                        text,
-                        plain: style == TScalarStyle::Plain,
+                        text: value,
+                        plain: style == ScalarStyle::Plain,
                     },
                 };
                 self.anchor(anchor, &node);
                 Ok(node)
             }
-            Event::Alias(id) => {
-                let Some(node) = self.anchors.get(&id) else {
+            EventData::Alias { anchor } => {
+                let Some(node) = self.anchors.get(&anchor) else {
                     return Err(YamlError {
                         line,
                         message: "alias to an unknown anchor".into(),
@@ -294,16 +356,16 @@ impl Builder<'_> {
                 self.count(node.size(), line)?;
                 Ok(node)
             }
-            Event::SequenceStart(anchor, tag) => {
-                let reference = is_reference(tag.as_ref());
+            EventData::SequenceStart { anchor, tag, .. } => {
+                let reference = tag.as_deref() == Some(REFERENCE_TAG);
                 if !reference {
-                    reject_tag(tag.as_ref(), line)?;
+                    reject_tag(tag.as_deref(), line)?;
                 }
                 self.count(1, line)?;
                 let mut items = Vec::new();
                 loop {
                     let (ev, l) = self.next()?;
-                    if ev == Event::SequenceEnd {
+                    if ev == EventData::SequenceEnd {
                         break;
                     }
                     items.push(self.node(ev, l, depth + 1)?);
@@ -331,8 +393,8 @@ impl Builder<'_> {
                 self.anchor(anchor, &node);
                 Ok(node)
             }
-            Event::MappingStart(anchor, tag) => {
-                reject_tag(tag.as_ref(), line)?;
+            EventData::MappingStart { anchor, tag, .. } => {
+                reject_tag(tag.as_deref(), line)?;
                 self.count(1, line)?;
                 let node = self.mapping(line, depth)?;
                 self.anchor(anchor, &node);
@@ -352,7 +414,7 @@ impl Builder<'_> {
         let mut merges: Vec<(usize, Vec<Entry>)> = Vec::new();
         loop {
             let (ev, key_line) = self.next()?;
-            if ev == Event::MappingEnd {
+            if ev == EventData::MappingEnd {
                 break;
             }
             let key_node = self.node(ev, key_line, depth + 1)?;
@@ -380,14 +442,15 @@ impl Builder<'_> {
                 merges.push((entries.len(), merged));
                 continue;
             }
-            if let Some(first) = entries.iter().find(|e| e.key == key) {
-                self.errors.push(YamlError {
+            if let Some(first) = entries.iter_mut().find(|e| e.key == key) {
+                // Psych's rule: the last value wins, at the place of the first.
+                self.duplicates.push(Duplicate {
+                    key,
+                    first_line: first.key_line,
                     line: key_line,
-                    message: format!(
-                        "duplicate key \"{key}\" (first defined on line {})",
-                        first.key_line
-                    ),
                 });
+                first.key_line = key_line;
+                first.value = value;
                 continue;
             }
             entries.push(Entry {
@@ -467,19 +530,18 @@ impl Builder<'_> {
 }
 
 /// GitLab's `!reference` tag (any handle spelling of it).
-fn is_reference(tag: Option<&yaml_rust2::parser::Tag>) -> bool {
-    tag.is_some_and(|t| t.handle == "!" && t.suffix == "reference")
-}
+/// GitLab's `!reference` tag, as libyaml resolves it.
+const REFERENCE_TAG: &str = "!reference";
 
 /// Tags other than `!reference` change meaning; refusing them beats misreading them.
-fn reject_tag(tag: Option<&yaml_rust2::parser::Tag>, line: usize) -> Result<(), YamlError> {
+fn reject_tag(tag: Option<&str>, line: usize) -> Result<(), YamlError> {
     match tag {
         None => Ok(()),
         // Standard-schema tags (`!!str`, `!!int`, ...) only restate the type; accept them.
-        Some(t) if t.handle == "tag:yaml.org,2002:" || t.handle == "!!" => Ok(()),
+        Some(t) if t.starts_with("tag:yaml.org,2002:") => Ok(()),
         Some(t) => Err(YamlError {
             line,
-            message: format!("YAML tag \"{}{}\" is not supported", t.handle, t.suffix),
+            message: format!("YAML tag \"{t}\" is not supported"),
         }),
     }
 }
@@ -514,7 +576,9 @@ mod tests {
             root.get("a").unwrap().value.kind,
             Kind::Reference(vec![".x".into(), "script".into()])
         );
-        let docs = parse_documents("spec:\n  inputs: {}\n---\nb: 2\n", 100, 2).unwrap();
+        let docs = parse_documents("spec:\n  inputs: {}\n---\nb: 2\n", 100, 2)
+            .unwrap()
+            .docs;
         assert_eq!(docs.len(), 2);
         assert_eq!(docs[1].get("b").unwrap().key_line, 104);
         let errs = parse_documents("a: 1\n---\nb: 2\n---\nc: 3\n", 0, 2).unwrap_err();
@@ -522,13 +586,43 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_keys_are_reported() {
-        let errs = parse("a: 1\nb: 2\na: 3\n").unwrap_err();
-        assert_eq!(errs[0].line, 3);
+    fn duplicate_keys_keep_the_last_value_in_the_first_place() {
+        let parsed = parse_documents("a: 1\nb: 2\na: 3\n", 10, 1).unwrap();
+        let root = &parsed.docs[0];
+        assert_eq!(keys(root), vec!["a", "b"]);
+        assert_eq!(root.get("a").unwrap().value.as_scalar(), Some("3"));
+        assert_eq!(root.get("a").unwrap().key_line, 13);
+        let d = &parsed.duplicates[0];
+        assert_eq!((d.first_line, d.line), (11, 13));
         assert_eq!(
-            errs[0].message,
-            "duplicate key \"a\" (first defined on line 1)"
+            d.warning(10).message,
+            "duplicate key \"a\" (lines 1 and 3): the last value is used, as GitLab does"
         );
+    }
+
+    #[test]
+    fn what_libyaml_accepts_reads_the_same() {
+        // A flow sequence closed below its items' indentation: libyaml (GitLab's Psych) takes it.
+        let text = "job:\n  script: [\n    \"echo a\",\n    \"echo b\"\n]\n  stage: test\n";
+        let root = parse(text).unwrap().unwrap();
+        let job = &root.get("job").unwrap().value;
+        let items: Vec<_> = job.get("script").unwrap().value.as_list().unwrap().to_vec();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[1].as_scalar(), Some("echo b"));
+        assert_eq!(items[1].line, 4);
+        assert_eq!(job.get("stage").unwrap().key_line, 6);
+        // Standard tags restate the type; GitLab's !reference is kept; others are refused.
+        let root = parse("a: !!str 1\nb: !reference [.x, y]\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(root.get("a").unwrap().value.as_scalar(), Some("1"));
+        assert!(matches!(
+            root.get("b").unwrap().value.kind,
+            Kind::Reference(_)
+        ));
+        let errs = parse("a: [1,\n").unwrap_err();
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].message.starts_with("invalid YAML: "), "{errs:?}");
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub(crate) struct Composer<'a> {
     ctx: IncludeContext<'a>,
     pub sources: Sources,
     pub errors: Vec<(usize, String)>,
+    /// What GitLab accepts but a reader should hear about (keys written twice), as (line, text).
+    pub warnings: Vec<(usize, String)>,
     /// Files included so far.
     count: usize,
     /// The files being expanded, outermost first (a file in here is a cycle).
@@ -86,6 +88,7 @@ impl<'a> Composer<'a> {
             ctx,
             sources: Sources::default(),
             errors: Vec::new(),
+            warnings: Vec::new(),
             count: 0,
             chain: Vec::new(),
             facts,
@@ -119,7 +122,16 @@ impl<'a> Composer<'a> {
         include_line: usize,
     ) -> Option<Node> {
         let docs = match yaml::parse_documents(text, base, 2) {
-            Ok(d) => d,
+            Ok(parsed) => {
+                self.warnings.extend(
+                    parsed
+                        .duplicates
+                        .iter()
+                        .map(|d| d.warning(base))
+                        .map(|w| (w.line, w.message)),
+                );
+                parsed.docs
+            }
             Err(errs) => {
                 for e in errs {
                     self.error(e.line, e.message);

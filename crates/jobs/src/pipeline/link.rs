@@ -17,7 +17,7 @@ impl Reader<'_> {
         let mut needs_raw: Vec<Option<Vec<RawNeed>>> = Vec::new();
         let mut taken: HashMap<String, Option<String>> = HashMap::new();
         for mut raw in raw_jobs {
-            // YAML already refuses duplicate keys, but a `parallel:` expansion can make a name
+            // YAML keeps one job per key, but a `parallel:` expansion can make a name
             // that is taken (by a job, by another expansion, or twice by a matrix).
             let origin = raw.job.parallel.as_ref().map(|p| p.job.clone());
             if let Some(first) = taken.get(&raw.job.name) {
@@ -35,7 +35,7 @@ impl Reader<'_> {
                         "{}: the name is already taken by a job of parallel job \"{other}\"",
                         ctx_for(name)
                     ),
-                    // Unreachable (duplicate keys are YAML errors); said plainly all the same.
+                    // Unreachable (YAML keeps one job per key); said plainly all the same.
                     (None, None) => format!("{}: duplicate job name", ctx_for(name)),
                 };
                 self.error(raw.job.line, msg);

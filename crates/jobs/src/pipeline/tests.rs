@@ -384,10 +384,6 @@ fn error_messages() {
             ".gitlab-ci.yml:3: job \"a\": needs: expected a list of job names, found a string",
         ),
         (
-            "a:\n  script: x\nb:\n  script: y\na:\n  script: z\n",
-            ".gitlab-ci.yml:5: duplicate key \"a\" (first defined on line 1)",
-        ),
-        (
             "a:\n  script: x\n  when: never\n",
             ".gitlab-ci.yml:3: job \"a\": when: unknown value \"never\" (expected on_success, on_failure, always, manual, delayed)",
         ),
@@ -441,7 +437,7 @@ fn error_messages() {
         ),
         (
             "a:\n  script: [x\n",
-            ".gitlab-ci.yml:3: invalid YAML: while parsing a flow sequence, expected ',' or ']'",
+            ".gitlab-ci.yml:3: invalid YAML: did not find expected ',' or ']' while parsing a flow sequence started on line 2",
         ),
     ];
     for (text, want) in cases {
@@ -518,7 +514,7 @@ fn junk_input_gives_clean_errors() {
         ),
         (
             "a:\n  script: x\n\tstage: y\n",
-            ".gitlab-ci.yml:2: invalid YAML: while scanning a plain scalar, found a tab",
+            ".gitlab-ci.yml:3: invalid YAML: found a tab character that violates indentation",
         ),
         (
             "a: {script: x, needs: [{artifacts: true}]}\n",
@@ -1291,5 +1287,35 @@ fn parallel_is_no_longer_an_unsupported_key() {
     assert_eq!(
         e,
         [".gitlab-ci.yml:3: job \"a\": unknown key \"snapshots\" (did you mean \"snapshot\"?)"]
+    );
+}
+
+#[test]
+fn keys_written_twice_keep_the_last_value_with_a_warning() {
+    // Psych (GitLab's YAML) keeps the last value of a key written twice: a job, a template,
+    // a job's variables.
+    let text = "\
+.base:\n  script: [echo first]\n.base:\n  script: [echo second]\n\
+a:\n  extends: .base\n  variables:\n    X: one\n    X: two\n\
+b:\n  script: [old]\nb:\n  script: [new]\n";
+    let p = parse(text).unwrap();
+    let names: Vec<_> = p.jobs.iter().map(|j| j.name.as_str()).collect();
+    assert_eq!(names, vec!["a", "b"]);
+    let a = p.job("a").unwrap();
+    assert_eq!(a.script, vec!["echo second"]);
+    assert_eq!(lookup_in(&a.variables, "X").as_deref(), Some("two"));
+    assert_eq!(p.job("b").unwrap().script, vec!["new"]);
+    let dup: Vec<_> = p
+        .warnings
+        .iter()
+        .filter(|w| w.contains("duplicate key"))
+        .collect();
+    assert_eq!(
+        dup,
+        vec![
+            ".gitlab-ci.yml:3: duplicate key \".base\" (lines 1 and 3): the last value is used, as GitLab does",
+            ".gitlab-ci.yml:9: duplicate key \"X\" (lines 8 and 9): the last value is used, as GitLab does",
+            ".gitlab-ci.yml:12: duplicate key \"b\" (lines 10 and 12): the last value is used, as GitLab does",
+        ]
     );
 }

@@ -15,8 +15,18 @@ pub fn read_variables_file(text: &str, file_name: &str) -> Result<Vec<Variable>,
     let mut out = Vec::new();
     match yaml::parse_documents(text, 0, 1) {
         Err(errs) => problems.extend(errs.into_iter().map(|e| (e.line, e.message))),
-        Ok(docs) => {
-            let root = docs.into_iter().next();
+        Ok(parsed) => {
+            // Our own file: a variable set twice is a mistake to fix, not a value to guess.
+            problems.extend(parsed.duplicates.iter().map(|d| {
+                (
+                    d.line,
+                    format!(
+                        "\"{}\" is set twice (lines {} and {})",
+                        d.key, d.first_line, d.line
+                    ),
+                )
+            }));
+            let root = parsed.docs.into_iter().next();
             match root.as_ref().map(|r| (r, r.as_map())) {
                 None => {}
                 Some((r, _)) if r.is_null() => {}
