@@ -1,19 +1,20 @@
 //! Local pipeline files: `.gitlab-ci.yml` as GitLab reads it, strictly.
 //!
 //! Reading goes in GitLab's order: the files are composed (`include.rs`: `include:` local,
-//! project, inputs, rules; deep merge), `!reference`s resolved (`reference.rs`), then top-level
-//! keywords (`stages`, `default`, `variables`, `workflow`), then each job (`job.rs`; its keys in
-//! `job_keys.rs`, `keywords.rs` and `scalars.rs`) with `extends` (`link.rs`),
-//! `default:`/`inherit:`, `parallel:` (`parallel.rs`) and, per job it expands to, its `rules` or
-//! `only`/`except` (`rules.rs`, with the expression language in `expr.rs`) deciding whether it is
-//! in the pipeline and how it starts; last, `needs` are checked across jobs (`link.rs`).
+//! project, inputs, rules; deep merge), `extends` applied to every entry (`link.rs`),
+//! `!reference`s resolved (`reference.rs`), then top-level keywords (`stages`, `default`,
+//! `variables`, `workflow`), then each job (`job.rs`; its keys in `job_keys.rs`, `keywords.rs`
+//! and `scalars.rs`) with `default:`/`inherit:`, `parallel:` (`parallel.rs`) and, per job it
+//! expands to, its `rules` or `only`/`except` (`rules.rs`, with the expression language in
+//! `expr.rs`) deciding whether it is in the pipeline and how it starts; last, `needs` are
+//! checked across jobs (`link.rs`).
 //! Predefined variables come from the caller (see [`Checkout`]), the user's variables win over
 //! the file's. YAML anchors, aliases and `<<` merge keys work.
 //!
 //! `parallel:` expands a job as GitLab does, into at most 200 jobs, each with `CI_NODE_INDEX`
 //! (1-based) and `CI_NODE_TOTAL`:
 //!
-//! - `parallel: N` (2 to 200): jobs `name 1/N` ... `name N/N`.
+//! - `parallel: N` (1 to 200): jobs `name 1/N` ... `name N/N`.
 //! - `parallel: matrix: [{VAR: value or [values], ...}, ...]`: one job per combination of values
 //!   within each entry (the first variable varying slowest), entries one after the other, named
 //!   `name: [v1, v2]` with the values in the order the variables are written, and the variables
@@ -94,6 +95,22 @@ pub const MAX_PARALLEL: u32 = 200;
 
 /// Top-level GitLab keywords this reader does not implement (yet); never job names.
 const TOP_KEYS_UNSUPPORTED: &[&str] = &[];
+
+/// Top-level keys that are keywords, not jobs or templates (`types` is `stages`' old name).
+const TOP_KEYWORDS: &[&str] = &[
+    "stages",
+    "types",
+    "workflow",
+    "spec",
+    "include",
+    "cache",
+    "services",
+    "default",
+    "variables",
+    "image",
+    "before_script",
+    "after_script",
+];
 
 /// How to read a pipeline file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -343,12 +360,9 @@ impl Pipeline {
             },
             Facts::new(&project_dir, opts.changes_base.clone()),
         );
-        let mut root = composer.root(text, file_name, path);
-        let mut composed = std::mem::take(&mut composer.errors);
+        let root = composer.root(text, file_name, path);
+        let composed = std::mem::take(&mut composer.errors);
         let yaml_warnings = std::mem::take(&mut composer.warnings);
-        if let Some(root) = root.as_mut() {
-            reference::resolve(root, &mut composed);
-        }
         let mut r = Reader {
             sources: composer.sources,
             errors: Vec::new(),
@@ -361,6 +375,16 @@ impl Pipeline {
         for (line, message) in composed {
             r.error(line, message);
         }
+        // GitLab's order: `extends` first, then `!reference`s against the extended entries.
+        let root = root.map(|root| {
+            let mut root = r.extend_all(&root);
+            let mut unresolved = Vec::new();
+            reference::resolve(&mut root, &mut unresolved);
+            for (line, message) in unresolved {
+                r.error(line, message);
+            }
+            root
+        });
         for (line, message) in yaml_warnings {
             let d = r.diagnostic(line, message);
             r.ignored.push(d);
@@ -563,8 +587,7 @@ impl Reader<'_> {
         let mut global_defaults = Defaults::default();
         let mut global_vars = Vec::new();
         let mut workflow_rules: Option<Vec<Rule>> = None;
-        // Every top-level entry `extends` may name (jobs and templates), and the jobs in order.
-        let mut defs: HashMap<&str, &Node> = HashMap::new();
+        // The jobs, in order (templates are only what jobs extend and reference).
         let mut job_keys = Vec::new();
 
         for e in entries {
@@ -598,7 +621,6 @@ impl Reader<'_> {
                 }
                 "" => self.error(e.key_line, "a job name must not be empty"),
                 k => {
-                    defs.insert(k, &e.value);
                     if !k.starts_with('.') {
                         job_keys.push(e);
                     }
@@ -640,6 +662,9 @@ impl Reader<'_> {
             return None;
         }
 
+        // A filtered pipeline's jobs are still read: GitLab reports a job's config error even
+        // when workflow:rules leave the pipeline out.
+        let mut filtered = None;
         if let Some(rules) = &workflow_rules {
             let scope = self.scope(&global_vars);
             let lookup = |n: &str| lookup_in(&scope, n);
@@ -649,22 +674,15 @@ impl Reader<'_> {
                     layer(&mut global_vars, r.variables.iter().cloned());
                 }
                 hit => {
-                    let why = if hit.is_some() {
+                    filtered = Some(if hit.is_some() {
                         "Pipeline filtered out by workflow rules (a rule with when: never matched)"
                     } else {
                         "Pipeline filtered out by workflow rules (no rule matched)"
-                    };
-                    return Some(Pipeline {
-                        stages,
-                        jobs: Vec::new(),
-                        warnings: Vec::new(),
-                        excluded: Some(why.into()),
                     });
                 }
             }
         }
 
-        let mut memo: HashMap<String, Option<Node>> = HashMap::new();
         let mut raw_jobs = Vec::new();
         for e in job_keys {
             let ctx = ctx_for(&e.key);
@@ -678,16 +696,17 @@ impl Reader<'_> {
                 );
                 continue;
             }
-            let mut stack = Vec::new();
-            let Some(node) = self.resolve(&e.key, &defs, &mut memo, &mut stack) else {
-                continue;
-            };
-            if let Some(jobs) = self.job(&e.key, e.key_line, &node, &defaults, &global_vars) {
+            if let Some(jobs) = self.job(&e.key, e.key_line, &e.value, &defaults, &global_vars) {
                 raw_jobs.extend(jobs);
             }
         }
 
         let mut pipeline = self.link(stages, raw_jobs);
+        if let Some(why) = filtered {
+            pipeline.jobs.clear();
+            pipeline.excluded = Some(why.into());
+            return Some(pipeline);
+        }
         if pipeline.jobs.is_empty() && self.errors.is_empty() {
             pipeline.excluded =
                 Some("No jobs for this pipeline: the rules of every job left it out".into());

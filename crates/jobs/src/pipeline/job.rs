@@ -255,6 +255,8 @@ impl Reader<'_> {
                     Some(r) => decide.rules = Some(r),
                     None => failed = true,
                 },
+                // A null `only`/`except` is not set (it cancels an inherited one), as in GitLab.
+                "only" | "except" if v.is_null() => {}
                 "only" => decide.only = self.ref_filter(&what, v),
                 "except" => decide.except = self.ref_filter(&what, v),
                 "inherit" => (inherit_default, inherit_vars) = self.inherit(&what, v),

@@ -159,8 +159,12 @@ impl Reader<'_> {
             );
             return None;
         };
+        // A list inside the list (an anchored list used as one item) is flattened, as GitLab
+        // does.
+        let mut flat = Vec::new();
+        flatten(items, &mut flat);
         let mut out = Vec::new();
-        for item in items {
+        for item in flat {
             if let Some(name) = item.as_scalar() {
                 out.push(RawNeed {
                     job: name.to_string(),
@@ -396,5 +400,15 @@ fn yaml_to_json(node: &Node) -> serde_json::Value {
             .collect::<serde_json::Map<_, _>>()
             .into(),
         Kind::Reference(_) => serde_json::Value::Null,
+    }
+}
+
+/// The items of `items`, lists among them replaced by their own items, recursively.
+fn flatten<'a>(items: &'a [Node], out: &mut Vec<&'a Node>) {
+    for item in items {
+        match &item.kind {
+            Kind::Seq(inner) => flatten(inner, out),
+            _ => out.push(item),
+        }
     }
 }

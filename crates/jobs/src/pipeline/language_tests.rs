@@ -120,6 +120,13 @@ job:
     assert!(p.excluded.unwrap().contains("when: never"));
     let p = read(text, opts(&[], &[]));
     assert!(p.excluded.unwrap().contains("no rule matched"));
+    // A job's config error is reported even when the workflow leaves the pipeline out.
+    let broken = format!("{text}\nbad:\n  script: x\n  when: sometimes\n");
+    let err = Pipeline::parse(&broken, ".gitlab-ci.yml", opts(&[], &[])).unwrap_err();
+    assert!(
+        err.to_string().contains("job \"bad\": when: unknown value"),
+        "{err}"
+    );
 }
 
 #[test]

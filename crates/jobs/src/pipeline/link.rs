@@ -1,5 +1,6 @@
-//! Reading across entries: `extends` (an entry with its parents merged in) and, once every job
-//! is read, stage indices and `needs` (names, parallel jobs, cycles).
+//! Reading across entries: `extends` (every entry with its parents merged in, before any
+//! `!reference` is resolved, in GitLab's order) and, once every job is read, stage indices and
+//! `needs` (names, parallel jobs, cycles).
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,6 +11,36 @@ use crate::yaml::{Kind, Node};
 const MAX_EXTENDS_DEPTH: usize = 11;
 
 impl Reader<'_> {
+    /// The configuration with `extends` applied to every top-level entry that has it, jobs and
+    /// templates alike, as GitLab does before resolving `!reference`s (so a reference sees what a
+    /// template inherits). Problems are recorded; an entry that cannot be extended stays as is.
+    pub(super) fn extend_all(&mut self, root: &Node) -> Node {
+        let Some(entries) = root.as_map() else {
+            return root.clone();
+        };
+        let defs: HashMap<&str, &Node> = entries
+            .iter()
+            .filter(|e| !super::TOP_KEYWORDS.contains(&e.key.as_str()))
+            .map(|e| (e.key.as_str(), &e.value))
+            .collect();
+        let mut memo: HashMap<String, Option<Node>> = HashMap::new();
+        let mut out = entries.to_vec();
+        for e in &mut out {
+            let extends = defs.contains_key(e.key.as_str()) && e.value.get("extends").is_some();
+            if !extends {
+                continue;
+            }
+            let mut stack = Vec::new();
+            if let Some(node) = self.resolve(&e.key, &defs, &mut memo, &mut stack) {
+                e.value = node;
+            }
+        }
+        Node {
+            line: root.line,
+            kind: Kind::Map(out),
+        }
+    }
+
     /// Stage indices and `needs` checks: these need every job.
     pub(super) fn link(&mut self, stages: Vec<String>, raw_jobs: Vec<RawJob>) -> Pipeline {
         let stage_list = stages.join(", ");
@@ -203,7 +234,7 @@ impl Reader<'_> {
 
     /// The entry `name` with its `extends` applied (deep merge of mappings, GitLab's order:
     /// each parent in list order, then the entry itself; lists and scalars are replaced).
-    pub(super) fn resolve(
+    fn resolve(
         &mut self,
         name: &str,
         defs: &HashMap<&str, &Node>,

@@ -117,17 +117,18 @@ impl Reader<'_> {
     /// `parallel: N` or `parallel: matrix: [...]`.
     pub(super) fn parallel(&mut self, ctx: &str, node: &Node) -> Option<ParallelSpec> {
         let expected =
-            format!("a whole number from 2 to {MAX_PARALLEL} or a mapping with \"matrix\"");
+            format!("a whole number from 1 to {MAX_PARALLEL} or a mapping with \"matrix\"");
         if let Some(text) = node.as_scalar() {
             if node.as_bool().is_none()
                 && let Ok(n) = text.parse::<u64>()
             {
-                if (2..=u64::from(MAX_PARALLEL)).contains(&n) {
+                // GitLab accepts 1 (one job, `name 1/1`).
+                if (1..=u64::from(MAX_PARALLEL)).contains(&n) {
                     return u32::try_from(n).ok().map(ParallelSpec::Count);
                 }
                 self.error(
                     node.line,
-                    format!("{ctx}: parallel: {n} is out of range (2 to {MAX_PARALLEL})"),
+                    format!("{ctx}: parallel: {n} is out of range (1 to {MAX_PARALLEL})"),
                 );
                 return None;
             }

@@ -1,6 +1,6 @@
 //! `!reference [name, key, ...]`: a node stands for another part of the merged configuration.
 //!
-//! Resolved after every included file is merged and before `extends`, as GitLab does. A
+//! Resolved after every included file is merged and every `extends` applied, as GitLab does. A
 //! referenced part may hold references itself (up to 10 levels). In a list, a reference to a
 //! list is spliced in, so `script:` and `rules:` can mix references with their own items.
 

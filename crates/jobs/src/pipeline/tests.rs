@@ -405,7 +405,7 @@ fn error_messages() {
         ),
         (
             ".a:\n  extends: .b\n.b:\n  extends: .a\nc:\n  extends: .a\n  script: x\n",
-            ".gitlab-ci.yml:4: template \".b\": extends: circular extends: c -> .a -> .b -> .a",
+            ".gitlab-ci.yml:4: template \".b\": extends: circular extends: .a -> .b -> .a",
         ),
         (
             ".t: [1, 2]\na:\n  extends: .t\n  script: x\n",
@@ -1099,20 +1099,20 @@ fn snapshot_names_expand_variables() {
 fn parallel_snapshot_and_restore_error_messages() {
     let cases: &[(&str, &str)] = &[
         (
-            "test:\n  script: x\n  parallel: 1\n",
-            ".gitlab-ci.yml:3: job \"test\": parallel: 1 is out of range (2 to 200)",
+            "test:\n  script: x\n  parallel: 0\n",
+            ".gitlab-ci.yml:3: job \"test\": parallel: 0 is out of range (1 to 200)",
         ),
         (
             "test:\n  script: x\n  parallel: 201\n",
-            ".gitlab-ci.yml:3: job \"test\": parallel: 201 is out of range (2 to 200)",
+            ".gitlab-ci.yml:3: job \"test\": parallel: 201 is out of range (1 to 200)",
         ),
         (
             "test:\n  script: x\n  parallel: 2.5\n",
-            ".gitlab-ci.yml:3: job \"test\": parallel: expected a whole number from 2 to 200 or a mapping with \"matrix\", found \"2.5\"",
+            ".gitlab-ci.yml:3: job \"test\": parallel: expected a whole number from 1 to 200 or a mapping with \"matrix\", found \"2.5\"",
         ),
         (
             "test:\n  script: x\n  parallel: [2]\n",
-            ".gitlab-ci.yml:3: job \"test\": parallel: expected a whole number from 2 to 200 or a mapping with \"matrix\", found a list",
+            ".gitlab-ci.yml:3: job \"test\": parallel: expected a whole number from 1 to 200 or a mapping with \"matrix\", found a list",
         ),
         (
             "test:\n  script: x\n  parallel: {count: 2}\n",
@@ -1318,4 +1318,39 @@ b:\n  script: [old]\nb:\n  script: [new]\n";
             ".gitlab-ci.yml:12: duplicate key \"b\" (lines 10 and 12): the last value is used, as GitLab does",
         ]
     );
+}
+
+#[test]
+fn extends_is_applied_before_references_are_resolved() {
+    // GitLab merges `extends` first: `.a` has a before_script only through `.base`.
+    let text = "\
+.base:\n  before_script: [echo base]\n  variables: {V: base}\n\
+.a:\n  extends: .base\n\
+job:\n  before_script:\n    - !reference [.a, before_script]\n    - echo own\n  script: [!reference [.a, variables, V]]\n";
+    let p = parse(text).unwrap();
+    let job = p.job("job").unwrap();
+    assert_eq!(job.before_script, vec!["echo base", "echo own"]);
+    assert_eq!(job.script, vec!["base"]);
+}
+
+#[test]
+fn parallel_one_nested_needs_and_null_only() {
+    let text = "\
+.deps: &deps [a]\n\
+.base:\n  only: [tags]\n\
+a:\n  script: x\n  parallel: 1\n\
+b:\n  stage: build\n  script: x\n\
+c:\n  extends: .base\n  only: null\n  script: x\n  needs: [*deps, {job: b, artifacts: false}]\n";
+    let p = parse(text).unwrap();
+    let a = p
+        .job("a 1/1")
+        .expect("parallel: 1 makes one job named a 1/1");
+    assert_eq!(
+        lookup_in(&a.variables, "CI_NODE_TOTAL").as_deref(),
+        Some("1")
+    );
+    // `only: null` cancels the inherited `only: [tags]`: c runs on a branch pipeline.
+    let c = p.job("c").expect("c is in the pipeline");
+    let needs: Vec<_> = c.needs.iter().flatten().map(|n| n.job.as_str()).collect();
+    assert_eq!(needs, vec!["a 1/1", "b"]);
 }
