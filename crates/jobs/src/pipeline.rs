@@ -747,6 +747,12 @@ impl Reader<'_> {
         rules
     }
 
+    /// A warning at `line`: accepted, as GitLab accepts it, but worth a line.
+    fn warn(&mut self, line: usize, message: impl Into<String>) {
+        let d = self.diagnostic(line, message.into());
+        self.ignored.push(d);
+    }
+
     /// Notes a key that is accepted but decides nothing in a local run.
     fn ignore(&mut self, line: usize, ctx: &str, key: &str) {
         let d = self.diagnostic(

@@ -287,7 +287,19 @@ impl PipelineRun {
                     }
                 };
                 if let Some(deps) = &job.dependencies {
-                    artifact_from = deps.iter().flat_map(|d| named(d)).collect();
+                    // A job that `needs:` marks `artifacts: false` gives none, named in
+                    // `dependencies:` or not (GitLab's rule).
+                    let refused = |i: &usize| {
+                        job.needs
+                            .iter()
+                            .flatten()
+                            .any(|n| !n.artifacts && index(&n.job) == Some(*i))
+                    };
+                    artifact_from = deps
+                        .iter()
+                        .flat_map(|d| named(d))
+                        .filter(|i| !refused(i))
+                        .collect();
                 }
                 let mut rj = RunJob {
                     name: job.name.clone(),
@@ -879,6 +891,21 @@ d: {stage: deploy, script: d, needs: [b], when: always}
             _ => (JobStatus::Success, Some(0)),
         });
         assert_eq!(run.status(), PipelineStatus::Failed);
+        // A rule's allow_failure replaces the job's exit codes.
+        let text = "flaky:\n  script: x\n  allow_failure: {exit_codes: [3]}\n  rules:\n    - allow_failure: false\n";
+        let p = pipeline(text);
+        let mut run = PipelineRun::new(&p, None).unwrap();
+        drive_codes(&p, &mut run, |_| (JobStatus::Failed, Some(3)));
+        assert_eq!(run.status(), PipelineStatus::Failed);
+        // `needs: artifacts: false` wins over `dependencies:` naming the same job.
+        let text = "stages: [a, b]\n\
+                    one: {stage: a, script: x}\n\
+                    two: {stage: a, script: x}\n\
+                    use: {stage: b, script: x, needs: [{job: one, artifacts: false}, two], dependencies: [one, two]}\n";
+        let p = pipeline(text);
+        let mut run = PipelineRun::new(&p, None).unwrap();
+        drive_codes(&p, &mut run, |_| (JobStatus::Success, Some(0)));
+        assert_eq!(run.artifact_sources(idx(&p, "use")), [idx(&p, "two")]);
     }
 
     #[test]

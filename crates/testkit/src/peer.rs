@@ -8,6 +8,7 @@
 //! - `branch` / `tag`: checked out after the first commit on `main` (default: `main`);
 //! - `changes`: `{path: content}` committed on the branch, so `rules:changes` sees them against
 //!   `origin/main`;
+//! - `error`: the pipeline is refused (by GitLab too): Slipway exits non-zero and says this;
 //! - `deviation`: where gitlab-ci-local departs from GitLab's documented behaviour, why; then
 //!   `gitlab` holds GitLab's outcome (`{job: status}`) and `gitlab_out` the lines GitLab's jobs
 //!   print (`{job: [lines]}`), which Slipway must give instead.
@@ -350,6 +351,13 @@ pub fn run_peer(case: &Case, project: &Path) -> Result<Outcome, FixtureError> {
         log: log.clone(),
         ..Outcome::default()
     };
+    // Status lines name jobs that started; a " WARN " line of the peer's own (a duplicated
+    // YAML key, say) is not a job.
+    let started: std::collections::HashSet<&str> = log
+        .lines()
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_once(" starting ").map(|(n, _)| n.trim()))
+        .collect();
     for line in log.lines() {
         for (word, status) in [
             (" PASS  ", "success"),
@@ -364,7 +372,9 @@ pub fn run_peer(case: &Case, project: &Path) -> Result<Outcome, FixtureError> {
                 {
                     name = n;
                 }
-                o.jobs.insert(gitlab_name(name), status.to_string());
+                if started.contains(name) {
+                    o.jobs.insert(gitlab_name(name), status.to_string());
+                }
             }
         }
         if line.starts_with(' ') {
@@ -485,10 +495,20 @@ pub fn compare(slipway: &Path, case: &Case) -> Result<Compared, FixtureError> {
     let t = Instant::now();
     let peer = run_peer(case, &peer_project)?;
     let peer_time = t.elapsed();
+    let mut differences = differences(&ours, &peer);
+    let mut gitlab_differences = against_gitlab(&ours, case);
+    // `error`: the pipeline is refused, and Slipway's message says this.
+    if let Some(want) = case.spec["error"].as_str() {
+        if ours.code == Some(0) || !ours.log.contains(want) {
+            let d = format!("slipway must refuse the pipeline saying {want:?}");
+            differences.push(d.clone());
+            gitlab_differences.push(d);
+        }
+    }
     Ok(Compared {
         case: case.name.clone(),
-        differences: differences(&ours, &peer),
-        gitlab_differences: against_gitlab(&ours, case),
+        differences,
+        gitlab_differences,
         deviation: case.spec["deviation"].as_str().map(String::from),
         ours,
         peer,

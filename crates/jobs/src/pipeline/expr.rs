@@ -1,12 +1,16 @@
 //! GitLab's CI/CD expression language, as `rules:if`, `workflow:rules:if` and
 //! `only/except:variables` use it.
 //!
-//! Operands: `$VAR` (or `${VAR}`), `"string"` / `'string'` (no escapes, no expansion), `null`,
+//! Operands: `$VAR`, `"string"` / `'string'` (no escapes, no expansion), `null`,
 //! and `/regex/flags` (RE2 syntax, flags `i`, `m`, `s`). Operators: `==`, `!=`, `=~`, `!~`,
 //! `&&` (binds tighter), `||`, and parentheses. A lone operand is true when it is a non-blank
 //! string. As in GitLab: an undefined variable is `null`; `null` matched against a pattern is
 //! matched as the empty string; the right side of `=~` may be a variable (or string) holding
 //! `/regex/flags`; a value that is no pattern matches nothing.
+//!
+//! `${VAR}` is no variable to GitLab's lexer (its pattern is `$` and word characters): GitLab
+//! cannot evaluate such a statement, and a rule with it never matches. It is read here so the
+//! rest is still checked, and the whole expression is false ([`Expr::braced_variable`]).
 
 use std::fmt;
 
@@ -20,6 +24,8 @@ const MAX_DEPTH: usize = 32;
 #[derive(Debug, Clone)]
 pub(crate) struct Expr {
     root: Node,
+    /// Column of the first `${`, which makes the statement false (see the module's notes).
+    braced: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -66,6 +72,8 @@ impl fmt::Display for ExprError {
 #[derive(Debug, Clone, PartialEq)]
 enum Token {
     Var(String),
+    /// `${VAR}`: read as a variable, but it makes the statement false.
+    BracedVar(String),
     Str(String),
     Null,
     Pattern(String, String),
@@ -99,18 +107,28 @@ impl Expr {
                 describe(t)
             )));
         }
-        Ok(Expr { root })
+        let braced = tokens.iter().find_map(|(t, col)| match t {
+            Token::BracedVar(_) => Some(*col),
+            _ => None,
+        });
+        Ok(Expr { root, braced })
     }
 
     /// Evaluates with `lookup` giving each variable's value (`None` when undefined).
     pub(crate) fn eval(&self, lookup: &dyn Fn(&str) -> Option<String>) -> bool {
-        eval(&self.root, lookup)
+        self.braced.is_none() && eval(&self.root, lookup)
+    }
+
+    /// The column of a `${VAR}`, which GitLab's lexer does not read: the statement is false.
+    pub(crate) fn braced_variable(&self) -> Option<usize> {
+        self.braced
     }
 }
 
 fn describe(t: &Token) -> String {
     match t {
         Token::Var(n) => format!("variable ${n}"),
+        Token::BracedVar(n) => format!("${{{n}}}"),
         Token::Str(s) => format!("string \"{s}\""),
         Token::Null => "null".into(),
         Token::Pattern(p, f) => format!("pattern /{p}/{f}"),
@@ -163,7 +181,15 @@ fn lex(text: &str) -> Result<Vec<(Token, usize)>, ExprError> {
                         "expected a variable name after \"$\" at column {col}"
                     )));
                 }
-                out.push((Token::Var(name), col));
+                let braced = chars.get(i + 1) == Some(&'{');
+                out.push((
+                    if braced {
+                        Token::BracedVar(name)
+                    } else {
+                        Token::Var(name)
+                    },
+                    col,
+                ));
                 i = next;
             }
             '"' | '\'' => {
@@ -352,7 +378,7 @@ impl Parser<'_> {
             ));
         };
         let op = match tok {
-            Token::Var(n) => Operand::Var(n.clone()),
+            Token::Var(n) | Token::BracedVar(n) => Operand::Var(n.clone()),
             Token::Str(s) => Operand::Str(s.clone()),
             Token::Null => Operand::Null,
             Token::Pattern(p, f) => Operand::Pattern(
@@ -423,7 +449,14 @@ mod tests {
         let v = [("BRANCH", "main"), ("EMPTY", ""), ("SPACE", "  ")];
         assert!(check("$BRANCH == \"main\"", &v));
         assert!(check("$BRANCH == 'main'", &v));
-        assert!(check("${BRANCH} != \"dev\"", &v));
+        // GitLab's lexer has no `${VAR}`: the statement cannot be evaluated and never holds.
+        assert!(!check("${BRANCH} != \"dev\"", &v));
+        assert!(!check("${BRANCH} == \"main\"", &v));
+        assert!(!check("$BRANCH == \"main\" || ${BRANCH}", &v));
+        assert_eq!(
+            Expr::parse("$A && ${B}").unwrap().braced_variable(),
+            Some(7)
+        );
         assert!(check("$BRANCH", &v));
         assert!(!check("$EMPTY", &v));
         assert!(!check("$SPACE", &v));

@@ -305,11 +305,10 @@ impl Reader<'_> {
         }
         if trigger {
             // A trigger job starts a downstream pipeline in GitLab; there is none here.
-            let d = self.diagnostic(
+            self.warn(
                 line,
                 format!("{ctx}: a trigger job starts a downstream pipeline, which a local run does not have; not run"),
             );
-            self.ignored.push(d);
             return Some(Vec::new());
         }
         if decide.rules.is_some() && (decide.only.is_some() || decide.except.is_some()) {
@@ -442,6 +441,10 @@ impl Reader<'_> {
         // inside rules it blocks unless it says otherwise (GitLab's defaults).
         let explicit = rule.and_then(|r| r.allow_failure).or(d.allow_failure);
         job.allow_failure = explicit.unwrap_or(job.manual && rule.is_none());
+        if rule.is_some_and(|r| r.allow_failure.is_some()) {
+            // The rule's allow_failure replaces the job's whole setting, exit codes included.
+            job.allow_failure_exit_codes.clear();
+        }
         if let Some(r) = rule {
             layer(&mut job.variables, r.variables.iter().cloned());
             if let Some(n) = &r.needs {

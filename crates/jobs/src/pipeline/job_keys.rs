@@ -185,6 +185,31 @@ impl Reader<'_> {
                 );
                 continue;
             };
+            // Artifacts of another project's or the parent pipeline's job: GitLab fetches them
+            // from its own store, which a local run does not have. The job runs without them.
+            if let Some(e) = entries
+                .iter()
+                .find(|e| e.key == "project" || e.key == "pipeline")
+            {
+                let job = item
+                    .get("job")
+                    .and_then(|j| j.value.as_scalar())
+                    .unwrap_or("?");
+                self.warn(
+                    e.key_line,
+                    format!(
+                        "{ctx}: needs:{}: the artifacts of job \"{job}\" of {} are not fetched \
+                         in a local run; the job runs without them",
+                        e.key,
+                        if e.key == "project" {
+                            "another project"
+                        } else {
+                            "another pipeline"
+                        }
+                    ),
+                );
+                continue;
+            }
             let mut need = RawNeed {
                 job: String::new(),
                 artifacts: true,

@@ -127,7 +127,8 @@ impl Reader<'_> {
                                 })
                             })
                             .collect();
-                        if picked.is_empty() && !targets.is_empty() {
+                        // An optional need that matches nothing is dropped, as GitLab does.
+                        if picked.is_empty() && !targets.is_empty() && !n.optional {
                             self.error(
                                 n.line,
                                 format!(
