@@ -42,7 +42,7 @@
 //! [`PipelineOptions::allow_unsupported`] turns those into warnings; a key that is not a GitLab
 //! keyword at all is always an error, as it is in GitLab (it is usually a typo).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
