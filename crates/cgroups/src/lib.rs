@@ -48,4 +48,4 @@ pub use error::{CgroupError, Result};
 pub use hierarchy::{Backend, Controller, Hierarchy, Mode};
 pub use limits::{CpuQuota, Limits};
 pub use slot::{CleanupReport, DEFAULT_CLEANUP_TIMEOUT, SlotCgroup, SlotStats, sweep};
-pub use template::{DEFAULT_TEMPLATE, SlotPath, SlotTemplate};
+pub use template::{DEFAULT_TEMPLATE, PER_INSTANCE_TEMPLATE, SlotPath, SlotTemplate};

@@ -14,6 +14,10 @@ pub const INSTANCE_PLACEHOLDER: &str = "{instance}";
 /// Slipway's default slot cgroup template.
 pub const DEFAULT_TEMPLATE: &str = "slipway/slot-{slot}";
 
+/// The default for instances that share this host's cgroupfs (the local plugin's): each
+/// instance gets its own subtree, as a real instance has its own hierarchy.
+pub const PER_INSTANCE_TEMPLATE: &str = "slipway/{instance}/slot-{slot}";
+
 /// Environment variable carrying the slot cgroup's relative path to the job.
 pub const ENV_SLIPWAY_CGROUP: &str = "SLIPWAY_CGROUP";
 
@@ -100,6 +104,34 @@ impl SlotTemplate {
                 .replace(SLOT_PLACEHOLDER, &slot.to_string())
                 .replace(INSTANCE_PLACEHOLDER, &id),
         )
+    }
+
+    /// The default for instances that share one kernel: [`PER_INSTANCE_TEMPLATE`].
+    pub fn per_instance() -> Self {
+        Self {
+            template: PER_INSTANCE_TEMPLATE.to_string(),
+        }
+    }
+
+    /// The cgroup that holds every slot of `instance` and nothing of another instance: the
+    /// template up to its first `{instance}` component, when no `{slot}` comes before or in
+    /// it. `None` when the template does not name the instance that way.
+    pub fn instance_subtree(&self, instance: &str) -> Option<SlotPath> {
+        let components: Vec<&str> = self.template.split('/').collect();
+        let at = components
+            .iter()
+            .position(|c| c.contains(INSTANCE_PLACEHOLDER))?;
+        if components[..=at]
+            .iter()
+            .any(|c| c.contains(SLOT_PLACEHOLDER))
+        {
+            return None;
+        }
+        // Expanded like the slots below it, so the subtree is exactly their parent.
+        let parent = Self {
+            template: components[..=at].join("/"),
+        };
+        Some(parent.expand_on(instance, 0))
     }
 
     /// The part of the template above the first `{slot}` component, and that component split
@@ -190,6 +222,32 @@ mod tests {
         assert_eq!(t.expand_on("a b/..", 0).as_str(), "ci/a_b_../slot-0");
         assert_eq!(t.expand_on("..", 0).as_str(), "ci/_/slot-0");
         assert!(SlotTemplate::parse("ci/{instance}$/slot-{slot}").is_err());
+    }
+
+    #[test]
+    fn an_instance_subtree_holds_all_its_slots_and_only_them() {
+        let t = SlotTemplate::per_instance();
+        assert_eq!(t.expand_on("x1-ab", 3).as_str(), "slipway/x1-ab/slot-3");
+        assert_eq!(
+            t.instance_subtree("x1-ab").unwrap().as_str(),
+            "slipway/x1-ab"
+        );
+        assert_eq!(
+            t.instance_subtree("a b").unwrap().as_str(),
+            "slipway/a_b",
+            "sanitised as the slots are"
+        );
+        let gitlab = SlotTemplate::parse("ci/${instance}/x/slot-${slot}").unwrap();
+        assert_eq!(gitlab.instance_subtree("i").unwrap().as_str(), "ci/i");
+        // No instance component of its own: nothing to remove beyond the slots.
+        for shared in [
+            "slipway/slot-{slot}",
+            "ci/{instance}-slot-{slot}",
+            "s-{slot}/{instance}",
+        ] {
+            let t = SlotTemplate::parse(shared).unwrap();
+            assert_eq!(t.instance_subtree("i"), None, "{shared}");
+        }
     }
 
     #[test]

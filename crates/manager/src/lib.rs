@@ -27,5 +27,6 @@ pub mod server;
 pub mod shutdown;
 pub mod source;
 pub mod status;
+pub mod subtrees;
 
 pub use manager::Manager;

@@ -105,6 +105,8 @@ pub struct Checks {
     pub alive: Mutex<HashMap<String, Instant>>,
     /// The runner's Docker executors: an instance's goes (its networks removed) with it.
     pub docker_execs: DockerExecs,
+    /// Instances' cgroup subtrees on this host (the local plugin's): removed with them.
+    pub subtrees: Option<Arc<crate::subtrees::InstanceSubtrees>>,
 }
 
 impl Checks {
@@ -180,6 +182,9 @@ impl InstanceHooks for Checks {
     }
 
     async fn removing(&self, id: &str) {
+        if let Some(s) = &self.subtrees {
+            s.remove(id).await;
+        }
         // Its executor's warm slot networks, while its engine is still reachable: on an engine
         // the instance shares (the local plugin's share this host's) they would outlive it.
         // Forgotten once done: cut short (the manager stopping), the runner's shutdown

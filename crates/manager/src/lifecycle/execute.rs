@@ -155,6 +155,9 @@ async fn execute_on_instance(
     stops: &Stops,
 ) -> RunResult {
     let level = admission.level;
+    if let Some(s) = &runner.subtrees {
+        s.used(&acq.instance_id);
+    }
     let exec: Box<dyn Executor + '_> = if runner.executor_plugin.is_some() {
         let instance = instance_of(&acq.connect_info);
         match plugin_executor(runner, acq, admission, Some(instance)) {
@@ -230,14 +233,7 @@ async fn run_on(
         job,
         JobSlot {
             slot: acq.slot,
-            // Containers live under the slot's cgroup, as GitLab does with use_slot_cgroups.
-            cgroup: Some(
-                runner
-                    .cgroups
-                    .template
-                    .expand_on(&acq.instance_id, acq.slot)
-                    .to_string(),
-            ),
+            cgroup: Some(container_cgroup(runner, acq)),
             trace,
             cancel: stops.cancel.clone(),
             abort: stops.abort.clone(),
@@ -246,6 +242,21 @@ async fn run_on(
         },
     )
     .await
+}
+
+/// The cgroup parent of the job's containers: the slot's cgroup, as GitLab does with
+/// use_slot_cgroups. Relative (under the engine's own cgroup) on a real instance; absolute on
+/// an instance sharing this host, so the containers stay in its subtree, which goes with it.
+fn container_cgroup(runner: &Runner, acq: &Acquisition) -> String {
+    let path = runner
+        .cgroups
+        .template
+        .expand_on(&acq.instance_id, acq.slot);
+    if runner.subtrees.is_some() {
+        format!("/{path}")
+    } else {
+        path.to_string()
+    }
 }
 
 /// A `plugin` runner's executor for `job`: on its instance when `instance` is given.

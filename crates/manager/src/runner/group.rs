@@ -12,6 +12,7 @@ use slipway_taskscaler::{Options, Resources, Shape, Taskscaler};
 
 use super::{GroupName, StartError, StartOptions};
 use crate::pool::{Checks, DockerExecs, Pool};
+use crate::subtrees::InstanceSubtrees;
 
 /// One instance group of a runner as configured: the section itself, or one of its shapes.
 pub(super) struct GroupPlan {
@@ -89,6 +90,7 @@ pub(super) fn group_plans(
 }
 
 /// Start one group's plugin and taskscaler; stops the plugin again when the rest fails.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn start_group(
     cfg: &RunnerConfig,
     plan: &GroupPlan,
@@ -96,6 +98,7 @@ pub(super) async fn start_group(
     opts: &StartOptions,
     pool: &Arc<Pool>,
     docker_execs: &DockerExecs,
+    subtrees: Option<&Arc<InstanceSubtrees>>,
     families: &Arc<MetricFamilies>,
 ) -> Result<(Arc<PluginHost>, Taskscaler), StartError> {
     let auto = &plan.auto;
@@ -143,6 +146,7 @@ pub(super) async fn start_group(
             .then(|| auto.instance_ready_command.clone()),
         alive: std::sync::Mutex::new(std::collections::HashMap::new()),
         docker_execs: docker_execs.clone(),
+        subtrees: subtrees.cloned(),
     });
     let store_key = several.then_some(plan.shape.as_str());
     let store = match open_store(cfg, auto, &info, opts, store_key).await {

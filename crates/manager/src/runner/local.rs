@@ -87,6 +87,7 @@ pub(super) fn start_local(
         container_cache_dir: cache_dir_of(cfg, "/cache"),
         isolation,
         cgroups,
+        subtrees: None,
         executor: cfg.executor.clone(),
         local: true,
         custom_build_dir: cfg.custom_build_dir(),

@@ -28,6 +28,7 @@ use slipway_taskscaler::{
 
 use crate::lifecycle::JobDefaults;
 use crate::pool::{DockerExecs, Pool, PoolError};
+use crate::subtrees::InstanceSubtrees;
 
 pub use error::{GroupName, SnapshotsError, StartError};
 pub use group::{plugin_name, run_scoped_plugin_config};
@@ -53,6 +54,9 @@ pub struct Runner {
     pub isolation: IsolationPolicy,
     /// Slot cgroups of the `cgroup` level.
     pub cgroups: SlotCgroups,
+    /// Each instance's cgroup subtree, when its instances share this host (the local
+    /// plugin's): removed with the instance.
+    pub subtrees: Option<Arc<InstanceSubtrees>>,
     /// Executor (`instance`, `docker-autoscaler`, `shell`, `docker`, `custom`, `plugin`).
     pub executor: Executor,
     /// Jobs run on this machine (shell, docker, custom), not on autoscaled instances.
@@ -169,11 +173,12 @@ impl Runner {
                 key,
                 problem,
             })?;
-        let cgroups = cfg.slot_cgroups().map_err(|problem| StartError::Setting {
-            runner: cfg.name.clone(),
-            key: "slot_cgroup_template",
-            problem,
-        })?;
+        let cgroups =
+            crate::subtrees::slot_cgroups_of(cfg).map_err(|problem| StartError::Setting {
+                runner: cfg.name.clone(),
+                key: "slot_cgroup_template",
+                problem,
+            })?;
         let docker = cfg.docker.clone().unwrap_or_default();
         if !cfg.on_instances() {
             let executor_plugin = start_plugin_of(cfg, opts).await?;
@@ -201,6 +206,7 @@ impl Runner {
         }));
         let families = opts.metrics.clone().unwrap_or_default();
         let docker_execs = DockerExecs::default();
+        let subtrees = InstanceSubtrees::of(cfg, &cgroups).map(Arc::new);
         let mut plugins = Vec::new();
         let mut shapes = Vec::new();
         for plan in &plans {
@@ -211,6 +217,7 @@ impl Runner {
                 opts,
                 &pool,
                 &docker_execs,
+                subtrees.as_ref(),
                 &families,
             )
             .await
@@ -243,6 +250,7 @@ impl Runner {
             container_cache_dir: cache_dir_of(cfg, "/cache"),
             isolation,
             cgroups,
+            subtrees,
             executor: cfg.executor.clone(),
             local: false,
             custom_build_dir: cfg.custom_build_dir(),
@@ -425,6 +433,10 @@ impl Runner {
         }
         self.pool.close_all().await;
         self.placement.shutdown().await;
+        // The instances are gone (or idle, kept for the next run): so are their subtrees.
+        if let Some(s) = &self.subtrees {
+            s.remove_all().await;
+        }
         for p in &self.plugins {
             p.stop().await;
         }
