@@ -5,6 +5,7 @@
 //! names a template), and the subtree is removed here when its instance is removed.
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use slipway_cgroups::{Hierarchy, SlotCgroup, SlotTemplate};
@@ -69,8 +70,12 @@ impl InstanceSubtrees {
         let timeout = self.cgroups.cleanup_timeout;
         // cgroupfs work and kill rounds block.
         let done = tokio::task::spawn_blocking(move || {
-            let hierarchy = Hierarchy::at(root)?;
-            SlotCgroup::open(&hierarchy, path).cleanup(timeout)
+            let hierarchy = Hierarchy::at(&root)?;
+            let report = SlotCgroup::open(&hierarchy, path.clone()).cleanup(timeout);
+            // Docker also makes the containers' cgroups in hierarchies Slipway does not use
+            // (blkio, devices, cpuset, name=systemd): empty now, they go too.
+            remove_empty_subtrees(std::path::Path::new(&root), path.as_str());
+            report
         })
         .await;
         match done {
@@ -92,6 +97,29 @@ impl InstanceSubtrees {
         // Poisoning only means a panic elsewhere; the set is still consistent.
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Remove `<root>/<mount>/<path>` and the cgroups under it, deepest first, in every mount;
+/// a cgroup still in use (rmdir refused) stays.
+fn remove_empty_subtrees(root: &Path, path: &str) {
+    let Ok(mounts) = std::fs::read_dir(root) else {
+        return;
+    };
+    for mount in mounts.flatten() {
+        remove_dirs_below(&mount.path().join(path));
+    }
+}
+
+/// rmdir `dir` after its subdirectories (cgroupfs: only directories are removed by hand).
+fn remove_dirs_below(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_dirs_below(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 #[cfg(test)]
