@@ -3,9 +3,10 @@
 //! Patterns are relative to the project directory. `*` matches within one path segment, `**`
 //! (a whole segment) matches any number of segments including none, `?` one character, `[abc]`,
 //! `[a-z]` and `[!abc]`/`[^abc]` one character of (or not of) a set, `{a,b}` either alternative,
-//! and `\` escapes the next character. A pattern that matches a directory matches everything
-//! under it, so `out/` (or `out`) selects the whole directory and an exclude of `out/tmp`
-//! removes everything below `out/tmp`.
+//! and `\` escapes the next character. For `artifacts:paths` ([`Globs::is_match`]) a pattern
+//! that matches a directory matches everything under it, so `out/` (or `out`) selects the
+//! whole directory. `artifacts:exclude` ([`Globs::matches_exactly`]) is not recursive, as in
+//! GitLab: `out/tmp` removes only that entry, `out/tmp/**` everything below it too.
 
 use crate::ArtifactsError;
 
@@ -76,6 +77,17 @@ impl Globs {
             p.segments.is_empty()
                 || (1..=segments.len()).any(|k| match_segments(&p.segments, &segments[..k]))
         })
+    }
+
+    /// Whether `path` itself matches a pattern, its parent directories not considered: how
+    /// GitLab Runner applies `artifacts:exclude` to every file and directory it walks, so
+    /// excluding `out` (or `out/`) removes the directory's own entry but not its files, and
+    /// `out/**` removes both.
+    pub fn matches_exactly(&self, path: &str) -> bool {
+        let segments: Vec<&str> = split(path).collect();
+        self.patterns
+            .iter()
+            .any(|p| match_segments(&p.segments, &segments))
     }
 
     /// Whether there are no patterns (nothing matches).
@@ -369,6 +381,73 @@ mod tests {
         assert!(g.is_match("abc"));
         assert!(!g.is_match("abcb"));
         assert!(globs(&["*"]).is_match("x"));
+    }
+
+    /// Which of `tree` an exclude of `patterns` removes, as GitLab Runner's walk does.
+    fn excluded(patterns: &[&str], tree: &[&str]) -> Vec<String> {
+        let g = globs(patterns);
+        tree.iter()
+            .filter(|p| g.matches_exactly(p))
+            .map(|p| p.to_string())
+            .collect()
+    }
+
+    const TREE: &[&str] = &[
+        "out",
+        "out/a.txt",
+        "out/tmp",
+        "out/tmp/x.o",
+        "out/tmp/deep",
+        "out/tmp/deep/y.o",
+        "out/my dir",
+        "out/my dir/notes.txt",
+        "out/keep.log",
+        "out/sub/b.log",
+    ];
+
+    #[test]
+    fn exclude_of_a_directory_name_removes_only_its_own_entry() {
+        for p in ["out/tmp", "out/tmp/", "./out/tmp"] {
+            assert_eq!(excluded(&[p], TREE), ["out/tmp"], "{p}");
+        }
+    }
+
+    #[test]
+    fn exclude_of_dir_double_star_removes_the_directory_and_everything_under_it() {
+        assert_eq!(
+            excluded(&["out/tmp/**"], TREE),
+            ["out/tmp", "out/tmp/x.o", "out/tmp/deep", "out/tmp/deep/y.o"]
+        );
+        assert_eq!(
+            excluded(&["out/tmp/**/*"], TREE),
+            ["out/tmp/x.o", "out/tmp/deep", "out/tmp/deep/y.o"],
+            "`/*` after `**` needs one more segment, so the directory itself stays"
+        );
+    }
+
+    #[test]
+    fn exclude_globs_stay_in_their_segment_unless_double_starred() {
+        assert_eq!(excluded(&["out/*.log"], TREE), ["out/keep.log"]);
+        assert_eq!(
+            excluded(&["out/**/*.log"], TREE),
+            ["out/keep.log", "out/sub/b.log"]
+        );
+        assert_eq!(excluded(&["*.log"], TREE), Vec::<String>::new());
+        assert_eq!(
+            excluded(&["**/*.o"], TREE),
+            ["out/tmp/x.o", "out/tmp/deep/y.o"]
+        );
+    }
+
+    #[test]
+    fn exclude_names_with_spaces_match_literally() {
+        assert_eq!(
+            excluded(&["out/my dir/**"], TREE),
+            ["out/my dir", "out/my dir/notes.txt"]
+        );
+        assert_eq!(excluded(&["out/my dir"], TREE), ["out/my dir"]);
+        assert_eq!(excluded(&["out/my*/*.txt"], TREE), ["out/my dir/notes.txt"]);
+        assert_eq!(excluded(&["out/my"], TREE), Vec::<String>::new());
     }
 
     #[test]

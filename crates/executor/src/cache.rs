@@ -237,18 +237,18 @@ pub fn archive_script(
         let _ = writeln!(s, "echo {}", quote(&format!("Creating cache {key}...")));
         let _ = writeln!(s, "set --");
         for p in &spec.paths {
-            if crate::script::artifact_path_problem(p).is_some() {
+            let Some(p) = crate::artifact_paths::in_project(p, dirs) else {
                 skipped.push(Skipped {
                     key: key.clone(),
                     reason: "a cache path must stay inside the project directory",
                 });
                 continue;
-            }
+            };
             // An unmatched glob stays literal without nullglob (busybox): keep only what exists.
             let _ = writeln!(
                 s,
                 "for f in {}; do if {{ [ -e \"$f\" ] || [ -L \"$f\" ]; }} && __slipway_inside \"$f\"; then set -- \"$@\" \"$__p\"; fi; done",
-                glob_word(p)
+                glob_word(&p)
             );
         }
         if spec.untracked {

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::artifact_paths;
 use crate::cache;
 use crate::host::Host;
 use crate::outcome::{FailureReason, JobOutcome};
@@ -111,6 +112,11 @@ pub struct CollectedArtifacts {
     /// machine (streamed there, so memory does not grow with its size). With `untracked` it
     /// holds the whole project directory: the caller filters it.
     pub tar: Tarball,
+    /// The entry's `paths`, relative to the project directory (those outside it dropped).
+    pub paths: Vec<String>,
+    /// Its `exclude` patterns, relative to the project directory, for the caller to apply to
+    /// each entry of `tar` on its own (not to what is under it), as GitLab Runner does.
+    pub exclude: Vec<String>,
 }
 
 enum StepEnd {
@@ -407,18 +413,26 @@ impl JobRunner {
             if !a.when.holds_after(outcome.is_success()) || cancel.is_cancelled() {
                 continue;
             }
-            let mut paths: Vec<String> = a
-                .paths
-                .iter()
-                .filter(|p| match script::artifact_path_problem(p) {
-                    None => true,
-                    Some(why) => {
-                        trace.message(&format!("WARNING: artifact path {p:?} {why}; skipped"));
-                        false
-                    }
-                })
-                .cloned()
-                .collect();
+            // Outside the project directory: a warning, as GitLab Runner gives, not a failure.
+            let mut relative = |list: &[String], what: &str| -> Vec<String> {
+                list.iter()
+                    .filter_map(|p| {
+                        let rel = artifact_paths::in_project(p, &dirs);
+                        if rel.is_none() {
+                            let why = if p.starts_with('/') || p.starts_with('$') {
+                                "is not inside the project directory"
+                            } else {
+                                "leaves the project directory"
+                            };
+                            trace.message(&format!("WARNING: {what} {p:?} {why}; skipped"));
+                        }
+                        rel
+                    })
+                    .collect()
+            };
+            let mut paths = relative(&a.paths, "artifact path");
+            let exclude = relative(&a.exclude, "artifacts:exclude pattern");
+            let included = paths.clone();
             if a.untracked {
                 // Untracked files are told apart by the caller, who knows the tracked ones.
                 paths = vec![".".to_string()];
@@ -468,7 +482,12 @@ impl JobRunner {
                     for w in err.lines().filter(|l| l.starts_with("WARNING: ")) {
                         trace.message(w);
                     }
-                    artifacts.push(CollectedArtifacts { spec, tar })
+                    artifacts.push(CollectedArtifacts {
+                        spec,
+                        tar,
+                        paths: included,
+                        exclude,
+                    })
                 }
                 // A cache never fails a job (GitLab's rule).
                 Err(msg) if a.is_cache() => {

@@ -1,5 +1,7 @@
 //! Executors: turn a prepared environment into a running job.
 //!
+//! - [`artifact_paths`]: artifact and cache paths expanded and made relative to the project
+//!   directory, as GitLab Runner reads them.
 //! - [`cache`]: GitLab's local cache, restored before a job's script and saved after it.
 //! - [`cgroup`]: the `cgroup` isolation level — the slot's cgroup around every job.
 //! - [`executor`]: the [`Executor`] trait every executor implements: one job on its slot.
@@ -17,6 +19,7 @@
 //! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
 //! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
 
+pub mod artifact_paths;
 pub mod cache;
 pub mod cgroup;
 pub mod custom;

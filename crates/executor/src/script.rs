@@ -177,7 +177,9 @@ pub fn unpack_script(dirs: &JobDirs) -> String {
     format!("set -e\ntar -x -f - -C {}\n", dirs.project_dir())
 }
 
-/// Write a tar of the matching paths (globs, `**` included) to stdout.
+/// Write a tar of the matching paths (relative to the project directory; globs, `**`
+/// included) to stdout. A path that matches nothing is a warning on stderr in GitLab Runner's
+/// words, not a failure.
 pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
     let mut s = format!(
         "set -e\nshopt -s globstar nullglob dotglob 2>/dev/null || :\ncd {}\n{}set --\n",
@@ -185,10 +187,19 @@ pub fn collect_script(dirs: &JobDirs, paths: &[String]) -> String {
         inside_function("artifact", true),
     );
     for p in paths {
+        // Without nullglob (busybox) an unmatched glob stays literal: keep only what exists.
         let _ = writeln!(
             s,
-            "for f in {}; do if __slipway_inside \"$f\"; then set -- \"$@\" \"$__p\"; fi; done",
+            "__n=0; for f in {}; do if {{ [ -e \"$f\" ] || [ -L \"$f\" ]; }} && __slipway_inside \"$f\"; then set -- \"$@\" \"$__p\"; __n=1; fi; done",
             glob_word(p)
+        );
+        let _ = writeln!(
+            s,
+            "if [ $__n -eq 0 ]; then echo {}\"$(pwd))\" >&2; fi",
+            quote(&format!(
+                "WARNING: {p}: no matching files. Ensure that the artifact path is relative to \
+                 the working directory ("
+            ))
         );
     }
     s.push_str("if [ $# -eq 0 ]; then tar -c -f - -T /dev/null; else tar -c -f - -- \"$@\"; fi\n");
@@ -417,6 +428,43 @@ mod tests {
         assert!(artifact_path_problem("/etc/passwd").is_some());
         assert!(artifact_path_problem("../ssh_host_ed25519_key").is_some());
         assert!(artifact_path_problem("a/../../b").is_some());
+    }
+
+    #[test]
+    fn collecting_warns_of_paths_that_match_nothing_and_keeps_the_rest() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs = JobDirs {
+            builds_dir: root.path().display().to_string(),
+            slot: 0,
+            job_id: 1,
+            clone_path: None,
+        };
+        let project = root.path().join("slot-0/job-1");
+        std::fs::create_dir_all(project.join("out/my dir")).unwrap();
+        std::fs::write(project.join("out/my dir/a.txt"), "a").unwrap();
+        let paths = ["out/my dir/", "missing/", "reports/*.xml"].map(String::from);
+        // The tar on stdout, listed.
+        let listed = format!(
+            "set -o pipefail\n(\n{}) | tar -t -f -",
+            collect_script(&dirs, &paths)
+        );
+        let out = std::process::Command::new("bash")
+            .args(["-c", &listed])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let mut names: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
+        names.sort();
+        assert_eq!(names, ["out/my dir/", "out/my dir/a.txt"]);
+        let err = String::from_utf8(out.stderr).unwrap();
+        let wd = project.display();
+        for p in ["missing/", "reports/*.xml"] {
+            let want = format!(
+                "WARNING: {p}: no matching files. Ensure that the artifact path is relative to the working directory ({wd})"
+            );
+            assert!(err.lines().any(|l| l == want), "{want:?} not in {err}");
+        }
+        assert!(!err.contains("out/my dir/:"), "{err}");
     }
 
     #[test]

@@ -81,16 +81,17 @@ impl JobDefaults {
 }
 
 /// `$VARIABLE`s in artifact and cache paths, exclusions and names replaced by the job's
-/// variables, as GitLab Runner expands them.
+/// variables, as GitLab Runner expands them; `$CI_PROJECT_DIR` and `$CI_BUILDS_DIR` in paths
+/// are resolved where the job runs (see [`slipway_executor::artifact_paths`]).
 fn expand_paths(job: &mut JobResponse) {
     let snapshot = job.clone();
-    let expand = |v: &mut String| *v = slipway_executor::cache::expand(v, &snapshot);
+    let path = |v: &mut String| *v = slipway_executor::artifact_paths::expand(v, &snapshot);
     for a in &mut job.artifacts {
-        a.paths.iter_mut().for_each(expand);
-        a.exclude.iter_mut().for_each(expand);
-        expand(&mut a.name);
+        a.paths.iter_mut().for_each(path);
+        a.exclude.iter_mut().for_each(path);
+        a.name = slipway_executor::cache::expand(&a.name, &snapshot);
     }
     for c in &mut job.cache {
-        c.paths.iter_mut().for_each(expand);
+        c.paths.iter_mut().for_each(path);
     }
 }

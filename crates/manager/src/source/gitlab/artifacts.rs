@@ -23,7 +23,8 @@ pub(super) fn keeps(
 ) -> bool {
     let lineage =
         || std::iter::successors(Some(path), |p| p.rsplit_once('/').map(|(parent, _)| parent));
-    if path.is_empty() || path == "." || lineage().any(|p| excludes.is_match(p)) {
+    // Exclusion is not recursive (GitLab Runner matches each walked path on its own).
+    if path.is_empty() || path == "." || excludes.matches_exactly(path) {
         return false;
     }
     if !untracked {
@@ -84,22 +85,9 @@ pub(super) async fn upload_artifacts(
                 }
             },
         };
-        // A path leaving the project directory was refused (with a warning) where the job
-        // ran; it matches nothing here either, and must not fail the other paths.
-        let inside = |p: &&String| slipway_executor::script::artifact_path_problem(p).is_none();
-        let (paths, exclude, untracked) = (
-            spec.paths
-                .iter()
-                .filter(inside)
-                .cloned()
-                .collect::<Vec<_>>(),
-            spec.exclude
-                .iter()
-                .filter(inside)
-                .cloned()
-                .collect::<Vec<_>>(),
-            spec.untracked,
-        );
+        // Made relative to the project directory where the job ran; those outside it were
+        // dropped there with a warning.
+        let (paths, exclude, untracked) = (c.paths, c.exclude, spec.untracked);
         // Shared, not copied: the list can hold every file of a large repository.
         let tracked = Arc::clone(tracked);
         let Some(tar) = c.tar.path().map(std::path::Path::to_path_buf) else {

@@ -353,7 +353,6 @@ async fn drive(
                     inputs,
                     artifacts_out: artifacts_dir.join(format!("{id}.tar")),
                     dotenv_files: job.dotenv.clone(),
-                    exclude: job.artifacts_exclude.clone(),
                     trace,
                     coverage,
                     cancel: jobs_stop.child_token(),
@@ -440,7 +439,6 @@ struct JobTask {
     inputs: Vec<PathBuf>,
     artifacts_out: PathBuf,
     dotenv_files: Vec<String>,
-    exclude: Vec<String>,
     trace: mpsc::UnboundedSender<Vec<u8>>,
     coverage: tokio::task::JoinHandle<Option<String>>,
     cancel: CancellationToken,
@@ -578,8 +576,9 @@ impl JobTask {
     }
 
     /// Keeps a try's artifacts (one file per archive, each unpacked by its own `tar -x`) and
-    /// reads its dotenv report; `$VARIABLE`s in their paths and exclusions are expanded with
-    /// the variables `job` ran with, as its artifact paths were.
+    /// reads its dotenv report; `$VARIABLE`s in the dotenv paths are expanded with the
+    /// variables `job` ran with, as its artifact paths were (exclusions come resolved with
+    /// the collected files).
     async fn store(
         &self,
         job: &slipway_jobs::JobResponse,
@@ -594,7 +593,7 @@ impl JobTask {
                 .map(|p| slipway_executor::cache::expand(p, job))
                 .collect()
         };
-        let (dotenv_files, exclude) = (expand(&self.dotenv_files), expand(&self.exclude));
+        let dotenv_files = expand(&self.dotenv_files);
         for (n, c) in collected.iter().enumerate() {
             let spec = self.payload.artifacts.get(c.spec);
             // A local run's artifacts are read whole (they are kept as files for its later
@@ -613,7 +612,7 @@ impl JobTask {
                 }
                 continue;
             }
-            let tar = match read::without_excluded(&tar, &exclude) {
+            let tar = match read::without_excluded(&tar, &c.exclude) {
                 Ok(t) => t,
                 Err(e) => {
                     trace.message(&format!("WARNING: artifacts: {e}"));

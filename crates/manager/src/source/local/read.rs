@@ -245,7 +245,7 @@ pub fn dotenv_of(tar: &[u8], files: &[String]) -> Result<Vec<Variable>, String> 
     Ok(vars)
 }
 
-/// A collected artifacts tar without the entries `exclude` matches.
+/// A collected artifacts tar without the entries `exclude` matches (each entry's own path).
 pub fn without_excluded(tar: &[u8], exclude: &[String]) -> Result<Vec<u8>, String> {
     if exclude.is_empty() {
         return Ok(tar.to_vec());
@@ -260,7 +260,8 @@ pub fn without_excluded(tar: &[u8], exclude: &[String]) -> Result<Vec<u8>, Strin
             .map_err(|e| e.to_string())?
             .to_string_lossy()
             .into_owned();
-        if globs.is_match(&path) {
+        // Not recursive, as in GitLab: `dir` drops the directory's entry, `dir/**` its files.
+        if globs.matches_exactly(&path) {
             continue;
         }
         let mut header = entry.header().clone();
