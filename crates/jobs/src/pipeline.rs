@@ -61,6 +61,7 @@ mod link;
 mod parallel;
 mod payload;
 mod reference;
+mod remote;
 mod rules;
 mod scalars;
 mod varfile;
@@ -307,7 +308,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// Reads and parses a pipeline file; messages name the file as `path` is written. Blocking
-    /// file I/O (included files too).
+    /// file I/O (included files too) and network I/O (`include:remote`).
     pub fn from_file(path: impl AsRef<Path>, opts: PipelineOptions) -> Result<Self, PipelineError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| PipelineError::Read {
@@ -325,7 +326,8 @@ impl Pipeline {
     }
 
     /// Parses pipeline text; `file_name` is used in messages. Included files are read from
-    /// [`PipelineOptions::project_dir`] (blocking file I/O).
+    /// [`PipelineOptions::project_dir`] (blocking file I/O; `include:remote` blocks on the
+    /// network).
     pub fn parse(
         text: &str,
         file_name: &str,

@@ -3,8 +3,9 @@
 //! `include:` takes a file name, or a list of names and mappings: `local` (relative to the
 //! project directory, with `*`/`**` globs), `project` + `file` (read from
 //! `<include root>/<project>/<file>`, a local checkout; `ref` is not checked out), `inputs` for
-//! files with a `spec: inputs:` header, and `rules` (`if`, `exists`, `when`). `remote`,
-//! `template` and `component` need the network and are refused, naming the line. Included files
+//! files with a `spec: inputs:` header, `remote` (fetched over HTTP(S), see [`super::remote`]),
+//! and `rules` (`if`, `exists`, `when`). `template` and `component` would need GitLab's own
+//! files and are refused, naming the line. Included files
 //! may include others (cycles are refused). Every file's configuration is deep-merged in order
 //! (mappings key by key, anything else replaced), and the including file's own keys go last, so
 //! they win.
@@ -76,6 +77,8 @@ pub(crate) struct Composer<'a> {
 /// One file an `include:` entry names.
 struct Target {
     path: PathBuf,
+    /// For `include:remote`: the URL to fetch instead of reading `path`.
+    remote: Option<String>,
     shown: String,
     inputs: Option<Node>,
     line: usize,
@@ -220,7 +223,10 @@ impl<'a> Composer<'a> {
             }
             return None;
         }
-        let canonical = std::fs::canonicalize(&t.path).unwrap_or_else(|_| t.path.clone());
+        let canonical = match t.remote {
+            Some(_) => t.path.clone(),
+            None => std::fs::canonicalize(&t.path).unwrap_or_else(|_| t.path.clone()),
+        };
         if self.chain.contains(&canonical) {
             self.error(
                 t.line,
@@ -228,14 +234,18 @@ impl<'a> Composer<'a> {
             );
             return None;
         }
-        let text = match std::fs::metadata(&t.path) {
-            Ok(m) if m.is_file() && m.len() <= MAX_FILE_BYTES => {
-                std::fs::read_to_string(&t.path).map_err(|e| e.to_string())
-            }
-            Ok(m) if m.is_file() => Err(format!("larger than {MAX_FILE_BYTES} bytes")),
-            Ok(_) => Err("not a file".into()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("does not exist".into()),
-            Err(e) => Err(e.to_string()),
+        let text = match &t.remote {
+            Some(url) => super::remote::fetch(url, MAX_FILE_BYTES)
+                .map_err(|e| format!("include:remote could not be fetched: {e}")),
+            None => match std::fs::metadata(&t.path) {
+                Ok(m) if m.is_file() && m.len() <= MAX_FILE_BYTES => {
+                    std::fs::read_to_string(&t.path).map_err(|e| e.to_string())
+                }
+                Ok(m) if m.is_file() => Err(format!("larger than {MAX_FILE_BYTES} bytes")),
+                Ok(_) => Err("not a file".into()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("does not exist".into()),
+                Err(e) => Err(e.to_string()),
+            },
         };
         let text = match text {
             Ok(t) => t,
@@ -401,15 +411,27 @@ impl<'a> Composer<'a> {
                     out.push(Target {
                         shown: path.display().to_string(),
                         path,
+                        remote: None,
                         inputs: inputs.clone(),
                         line: l,
                     });
                 }
                 out
             }
+            "remote" => {
+                let Some(url) = self.path_value("include:remote", &kind.value) else {
+                    return Vec::new();
+                };
+                vec![Target {
+                    path: PathBuf::from(&url),
+                    shown: url.clone(),
+                    remote: Some(url),
+                    inputs,
+                    line,
+                }]
+            }
             other => {
                 let advice = match other {
-                    "remote" => "save the file in the project and include it with include:local",
                     "template" => {
                         "copy the template into the project and include it with include:local"
                     }
@@ -449,6 +471,7 @@ impl<'a> Composer<'a> {
                 .into_iter()
                 .map(|f| Target {
                     path: self.ctx.project_dir.join(&f),
+                    remote: None,
                     shown: f,
                     inputs: inputs.clone(),
                     line,
@@ -464,6 +487,7 @@ impl<'a> Composer<'a> {
         }
         vec![Target {
             path: self.ctx.project_dir.join(rel),
+            remote: None,
             shown: rel.to_string(),
             inputs,
             line,
@@ -1013,10 +1037,6 @@ mod tests {
         assert!(err.contains(".gitlab-ci.yml:8: include:project \"group/lib\": slipway reads other projects from local checkouts: pass --include-root DIR"), "{err}");
 
         for (text, want) in [
-            (
-                "include: https://example.com/x.yml\n",
-                ".gitlab-ci.yml:1: include:remote needs the network",
-            ),
             (
                 "include:\n  - template: Auto-DevOps.gitlab-ci.yml\n",
                 ".gitlab-ci.yml:2: include:template needs the network",

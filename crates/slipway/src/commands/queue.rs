@@ -102,14 +102,20 @@ async fn submit_jobs(queue: &Queue, file: &Path, allow_unsupported: bool) -> any
     let text = tokio::fs::read_to_string(file)
         .await
         .with_context(|| format!("cannot read {}", file.display()))?;
-    let pipeline = slipway_jobs::Pipeline::parse(
-        &text,
-        &file.display().to_string(),
-        slipway_jobs::PipelineOptions {
-            allow_unsupported,
-            ..Default::default()
-        },
-    )?;
+    let name = file.display().to_string();
+    // Included files are read, and `include:remote` fetched, blocking: not on a worker.
+    let pipeline = tokio::task::spawn_blocking(move || {
+        slipway_jobs::Pipeline::parse(
+            &text,
+            &name,
+            slipway_jobs::PipelineOptions {
+                allow_unsupported,
+                ..Default::default()
+            },
+        )
+    })
+    .await
+    .context("reading the pipeline")??;
     for w in &pipeline.warnings {
         eprintln!("warning: {w}");
     }

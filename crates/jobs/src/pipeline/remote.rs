@@ -1,0 +1,138 @@
+//! `include:remote`: a pipeline file fetched over HTTP(S) as GitLab fetches it: a public URL
+//! (no credentials sent), redirects followed, bounded in time and size.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// The whole fetch, redirects included (GitLab gives up on a slow remote include too).
+const TIMEOUT: Duration = Duration::from_secs(20);
+/// Redirects followed before giving up.
+const MAX_REDIRECTS: usize = 5;
+
+/// Why a remote file could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RemoteError {
+    /// Not an `http://` or `https://` URL with a host.
+    #[error("not an http:// or https:// URL")]
+    BadUrl,
+    /// No answer in time.
+    #[error("no answer within {} s", TIMEOUT.as_secs())]
+    Timeout,
+    /// Connecting, TLS or the exchange failed.
+    #[error("{0}")]
+    Transport(String),
+    /// The server answered with an error status.
+    #[error(
+        "the server answered HTTP {0} (GitLab fetches remote includes without credentials: the file must be public)"
+    )]
+    Status(http::StatusCode),
+    /// Redirected too often, or to something that is not an HTTP(S) URL.
+    #[error("{0}")]
+    Redirect(String),
+    /// The file is larger than allowed.
+    #[error("larger than {0} bytes")]
+    TooLarge(u64),
+    /// The file is not UTF-8 text.
+    #[error("not UTF-8 text")]
+    NotText,
+}
+
+/// The text at `url`, at most `max_bytes`. Blocking: the fetch runs on its own thread and
+/// runtime, so it works from a blocking thread of a runtime (where `slipway exec` reads
+/// pipelines) and outside any runtime alike.
+pub(crate) fn fetch(url: &str, max_bytes: u64) -> Result<String, RemoteError> {
+    let url = url.to_string();
+    let worker = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RemoteError::Transport(format!("cannot start a fetch: {e}")))?;
+        rt.block_on(async {
+            tokio::time::timeout(TIMEOUT, fetch_async(&url, max_bytes))
+                .await
+                .map_err(|_| RemoteError::Timeout)?
+        })
+    });
+    worker
+        .join()
+        .map_err(|_| RemoteError::Transport("the fetch's thread panicked".into()))?
+}
+
+async fn fetch_async(url: &str, max_bytes: u64) -> Result<String, RemoteError> {
+    let tls = crate::gitlab::TlsFiles::default()
+        .client_config(url)
+        .map_err(|e| RemoteError::Transport(e.to_string()))?;
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build(https);
+    let mut current = url.to_string();
+    for _ in 0..=MAX_REDIRECTS {
+        let uri: http::Uri = current.parse().map_err(|_| RemoteError::BadUrl)?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(RemoteError::BadUrl);
+        }
+        let request = http::Request::get(uri)
+            .header(http::header::USER_AGENT, "slipway")
+            .body(Empty::new())
+            .map_err(|_| RemoteError::BadUrl)?;
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| RemoteError::Transport(causes(&e)))?;
+        let status = response.status();
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(http::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .ok_or_else(|| {
+                    RemoteError::Redirect(format!("HTTP {status} without a Location"))
+                })?;
+            current = crate::gitlab::resolve_redirect(&current, location).ok_or_else(|| {
+                RemoteError::Redirect(format!("redirected to {location:?}, not an HTTP(S) URL"))
+            })?;
+            continue;
+        }
+        if !status.is_success() {
+            return Err(RemoteError::Status(status));
+        }
+        let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+        let body = Limited::new(response.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    RemoteError::TooLarge(max_bytes)
+                } else {
+                    RemoteError::Transport(e.to_string())
+                }
+            })?
+            .to_bytes();
+        return String::from_utf8(body.to_vec()).map_err(|_| RemoteError::NotText);
+    }
+    Err(RemoteError::Redirect(format!(
+        "more than {MAX_REDIRECTS} redirects"
+    )))
+}
+
+/// An error and its causes, `: `-joined (hyper's own message is only "client error (Connect)").
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
