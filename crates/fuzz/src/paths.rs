@@ -1,10 +1,12 @@
 //! Cache keys and artifact paths: `slipway_executor::cache` (keys expanded from the job's
 //! variables, the project's cache directory, the restore and save scripts) and
-//! `slipway_executor::script::artifact_path_problem`. No accepted key or path may name a place
-//! outside the cache directory or the project directory.
+//! `slipway_executor::artifact_paths` (paths expanded and made relative to the project
+//! directory). No accepted key or path may name a place outside the cache directory or the
+//! project directory.
 
 use slipway_executor::cache::{archive_script, expand, project_root, restore_script};
-use slipway_executor::script::{JobDirs, artifact_path_problem};
+use slipway_executor::artifact_paths;
+use slipway_executor::script::JobDirs;
 use slipway_jobs::JobResponse;
 use slipway_jobs::{CacheSpec, Variable};
 
@@ -41,15 +43,6 @@ fn inside(path: &str) -> Option<Vec<&str>> {
 /// Keys that pass become one directory under the project's cache root; artifact paths that
 /// pass stay inside the project directory; scripts are produced without panicking.
 pub fn check(input: &Input) {
-    for p in &input.paths {
-        if artifact_path_problem(p).is_none() {
-            assert!(!p.starts_with('/'), "absolute path {p:?} accepted");
-            assert!(
-                inside(p).is_some(),
-                "path {p:?} accepted but leaves the project directory"
-            );
-        }
-    }
     let mut job = JobResponse::default();
     job.job_info.project_full_path = input.project_full_path.clone();
     job.job_info.project_id = 7;
@@ -80,6 +73,24 @@ pub fn check(input: &Input) {
         job_id: 1,
         clone_path: None,
     };
+    // Paths are taken relative to the project directory, with variables expanded, whether the
+    // builds directory is under $HOME or absolute.
+    let absolute = JobDirs {
+        builds_dir: "/builds".into(),
+        ..dirs.clone()
+    };
+    for p in input.paths.iter().take(8) {
+        let expanded = artifact_paths::expand(p, &job);
+        for d in [&dirs, &absolute] {
+            if let Some(rel) = artifact_paths::in_project(&expanded, d) {
+                assert!(!rel.starts_with('/'), "{p:?} accepted as {rel:?}");
+                assert!(
+                    inside(&rel).is_some() && !rel.split('/').any(|c| c == ".."),
+                    "{p:?} accepted as {rel:?}, which leaves the project directory"
+                );
+            }
+        }
+    }
     let keys: Vec<String> = std::iter::once(&input.key)
         .chain(input.fallback_keys.iter().take(4))
         .map(|k| expand(k, &job))
