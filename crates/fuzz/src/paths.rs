@@ -4,8 +4,8 @@
 //! directory). No accepted key or path may name a place outside the cache directory or the
 //! project directory.
 
-use slipway_executor::cache::{archive_script, expand, project_root, restore_script};
 use slipway_executor::artifact_paths;
+use slipway_executor::cache::{archive_script, expand, project_root, restore_script};
 use slipway_executor::script::JobDirs;
 use slipway_jobs::JobResponse;
 use slipway_jobs::{CacheSpec, Variable};

@@ -130,6 +130,8 @@ pub struct PipelineOptions {
     /// The user's variables (`--variable`, a variables file): they override every variable of
     /// the pipeline, as GitLab's project and pipeline variables do.
     pub variables: Vec<Variable>,
+    /// Read without the network: `include:remote` is an error instead of a fetch.
+    pub offline: bool,
     /// The ref `rules:changes` compares the working tree with when a rule names none (`None`:
     /// `changes` always holds, as in GitLab without a push).
     pub changes_base: Option<String>,
@@ -359,6 +361,7 @@ impl Pipeline {
                 project_dir: &project_dir,
                 include_root: opts.include_root.as_deref(),
                 variables: &lookup,
+                offline: opts.offline,
             },
             Facts::new(&project_dir, opts.changes_base.clone()),
         );

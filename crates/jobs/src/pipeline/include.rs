@@ -57,6 +57,8 @@ pub(crate) struct IncludeContext<'a> {
     /// Variables known before the configuration is read (predefined, `--variable`), for
     /// `include:rules:if` and `$VAR`s in include paths.
     pub variables: &'a dyn Fn(&str) -> Option<String>,
+    /// No network: `include:remote` is refused instead of fetched.
+    pub offline: bool,
 }
 
 /// Composes the configuration tree, collecting problems as (line, message).
@@ -235,6 +237,9 @@ impl<'a> Composer<'a> {
             return None;
         }
         let text = match &t.remote {
+            Some(_) if self.ctx.offline => {
+                Err("include:remote is not fetched: reading offline".to_string())
+            }
             Some(url) => super::remote::fetch(url, MAX_FILE_BYTES)
                 .map_err(|e| format!("include:remote could not be fetched: {e}")),
             None => match std::fs::metadata(&t.path) {

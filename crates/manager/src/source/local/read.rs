@@ -130,6 +130,7 @@ pub fn read(
             predefined: checkout.variables,
             variables: user,
             changes_base: checkout.changes_base,
+            offline: false,
         },
     )
     .map_err(ReadError::Pipeline)?;
