@@ -50,6 +50,7 @@ use std::time::Duration;
 use crate::model::{CacheSpec, Image, Variable, When};
 use crate::yaml::{Kind, Node};
 
+mod cache_key;
 mod checkout;
 mod expr;
 mod glob;

@@ -201,7 +201,7 @@ impl super::Reader<'_> {
             _ => vec![node],
         };
         let mut out = Vec::new();
-        for item in items {
+        for (index, item) in items.into_iter().enumerate() {
             let Some(entries) = item.as_map() else {
                 self.error(
                     item.line,
@@ -224,15 +224,21 @@ impl super::Reader<'_> {
                     "key" => {
                         if let Some(k) = v.as_scalar() {
                             c.key = k.to_string();
-                        } else if let Some(files) = v.get("files") {
-                            // `key: {files: [...]}`: named after the files, as locally stable.
-                            let files = self.string_list(&format!("{sub}:files"), &files.value)?;
-                            let prefix = v
-                                .get("prefix")
-                                .and_then(|p| p.value.as_scalar())
-                                .map(|p| format!("{p}-"))
-                                .unwrap_or_default();
-                            c.key = format!("{prefix}{}", files.join("-").replace('/', "_"));
+                        } else if v.get("files").is_some() || v.get("prefix").is_some() {
+                            // `key: {files: [...], prefix}`: from the files' contents, as GitLab.
+                            let files = match v.get("files") {
+                                Some(f) => self.string_list(&format!("{sub}:files"), &f.value)?,
+                                None => Vec::new(),
+                            };
+                            let prefix = v.get("prefix").and_then(|p| p.value.as_scalar());
+                            let dir = self.facts.project_dir();
+                            let listing = if files.iter().any(|f| f.contains('*')) {
+                                self.facts.listing().to_vec()
+                            } else {
+                                Vec::new()
+                            };
+                            c.key =
+                                super::cache_key::files_key(dir, &listing, &files, prefix, index);
                         } else {
                             self.error(v.line, format!("{sub}: expected a key or {{files: [...]}}"));
                             return None;

@@ -92,6 +92,11 @@ impl<'a> Facts<'a> {
         }
     }
 
+    /// The project's directory.
+    pub(crate) fn project_dir(&self) -> &'a Path {
+        self.project_dir
+    }
+
     /// The project's files, listed once (see [`glob::files`]).
     pub(crate) fn listing(&mut self) -> &[String] {
         self.listing
