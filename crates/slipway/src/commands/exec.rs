@@ -58,6 +58,12 @@ pub struct Args {
     /// Which [[runners]] entry of the config to use (default: the first).
     #[arg(long)]
     pub runner: Option<String>,
+    /// Ignore the cache kept between runs: jobs neither restore nor save their `cache:`.
+    /// Without it, a runner with no `cache_dir` whose jobs run on this machine (the embedded
+    /// default) keeps the cache in $XDG_CACHE_HOME/slipway/exec/<project> (else
+    /// ~/.cache/slipway/exec/<project>), shared by its local instances and docker-level jobs.
+    #[arg(long)]
+    pub no_cache: bool,
     /// Warn about pipeline keys this version does not support instead of failing.
     #[arg(long)]
     pub allow_unsupported: bool,
@@ -89,6 +95,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         concurrent: effective_concurrency(&loaded, &runner_cfg),
         plugin_dir: args.plugin_dir,
         plugin_start_timeout: args.plugin_start_timeout,
+        no_cache: args.no_cache,
     };
     let stop = signals::shutdown_signal()?;
     let ok = exec(&runner_cfg, &opts, args.list, args.report.as_ref(), stop).await?;

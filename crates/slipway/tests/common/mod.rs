@@ -74,6 +74,8 @@ impl World {
         let mut c = Command::new(slipway());
         c.args(args)
             .env("TMPDIR", self.tmp())
+            // `slipway exec` keeps its cache under XDG_CACHE_HOME: never the user's own.
+            .env("XDG_CACHE_HOME", self.dir.path().join("xdg-cache"))
             .env("SLIPWAY_PLUGIN_DIR", plugin_dir())
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

@@ -18,6 +18,7 @@ use crate::lifecycle::{self, Inputs, JobSource, Life, Start, Stops};
 use crate::runner::{Runner, StartError, StartOptions};
 use slipway_config::RunnerConfig;
 
+pub mod cache;
 pub mod read;
 
 pub use read::{Read, ReadError, read};
@@ -73,6 +74,8 @@ pub struct ExecOptions {
     pub plugin_dir: Option<PathBuf>,
     /// Handshake timeout for the plugin process (default: the host's).
     pub plugin_start_timeout: Option<Duration>,
+    /// Jobs' `cache:` is neither restored nor saved (`--no-cache`).
+    pub no_cache: bool,
 }
 
 /// One row of the summary table.
@@ -183,6 +186,15 @@ pub async fn run(
         },
     )?;
 
+    let persisted;
+    let runner_cfg = match persisted_cache(runner_cfg, opts, &events).await {
+        Some(cfg) => {
+            persisted = cfg;
+            &persisted
+        }
+        None => runner_cfg,
+    };
+
     // Everything this run creates lives under one directory, removed at the end.
     let run_dir = tempfile::Builder::new()
         .prefix("slipway-exec-")
@@ -237,6 +249,51 @@ pub async fn run(
         rows: result?,
         status: plan.status(),
     })
+}
+
+/// `runner_cfg` with its cache kept between runs of the project ([`cache`]), when it has no
+/// `cache_dir` of its own and runs jobs on this machine; `None` to leave it as it is. With
+/// `--no-cache` jobs skip their cache, and the user is told either way.
+async fn persisted_cache(
+    runner_cfg: &RunnerConfig,
+    opts: &ExecOptions,
+    events: &mpsc::UnboundedSender<Event>,
+) -> Option<RunnerConfig> {
+    let notice = |text: String| {
+        let _ = events.send(Event::Notice(text));
+    };
+    if opts.no_cache {
+        notice("Cache: not used (--no-cache): jobs neither restore nor save their cache:".into());
+        return None;
+    }
+    if !cache::wants_persisted_cache(runner_cfg) {
+        return None;
+    }
+    let project = match opts.file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let project = tokio::fs::canonicalize(&project).await.unwrap_or(project);
+    let Some(dir) = cache::project_cache_dir(&project, &|k| std::env::var_os(k)) else {
+        notice("warning: no HOME or XDG_CACHE_HOME: the cache lasts for this run only".into());
+        return None;
+    };
+    if let Err(e) = tokio::fs::create_dir_all(&dir).await {
+        notice(format!(
+            "warning: creating the cache directory {}: {e}; the cache lasts for this run only",
+            dir.display()
+        ));
+        return None;
+    }
+    let Some(cfg) = cache::with_cache_dir(runner_cfg, &dir) else {
+        notice(format!(
+            "warning: the cache directory {} cannot be mounted into containers (it has ':' or ','); the cache lasts for this run only",
+            dir.display()
+        ));
+        return None;
+    };
+    notice(format!("Cache: {} (kept between runs)", dir.display()));
+    Some(cfg)
 }
 
 /// A sink for one job's trace, and the task that forwards it to `events`: it ends when the
@@ -335,6 +392,9 @@ async fn drive(
                     .cloned()
                     .collect();
                 let mut payload = job.to_job_response(id, pipeline_id, &[]);
+                if opts.no_cache {
+                    payload.cache.clear();
+                }
                 read::add_dotenv(&mut payload, extra);
                 let inputs: Vec<PathBuf> = from
                     .into_iter()
