@@ -226,6 +226,11 @@ pub fn archive_script(
     let root = project_root(cache_dir, job);
     let mut skipped = Vec::new();
     let mut s = script_start(dirs, "Saving cache");
+    // A save cut short (a canceled job) must not leave its temporary archive in the cache.
+    let _ = writeln!(
+        s,
+        "__tmp=; trap '[ -z \"$__tmp\" ] || rm -f \"$__tmp\"' EXIT; trap 'exit 1' INT TERM HUP"
+    );
     let _ = writeln!(s, "shopt -s globstar nullglob dotglob 2>/dev/null || :");
     s.push_str(&crate::script::inside_function("cache", false));
     for spec in specs {

@@ -93,6 +93,25 @@ fn a_second_run_restores_the_first_runs_cache_and_no_cache_ignores_it() {
     assert_eq!(restored(&exec(&w, &dir, "sixth", &[]), "job"), "none");
     assert_eq!(restored(&exec(&w, &dir, "seventh", &[]), "job"), "sixth");
     assert!(w.leftovers().is_empty(), "{:?}", w.leftovers());
+    // Every save renamed its temporary archive: none is left in the cache.
+    let temps = walk(&w.path().join("xdg-cache"))
+        .into_iter()
+        .filter(|p| p.contains(".cache.tar.gz."))
+        .collect::<Vec<_>>();
+    assert!(temps.is_empty(), "{temps:?}");
+}
+
+/// Every path under `dir`.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        out.push(p.display().to_string());
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+    }
+    out
 }
 
 #[test]
