@@ -307,22 +307,7 @@ impl Reader<'_> {
             match e.key.as_str() {
                 "name" => image.name = self.string(&sub, &e.value)?,
                 "entrypoint" => image.entrypoint = self.string_list(&sub, &e.value)?,
-                "pull_policy" => {
-                    let policies = match e.value.as_scalar() {
-                        Some(p) => vec![p.to_string()],
-                        None => self.string_list(&sub, &e.value)?,
-                    };
-                    for p in &policies {
-                        if !matches!(p.as_str(), "always" | "if-not-present" | "never") {
-                            self.error(
-                                e.value.line,
-                                format!("{sub}: unknown policy \"{p}\" (expected always, if-not-present or never)"),
-                            );
-                            return None;
-                        }
-                    }
-                    image.pull_policy = policies;
-                }
+                "pull_policy" => image.pull_policy = self.pull_policy(&sub, &e.value)?,
                 "docker" => {
                     image.executor_opts = serde_json::json!({ "docker": yaml_to_json(&e.value) })
                 }
@@ -339,8 +324,28 @@ impl Reader<'_> {
         Some(image)
     }
 
-    /// `services:`: image names, or maps with `name`, `alias`, `entrypoint`, `command` and
-    /// `variables`.
+    /// `pull_policy:` of an image or a service: one policy or a list of them.
+    fn pull_policy(&mut self, what: &str, node: &Node) -> Option<Vec<String>> {
+        let policies = match node.as_scalar() {
+            Some(p) => vec![p.to_string()],
+            None => self.string_list(what, node)?,
+        };
+        for p in &policies {
+            if !matches!(p.as_str(), "always" | "if-not-present" | "never") {
+                self.error(
+                    node.line,
+                    format!(
+                        "{what}: unknown policy \"{p}\" (expected always, if-not-present or never)"
+                    ),
+                );
+                return None;
+            }
+        }
+        Some(policies)
+    }
+
+    /// `services:`: image names, or maps with `name`, `alias`, `entrypoint`, `command`,
+    /// `variables`, `pull_policy` and `docker` options.
     pub(super) fn services(&mut self, what: &str, node: &Node) -> Option<Vec<Image>> {
         if node.is_null() {
             return Some(Vec::new());
@@ -382,6 +387,13 @@ impl Reader<'_> {
                     }
                     "command" => svc.command = self.string_list(&sub, &e.value).unwrap_or_default(),
                     "variables" => svc.variables = self.variables(&sub, &e.value),
+                    "pull_policy" => {
+                        svc.pull_policy = self.pull_policy(&sub, &e.value).unwrap_or_default()
+                    }
+                    "docker" => {
+                        svc.executor_opts =
+                            serde_json::json!({ "docker": yaml_to_json(&e.value) })
+                    }
                     k => {
                         let (ctx, key) = split_ctx(what);
                         self.unsupported(e.key_line, ctx, &format!("{key}:{k}"))

@@ -649,6 +649,7 @@ web:
       command: ["-f", "-p", "80"]
       variables:
         MODE: test
+      pull_policy: [if-not-present]
   script: [wget -qO- http://web/]
 plain:
   script: [echo]
@@ -670,6 +671,7 @@ own:
     assert_eq!(svc.entrypoint, ["httpd"]);
     assert_eq!(svc.command, ["-f", "-p", "80"]);
     assert_eq!(svc.variables[0].key, "MODE");
+    assert_eq!(svc.pull_policy, ["if-not-present"]);
     assert_eq!(web.variable("SLIPWAY_ISOLATION"), Some("docker"));
     // default: services apply where a job names none.
     let plain = p.jobs[1].to_job_response(2, 1, &[]);
