@@ -65,6 +65,7 @@ mod reference;
 mod remote;
 mod rules;
 mod scalars;
+mod trigger;
 mod varfile;
 mod variables;
 
@@ -75,6 +76,8 @@ pub use keywords::Retry;
 use parallel::MatrixVars;
 use rules::{Facts, Rule, RuleWhen};
 pub use scalars::parse_duration;
+use trigger::TriggerSpec;
+pub use trigger::{CHILD_SEPARATOR, MAX_CHILD_DEPTH, Trigger};
 pub use varfile::{parse_dotenv, read_variables_file};
 pub use variables::expand_variables;
 
@@ -272,6 +275,11 @@ pub struct PipelineJob {
     pub artifacts_untracked: bool,
     /// Line of the job's key in the file.
     pub line: usize,
+    /// A trigger job (`trigger: include:`): it runs no script; its child pipeline's jobs follow
+    /// it in [`Pipeline::jobs`].
+    pub trigger: Option<Trigger>,
+    /// In a child pipeline: the trigger job that starts it (`None` in the top pipeline).
+    pub upstream: Option<String>,
 }
 
 /// One job of a `parallel:` expansion.
@@ -345,68 +353,7 @@ impl Pipeline {
         path: Option<&Path>,
         opts: &PipelineOptions,
     ) -> Result<Self, PipelineError> {
-        let lookup = |name: &str| {
-            opts.variables
-                .iter()
-                .rev()
-                .chain(opts.predefined.iter().rev())
-                .find(|v| v.key == name)
-                .map(|v| v.value.clone())
-        };
-        let project_dir = opts
-            .project_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("."));
-        let mut composer = Composer::new(
-            IncludeContext {
-                project_dir: &project_dir,
-                include_root: opts.include_root.as_deref(),
-                variables: &lookup,
-                offline: opts.offline,
-            },
-            Facts::new(&project_dir, opts.changes_base.clone()),
-        );
-        let root = composer.root(text, file_name, path);
-        let composed = std::mem::take(&mut composer.errors);
-        let yaml_warnings = std::mem::take(&mut composer.warnings);
-        let mut r = Reader {
-            sources: composer.sources,
-            errors: Vec::new(),
-            unsupported: Vec::new(),
-            ignored: Vec::new(),
-            predefined: &opts.predefined,
-            user: &opts.variables,
-            facts: composer.facts,
-        };
-        for (line, message) in composed {
-            r.error(line, message);
-        }
-        // GitLab's order: `extends` first, then `!reference`s against the extended entries.
-        let root = root.map(|root| {
-            let mut root = r.extend_all(&root);
-            let mut unresolved = Vec::new();
-            reference::resolve(&mut root, &mut unresolved);
-            for (line, message) in unresolved {
-                r.error(line, message);
-            }
-            root
-        });
-        for (line, message) in yaml_warnings {
-            let d = r.diagnostic(line, message);
-            r.ignored.push(d);
-        }
-        let pipeline = match root {
-            Some(root) if r.errors.is_empty() => r.pipeline(root),
-            _ => None,
-        };
-        let mut errors = r.errors;
-        let mut warned = r.ignored;
-        if opts.allow_unsupported {
-            warned.extend(r.unsupported);
-        } else {
-            errors.extend(r.unsupported);
-        }
-        warned.sort_by_key(|d| d.order);
+        let (pipeline, mut errors, warned) = read_inner(text, file_name, path, opts, 0);
         let warnings: Vec<String> = warned.iter().map(ToString::to_string).collect();
         match pipeline {
             Some(mut p) if errors.is_empty() => {
@@ -423,7 +370,6 @@ impl Pipeline {
                         order: 0,
                     });
                 }
-                errors.sort_by_key(|d| d.order);
                 Err(PipelineError::Invalid {
                     diagnostics: errors,
                 })
@@ -440,6 +386,83 @@ impl Pipeline {
     pub fn job_index(&self, name: &str) -> Option<usize> {
         self.jobs.iter().position(|j| j.name == name)
     }
+}
+
+/// Reads a pipeline at `depth` (0: the top one, 1 and more: child pipelines): the pipeline
+/// unless there are errors, the errors, and the warnings, each list in line order.
+fn read_inner(
+    text: &str,
+    file_name: &str,
+    path: Option<&Path>,
+    opts: &PipelineOptions,
+    depth: usize,
+) -> (Option<Pipeline>, Vec<Diagnostic>, Vec<Diagnostic>) {
+    let lookup = |name: &str| {
+        opts.variables
+            .iter()
+            .rev()
+            .chain(opts.predefined.iter().rev())
+            .find(|v| v.key == name)
+            .map(|v| v.value.clone())
+    };
+    let project_dir = opts
+        .project_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("."));
+    let mut composer = Composer::new(
+        IncludeContext {
+            project_dir: &project_dir,
+            include_root: opts.include_root.as_deref(),
+            variables: &lookup,
+            offline: opts.offline,
+        },
+        Facts::new(&project_dir, opts.changes_base.clone()),
+    );
+    let root = composer.root(text, file_name, path);
+    let composed = std::mem::take(&mut composer.errors);
+    let yaml_warnings = std::mem::take(&mut composer.warnings);
+    let mut r = Reader {
+        sources: composer.sources,
+        errors: Vec::new(),
+        unsupported: Vec::new(),
+        ignored: Vec::new(),
+        predefined: &opts.predefined,
+        user: &opts.variables,
+        opts,
+        depth,
+        facts: composer.facts,
+    };
+    for (line, message) in composed {
+        r.error(line, message);
+    }
+    // GitLab's order: `extends` first, then `!reference`s against the extended entries.
+    let root = root.map(|root| {
+        let mut root = r.extend_all(&root);
+        let mut unresolved = Vec::new();
+        reference::resolve(&mut root, &mut unresolved);
+        for (line, message) in unresolved {
+            r.error(line, message);
+        }
+        root
+    });
+    for (line, message) in yaml_warnings {
+        let d = r.diagnostic(line, message);
+        r.ignored.push(d);
+    }
+    let pipeline = match root {
+        Some(root) if r.errors.is_empty() => r.pipeline(root),
+        _ => None,
+    };
+    let mut errors = r.errors;
+    let mut warned = r.ignored;
+    if opts.allow_unsupported {
+        warned.extend(r.unsupported);
+    } else {
+        errors.extend(r.unsupported);
+    }
+    warned.sort_by_key(|d| d.order);
+    errors.sort_by_key(|d| d.order);
+    (pipeline, errors, warned)
 }
 
 impl PipelineJob {
@@ -516,6 +539,10 @@ struct RawJob {
     job: PipelineJob,
     stage_line: usize,
     needs: Option<Vec<RawNeed>>,
+    /// `trigger:` of a trigger job.
+    trigger: Option<TriggerSpec>,
+    /// A trigger job's YAML variables (global and its own, after rules), for its child.
+    forward: Vec<Variable>,
 }
 
 struct Reader<'a> {
@@ -530,6 +557,10 @@ struct Reader<'a> {
     user: &'a [Variable],
     /// Files and changes, for `exists` and `changes`.
     facts: Facts<'a>,
+    /// How this pipeline is read (a child pipeline is read the same way).
+    opts: &'a PipelineOptions,
+    /// 0 for the top pipeline, 1 and more for child pipelines.
+    depth: usize,
 }
 
 impl Reader<'_> {
@@ -689,7 +720,7 @@ impl Reader<'_> {
             }
         }
 
-        let mut raw_jobs = Vec::new();
+        let mut raw_jobs: Vec<RawJob> = Vec::new();
         for e in job_keys {
             let ctx = ctx_for(&e.key);
             if e.value.as_map().is_none() {
@@ -707,7 +738,18 @@ impl Reader<'_> {
             }
         }
 
+        // Child pipelines are read only for a pipeline that runs, as GitLab creates them.
+        let mut children = Vec::new();
+        for raw in raw_jobs.iter_mut().filter(|_| filtered.is_none()) {
+            if let Some(spec) = raw.trigger.take()
+                && let Some((trigger, jobs)) = self.child(&raw.job, &spec, &raw.forward)
+            {
+                raw.job.trigger = Some(trigger);
+                children.push((raw.job.name.clone(), jobs));
+            }
+        }
         let mut pipeline = self.link(stages, raw_jobs);
+        self.adopt(&mut pipeline, children);
         if let Some(why) = filtered {
             pipeline.jobs.clear();
             pipeline.excluded = Some(why.into());
@@ -819,3 +861,5 @@ pub(crate) fn deep_merge(base: &Node, over: &Node) -> Node {
 mod language_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trigger_tests;

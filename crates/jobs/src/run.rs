@@ -158,6 +158,24 @@ struct RunJob {
     /// False for jobs left out by `only_job`.
     selected: bool,
     status: JobStatus,
+    /// A trigger job: how it ends.
+    bridge: Option<Bridge>,
+    /// In a child pipeline: the trigger job that started it, whose status it counts toward.
+    upstream: Option<usize>,
+    /// The trigger job whose child pipeline must be created before this job may start (its
+    /// `upstream`, unless it was picked to run alone).
+    gate: Option<usize>,
+}
+
+/// What a trigger job does once its turn comes.
+#[derive(Debug, Clone, Copy)]
+struct Bridge {
+    /// `strategy: depend`.
+    depend: bool,
+    /// The child pipeline is not created (its `workflow:rules`): the trigger job fails.
+    not_created: bool,
+    /// The child pipeline was created: its jobs may start.
+    created: bool,
 }
 
 /// Combined status of the jobs a job waits for.
@@ -236,12 +254,13 @@ impl PipelineRun {
             played.extend(hits);
         }
         let index = |name: &str| pipeline.job_index(name);
+        // Stages order the jobs of one pipeline (the top one or a child).
         let earlier = |job: &crate::pipeline::PipelineJob| -> Vec<usize> {
             pipeline
                 .jobs
                 .iter()
                 .enumerate()
-                .filter(|(_, j)| j.stage_index < job.stage_index)
+                .filter(|(_, j)| j.upstream == job.upstream && j.stage_index < job.stage_index)
                 .map(|(k, _)| k)
                 .collect()
         };
@@ -252,7 +271,24 @@ impl PipelineRun {
                 None => earlier(job),
             }
         };
-        // With `needs`, the picked jobs and everything they wait for.
+        let upstream: Vec<Option<usize>> = pipeline
+            .jobs
+            .iter()
+            .map(|j| j.upstream.as_deref().and_then(index))
+            .collect();
+        // A picked trigger job brings its child pipeline (all of it, nested ones too).
+        let within = |i: usize, bridge: usize| {
+            let mut up = upstream[i];
+            while let Some(u) = up {
+                if u == bridge {
+                    return true;
+                }
+                up = upstream[u];
+            }
+            false
+        };
+        // With `needs`, the picked jobs and everything they wait for (a child job: its
+        // trigger job too).
         let mut selected: Vec<bool> = vec![picked.is_empty(); pipeline.jobs.len()];
         let mut stack = picked.clone();
         while let Some(i) = stack.pop() {
@@ -262,6 +298,10 @@ impl PipelineRun {
             selected[i] = true;
             if selection.needs {
                 stack.extend(preds_of(i));
+                stack.extend(upstream[i]);
+            }
+            if pipeline.jobs[i].trigger.is_some() {
+                stack.extend((0..pipeline.jobs.len()).filter(|&k| within(k, i)));
             }
         }
         let alone = !picked.is_empty() && !selection.needs;
@@ -316,12 +356,23 @@ impl PipelineRun {
                     } else {
                         JobStatus::Skipped
                     },
+                    bridge: job.trigger.as_ref().map(|t| Bridge {
+                        depend: t.depend,
+                        not_created: t.excluded.is_some(),
+                        created: false,
+                    }),
+                    upstream: upstream[i],
+                    gate: upstream[i],
                 };
                 if picked.contains(&i) {
                     // Asked for by name: it runs whatever its `when`.
                     rj.when = When::Always;
                     if alone {
                         rj.preds.clear();
+                        // Nor does it wait for its trigger job, which is not run.
+                        if !rj.upstream.is_some_and(|u| selected[u]) {
+                            rj.gate = None;
+                        }
                     }
                 }
                 rj
@@ -365,7 +416,18 @@ impl PipelineRun {
     fn is_ready(&self, i: usize) -> bool {
         let j = &self.jobs[i];
         // `settle` has already skipped every waiting-complete job whose condition fails.
-        j.selected && j.status == JobStatus::Pending && self.preds_finished(i)
+        j.selected
+            && j.status == JobStatus::Pending
+            && j.bridge.is_none()
+            && self.gate_open(i)
+            && self.preds_finished(i)
+    }
+
+    /// Whether job `i`'s pipeline exists: the top one, or a child its trigger job created.
+    fn gate_open(&self, i: usize) -> bool {
+        self.jobs[i]
+            .gate
+            .is_none_or(|g| self.jobs[g].bridge.is_some_and(|b| b.created))
     }
 
     fn preds_finished(&self, i: usize) -> bool {
@@ -431,7 +493,10 @@ impl PipelineRun {
     /// caller stops and then reports with `finish(i, Canceled)` (or how they really ended).
     pub fn cancel(&mut self) -> Vec<usize> {
         for j in &mut self.jobs {
-            if j.selected && j.status == JobStatus::Pending {
+            // A trigger job runs nothing of its own to stop.
+            let waiting = j.status == JobStatus::Pending
+                || (j.bridge.is_some() && j.status == JobStatus::Running);
+            if j.selected && waiting {
                 j.status = JobStatus::Canceled;
             }
         }
@@ -452,17 +517,20 @@ impl PipelineRun {
         if !self.is_done() {
             return PipelineStatus::Running;
         }
-        let statuses: Vec<JobStatus> = self
-            .jobs
-            .iter()
-            .filter(|j| j.selected)
-            .map(|j| j.status)
-            .collect();
+        self.composite(None)
+    }
+
+    /// Combined status of the finished pipeline whose trigger job is `upstream` (`None`: the
+    /// top pipeline).
+    fn composite(&self, upstream: Option<usize>) -> PipelineStatus {
+        let member = |j: &&RunJob| j.selected && j.upstream == upstream;
+        let statuses: Vec<JobStatus> = self.jobs.iter().filter(member).map(|j| j.status).collect();
         let any = |s: JobStatus| statuses.contains(&s);
         let blocked = self
             .jobs
             .iter()
-            .any(|j| j.selected && j.status == JobStatus::Manual && !j.allow_failure);
+            .filter(member)
+            .any(|j| j.status == JobStatus::Manual && !j.allow_failure);
         if statuses
             .iter()
             .all(|&s| matches!(s, JobStatus::Skipped | JobStatus::Manual))
@@ -509,10 +577,27 @@ impl PipelineRun {
         loop {
             let mut changed = false;
             for i in 0..self.jobs.len() {
-                if !self.jobs[i].selected
-                    || self.jobs[i].status != JobStatus::Pending
-                    || !self.preds_finished(i)
-                {
+                if self.jobs[i].selected && self.jobs[i].status == JobStatus::Running {
+                    changed |= self.follow_child(i);
+                }
+                if !self.jobs[i].selected || self.jobs[i].status != JobStatus::Pending {
+                    continue;
+                }
+                if !self.gate_open(i) {
+                    // A trigger job that ended without creating its child: the child's jobs
+                    // never run.
+                    if let Some(g) = self.jobs[i].gate
+                        && self.jobs[g].status.is_finished()
+                    {
+                        self.jobs[i].status = match self.jobs[g].status {
+                            JobStatus::Canceled => JobStatus::Canceled,
+                            _ => JobStatus::Skipped,
+                        };
+                        changed = true;
+                    }
+                    continue;
+                }
+                if !self.preds_finished(i) {
                     continue;
                 }
                 let prior = self.prior(i);
@@ -522,12 +607,61 @@ impl PipelineRun {
                 } else if self.jobs[i].manual {
                     self.jobs[i].status = JobStatus::Manual;
                     changed = true;
+                } else if self.jobs[i].bridge.is_some() {
+                    self.create_child(i);
+                    changed = true;
                 }
             }
             if !changed {
                 break;
             }
         }
+    }
+
+    /// Trigger job `i`'s turn: it creates its child pipeline (or fails to).
+    fn create_child(&mut self, i: usize) {
+        let j = &mut self.jobs[i];
+        let Some(b) = &mut j.bridge else {
+            return;
+        };
+        j.status = if b.not_created {
+            if j.allow_failure {
+                JobStatus::FailedAllowed
+            } else {
+                JobStatus::Failed
+            }
+        } else {
+            b.created = true;
+            if b.depend {
+                JobStatus::Running
+            } else {
+                JobStatus::Success
+            }
+        };
+    }
+
+    /// A running trigger job (`strategy: depend`) takes its child pipeline's status once every
+    /// job of it has finished; returns whether it did.
+    fn follow_child(&mut self, i: usize) -> bool {
+        if self.jobs[i].bridge.is_none() {
+            return false;
+        }
+        let child_done = self
+            .jobs
+            .iter()
+            .all(|j| !j.selected || j.upstream != Some(i) || j.status.is_finished());
+        if !child_done {
+            return false;
+        }
+        let allowed = self.jobs[i].allow_failure;
+        self.jobs[i].status = match self.composite(Some(i)) {
+            PipelineStatus::Success | PipelineStatus::SuccessWithWarnings => JobStatus::Success,
+            // GitLab leaves it running while its child waits; here it waits as a manual job.
+            PipelineStatus::Blocked => JobStatus::Manual,
+            _ if allowed => JobStatus::FailedAllowed,
+            _ => JobStatus::Failed,
+        };
+        true
     }
 
     fn prior(&self, i: usize) -> Prior {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::rules::{self, RefFilter, Rule, RuleWhen};
+use super::trigger::TriggerSpec;
 use super::{
     Defaults, PipelineJob, RawJob, Reader, Retry, SnapshotSpec, ctx_for, keywords, layer, lookup_in,
 };
@@ -189,6 +190,8 @@ impl Reader<'_> {
             artifacts_exclude: Vec::new(),
             artifacts_untracked: false,
             line,
+            trigger: None,
+            upstream: None,
         };
         let mut stage_line = line;
         let mut needs = None;
@@ -199,7 +202,7 @@ impl Reader<'_> {
         let (mut retry, mut interruptible, mut cache) = (None, None, None);
         let mut own_vars = Vec::new();
         let mut failed = false;
-        let mut trigger = false;
+        let mut trigger = None;
         let mut has_artifacts = false;
         let (mut inherit_default, mut inherit_vars) = (Inherit::All, Inherit::All);
         let mut decide = Decide {
@@ -272,7 +275,10 @@ impl Reader<'_> {
                 },
                 "dependencies" => job.dependencies = self.string_list(&what, v),
                 "cache" => cache = self.cache(&what, v),
-                "trigger" => trigger = true,
+                "trigger" => match self.trigger(&ctx, v) {
+                    Some(t) => trigger = Some(t),
+                    None => failed = true,
+                },
                 "artifacts" => {
                     has_artifacts = true;
                     self.artifacts(&ctx, v, &mut job);
@@ -303,12 +309,8 @@ impl Reader<'_> {
                 ),
             }
         }
-        if trigger {
-            // A trigger job starts a downstream pipeline in GitLab; there is none here.
-            self.warn(
-                line,
-                format!("{ctx}: a trigger job starts a downstream pipeline, which a local run does not have; not run"),
-            );
+        if let Some(TriggerSpec::Skip(why)) = &trigger {
+            self.warn(line, why.clone());
             return Some(Vec::new());
         }
         if decide.rules.is_some() && (decide.only.is_some() || decide.except.is_some()) {
@@ -340,7 +342,15 @@ impl Reader<'_> {
             );
             failed = true;
         }
-        if node.get("script").is_none() {
+        if trigger.is_some() {
+            if let Some(e) = node.get("script") {
+                self.error(
+                    e.key_line,
+                    format!("{ctx}: a trigger job runs no script; remove \"script\""),
+                );
+                failed = true;
+            }
+        } else if node.get("script").is_none() {
             self.error(
                 line,
                 format!("{ctx}: missing \"script\" (every job needs one)"),
@@ -393,6 +403,8 @@ impl Reader<'_> {
             job,
             stage_line,
             needs,
+            trigger,
+            forward: Vec::new(),
         };
         let instances = self.instances(base, parallel, snapshot, restore);
         Some(
@@ -453,6 +465,9 @@ impl Reader<'_> {
             if let Some(i) = r.interruptible {
                 job.interruptible = i;
             }
+        }
+        if raw.trigger.is_some() {
+            raw.forward = job.variables.clone();
         }
         let mut all = self.predefined.to_vec();
         layer(&mut all, std::mem::take(&mut job.variables));

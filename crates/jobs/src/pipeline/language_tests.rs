@@ -266,7 +266,7 @@ bridge:
         [
             ".gitlab-ci.yml:15: job \"job\": \"environment\" decides nothing in a local run; ignored",
             ".gitlab-ci.yml:21: job \"job\": \"artifacts:reports:junit\" decides nothing in a local run; ignored",
-            ".gitlab-ci.yml:23: job \"bridge\": a trigger job starts a downstream pipeline, which a local run does not have; not run",
+            ".gitlab-ci.yml:23: job \"bridge\": trigger: project starts a multi-project pipeline, which a local run does not have; not run",
         ]
     );
 }

@@ -56,6 +56,8 @@ impl Reader<'_> {
                 job: base.job.clone(),
                 stage_line: base.stage_line,
                 needs: base.needs.as_ref().map(|n| n.to_vec()),
+                trigger: base.trigger.clone(),
+                forward: Vec::new(),
             };
             let job = &mut raw.job;
             if index > 0 {
