@@ -314,7 +314,15 @@ pub fn run_slipway(slipway: &Path, case: &Case, project: &Path) -> Result<Outcom
 /// Job names as GitLab gives them. gitlab-ci-local names `parallel: N` jobs `name: [i/N]`
 /// (GitLab: `name i/N`) and matrix jobs `name: [a,b]` (GitLab: `name: [a, b]`): a naming
 /// deviation of the peer, mapped here so the cases compare what the jobs did.
+///
+/// A child pipeline's job is `[trigger] -> job` there (`[a -> b] -> job` one level down), and
+/// `trigger > job` in Slipway (`a > b > job`): mapped the same way.
 fn gitlab_name(peer: &str) -> String {
+    if let Some(rest) = peer.strip_prefix('[')
+        && let Some((triggers, job)) = rest.split_once("] -> ")
+    {
+        return format!("{} > {}", triggers.replace(" -> ", " > "), gitlab_name(job));
+    }
     if let Some((base, rest)) = peer.split_once(": [")
         && let Some(inner) = rest.strip_suffix(']')
     {
@@ -372,8 +380,19 @@ pub fn run_peer(case: &Case, project: &Path) -> Result<Outcome, FixtureError> {
                 {
                     name = n;
                 }
-                if started.contains(name) {
+                // A failed child job is named without its `[trigger] -> ` in the peer's
+                // summary: the one started child job of that name is meant.
+                let child: Vec<&&str> = started
+                    .iter()
+                    .filter(|s| s.starts_with('[') && s.ends_with(&format!("] -> {name}")))
+                    .collect();
+                // A trigger job prints no `starting` line; its child's jobs do.
+                let trigger = format!("{} > ", gitlab_name(name));
+                let triggered = started.iter().any(|s| gitlab_name(s).starts_with(&trigger));
+                if started.contains(name) || triggered {
                     o.jobs.insert(gitlab_name(name), status.to_string());
+                } else if let [only] = child.as_slice() {
+                    o.jobs.insert(gitlab_name(only), status.to_string());
                 }
             }
         }
