@@ -391,8 +391,7 @@ impl Reader<'_> {
                         svc.pull_policy = self.pull_policy(&sub, &e.value).unwrap_or_default()
                     }
                     "docker" => {
-                        svc.executor_opts =
-                            serde_json::json!({ "docker": yaml_to_json(&e.value) })
+                        svc.executor_opts = serde_json::json!({ "docker": yaml_to_json(&e.value) })
                     }
                     k => {
                         let (ctx, key) = split_ctx(what);
