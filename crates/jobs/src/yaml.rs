@@ -72,12 +72,13 @@ impl Node {
         }
     }
 
-    /// The value of a YAML boolean (`true`/`false` in the usual casings), if this is one.
+    /// The value of a YAML boolean, if this is one: YAML 1.1's, as GitLab's Psych reads them
+    /// (`true`, `yes`, `on` and `false`, `no`, `off`, in any casing).
     pub fn as_bool(&self) -> Option<bool> {
         match &self.kind {
-            Kind::Scalar { text, plain: true } => match text.as_str() {
-                "true" | "True" | "TRUE" => Some(true),
-                "false" | "False" | "FALSE" => Some(false),
+            Kind::Scalar { text, plain: true } => match text.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "on" => Some(true),
+                "false" | "no" | "off" => Some(false),
                 _ => None,
             },
             _ => None,
@@ -682,6 +683,16 @@ mod tests {
         assert_eq!(root.get("c").unwrap().value.as_bool(), Some(true));
         assert!(root.get("d").unwrap().value.is_null());
         assert!(root.get("e").unwrap().value.is_null());
+        // YAML 1.1 booleans, as Psych reads them; quoted, they are strings.
+        let root = parse("a: yes\nb: Off\nc: ON\nd: 'yes'\ne: y\n")
+            .unwrap()
+            .unwrap();
+        let b = |k: &str| root.get(k).unwrap().value.as_bool();
+        assert_eq!(
+            (b("a"), b("b"), b("c")),
+            (Some(true), Some(false), Some(true))
+        );
+        assert_eq!((b("d"), b("e")), (None, None));
     }
 
     #[test]

@@ -261,6 +261,11 @@ pub fn run_slipway(slipway: &Path, case: &Case, project: &Path) -> Result<Outcom
         .arg(&config)
         .arg("--report")
         .arg(&report)
+        // The kept cache of `slipway exec` goes with the case, not into the user's.
+        .env(
+            "XDG_CACHE_HOME",
+            project.parent().unwrap_or(project).join("xdg-cache"),
+        )
         .env_remove("RUST_LOG");
     for v in variables(case) {
         cmd.arg("--variable").arg(v);
