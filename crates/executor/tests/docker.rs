@@ -277,6 +277,45 @@ fn assert_failed(ran: &Ran, reason: FailureReason) -> (Option<i32>, String) {
 // docker executor
 
 #[tokio::test]
+async fn a_configured_service_runs_beside_the_jobs_own() {
+    // `[[runners.docker.services]]`: every job gets it, as GitLab Runner starts it.
+    let guard = Guard::new("cfgsvc");
+    let configured: DockerConfig = toml::from_str(&format!(
+        r#"
+        image = "{IMAGE}"
+        pull_policy = "if-not-present"
+        [[services]]
+          name = "{IMAGE}"
+          alias = "shared"
+          command = ["sh", "-c", "printf '%s\\n' \"$PAGE\" > /var/www/index.html && exec httpd -f -p 80 -h /var/www"]
+          environment = ["PAGE=from-config"]
+        "#
+    ))
+    .unwrap();
+    let exec = executor(&guard, configured).await;
+    let j = job(
+        job_id(),
+        &[
+            FETCH,
+            &fetch_until("shared", "index.html", "from-config"),
+            &fetch_until("own", "index.html", "from-job"),
+        ],
+        120,
+        vec![web_service("own", "from-job")],
+        None,
+    );
+    let ran = run_watch(&exec, &j, CancellationToken::new(), None, |_| {}).await;
+    assert!(
+        ran.outcome.is_success(),
+        "{:?}\n{}",
+        ran.outcome,
+        ran.output
+    );
+    assert!(ran.output.contains("from-config"), "{}", ran.output);
+    assert!(ran.output.contains("from-job"), "{}", ran.output);
+}
+
+#[tokio::test]
 async fn a_job_uses_a_service_by_its_alias_within_its_limits() {
     let mut guard = Guard::new("svc");
     let cgroup = format!("/{}/slot-0", unique("cg"));

@@ -78,6 +78,41 @@ pub struct DockerConfig {
     pub allowed_services: Vec<String>,
     /// Extra `/etc/hosts` entries, `host:ip` each.
     pub extra_hosts: Vec<String>,
+    /// `[[runners.docker.services]]`: services every job gets, before its own.
+    pub services: Vec<ServiceConfig>,
+}
+
+/// One `[[runners.docker.services]]` entry, as GitLab Runner reads it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ServiceConfig {
+    /// Image.
+    pub name: String,
+    /// Network alias (besides the names derived from the image).
+    pub alias: Option<String>,
+    /// Entrypoint override.
+    pub entrypoint: Vec<String>,
+    /// Command override.
+    pub command: Vec<String>,
+    /// `KEY=value` variables of the service container.
+    pub environment: Vec<String>,
+}
+
+impl ServiceConfig {
+    /// As a job's `services:` entry.
+    pub fn to_image(&self) -> Image {
+        let mut image = Image::named(&self.name);
+        image.alias = self.alias.clone().unwrap_or_default();
+        image.entrypoint = self.entrypoint.clone();
+        image.command = self.command.clone();
+        image.variables = self
+            .environment
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| slipway_jobs::model::Variable::new(k, v))
+            .collect();
+        image
+    }
 }
 
 impl Default for DockerConfig {
@@ -96,6 +131,7 @@ impl Default for DockerConfig {
             allowed_images: Vec::new(),
             allowed_services: Vec::new(),
             extra_hosts: Vec::new(),
+            services: Vec::new(),
         }
     }
 }
@@ -153,6 +189,23 @@ impl DockerConfig {
     pub fn validate(&self) -> Result<(), DockerExecutorError> {
         self.memory_bytes()?;
         self.nano_cpus()?;
+        for (i, svc) in self.services.iter().enumerate() {
+            if svc.name.trim().is_empty() {
+                return Err(DockerExecutorError::Config {
+                    key: "services",
+                    reason: format!("entry {} has no name (the service's image)", i + 1),
+                });
+            }
+            if let Some(bad) = svc.environment.iter().find(|kv| !kv.contains('=')) {
+                return Err(DockerExecutorError::Config {
+                    key: "services",
+                    reason: format!(
+                        "service {:?}: environment entry {bad:?} is not KEY=value",
+                        svc.name
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 
@@ -282,6 +335,28 @@ mod tests {
             vec![PullPolicy::Always, PullPolicy::IfNotPresent]
         );
         assert!(toml::from_str::<DockerConfig>(r#"pull_policy = "sometimes""#).is_err());
+        let c: DockerConfig = toml::from_str(
+            r#"
+            [[services]]
+              name = "postgres:15"
+              alias = "db"
+              environment = ["POSTGRES_PASSWORD=x", "bad"]
+            "#,
+        )
+        .unwrap();
+        let db = c.services[0].to_image();
+        assert_eq!((db.name.as_str(), db.alias.as_str()), ("postgres:15", "db"));
+        assert_eq!(db.variables[0].value, "x");
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("services") && e.contains("\"bad\""), "{e}");
+        let nameless: DockerConfig = toml::from_str("[[services]]\nalias = \"db\"\n").unwrap();
+        assert!(
+            nameless
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("no name")
+        );
         let bad = DockerConfig {
             memory: Some("lots".into()),
             ..DockerConfig::default()

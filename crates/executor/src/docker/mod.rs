@@ -48,6 +48,7 @@
 //! | `allowed_pull_policies` | `pull_policy` | what a job's `image: pull_policy` may ask for |
 //! | `allowed_images`, `allowed_services` | all | glob patterns (`*`, `**`) the job's images must match |
 //! | `extra_hosts` | `[]` | `/etc/hosts` entries, `host:ip` |
+//! | `[[services]]` | `[]` | `name`, `alias`, `entrypoint`, `command`, `environment`: services every job gets, started before its own |
 //!
 //! Other keys (`network_mode`, `helper_image`, `shm_size`, `dns`, …) are accepted and ignored:
 //! every job runs on its slot's own bridge network (see above).
@@ -83,7 +84,7 @@ use tokio_util::sync::CancellationToken;
 use crate::job::{DEFAULT_JOB_TIMEOUT, JobContext, JobRunner, RunResult};
 use crate::trace::Trace;
 
-pub use config::{DockerConfig, PullPolicy};
+pub use config::{DockerConfig, PullPolicy, ServiceConfig};
 pub use host::DockerHost;
 pub use names::session;
 pub use services::service_aliases;

@@ -102,6 +102,9 @@ pub(super) struct Plan<'a> {
     pub(super) slot: u32,
     /// The build container's image.
     pub(super) image: Image,
+    /// The services to start: `[[runners.docker.services]]`, then the job's (GitLab Runner's
+    /// order).
+    pub(super) services: Vec<Image>,
     /// Each image (the build's, then the services') with the pull policies to apply.
     pub(super) policies: Vec<(String, Vec<PullPolicy>)>,
     /// Labels on everything the run creates.
@@ -181,8 +184,16 @@ impl DockerExecutor {
             "Using Docker executor with image {} ...",
             image.name
         ));
+        let services: Vec<Image> = self
+            .config
+            .services
+            .iter()
+            .filter(|s| !s.name.is_empty())
+            .map(|s| s.to_image())
+            .chain(job.services.iter().cloned())
+            .collect();
         let mut policies = Vec::new();
-        for img in std::iter::once(&image).chain(job.services.iter()) {
+        for img in std::iter::once(&image).chain(services.iter()) {
             let p = self
                 .config
                 .pull_policies_for(img)
@@ -208,6 +219,7 @@ impl DockerExecutor {
             run,
             slot,
             image,
+            services,
             policies,
             labels: run.labels(job.id, slot),
             limits: Limits {

@@ -48,7 +48,7 @@ impl DockerExecutor {
     ) -> Result<Vec<(String, String)>, JobOutcome> {
         let service_env = service_env(plan.job);
         let mut services = Vec::new();
-        for (i, svc) in plan.job.services.iter().enumerate() {
+        for (i, svc) in plan.services.iter().enumerate() {
             stop.check(trace)?;
             let aliases = service_aliases(svc);
             trace.message(&format!(
