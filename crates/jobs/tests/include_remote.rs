@@ -116,3 +116,29 @@ async fn https_goes_through_tls() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn integrity_is_checked_and_secrets_in_the_url_are_not_shown() {
+    let url = serve().await;
+    let dir = tempfile::tempdir().unwrap();
+    // `printf '%s' "$REMOTE" | openssl dgst -sha256 -binary | base64`
+    let good = "sha256-xFZmb0UKsmDikeovLzyclPKaEHyJD9aZwW6xgaA5Vzw=";
+    let ci = |integrity: &str| {
+        format!(
+            "include:\n  - remote: {url}/ci/jobs.yml\n    integrity: '{integrity}'\njob:\n  script: [x]\n"
+        )
+    };
+    let p = read(dir.path(), ci(good)).await.unwrap();
+    assert_eq!(names(&p), ["remote-build", "job"]);
+    let err = read(dir.path(), ci("sha256-AAAA")).await.unwrap_err();
+    assert!(err.contains("fails its integrity check"), "{err}");
+    // A token in the query never reaches the message.
+    let err = read(
+        dir.path(),
+        format!("include:\n  - remote: '{url}/ci/missing.yml?private_token=s3cret'\njob:\n  script: [x]\n"),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.contains("HTTP 404"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+}

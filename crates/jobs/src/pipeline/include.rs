@@ -81,6 +81,8 @@ struct Target {
     path: PathBuf,
     /// For `include:remote`: the URL to fetch instead of reading `path`.
     remote: Option<String>,
+    /// For `include:remote`: `integrity: sha256-<base64>`, with its line.
+    integrity: Option<(String, usize)>,
     shown: String,
     inputs: Option<Node>,
     line: usize,
@@ -241,7 +243,11 @@ impl<'a> Composer<'a> {
                 Err("include:remote is not fetched: reading offline".to_string())
             }
             Some(url) => super::remote::fetch(url, MAX_FILE_BYTES)
-                .map_err(|e| format!("include:remote could not be fetched: {e}")),
+                .map_err(|e| format!("include:remote could not be fetched: {e}"))
+                .and_then(|text| match &t.integrity {
+                    Some((want, _)) => super::remote::check_integrity(&text, want).map(|()| text),
+                    None => Ok(text),
+                }),
             None => match std::fs::metadata(&t.path) {
                 Ok(m) if m.is_file() && m.len() <= MAX_FILE_BYTES => {
                     std::fs::read_to_string(&t.path).map_err(|e| e.to_string())
@@ -320,7 +326,7 @@ impl<'a> Composer<'a> {
     fn entry(&mut self, item: &Node) -> Vec<Target> {
         let entries = item.as_map().unwrap_or_default();
         let mut kind: Option<&Entry> = None;
-        let (mut file, mut inputs, mut rules) = (None, None, None);
+        let (mut file, mut inputs, mut rules, mut integrity) = (None, None, None, None);
         for e in entries {
             match e.key.as_str() {
                 "local" | "project" | "remote" | "template" | "component" => {
@@ -340,7 +346,8 @@ impl<'a> Composer<'a> {
                 "ref" => {}
                 "inputs" => inputs = Some(e.value.clone()),
                 "rules" => rules = Some(e),
-                "cache" | "integrity" => {}
+                "integrity" => integrity = Some(e),
+                "cache" => {}
                 k => self.error(
                     e.key_line,
                     format!(
@@ -417,6 +424,7 @@ impl<'a> Composer<'a> {
                         shown: path.display().to_string(),
                         path,
                         remote: None,
+                        integrity: None,
                         inputs: inputs.clone(),
                         line: l,
                     });
@@ -427,10 +435,24 @@ impl<'a> Composer<'a> {
                 let Some(url) = self.path_value("include:remote", &kind.value) else {
                     return Vec::new();
                 };
+                let written = kind.value.as_scalar().unwrap_or_default();
+                let integrity = match integrity.map(|e| (e.value.as_scalar(), e)) {
+                    None => None,
+                    Some((Some(v), e)) => Some((v.to_string(), e.key_line)),
+                    Some((None, e)) => {
+                        self.error(
+                            e.key_line,
+                            "include: integrity: expected \"sha256-<base64 of the file's SHA-256>\"",
+                        );
+                        return Vec::new();
+                    }
+                };
                 vec![Target {
                     path: PathBuf::from(&url),
-                    shown: url.clone(),
+                    // As written, without credentials or query: `$VAR`s may hold secrets.
+                    shown: super::remote::masked(written),
                     remote: Some(url),
+                    integrity,
                     inputs,
                     line,
                 }]
@@ -477,6 +499,7 @@ impl<'a> Composer<'a> {
                 .map(|f| Target {
                     path: self.ctx.project_dir.join(&f),
                     remote: None,
+                    integrity: None,
                     shown: f,
                     inputs: inputs.clone(),
                     line,
@@ -493,6 +516,7 @@ impl<'a> Composer<'a> {
         vec![Target {
             path: self.ctx.project_dir.join(rel),
             remote: None,
+            integrity: None,
             shown: rel.to_string(),
             inputs,
             line,

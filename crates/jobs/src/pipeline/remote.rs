@@ -41,6 +41,48 @@ pub(crate) enum RemoteError {
     NotText,
 }
 
+/// `url` as it may be shown: without `user:password@`, query or fragment, which may hold
+/// secrets (GitLab masks them too).
+pub(crate) fn masked(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (Some(s), r),
+        None => (None, url),
+    };
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let rest = match rest.split_once('/') {
+        Some((authority, path)) => {
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{host}/{path}")
+        }
+        None => rest.rsplit_once('@').map_or(rest, |(_, h)| h).to_string(),
+    };
+    match scheme {
+        Some(s) => format!("{s}://{rest}"),
+        None => rest,
+    }
+}
+
+/// `include: integrity: sha256-<base64>`: the fetched text must have this SHA-256, as GitLab
+/// checks it.
+pub(crate) fn check_integrity(text: &str, want: &str) -> Result<(), String> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let Some(expected) = want.trim().strip_prefix("sha256-") else {
+        return Err(format!(
+            "integrity {want:?} is not \"sha256-<base64 of the file's SHA-256>\""
+        ));
+    };
+    let got =
+        base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(text.as_bytes()));
+    if got == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "the fetched file fails its integrity check (its SHA-256 is sha256-{got}, integrity says {want})"
+        ))
+    }
+}
+
 /// The text at `url`, at most `max_bytes`. Blocking: the fetch runs on its own thread and
 /// runtime, so it works from a blocking thread of a runtime (where `slipway exec` reads
 /// pipelines) and outside any runtime alike.
@@ -135,4 +177,32 @@ fn causes(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_credentials_or_query() {
+        assert_eq!(
+            masked("https://user:tok@host.example/a/ci.yml?token=x#f"),
+            "https://host.example/a/ci.yml"
+        );
+        assert_eq!(masked("https://host/ci.yml"), "https://host/ci.yml");
+    }
+
+    #[test]
+    fn integrity_is_the_files_sha256_in_base64() {
+        // `printf 'a: 1\n' | openssl dgst -sha256 -binary | base64`
+        let want = "sha256-N7EoxZ8fUJf3P4JpHLUZ8fVoZn+qtc7RtKuXnTaDfq4=";
+        let text = "a: 1\n";
+        assert_eq!(check_integrity(text, want), Ok(()));
+        assert!(
+            check_integrity("a: 2\n", want)
+                .unwrap_err()
+                .contains("integrity")
+        );
+        assert!(check_integrity(text, "md5-x").unwrap_err().contains("not"));
+    }
 }
