@@ -179,13 +179,24 @@ pub fn check_text(text: &str, dir: PathBuf, allow_unsupported: bool) {
     };
     match Pipeline::parse(text, ".gitlab-ci.yml", opts) {
         Ok(p) => {
-            for job in &p.jobs {
+            // A child pipeline's jobs have the child's stages; a top pipeline's its own.
+            for job in p.jobs.iter().filter(|j| j.upstream.is_none()) {
                 assert!(
                     p.stages.contains(&job.stage),
                     "job {:?} in stage {:?} not among stages {:?}",
                     job.name,
                     job.stage,
                     p.stages
+                );
+            }
+            // Every child job follows a trigger job of this pipeline (directly or through its
+            // own child pipeline's).
+            for job in p.jobs.iter().filter(|j| j.upstream.is_some()) {
+                let up = job.upstream.as_deref().unwrap_or_default();
+                assert!(
+                    p.job(up).is_some_and(|t| t.trigger.is_some()),
+                    "child job {:?} has no trigger job {up:?}",
+                    job.name
                 );
             }
         }

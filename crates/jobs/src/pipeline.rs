@@ -280,6 +280,9 @@ pub struct PipelineJob {
     pub trigger: Option<Trigger>,
     /// In a child pipeline: the trigger job that starts it (`None` in the top pipeline).
     pub upstream: Option<String>,
+    /// In a child pipeline: jobs of the parent pipeline whose artifacts this job gets
+    /// (`needs: [{pipeline: $PARENT_PIPELINE_ID, job: NAME}]`), named as in [`Pipeline::jobs`].
+    pub parent_artifacts: Vec<String>,
 }
 
 /// One job of a `parallel:` expansion.
@@ -532,6 +535,8 @@ struct RawNeed {
     line: usize,
     /// `parallel: matrix:`: only the jobs of the parallel job with these values.
     matrix: Option<Vec<MatrixVars>>,
+    /// A job of the parent pipeline (`needs:pipeline: $PARENT_PIPELINE_ID`): its artifacts only.
+    parent: bool,
 }
 
 /// A job as read, before cross-job checks.
@@ -748,13 +753,18 @@ impl Reader<'_> {
                 children.push((raw.job.name.clone(), jobs));
             }
         }
+        if let Some(why) = filtered {
+            // Each job was read (its config errors are reported); `needs` between jobs are
+            // checked when GitLab creates a pipeline, which a filtered one never is.
+            return Some(Pipeline {
+                stages,
+                jobs: Vec::new(),
+                warnings: Vec::new(),
+                excluded: Some(why.into()),
+            });
+        }
         let mut pipeline = self.link(stages, raw_jobs);
         self.adopt(&mut pipeline, children);
-        if let Some(why) = filtered {
-            pipeline.jobs.clear();
-            pipeline.excluded = Some(why.into());
-            return Some(pipeline);
-        }
         if pipeline.jobs.is_empty() && self.errors.is_empty() {
             pipeline.excluded =
                 Some("No jobs for this pipeline: the rules of every job left it out".into());

@@ -341,6 +341,8 @@ impl PipelineRun {
                         .filter(|i| !refused(i))
                         .collect();
                 }
+                // A child pipeline's job also gets the artifacts of the parent's jobs it names.
+                artifact_from.extend(job.parent_artifacts.iter().filter_map(|n| index(n)));
                 let mut rj = RunJob {
                     name: job.name.clone(),
                     when: job.when,

@@ -447,10 +447,12 @@ impl Builder<'_, '_, '_> {
     }
 
     fn mapping(&mut self, line: usize, depth: usize) -> Result<Node, YamlError> {
+        // Psych's order, which GitLab's is: entries in turn, each overwriting a key already
+        // there in its place; a `<<` merges its mapping the same way, so keys written before a
+        // `<<` are overwritten by it and keys written after it win.
         let mut entries: Vec<Entry> = Vec::new();
-        // Merged entries (`<<`) and where they go; explicit keys win over them whatever the order,
-        // as the YAML merge-key spec says, so they are placed once the mapping is complete.
-        let mut merges: Vec<(usize, Vec<Entry>)> = Vec::new();
+        // Keys written in this mapping itself (a second one is a duplicate; a merged one is not).
+        let mut written: std::collections::HashSet<String> = std::collections::HashSet::new();
         loop {
             let (ev, key_line) = self.next()?;
             if ev == EventData::MappingEnd {
@@ -477,54 +479,39 @@ impl Builder<'_, '_, '_> {
                 }
             };
             if key == "<<" && matches!(key_node.kind, Kind::Scalar { plain: true, .. }) {
-                let merged = self.merge_value(&value);
-                merges.push((entries.len(), merged));
+                for merged in self.merge_value(&value) {
+                    match entries.iter_mut().find(|e| e.key == merged.key) {
+                        Some(there) => *there = merged,
+                        None => entries.push(merged),
+                    }
+                }
                 continue;
             }
-            if let Some(first) = entries.iter_mut().find(|e| e.key == key) {
-                // Psych's rule: the last value wins, at the place of the first.
-                self.duplicates.push(Duplicate {
-                    key,
-                    first_line: first.key_line,
-                    line: key_line,
-                });
-                first.key_line = key_line;
-                first.value = value;
-                continue;
-            }
-            entries.push(Entry {
+            let entry = Entry {
                 key,
                 key_line,
                 value,
-            });
-        }
-        // Insert merged entries at the position of their `<<`, later positions first so earlier
-        // indices stay valid; a key already present (explicit, or from an earlier merge) wins.
-        let mut out = entries;
-        let mut seen: Vec<String> = out.iter().map(|e| e.key.clone()).collect();
-        let mut inserts: Vec<(usize, Vec<Entry>)> = Vec::new();
-        for (pos, merged) in merges {
-            let fresh: Vec<Entry> = merged
-                .into_iter()
-                .filter(|e| {
-                    if seen.contains(&e.key) {
-                        false
-                    } else {
-                        seen.push(e.key.clone());
-                        true
+            };
+            match entries.iter_mut().find(|e| e.key == entry.key) {
+                Some(there) => {
+                    if written.contains(&entry.key) {
+                        self.duplicates.push(Duplicate {
+                            key: entry.key.clone(),
+                            first_line: there.key_line,
+                            line: key_line,
+                        });
                     }
-                })
-                .collect();
-            inserts.push((pos, fresh));
-        }
-        for (pos, fresh) in inserts.into_iter().rev() {
-            let tail = out.split_off(pos);
-            out.extend(fresh);
-            out.extend(tail);
+                    *there = entry;
+                }
+                None => {
+                    written.insert(entry.key.clone());
+                    entries.push(entry);
+                }
+            }
         }
         Ok(Node {
             line,
-            kind: Kind::Map(out),
+            kind: Kind::Map(entries),
         })
     }
 
@@ -606,6 +593,14 @@ mod tests {
             2,
             "merged keys keep their line"
         );
+        // Psych (GitLab): a `<<` after a key overwrites it; a key after the `<<` wins.
+        let text =
+            "t: &t {script: [from-t], stage: s}\njob:\n  script: [own]\n  <<: *t\n  stage: own\n";
+        let root = parse(text).unwrap().unwrap();
+        let job = &root.get("job").unwrap().value;
+        let first = |k: &str| job.get(k).unwrap().value.as_list().map(|l| l[0].clone());
+        assert_eq!(first("script").unwrap().as_scalar(), Some("from-t"));
+        assert_eq!(job.get("stage").unwrap().value.as_scalar(), Some("own"));
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //! `/regex/flags`; a value that is no pattern matches nothing.
 //!
 //! `${VAR}` is no variable to GitLab's lexer (its pattern is `$` and word characters): GitLab
-//! cannot evaluate such a statement, and a rule with it never matches. It is read here so the
-//! rest is still checked, and the whole expression is false ([`Expr::braced_variable`]).
+//! refuses the file ("invalid expression syntax"; its docs list `if: ${ENVIRONMENT} == "x"` as
+//! invalid), and so does this reader, saying to write `$VAR`.
 
 use std::fmt;
 
@@ -24,8 +24,6 @@ const MAX_DEPTH: usize = 32;
 #[derive(Debug, Clone)]
 pub(crate) struct Expr {
     root: Node,
-    /// Column of the first `${`, which makes the statement false (see the module's notes).
-    braced: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -72,8 +70,6 @@ impl fmt::Display for ExprError {
 #[derive(Debug, Clone, PartialEq)]
 enum Token {
     Var(String),
-    /// `${VAR}`: read as a variable, but it makes the statement false.
-    BracedVar(String),
     Str(String),
     Null,
     Pattern(String, String),
@@ -107,28 +103,18 @@ impl Expr {
                 describe(t)
             )));
         }
-        let braced = tokens.iter().find_map(|(t, col)| match t {
-            Token::BracedVar(_) => Some(*col),
-            _ => None,
-        });
-        Ok(Expr { root, braced })
+        Ok(Expr { root })
     }
 
     /// Evaluates with `lookup` giving each variable's value (`None` when undefined).
     pub(crate) fn eval(&self, lookup: &dyn Fn(&str) -> Option<String>) -> bool {
-        self.braced.is_none() && eval(&self.root, lookup)
-    }
-
-    /// The column of a `${VAR}`, which GitLab's lexer does not read: the statement is false.
-    pub(crate) fn braced_variable(&self) -> Option<usize> {
-        self.braced
+        eval(&self.root, lookup)
     }
 }
 
 fn describe(t: &Token) -> String {
     match t {
         Token::Var(n) => format!("variable ${n}"),
-        Token::BracedVar(n) => format!("${{{n}}}"),
         Token::Str(s) => format!("string \"{s}\""),
         Token::Null => "null".into(),
         Token::Pattern(p, f) => format!("pattern /{p}/{f}"),
@@ -181,15 +167,13 @@ fn lex(text: &str) -> Result<Vec<(Token, usize)>, ExprError> {
                         "expected a variable name after \"$\" at column {col}"
                     )));
                 }
-                let braced = chars.get(i + 1) == Some(&'{');
-                out.push((
-                    if braced {
-                        Token::BracedVar(name)
-                    } else {
-                        Token::Var(name)
-                    },
-                    col,
-                ));
+                if chars.get(i + 1) == Some(&'{') {
+                    return Err(ExprError(format!(
+                        "\"${{{name}}}\" at column {col} is not a variable in GitLab's \
+                         expressions (write ${name})"
+                    )));
+                }
+                out.push((Token::Var(name), col));
                 i = next;
             }
             '"' | '\'' => {
@@ -378,7 +362,7 @@ impl Parser<'_> {
             ));
         };
         let op = match tok {
-            Token::Var(n) | Token::BracedVar(n) => Operand::Var(n.clone()),
+            Token::Var(n) => Operand::Var(n.clone()),
             Token::Str(s) => Operand::Str(s.clone()),
             Token::Null => Operand::Null,
             Token::Pattern(p, f) => Operand::Pattern(
@@ -449,13 +433,11 @@ mod tests {
         let v = [("BRANCH", "main"), ("EMPTY", ""), ("SPACE", "  ")];
         assert!(check("$BRANCH == \"main\"", &v));
         assert!(check("$BRANCH == 'main'", &v));
-        // GitLab's lexer has no `${VAR}`: the statement cannot be evaluated and never holds.
-        assert!(!check("${BRANCH} != \"dev\"", &v));
-        assert!(!check("${BRANCH} == \"main\"", &v));
-        assert!(!check("$BRANCH == \"main\" || ${BRANCH}", &v));
+        // GitLab's lexer has no `${VAR}`: the file is refused, as GitLab refuses it.
+        let e = Expr::parse("$A && ${B} == \"x\"").unwrap_err();
         assert_eq!(
-            Expr::parse("$A && ${B}").unwrap().braced_variable(),
-            Some(7)
+            e.0,
+            "\"${B}\" at column 7 is not a variable in GitLab's expressions (write $B)"
         );
         assert!(check("$BRANCH", &v));
         assert!(!check("$EMPTY", &v));

@@ -192,6 +192,7 @@ impl Reader<'_> {
             line,
             trigger: None,
             upstream: None,
+            parent_artifacts: Vec::new(),
         };
         let mut stage_line = line;
         let mut needs = None;

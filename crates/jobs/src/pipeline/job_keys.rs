@@ -157,6 +157,7 @@ impl Reader<'_> {
                     optional: false,
                     line: item.line,
                     matrix: None,
+                    parent: false,
                 });
                 continue;
             }
@@ -172,6 +173,36 @@ impl Reader<'_> {
             };
             // Artifacts of another project's or the parent pipeline's job: GitLab fetches them
             // from its own store, which a local run does not have. The job runs without them.
+            // A child pipeline's need on its parent's job: its artifacts, as GitLab passes them.
+            let from_parent = entries.iter().find(|e| {
+                e.key == "pipeline"
+                    && matches!(
+                        e.value.as_scalar().map(str::trim),
+                        Some("$PARENT_PIPELINE_ID" | "${PARENT_PIPELINE_ID}")
+                    )
+            });
+            if let Some(e) = from_parent.filter(|_| self.depth > 0) {
+                let artifacts = item
+                    .get("artifacts")
+                    .and_then(|a| a.value.as_bool())
+                    .unwrap_or(true);
+                match item.get("job").and_then(|j| j.value.as_scalar()) {
+                    Some(job) if artifacts => out.push(RawNeed {
+                        job: job.to_string(),
+                        artifacts: true,
+                        optional: false,
+                        line: e.key_line,
+                        matrix: None,
+                        parent: true,
+                    }),
+                    Some(_) => {}
+                    None => self.error(
+                        item.line,
+                        format!("{ctx}: needs:pipeline: an entry is missing \"job\""),
+                    ),
+                }
+                continue;
+            }
             if let Some(e) = entries
                 .iter()
                 .find(|e| e.key == "project" || e.key == "pipeline")
@@ -201,6 +232,7 @@ impl Reader<'_> {
                 optional: false,
                 line: item.line,
                 matrix: None,
+                parent: false,
             };
             for e in entries {
                 match e.key.as_str() {

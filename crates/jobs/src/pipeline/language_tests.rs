@@ -127,6 +127,13 @@ job:
         err.to_string().contains("job \"bad\": when: unknown value"),
         "{err}"
     );
+    // A need on a job its rules leave out is checked when a pipeline is created: a filtered
+    // pipeline never is.
+    let needs_ruled_out = format!(
+        "{text}\nbuild:\n  rules: [{{if: $CI_COMMIT_TAG}}]\n  script: x\npublish:\n  needs: [build]\n  script: x\n"
+    );
+    let p = read(&needs_ruled_out, opts(&[], &[]));
+    assert!(p.excluded.unwrap().contains("no rule matched"));
 }
 
 #[test]

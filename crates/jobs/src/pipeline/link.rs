@@ -98,12 +98,18 @@ impl Reader<'_> {
         }
         let mut edges: Vec<Vec<(usize, usize)>> = vec![Vec::new(); jobs.len()];
         let mut resolved: Vec<Option<Vec<Need>>> = vec![None; jobs.len()];
+        // Jobs of the parent pipeline (a child pipeline's `needs:pipeline`): checked there.
+        let mut from_parent: Vec<Vec<String>> = vec![Vec::new(); jobs.len()];
         for (i, raw) in needs_raw.into_iter().enumerate() {
             let Some(raw) = raw else { continue };
             let ctx = ctx_for(&jobs[i].name);
             let mut needs: Vec<Need> = Vec::new();
             let mut written: HashSet<String> = HashSet::new();
             for n in raw {
+                if n.parent {
+                    from_parent[i].push(n.job);
+                    continue;
+                }
                 let targets = by_name
                     .get(n.job.as_str())
                     .or_else(|| by_parallel.get(n.job.as_str()))
@@ -175,10 +181,11 @@ impl Reader<'_> {
             }
             resolved[i] = Some(needs);
         }
-        for (job, needs) in jobs.iter_mut().zip(resolved) {
+        for ((job, needs), parent) in jobs.iter_mut().zip(resolved).zip(from_parent) {
             if needs.is_some() {
                 job.needs = needs;
             }
+            job.parent_artifacts = parent;
         }
         self.check_need_cycles(&jobs, &edges);
         Pipeline {

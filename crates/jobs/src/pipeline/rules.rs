@@ -266,19 +266,7 @@ impl super::Reader<'_> {
             return None;
         };
         match Expr::parse(text) {
-            Ok(e) => {
-                if let Some(col) = e.braced_variable() {
-                    self.warn(
-                        node.line,
-                        format!(
-                            "{what}: \"${{...}}\" at column {col} of {text:?} is not a variable in \
-                             GitLab's expressions (write $NAME): this condition never holds, as \
-                             in GitLab"
-                        ),
-                    );
-                }
-                Some(e)
-            }
+            Ok(e) => Some(e),
             Err(e) => {
                 self.error(node.line, format!("{what}: {e} in {text:?}"));
                 None

@@ -282,6 +282,12 @@ impl Reader<'_> {
             .jobs
             .into_iter()
             .map(|mut j| {
+                // A grandchild's parent is this child: its names get this prefix too.
+                if j.upstream.is_some() {
+                    for p in &mut j.parent_artifacts {
+                        *p = format!("{prefix}{p}");
+                    }
+                }
                 j.name = format!("{prefix}{}", j.name);
                 j.upstream = Some(match j.upstream.take() {
                     Some(up) => format!("{prefix}{up}"),

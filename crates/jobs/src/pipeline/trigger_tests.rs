@@ -441,3 +441,50 @@ fn picking_a_trigger_job_runs_its_child() {
     let run = PipelineRun::new(&p, Some("child > c2")).unwrap();
     assert_eq!(run.ready(), [p.job_index("child > c2").unwrap()]);
 }
+
+#[test]
+fn a_child_job_gets_the_parents_artifacts_through_needs_pipeline() {
+    let p = read(&[
+        (
+            ".gitlab-ci.yml",
+            "stages: [build, trigger]\n\
+             generate: {stage: build, script: [x], artifacts: {paths: [out/]}}\n\
+             t:\n  stage: trigger\n  trigger:\n    include: child.yml\n",
+        ),
+        (
+            "child.yml",
+            "use:\n  needs:\n    - pipeline: $PARENT_PIPELINE_ID\n      job: generate\n  script: [x]\n\
+             skip:\n  needs: [{pipeline: $PARENT_PIPELINE_ID, job: generate, artifacts: false}]\n  script: [x]\n",
+        ),
+    ])
+    .unwrap();
+    assert_eq!(names(&p), ["generate", "t", "t > use", "t > skip"]);
+    assert_eq!(p.job("t > use").unwrap().parent_artifacts, ["generate"]);
+    assert!(p.job("t > skip").unwrap().parent_artifacts.is_empty());
+    let mut run = PipelineRun::new(&p, None).unwrap();
+    while !run.is_done() {
+        let ready = run.ready();
+        assert!(!ready.is_empty(), "stuck: {run:?}");
+        for &i in &ready {
+            run.start(i).unwrap();
+            run.finish(i, JobStatus::Success).unwrap();
+        }
+    }
+    let use_job = p.job_index("t > use").unwrap();
+    assert_eq!(
+        run.artifact_sources(use_job),
+        [p.job_index("generate").unwrap()]
+    );
+    // In the top pipeline there is no parent: a warning, no artifacts.
+    let top = read(&[(
+        ".gitlab-ci.yml",
+        "use:\n  needs: [{pipeline: $PARENT_PIPELINE_ID, job: g}]\n  script: [x]\n",
+    )])
+    .unwrap();
+    assert!(top.job("use").unwrap().parent_artifacts.is_empty());
+    assert!(
+        top.warnings.iter().any(|w| w.contains("needs:pipeline")),
+        "{:?}",
+        top.warnings
+    );
+}
