@@ -110,6 +110,20 @@ pub struct Checks {
 }
 
 impl Checks {
+    /// Its executor's warm slot networks, while its engine is still reachable: on an engine
+    /// the instance shares (the local plugin's share this host's) they would outlive it.
+    /// Forgotten once done: cut short (the manager stopping), the runner's shutdown removes
+    /// them.
+    async fn remove_slot_networks(&self, id: &str) {
+        let Some(exec) = self.docker_execs.lock().await.get(id).cloned() else {
+            return;
+        };
+        if let Err(e) = exec.shutdown().await {
+            tracing::warn!(instance = %id, "removing the instance's slot networks: {e}");
+        }
+        self.docker_execs.lock().await.remove(id);
+    }
+
     fn recently_alive(&self, id: &str) -> bool {
         self.alive
             .lock()
@@ -182,19 +196,13 @@ impl InstanceHooks for Checks {
     }
 
     async fn removing(&self, id: &str) {
-        if let Some(s) = &self.subtrees {
-            s.remove(id).await;
-        }
-        // Its executor's warm slot networks, while its engine is still reachable: on an engine
-        // the instance shares (the local plugin's share this host's) they would outlive it.
-        // Forgotten once done: cut short (the manager stopping), the runner's shutdown
-        // removes them.
-        let Some(exec) = self.docker_execs.lock().await.get(id).cloned() else {
-            return;
+        // Both at once: the taskscaler gives this hook a bounded time, and a subtree still
+        // holding processes takes its cleanup's whole timeout.
+        let subtree = async {
+            if let Some(s) = &self.subtrees {
+                s.remove(id).await;
+            }
         };
-        if let Err(e) = exec.shutdown().await {
-            tracing::warn!(instance = %id, "removing the instance's slot networks: {e}");
-        }
-        self.docker_execs.lock().await.remove(id);
+        tokio::join!(subtree, self.remove_slot_networks(id));
     }
 }

@@ -99,14 +99,19 @@ impl InstanceSubtrees {
     }
 }
 
-/// Remove `<root>/<mount>/<path>` and the cgroups under it, deepest first, in every mount;
+/// Remove `<root>/<mount>/<path>` (or `<root>/<path>`) and the cgroups under it, deepest first;
 /// a cgroup still in use (rmdir refused) stays.
 fn remove_empty_subtrees(root: &Path, path: &str) {
     let Ok(mounts) = std::fs::read_dir(root) else {
         return;
     };
-    for mount in mounts.flatten() {
-        remove_dirs_below(&mount.path().join(path));
+    // Each v1 hierarchy under the root, or the root itself when it is a cgroup2 mount.
+    for mount in mounts
+        .flatten()
+        .map(|m| m.path())
+        .chain([root.to_path_buf()])
+    {
+        remove_dirs_below(&mount.join(path));
     }
 }
 

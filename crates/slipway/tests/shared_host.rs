@@ -48,10 +48,14 @@ dock:
 
 /// The slot cgroups of an instance in every hierarchy on this host.
 fn cgroups_of(instance: &str) -> Vec<String> {
-    std::fs::read_dir("/sys/fs/cgroup")
+    // Each v1 hierarchy (and a cgroup2 mount beside them), or the root itself on a v2 host.
+    let root = std::path::PathBuf::from("/sys/fs/cgroup");
+    std::fs::read_dir(&root)
         .unwrap()
         .flatten()
-        .map(|m| m.path().join("slipway").join(instance))
+        .map(|m| m.path())
+        .chain(std::iter::once(root.clone()))
+        .map(|m| m.join("slipway").join(instance))
         .filter(|p| p.exists())
         .map(|p| p.display().to_string())
         .collect()

@@ -278,7 +278,13 @@ async fn persisted_cache(
         notice("warning: no HOME or XDG_CACHE_HOME: the cache lasts for this run only".into());
         return None;
     };
-    if let Err(e) = tokio::fs::create_dir_all(&dir).await {
+    // Private: the project's caches may hold what its jobs fetched with credentials.
+    let made = tokio::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .await;
+    if let Err(e) = made {
         notice(format!(
             "warning: creating the cache directory {}: {e}; the cache lasts for this run only",
             dir.display()
