@@ -46,6 +46,15 @@ fn run(
     outcome: impl Fn(&str) -> JobStatus,
 ) -> (Vec<(String, JobStatus)>, PipelineStatus) {
     let mut run = PipelineRun::new(p, None).unwrap();
+    finish_all(p, &mut run, outcome);
+    let statuses = (0..run.len())
+        .map(|i| (p.jobs[i].name.clone(), run.job_status(i).unwrap()))
+        .collect();
+    (statuses, run.status())
+}
+
+/// Runs `run` to the end, each job ending with `outcome(name)`.
+fn finish_all(p: &Pipeline, run: &mut PipelineRun, outcome: impl Fn(&str) -> JobStatus) {
     while !run.is_done() {
         let ready = run.ready();
         assert!(!ready.is_empty(), "stuck: {run:?}");
@@ -56,10 +65,6 @@ fn run(
             run.finish(i, outcome(&p.jobs[i].name)).unwrap();
         }
     }
-    let statuses = (0..run.len())
-        .map(|i| (p.jobs[i].name.clone(), run.job_status(i).unwrap()))
-        .collect();
-    (statuses, run.status())
 }
 
 fn status_of(statuses: &[(String, JobStatus)], name: &str) -> JobStatus {
@@ -462,14 +467,7 @@ fn a_child_job_gets_the_parents_artifacts_through_needs_pipeline() {
     assert_eq!(p.job("t > use").unwrap().parent_artifacts, ["generate"]);
     assert!(p.job("t > skip").unwrap().parent_artifacts.is_empty());
     let mut run = PipelineRun::new(&p, None).unwrap();
-    while !run.is_done() {
-        let ready = run.ready();
-        assert!(!ready.is_empty(), "stuck: {run:?}");
-        for &i in &ready {
-            run.start(i).unwrap();
-            run.finish(i, JobStatus::Success).unwrap();
-        }
-    }
+    finish_all(&p, &mut run, |_| JobStatus::Success);
     let use_job = p.job_index("t > use").unwrap();
     assert_eq!(
         run.artifact_sources(use_job),
