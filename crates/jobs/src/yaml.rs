@@ -200,17 +200,17 @@ pub(crate) fn parse_documents(
     // The libyaml port panics on a block scalar cut by the end of the input; a final line
     // break (which GitLab's editor and git add anyway) keeps it on its tested path.
     let owned;
-    let text = if text.is_empty() || text.ends_with('\n') {
-        text
+    let (text, added_break) = if text.is_empty() || text.ends_with('\n') {
+        (text, None)
     } else {
         owned = format!("{text}\n");
-        owned.as_str()
+        (owned.as_str(), Some(text.len() as u64))
     };
     let last_line = std::cell::Cell::new(base + 1);
     // Defence in depth: the port still has a `todo!` (a tag directly followed by `,` in a
     // flow collection); a panic there is an error about the file, not a crash.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        build(text, base, max_docs, &last_line)
+        build(text, base, max_docs, added_break, &last_line)
     }))
     .unwrap_or_else(|_| {
         Err(vec![YamlError {
@@ -226,6 +226,7 @@ fn build(
     text: &str,
     base: usize,
     max_docs: usize,
+    added_break: Option<u64>,
     last_line: &std::cell::Cell<usize>,
 ) -> Result<Parsed, Vec<YamlError>> {
     let mut input = text.as_bytes();
@@ -238,6 +239,7 @@ fn build(
         duplicates: Vec::new(),
         nodes: 0,
         base,
+        added_break,
         last_line,
     };
     match b.documents(max_docs) {
@@ -255,6 +257,9 @@ fn build(
 
 struct Builder<'r, 'b, 'l> {
     parser: Parser<&'b mut &'r [u8]>,
+    /// Where the line break added to a file without a final one starts: a block scalar
+    /// running into it gives it back, so the value is what Psych reads.
+    added_break: Option<u64>,
     /// The line of the last event read, for an error after a panic of the parser.
     last_line: &'l std::cell::Cell<usize>,
     anchors: HashMap<String, Node>,
@@ -271,10 +276,26 @@ impl Builder<'_, '_, '_> {
     fn next(&mut self) -> Result<(EventData, usize), YamlError> {
         match self.parser.parse() {
             Ok(Event {
-                data, start_mark, ..
+                mut data,
+                start_mark,
+                end_mark,
+                ..
             }) => {
                 let line = self.base + start_mark.line as usize + 1;
                 self.last_line.set(line);
+                if let (
+                    Some(at),
+                    EventData::Scalar {
+                        value,
+                        style: ScalarStyle::Literal | ScalarStyle::Folded,
+                        ..
+                    },
+                ) = (self.added_break, &mut data)
+                    && end_mark.index >= at
+                    && value.ends_with('\n')
+                {
+                    value.pop();
+                }
                 Ok((data, line))
             }
             Err(e) => {
@@ -660,7 +681,13 @@ mod tests {
             .unwrap()
             .unwrap();
         let script = &root.get("job").unwrap().value.get("script").unwrap().value;
-        assert_eq!(script.as_list().unwrap()[0].as_scalar(), Some("echo hi\n"));
+        assert_eq!(script.as_list().unwrap()[0].as_scalar(), Some("echo hi"));
+        // As Psych: a final line break kept when the file has one, and `|-` strips it anyway.
+        let kept = parse("a: |\n  x\nb: |-\n  y").unwrap().unwrap();
+        assert_eq!(kept.get("a").unwrap().value.as_scalar(), Some("x\n"));
+        assert_eq!(kept.get("b").unwrap().value.as_scalar(), Some("y"));
+        let with_break = parse("a: |\n  x\n").unwrap().unwrap();
+        assert_eq!(with_break.get("a").unwrap().value.as_scalar(), Some("x\n"));
         let errs = parse("a: 1\nb: [!web, api]\n").unwrap_err();
         assert_eq!(errs[0].line, 2, "{errs:?}");
         let errs = parse("a: [1,\n").unwrap_err();
