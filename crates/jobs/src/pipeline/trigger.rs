@@ -228,14 +228,22 @@ impl Reader<'_> {
         };
         let ctx = ctx_for(&bridge.name);
         if self.depth >= MAX_CHILD_DEPTH {
-            self.error(
-                *line,
-                format!(
-                    "{ctx}: trigger: a child pipeline can have no child of its own beyond \
-                     {MAX_CHILD_DEPTH} levels of child pipelines (GitLab's limit)"
-                ),
+            // GitLab reads the file and fails this trigger job when it runs.
+            let why = format!(
+                "a child pipeline can have no child of its own beyond {MAX_CHILD_DEPTH} levels \
+                 of child pipelines (GitLab's limit)"
             );
-            return None;
+            self.warn(
+                *line,
+                format!("{ctx}: trigger: {why}; the trigger job fails when it runs"),
+            );
+            return Some((
+                Trigger {
+                    depend: *depend,
+                    excluded: Some(why),
+                },
+                Vec::new(),
+            ));
         }
         let items: Vec<String> = include.iter().map(flow).collect();
         let text = format!("include: [{}]\n", items.join(", "));

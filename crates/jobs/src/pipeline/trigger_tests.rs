@@ -238,8 +238,22 @@ fn nesting_stops_at_gitlabs_depth_limit() {
         ("l3.yml", leaf),
     ];
     let refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (*a, b.as_str())).collect();
-    let err = read(&refs).unwrap_err();
-    assert!(err.contains("l2.yml:5: child pipeline of job \"t\": child pipeline of job \"t\": job \"t\": trigger: a child pipeline can have no child of its own beyond 2 levels"), "{err}");
+    // One level more: GitLab reads the file, and that trigger job fails when it runs.
+    let p = read(&refs).unwrap();
+    assert_eq!(
+        names(&p),
+        ["x", "t", "t > x", "t > t", "t > t > x", "t > t > t"]
+    );
+    assert!(
+        p.warnings.iter().any(|w| w.contains("beyond 2 levels")),
+        "{:?}",
+        p.warnings
+    );
+    let (s, status) = run(&p, |_| JobStatus::Success);
+    assert_eq!(status_of(&s, "t > t > t"), JobStatus::Failed);
+    assert_eq!(status_of(&s, "t > t > x"), JobStatus::Success);
+    // Without strategy: depend, the failed grandchild trigger does not fail the top pipeline.
+    assert_eq!(status, PipelineStatus::Success);
 }
 
 #[test]
