@@ -76,11 +76,16 @@ impl Node {
     /// (`true`, `yes`, `on` and `false`, `no`, `off`, in any casing).
     pub fn as_bool(&self) -> Option<bool> {
         match &self.kind {
-            Kind::Scalar { text, plain: true } => match text.to_ascii_lowercase().as_str() {
-                "true" | "yes" | "on" => Some(true),
-                "false" | "no" | "off" => Some(false),
-                _ => None,
-            },
+            Kind::Scalar { text, plain: true } => {
+                let is = |words: [&str; 3]| words.iter().any(|w| text.eq_ignore_ascii_case(w));
+                if is(["true", "yes", "on"]) {
+                    Some(true)
+                } else if is(["false", "no", "off"]) {
+                    Some(false)
+                } else {
+                    None
+                }
+            }
             _ => None,
         }
     }
