@@ -116,6 +116,7 @@ fn walk(dir: &Path) -> Vec<String> {
 
 #[test]
 fn docker_level_jobs_share_the_cache_of_the_other_jobs() {
+    slipway_testkit::ensure_docker_engine().expect("Docker Engine");
     let w = World::new();
     let dir = project(
         &w,

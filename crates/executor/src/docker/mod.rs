@@ -113,6 +113,45 @@ pub const BUILDS_DIR: &str = "/builds";
 /// Bounded time for removing a job's containers, networks and volumes.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How many times [`DockerExecutor::connect_ssh`] dials an instance's engine.
+const CONNECT_TRIES: u32 = 3;
+/// The pause after a failed dial, times the number of tries so far.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(300);
+
+/// Errors a new connection can heal: the stream, not the engine, failed.
+fn is_transient(e: &slipway_docker::Error) -> bool {
+    matches!(
+        e,
+        slipway_docker::Error::Connect(_)
+            | slipway_docker::Error::Http(_)
+            | slipway_docker::Error::Io(_)
+    )
+}
+
+/// What `docker version` says on the instance's stderr (empty when it says nothing or cannot
+/// run): the reason `dial-stdio` closed its stream is only ever printed there.
+async fn engine_stderr(client: &Client, host: Option<&str>) -> String {
+    let command = match host.filter(|h| !h.is_empty()) {
+        Some(h) => format!("docker -H {} version", crate::script::quote(h)),
+        None => "docker version".to_string(),
+    };
+    let run = client.run_capture(command, Vec::new());
+    match tokio::time::timeout(Duration::from_secs(10), run).await {
+        Ok(Ok((_, _, stderr))) => String::from_utf8_lossy(&stderr).trim().to_string(),
+        Ok(Err(e)) => format!("(running `docker version` failed too: {e})"),
+        Err(_) => "(`docker version` did not finish within 10 s)".to_string(),
+    }
+}
+
+/// The `; the instance's docker said: …` tail of [`DockerExecutorError::Unreachable`].
+fn diagnosis(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!("; the instance's `docker version` said: {stderr}")
+    }
+}
+
 /// Errors of the docker executors' setup (a job's own failures are
 /// [`JobOutcome`](crate::outcome::JobOutcome)s).
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +159,19 @@ pub enum DockerExecutorError {
     /// The engine could not be reached or refused a request.
     #[error(transparent)]
     Docker(#[from] slipway_docker::Error),
+    /// The instance's engine did not answer through `docker system dial-stdio`, after retries.
+    #[error("no answer through `{command}` after {tries} tries: {source}{}", diagnosis(.stderr))]
+    Unreachable {
+        /// The command run on the instance.
+        command: String,
+        /// How many times it was tried.
+        tries: u32,
+        /// What `docker version` printed on the instance's stderr, if anything.
+        stderr: String,
+        /// The last error.
+        #[source]
+        source: slipway_docker::Error,
+    },
     /// A `[runners.docker]` value is invalid.
     #[error("invalid [runners.docker] {key}: {reason}")]
     Config {
@@ -205,8 +257,39 @@ impl DockerExecutor {
         config: DockerConfig,
     ) -> Result<Self, DockerExecutorError> {
         config.validate()?;
-        let transport = dial_stdio_transport(client, config.host.as_deref());
-        Ok(Self::new(Docker::connect(transport).await?, config))
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let transport = dial_stdio_transport(client.clone(), config.host.as_deref());
+            let command = format!(
+                "docker system dial-stdio` on instance `{}",
+                client.instance()
+            );
+            match Docker::connect(transport).await {
+                Ok(docker) => return Ok(Self::new(docker, config)),
+                // A stream that closed at once (the `docker` process on the instance exited, or
+                // sshd dropped the channel under load) is worth another try; an engine that
+                // answered with an error is not.
+                Err(e) if is_transient(&e) && tries < CONNECT_TRIES => {
+                    tracing::warn!(
+                        instance = client.instance(),
+                        tries,
+                        "reaching the instance's Docker Engine: {e}; trying again"
+                    );
+                    tokio::time::sleep(CONNECT_BACKOFF * tries).await;
+                }
+                Err(e) if is_transient(&e) => {
+                    let stderr = engine_stderr(&client, config.host.as_deref()).await;
+                    return Err(DockerExecutorError::Unreachable {
+                        command,
+                        tries,
+                        stderr,
+                        source: e,
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// The engine client.
