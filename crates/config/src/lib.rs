@@ -38,7 +38,7 @@ pub use instance::InstanceConfig;
 pub use plugin::ExecutorPluginConfig;
 pub use policy::PolicyConfig;
 pub use problem::{CheckOptions, Checked, ConfigError, Loaded, Problem, Seg, check, load, parse};
-pub use runner::RunnerConfig;
+pub use runner::{FetchSources, RunnerConfig};
 pub use shape::{Amount, ShapeConfig};
 pub use status_page::{MAX_HISTORY_SAMPLES, StatusPageConfig};
 pub use vm_isolation::VmIsolationConfig;

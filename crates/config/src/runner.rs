@@ -16,6 +16,18 @@ use crate::instance::InstanceConfig;
 use crate::plugin::{self, ExecutorPluginConfig};
 use crate::problem::{Report, quoted};
 
+/// Where a runner's jobs get their sources fetched (`[runners] fetch_sources`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FetchSources {
+    /// Where the job's steps run, when they run in an instance's shell that has git;
+    /// elsewhere (containers, VMs, this machine) and without git, on the manager.
+    #[default]
+    Instance,
+    /// Always on the manager, streamed to the job.
+    Manager,
+}
+
 /// One `[[runners]]` entry.
 #[derive(Clone, Deserialize, Default)]
 #[serde(default)]
@@ -71,6 +83,10 @@ pub struct RunnerConfig {
     pub debug_trace_disabled: bool,
     /// URL jobs clone from instead of `url`.
     pub clone_url: Option<String>,
+    /// Where a job's sources are fetched: `instance` (default: where its steps run, when that
+    /// is an instance's shell with git; else the manager), or `manager` (always, and streamed
+    /// to the job: for instances that cannot reach GitLab).
+    pub fetch_sources: FetchSources,
     /// `[runners.referees]`; accepted, not used (a warning says so).
     pub referees: Option<toml::Table>,
     /// Failed requests before GitLab Runner pauses a runner; accepted, not used.

@@ -1,6 +1,7 @@
 //! Running a job's steps on any [`Host`]: the script step, `after_script`, artifacts in and
 //! out, timeout and cancel (SIGTERM, grace, SIGKILL to the step's process group), cleanup.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use slipway_connector::Output;
@@ -14,6 +15,7 @@ use crate::cache;
 use crate::host::Host;
 use crate::outcome::{FailureReason, JobOutcome};
 use crate::script::{self, JobDirs};
+use crate::sources::{HostSources, NO_GIT, UNREACHABLE};
 use crate::tarball::Tarball;
 use crate::trace::Trace;
 
@@ -52,6 +54,9 @@ pub struct JobRunner {
     /// snapshot afterwards: removing files first would only cost time, or lose the state a
     /// developer wants to debug).
     pub keep_files: bool,
+    /// The job's sources, fetched on the host before its steps (the manager sends no tar of
+    /// them then); `None`: whatever `artifacts_in` holds.
+    pub sources: Option<Arc<dyn HostSources>>,
 }
 
 /// Prefix of the lines a teardown script prints for the job's trace.
@@ -67,6 +72,7 @@ impl Default for JobRunner {
             teardown: String::new(),
             cache_dir: None,
             keep_files: false,
+            sources: None,
         }
     }
 }
@@ -220,6 +226,11 @@ impl JobRunner {
                 };
             }
         };
+        // A working copy kept between jobs has its own place under the slot (GitLab Runner's
+        // `<namespace>/<project>`), unless the job names one.
+        let kept = self.sources.as_ref().and_then(|s| s.kept_path());
+        let keep_project = kept.is_some();
+        let clone_path = clone_path.or(kept);
         let dirs = JobDirs {
             builds_dir: self.builds_dir.clone(),
             slot,
@@ -242,23 +253,47 @@ impl JobRunner {
         // round trip less between a job being queued and its first output line.
         let mut inputs: std::collections::VecDeque<Tarball> =
             artifacts_in.into_iter().filter(|a| !a.is_empty()).collect();
+        // Sources fetched on the host make the project directory; from the manager (no git
+        // there) they are the first archive.
+        let mut on_host = false;
+        if let Some(sources) = &self.sources {
+            match self
+                .fetch_on_host(sources.as_ref(), host, &dirs, deadline, &cancel, trace)
+                .await
+            {
+                Ok(None) => on_host = true,
+                Ok(Some(tar)) => inputs.push_front(tar),
+                Err(outcome) => {
+                    self.cleanup(host, &dirs, keep_project, trace).await;
+                    return RunResult {
+                        outcome,
+                        artifacts: Vec::new(),
+                    };
+                }
+            }
+        }
         let restore = self.cache_script(job, &dirs, trace, None);
-        let separate_prepare = !inputs.is_empty() || restore.is_some();
+        let separate_prepare = on_host || !inputs.is_empty() || restore.is_some();
         if separate_prepare {
             // GitLab's order: sources, then the cache, then the dependencies' artifacts, which
             // win over a stale cache of the same paths.
             // The manager ships a job's sources first, then dependencies' artifacts.
-            let first = if restore.is_none() || job.ships_sources() {
+            let first = if on_host {
+                None
+            } else if restore.is_none() || job.ships_sources() {
                 inputs.pop_front()
             } else {
                 None
             };
-            let mut runs = vec![(
-                "get_sources",
-                script::prepare_script(&dirs, first.is_some()),
-                first.unwrap_or_default(),
-                false,
-            )];
+            let mut runs = Vec::new();
+            if !on_host {
+                runs.push((
+                    "get_sources",
+                    script::prepare_script(&dirs, first.is_some()),
+                    first.unwrap_or_default(),
+                    false,
+                ));
+            }
             if let Some(body) = restore {
                 runs.push(("restore_cache", body, Tarball::default(), true));
             }
@@ -295,7 +330,7 @@ impl JobRunner {
                         } else {
                             FailureReason::RunnerSystemFailure
                         };
-                        self.cleanup(host, &dirs, trace).await;
+                        self.cleanup(host, &dirs, keep_project, trace).await;
                         return RunResult {
                             outcome: JobOutcome::failed(reason, None, msg),
                             artifacts: Vec::new(),
@@ -502,7 +537,7 @@ impl JobRunner {
             }
         }
 
-        self.cleanup(host, &dirs, trace).await;
+        self.cleanup(host, &dirs, keep_project, trace).await;
         RunResult { outcome, artifacts }
     }
 
@@ -619,22 +654,118 @@ impl JobRunner {
         })
     }
 
-    async fn cleanup(&self, host: &dyn Host, dirs: &JobDirs, trace: &mut Trace) {
+    /// Remove the job's files; with `keep_project`, its project directory stays (a working
+    /// copy the slot's next job fetches into).
+    async fn cleanup(
+        &self,
+        host: &dyn Host,
+        dirs: &JobDirs,
+        keep_project: bool,
+        trace: &mut Trace,
+    ) {
         if self.keep_files {
             return;
         }
-        if let Err(msg) = housekeeping(
-            host,
-            "cleanup_file_variables",
-            &script::cleanup_script(dirs),
-            None,
-            CLEANUP_TIMEOUT,
-        )
-        .await
+        let body = if keep_project {
+            script::file_variables_cleanup_script(dirs)
+        } else {
+            script::cleanup_script(dirs)
+        };
+        if let Err(msg) =
+            housekeeping(host, "cleanup_file_variables", &body, None, CLEANUP_TIMEOUT).await
         {
             trace.message(&format!("WARNING: cleanup failed: {msg}"));
         }
     }
+}
+
+impl JobRunner {
+    /// The `get_sources` stage on the host, tried `attempts` times. `Ok(None)`: the sources
+    /// are in the project directory; `Ok(Some(tar))`: the host has no git and the manager
+    /// fetched them (`tar` unpacks into a fresh directory).
+    async fn fetch_on_host(
+        &self,
+        sources: &dyn HostSources,
+        host: &dyn Host,
+        dirs: &JobDirs,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        trace: &mut Trace,
+    ) -> Result<Option<Tarball>, JobOutcome> {
+        let body = sources.script(dirs);
+        let attempts = sources.attempts().max(1);
+        let failed = |msg: String, trace: &mut Trace| {
+            trace.message(&format!("ERROR: {msg}"));
+            failed_quietly(msg, cancel, deadline)
+        };
+        let mut last = String::new();
+        for attempt in 1..=attempts {
+            if attempt > 1 {
+                trace.message(&format!(
+                    "Retrying to get the sources (attempt {attempt} of {attempts})"
+                ));
+            }
+            let limit = TRANSFER_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+            let run = host.capture_stage("get_sources", &body, sources.stdin(dirs));
+            let ran = tokio::select! {
+                r = tokio::time::timeout(limit, run) => r,
+                () = cancel.cancelled() => {
+                    return Err(failed("canceled while getting the sources".into(), trace));
+                }
+            };
+            match ran {
+                Err(_) => {
+                    let msg = format!("getting the sources timed out after {}", fmt_secs(limit));
+                    return Err(failed(msg, trace));
+                }
+                // The host could not run the script at all: not the fetch's failure.
+                Ok(Err(msg)) => return Err(failed(format!("getting the sources: {msg}"), trace)),
+                Ok(Ok((status, out, err))) => {
+                    trace.write(&err);
+                    if status.success() {
+                        sources.set_tracked(&out);
+                        return Ok(None);
+                    }
+                    let why = match status.code {
+                        Some(NO_GIT) => Some("git is not installed where the job runs"),
+                        Some(UNREACHABLE) => Some(
+                            "WARNING: the repository's server cannot be reached from where the job runs",
+                        ),
+                        _ => None,
+                    };
+                    if let Some(why) = why {
+                        trace.message(&format!(
+                            "{why}: the manager fetches the sources and sends them"
+                        ));
+                        return match sources.on_manager(trace, cancel).await {
+                            Ok(tar) => Ok(tar),
+                            Err(msg) => Err(failed_quietly(msg, cancel, deadline)),
+                        };
+                    }
+                    let stderr = String::from_utf8_lossy(&err);
+                    last = stderr
+                        .lines()
+                        .rev()
+                        .map(str::trim)
+                        .find(|l| !l.is_empty())
+                        .map_or_else(|| format!("git exited with {status}"), str::to_string);
+                }
+            }
+        }
+        Err(failed(format!("getting the sources failed: {last}"), trace))
+    }
+}
+
+/// A failure whose message is already in the trace.
+fn failed_quietly(msg: String, cancel: &CancellationToken, deadline: Instant) -> JobOutcome {
+    let reason = if cancel.is_cancelled() {
+        FailureReason::JobCanceled
+    } else if Instant::now() >= deadline {
+        FailureReason::JobExecutionTimeout
+    } else {
+        FailureReason::RunnerSystemFailure
+    };
+    JobOutcome::failed(reason, None, msg)
 }
 
 fn write_output(trace: &mut Trace, chunk: Output) {

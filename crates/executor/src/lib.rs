@@ -15,6 +15,7 @@
 //!   daemon, kept as a snapshot when the job asks.
 //! - [`plugin`]: the `plugin` executor — stages run where an executor plugin puts them.
 //! - [`isolation`]: the isolation level a job gets, within what its runner allows.
+//! - [`sources`]: a job's sources fetched on the host its steps run on.
 //! - [`tarball`]: tar streams into and out of a job's directory, in memory or in a file.
 //! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
 //! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
@@ -33,6 +34,7 @@ pub mod nesting;
 pub mod outcome;
 pub mod plugin;
 pub mod script;
+pub mod sources;
 pub mod tarball;
 pub mod trace;
 
@@ -49,5 +51,6 @@ pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor};
 pub use outcome::{FailureReason, JobOutcome};
 pub use plugin::PluginExecutor;
+pub use sources::HostSources;
 pub use tarball::{Tarball, scratch_file};
 pub use trace::{Masker, Trace};

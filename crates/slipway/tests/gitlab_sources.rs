@@ -98,8 +98,25 @@ fn job_of(
     job
 }
 
-/// A config with one instance-executor runner serving `gl`, with `extra` runner keys.
+/// A config with one instance-executor runner serving `gl`, with `extra` runner keys. Its
+/// instances share this machine's network (the local plugin's `loopback`), so they reach the
+/// GitLab test server on loopback and fetch the sources themselves, as instances reaching
+/// GitLab do.
 fn config(w: &World, gl: &FakeGitlab, name: &str, extra: &str) -> PathBuf {
+    config_with(w, gl, name, extra, true)
+}
+
+/// [`config`], with instances in network namespaces of their own unless `loopback`: they do
+/// not reach the test server there, and the manager fetches for them.
+fn config_with(w: &World, gl: &FakeGitlab, name: &str, extra: &str, loopback: bool) -> PathBuf {
+    let mut autoscaler = common::local_autoscaler(w, name)
+        .replace("capacity_per_instance = 2", "capacity_per_instance = 1");
+    if loopback {
+        autoscaler = autoscaler.replace(
+            "[runners.autoscaler.plugin_config]\n",
+            "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
+        );
+    }
     w.write(
         "config.toml",
         &format!(
@@ -115,7 +132,6 @@ check_interval = 1
 {autoscaler}"#,
             url = gl.url(),
             token = gl.runner_token(),
-            autoscaler = common::local_autoscaler(w, name),
         ),
     )
 }
@@ -536,4 +552,128 @@ async fn git_clone_path_places_the_project_when_custom_build_dir_allows_it() {
         last["failure_reason"], "runner_configuration_error",
         "{last}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_are_fetched_on_the_instance_into_a_working_copy_its_slot_keeps() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    let work = w.path().join("authoring");
+    gl.serve_git(&root);
+    let first_sha = publish(&root, &work, "group/kept", &[("v.txt", "one\n")], &[]);
+    let vars = [("GIT_STRATEGY", "fetch")];
+    let script = [
+        "pwd",
+        "cat v.txt",
+        "if [ -e left-over ]; then echo left-over-found; fi",
+        "touch left-over",
+    ];
+    let first = gl.enqueue(job_of(
+        &gl,
+        "group/kept",
+        &first_sha,
+        "glcbt-1_srcTokenKept00001",
+        &script,
+        &vars,
+    ));
+    let cfg = config(&w, &gl, "kept", "");
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = common::job_ended(&gl, first).await;
+    assert_eq!(state, "success", "{trace}");
+    // Fetched on the instance: the manager neither fetched nor sent the sources.
+    assert!(!trace.contains("the manager fetches"), "{trace}");
+    assert!(trace.contains("Created fresh repository."), "{trace}");
+    assert!(
+        trace.lines().any(|l| l.ends_with("/slot-0/group/project")),
+        "not in the slot's working copy:\n{trace}"
+    );
+    assert!(trace.contains("one"), "{trace}");
+
+    // A new commit; the slot's next job updates the same working copy, cleaned.
+    let second_sha = {
+        let repo = work.join("group-kept");
+        std::fs::write(repo.join("v.txt"), "two\n").unwrap();
+        git(&repo, &["commit", "-q", "-am", "two"]);
+        let bare = root.join("group/kept.git");
+        git(&repo, &["push", "-q", bare.to_str().unwrap(), "HEAD:main"]);
+        git(&repo, &["rev-parse", "HEAD"]).trim().to_string()
+    };
+    let second = gl.enqueue(job_of(
+        &gl,
+        "group/kept",
+        &second_sha,
+        "glcbt-1_srcTokenKept00002",
+        &script,
+        &vars,
+    ));
+    let (state, trace) = common::job_ended(&gl, second).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}\n{stderr}");
+    assert!(
+        trace.contains("Reinitialized existing Git repository"),
+        "{trace}"
+    );
+    assert!(trace.contains("two"), "{trace}");
+    assert!(
+        !trace.lines().any(|l| l == "left-over-found"),
+        "git clean did not run:\n{trace}"
+    );
+    assert!(
+        !trace.contains("glcbt-1_srcTokenKept"),
+        "job token in the trace"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_cannot_reach_gitlab_gets_its_sources_from_the_manager() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    gl.serve_git(&root);
+    let sha = publish(
+        &root,
+        &w.path().join("authoring"),
+        "group/far",
+        &[("f.txt", "far away\n")],
+        &[],
+    );
+    let id = gl.enqueue(job_of(
+        &gl,
+        "group/far",
+        &sha,
+        "glcbt-1_srcTokenFar000001",
+        &["cat f.txt"],
+        &[],
+    ));
+    // Instances in namespaces of their own: the test server on loopback is out of reach.
+    let cfg = config_with(&w, &gl, "far", "", false);
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = common::job_ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}\n{stderr}");
+    assert!(
+        trace.contains(
+            "WARNING: the repository's server cannot be reached from where the job runs: the manager fetches the sources and sends them"
+        ),
+        "{trace}"
+    );
+    assert!(trace.contains("far away"), "{trace}");
+
+    // `fetch_sources = "manager"`: no attempt on the instance at all.
+    let id = gl.enqueue(job_of(
+        &gl,
+        "group/far",
+        &sha,
+        "glcbt-1_srcTokenFar000002",
+        &["cat f.txt"],
+        &[],
+    ));
+    let cfg = config_with(&w, &gl, "far2", "  fetch_sources = \"manager\"", false);
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = common::job_ended(&gl, id).await;
+    common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}");
+    assert!(!trace.contains("cannot be reached"), "{trace}");
+    assert!(trace.contains("far away"), "{trace}");
 }

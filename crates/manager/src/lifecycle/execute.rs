@@ -11,10 +11,13 @@ use slipway_jobs::JobResponse;
 use slipway_taskscaler::Acquisition;
 use tokio_util::sync::CancellationToken;
 
-use slipway_config::Executor as ConfigExecutor;
+use std::sync::Arc;
 
-use super::Stops;
+use slipway_config::{Executor as ConfigExecutor, FetchSources};
+use slipway_executor::HostSources;
+
 use super::admission::Admission;
+use super::{SourcesAt, Stops};
 use crate::runner::Runner;
 
 /// Run `job` on its slot at the level it asked for: on this machine (shell, docker, custom
@@ -23,12 +26,14 @@ use crate::runner::Runner;
 /// it fails with `runner_system_failure`); with `abort`, a cancel is graceful (`after_script`
 /// still runs unless `abort` fires too). Returns the outcome and the artifacts archives. The
 /// caller releases the slot.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn execute(
     runner: &Runner,
     acq: &Acquisition,
     job: &JobResponse,
     admission: &Admission,
     artifacts_in: Vec<Tarball>,
+    sources: Option<Arc<dyn HostSources>>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> (JobOutcome, Vec<CollectedArtifacts>) {
@@ -45,6 +50,25 @@ pub(super) async fn execute(
             Vec::new(),
         );
     }
+    let mut artifacts_in = artifacts_in;
+    let sources = match sources {
+        // Only an instance's shell fetches (see `sources_at`); elsewhere the manager does.
+        Some(s) if sources_at(runner, admission) == SourcesAt::Manager => {
+            match s.on_manager(trace, &stops.cancel).await {
+                Ok(tar) => artifacts_in.splice(0..0, tar),
+                Err(msg) => {
+                    let reason = if stops.cancel.is_cancelled() {
+                        FailureReason::JobCanceled
+                    } else {
+                        FailureReason::RunnerSystemFailure
+                    };
+                    return (JobOutcome::failed(reason, None, msg), Vec::new());
+                }
+            };
+            None
+        }
+        s => s,
+    };
     let cancel = stops.cancel.child_token();
     let abort = stops.abort.as_ref().map(CancellationToken::child_token);
     let stops = Stops {
@@ -76,6 +100,7 @@ pub(super) async fn execute(
             admission,
             client,
             artifacts_in,
+            sources,
             &mut *trace,
             &stops,
         );
@@ -103,6 +128,23 @@ pub(super) async fn execute(
         result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
     }
     (result.outcome, result.artifacts)
+}
+
+/// Where `runner` fetches the sources of a job admitted at `admission`: where its steps run
+/// when that is an instance's shell (the `none`, `cgroup` and `instance` levels), unless the
+/// runner says `fetch_sources = "manager"`; else on the manager.
+pub(super) fn sources_at(runner: &Runner, admission: &Admission) -> SourcesAt {
+    let shell_on_instance = !runner.local
+        && runner.executor_plugin.is_none()
+        && matches!(
+            admission.level,
+            Isolation::None | Isolation::Cgroup | Isolation::Instance
+        );
+    if shell_on_instance && runner.fetch_sources == FetchSources::Instance {
+        SourcesAt::Host
+    } else {
+        SourcesAt::Manager
+    }
 }
 
 fn config_error(msg: String) -> JobOutcome {
@@ -151,6 +193,7 @@ async fn execute_on_instance(
     admission: &Admission,
     client: std::sync::Arc<slipway_connector::Client>,
     artifacts_in: Vec<Tarball>,
+    sources: Option<Arc<dyn HostSources>>,
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
@@ -197,6 +240,7 @@ async fn execute_on_instance(
         let mut steps = JobRunner {
             builds_dir: runner.builds_dir.clone(),
             cache_dir: Some(runner.cache_dir.clone()),
+            sources,
             ..JobRunner::default()
         };
         if level == Isolation::Cgroup

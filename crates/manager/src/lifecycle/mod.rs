@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Tarball, Trace};
+use slipway_executor::{
+    CollectedArtifacts, FailureReason, HostSources, JobOutcome, Tarball, Trace,
+};
 use slipway_jobs::JobResponse;
 use slipway_taskscaler::Acquisition;
 use tokio::sync::mpsc;
@@ -42,6 +44,7 @@ pub trait JobSource: Send + Sync {
     async fn inputs(
         &self,
         _job: &JobResponse,
+        _at: SourcesAt,
         _trace: &mut Trace,
         _cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {
@@ -61,6 +64,15 @@ pub struct NoInputs;
 
 impl JobSource for NoInputs {}
 
+/// Where a job's sources are fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourcesAt {
+    /// On the manager, sent to the job as the first of [`Inputs::tars`].
+    Manager,
+    /// Where the job's steps run (an instance's shell): [`Inputs::sources`] says how.
+    Host,
+}
+
 /// What is unpacked into a job's directory before its steps.
 #[derive(Debug, Default)]
 pub struct Inputs {
@@ -68,6 +80,9 @@ pub struct Inputs {
     pub tars: Vec<Tarball>,
     /// Paths git tracks in the sources (what `artifacts:untracked` leaves out).
     pub tracked: Arc<BTreeSet<String>>,
+    /// The sources, fetched where the job runs (then not in `tars`; `tracked` comes from
+    /// here after the job).
+    pub sources: Option<Arc<dyn HostSources>>,
 }
 
 /// What stops a job: `cancel` (its steps, and every wait before them), and `abort` (also its
@@ -216,7 +231,8 @@ impl Life<'_> {
             r
         };
         let fetching = async {
-            let r = self.source.inputs(&job, &mut side, &fetch_cancel).await;
+            let at = execute::sources_at(runner, admission);
+            let r = self.source.inputs(&job, at, &mut side, &fetch_cancel).await;
             if r.is_err() {
                 let _ = first_failure.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
                 acquire_cancel.cancel();
@@ -281,10 +297,15 @@ impl Life<'_> {
             &job,
             admission,
             inputs.tars,
+            inputs.sources.clone(),
             trace,
             &self.stops,
         )
         .await;
+        let tracked = match &inputs.sources {
+            Some(s) => s.tracked(),
+            None => inputs.tracked,
+        };
         Ok(Ran {
             placement: Some((acq.instance_id.clone(), acq.slot)),
             duration: acquired_at.elapsed(),
@@ -292,7 +313,7 @@ impl Life<'_> {
             job,
             outcome,
             collected,
-            tracked: inputs.tracked,
+            tracked,
         })
     }
 }

@@ -91,6 +91,7 @@ pub(super) fn start_local(
         executor: cfg.executor.clone(),
         local: true,
         custom_build_dir: cfg.custom_build_dir(),
+        fetch_sources: cfg.fetch_sources,
         docker,
         custom: cfg.custom.clone(),
         nesting: None,

@@ -63,6 +63,8 @@ pub struct Runner {
     pub local: bool,
     /// Jobs may choose their directory with `GIT_CLONE_PATH` (`[runners.custom_build_dir]`).
     pub custom_build_dir: bool,
+    /// Where jobs' sources are fetched (`fetch_sources`).
+    pub fetch_sources: slipway_config::FetchSources,
     /// `[runners.docker]`.
     pub docker: DockerConfig,
     /// `[runners.custom]`.
@@ -254,6 +256,7 @@ impl Runner {
             executor: cfg.executor.clone(),
             local: false,
             custom_build_dir: cfg.custom_build_dir(),
+            fetch_sources: cfg.fetch_sources,
             docker,
             custom: cfg.custom.clone(),
             nesting: cfg.nesting_config(),

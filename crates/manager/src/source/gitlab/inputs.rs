@@ -10,13 +10,15 @@ use slipway_jobs::gitlab::Secret;
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
-use crate::lifecycle::Inputs;
+use crate::lifecycle::{Inputs, SourcesAt};
 use slipway_config::Executor;
+use slipway_executor::HostSources;
 
 /// The job's sources and its dependencies' artifacts; a failure ends the job.
 pub(super) async fn inputs_of(
     source: &Source,
     job: &JobResponse,
+    at: SourcesAt,
     trace: &mut Trace,
     cancel: &CancellationToken,
 ) -> Result<Inputs, JobOutcome> {
@@ -42,21 +44,30 @@ pub(super) async fn inputs_of(
         0 => slipway_executor::job::DEFAULT_JOB_TIMEOUT,
         s => Duration::from_secs(s),
     };
-    match tokio::time::timeout(limit, source.git.get(job, trace, cancel)).await {
-        Ok(Ok(Some(s))) => {
-            inputs.tars.push(s.tar);
-            inputs.tracked = Arc::new(s.tracked);
+    if at == SourcesAt::Host {
+        // Fetched where the job runs, when its steps are next; only checked here.
+        match source.git.on_host(job, trace).await {
+            Ok(plan) => inputs.sources = plan.map(|p| Arc::new(p) as Arc<dyn HostSources>),
+            Err(msg) => return Err(failed(msg, cancel)),
         }
-        Ok(Ok(None)) => {}
-        Ok(Err(msg)) => return Err(failed(msg, cancel)),
-        Err(_) => {
-            let msg = format!("getting the sources took longer than the job's timeout ({limit:?})");
-            trace.message(&format!("ERROR: {msg}"));
-            return Err(JobOutcome::failed(
-                FailureReason::JobExecutionTimeout,
-                None,
-                msg,
-            ));
+    } else {
+        match tokio::time::timeout(limit, source.git.get(job, trace, cancel)).await {
+            Ok(Ok(Some(s))) => {
+                inputs.tars.push(s.tar);
+                inputs.tracked = Arc::new(s.tracked);
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(msg)) => return Err(failed(msg, cancel)),
+            Err(_) => {
+                let msg =
+                    format!("getting the sources took longer than the job's timeout ({limit:?})");
+                trace.message(&format!("ERROR: {msg}"));
+                return Err(JobOutcome::failed(
+                    FailureReason::JobExecutionTimeout,
+                    None,
+                    msg,
+                ));
+            }
         }
     }
     // GitLab's order: sources, the cache, then the dependencies' artifacts (which win over a

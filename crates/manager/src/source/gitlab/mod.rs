@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, Start, Stops};
+use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, SourcesAt, Start, Stops};
 use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
@@ -149,7 +149,7 @@ struct Source {
     failures: std::sync::atomic::AtomicU32,
     provisional: AtomicU64,
     outbox: Outbox,
-    git: GitSources,
+    git: Arc<GitSources>,
     /// `CI_SERVER_TLS_CA_FILE` and friends, given to every job as file variables.
     tls_variables: Vec<slipway_jobs::Variable>,
     /// The S3 cache, when `[runners.cache]` sets one up.
@@ -251,8 +251,10 @@ pub async fn serve(
         failures: std::sync::atomic::AtomicU32::new(0),
         provisional: AtomicU64::new(0),
         outbox,
-        git: GitSources::new(own_dir.join("git"), cfg.clone_url.clone(), tls.clone())
-            .with_scratch(scratch),
+        git: Arc::new(
+            GitSources::new(own_dir.join("git"), cfg.clone_url.clone(), tls.clone())
+                .with_scratch(scratch),
+        ),
         tls_variables: tls_variables(&tls).await,
         cache,
         cache_specs: std::sync::Mutex::new(HashMap::new()),
@@ -935,10 +937,11 @@ impl JobSource for Source {
     async fn inputs(
         &self,
         job: &JobResponse,
+        at: SourcesAt,
         trace: &mut Trace,
         cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {
-        inputs::inputs_of(self, job, trace, cancel).await
+        inputs::inputs_of(self, job, at, trace, cancel).await
     }
 }
 

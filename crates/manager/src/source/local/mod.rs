@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::{self, Inputs, JobSource, Life, Start, Stops};
+use crate::lifecycle::{self, Inputs, JobSource, Life, SourcesAt, Start, Stops};
 use crate::runner::{Runner, StartError, StartOptions};
 use slipway_config::RunnerConfig;
 
@@ -720,6 +720,7 @@ impl JobSource for JobTask {
     async fn inputs(
         &self,
         _job: &slipway_jobs::JobResponse,
+        _at: SourcesAt,
         trace: &mut Trace,
         _cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {

@@ -98,6 +98,11 @@ impl Remote {
         }
     }
 
+    /// The `(key, value)` settings; the values may be secret.
+    pub fn settings(&self) -> &[(String, String)] {
+        &self.settings
+    }
+
     /// The setting names given (their values may be secret), for tests.
     #[cfg(test)]
     fn keys(&self) -> Vec<&str> {

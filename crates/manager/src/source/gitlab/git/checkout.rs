@@ -15,10 +15,10 @@ use super::options::{
 };
 
 /// Protocols the job's own repository may use (the URL comes from GitLab).
-const ALLOW_PROTOCOL: &str = "http:https:git:ssh:file";
+pub(super) const ALLOW_PROTOCOL: &str = "http:https:git:ssh:file";
 /// Protocols a submodule may use: what `.gitmodules` names is the project's to choose, so
 /// nothing that reads the manager's files (`file`) or uses its SSH identity (`ssh`).
-const SUBMODULE_PROTOCOL: &str = "http:https:git";
+pub(super) const SUBMODULE_PROTOCOL: &str = "http:https:git";
 
 /// What one checkout works with.
 pub(super) struct Checkout<'a> {
@@ -357,19 +357,28 @@ async fn run(mut cmd: Command, trace: &mut Trace, what: &str) -> Result<(), Stri
     }
 }
 
+/// Words of git about access, and what they mean for an operator (shared with the fetch
+/// on the job's host, which renders them as bash).
+pub(super) const HINTS: [(&[&str], &str); 2] = [
+    (
+        &[
+            "could not read Username",
+            "Authentication failed",
+            "HTTP Basic: Access denied",
+        ],
+        " (the server refused the job token, or the repository needs credentials the job \
+         does not have)",
+    ),
+    (
+        &["certificate verification failed", "SSL certificate problem"],
+        " (the server's certificate is not trusted: set the runner's tls-ca-file)",
+    ),
+];
+
 /// What git's words mean for an operator, when they are about access.
 fn hint(stderr: &str) -> &'static str {
-    if stderr.contains("could not read Username")
-        || stderr.contains("Authentication failed")
-        || stderr.contains("HTTP Basic: Access denied")
-    {
-        " (the server refused the job token, or the repository needs credentials the job \
-         does not have)"
-    } else if stderr.contains("certificate verification failed")
-        || stderr.contains("SSL certificate problem")
-    {
-        " (the server's certificate is not trusted: set the runner's tls-ca-file)"
-    } else {
-        ""
-    }
+    HINTS
+        .iter()
+        .find(|(words, _)| words.iter().any(|w| stderr.contains(w)))
+        .map_or("", |(_, hint)| hint)
 }

@@ -17,6 +17,7 @@
 
 mod access;
 mod checkout;
+mod on_host;
 mod options;
 
 use std::collections::{BTreeSet, HashMap};
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use access::Remote;
 use checkout::Checkout;
+pub(super) use on_host::HostFetch;
 pub(super) use options::attempts_of;
 use options::{depth_of, submodules_of};
 
@@ -125,6 +127,46 @@ impl GitSources {
             }
         }
         fail(trace, format!("getting the sources failed: {last}"))
+    }
+
+    /// The job's sources as a fetch to run where the job runs (the manager's [`Self::get`] is
+    /// its fallback); `None` when it has no repository or `GIT_STRATEGY` is `none`. Its
+    /// variables are checked now: `Err` carries a message for the job's failure (already in
+    /// the trace).
+    pub(in crate::source::gitlab) async fn on_host(
+        self: &Arc<Self>,
+        job: &JobResponse,
+        trace: &mut Trace,
+    ) -> Result<Option<HostFetch>, String> {
+        if job.git_info.repo_url.trim().is_empty() {
+            return Ok(None);
+        }
+        let fail = |trace: &mut Trace, msg: String| {
+            trace.message(&format!("ERROR: {msg}"));
+            Err(msg)
+        };
+        let strategy = match job.git_strategy() {
+            Ok(s) => s,
+            Err(msg) => return fail(trace, msg),
+        };
+        if strategy == Strategy::None {
+            trace.message("Skipping Git repository setup");
+            return Ok(None);
+        }
+        let checked = match (depth_of(job), job) {
+            (Ok(depth), job) => submodules_of(job, depth).map(|s| (depth, s)),
+            (Err(msg), _) => Err(msg),
+        };
+        let (depth, submodules) = match checked {
+            Ok(c) => c,
+            Err(msg) => return fail(trace, msg),
+        };
+        let attempts = attempts_of(job, "GET_SOURCES_ATTEMPTS");
+        let fetch = strategy == Strategy::Fetch;
+        match HostFetch::new(self.clone(), job, fetch, depth, submodules, attempts).await {
+            Ok(f) => Ok(Some(f)),
+            Err(msg) => fail(trace, msg),
+        }
     }
 
     /// Creates the root (and its `tmp`), readable by its owner only; once per runner.

@@ -1,0 +1,655 @@
+//! A GitLab job's sources fetched where the job runs (an instance's shell), as GitLab Runner
+//! fetches them: the same steps as [`Checkout`](super::checkout::Checkout) on the manager,
+//! rendered as bash for the job's `get_sources` stage. Nothing of the repository passes
+//! through the manager then; where the host has no git, the manager fetches after all.
+//!
+//! The job token and the TLS files reach git as on the manager: in `GIT_CONFIG_*` variables of
+//! the stage's shell, and in files of the slot readable by the job's user only, removed when
+//! the stage ends. Both travel on the script's stdin, never on a command line; the URL in
+//! `.git/config` holds no credentials.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use slipway_executor::script::{JobDirs, quote};
+use slipway_executor::sources::{NO_GIT, UNREACHABLE};
+use slipway_executor::{HostSources, Tarball, Trace};
+use slipway_jobs::JobResponse;
+use tokio_util::sync::CancellationToken;
+
+use super::GitSources;
+use super::access::Remote;
+use super::checkout::{ALLOW_PROTOCOL, HINTS, SUBMODULE_PROTOCOL};
+use super::options::{
+    SubmoduleStrategy, Submodules, clean_flags, fetch_flags, lfs_skipped, refspecs,
+};
+
+/// What git says when this host cannot connect to the server at all (a network that reaches
+/// the manager but not GitLab), as opposed to a refused token or a missing commit.
+const UNREACHABLE_WORDS: [&str; 6] = [
+    "Failed to connect",
+    "Could not resolve host",
+    "Couldn't connect",
+    "Connection refused",
+    "No route to host",
+    "Network is unreachable",
+];
+
+/// `__run WHAT CMD...`: run CMD with its stderr in the trace; on failure print
+/// `WHAT: <git's last line><hint>` last (the executor's error message) and exit with
+/// [`UNREACHABLE`] when the server could not be connected to, else 1.
+fn run_function() -> String {
+    let pattern = |words: &[&str]| {
+        words
+            .iter()
+            .map(|w| format!("*{}*", quote(w)))
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    let mut hints = String::new();
+    for (words, hint) in HINTS {
+        let _ = write!(hints, "{}) __h={};; ", pattern(words), quote(hint));
+    }
+    format!(
+        "__run() {{\n  \
+         local what=$1 err last __h=''; shift\n  \
+         if err=$(\"$@\" 2>&1 >/dev/null); then [ -z \"$err\" ] || printf '%s\\n' \"$err\" >&2; return 0; fi\n  \
+         [ -z \"$err\" ] || printf '%s\\n' \"$err\" >&2\n  \
+         last=$(printf '%s\\n' \"$err\" | sed '/^[[:space:]]*$/d' | tail -n 1)\n  \
+         case $err in {hints}esac\n  \
+         printf '%s: %s%s\\n' \"$what\" \"${{last:-git failed}}\" \"$__h\" >&2\n  \
+         case $err in {}) exit {UNREACHABLE};; esac\n  \
+         exit 1\n}}",
+        pattern(&UNREACHABLE_WORDS)
+    )
+}
+
+/// TLS settings whose values are files: copied to the host, by the name they get there.
+const TLS_FILES: [(&str, &str); 3] = [
+    (".sslCAInfo", "ca.pem"),
+    (".sslCert", "cert.pem"),
+    (".sslKey", "key.pem"),
+];
+
+/// One job's fetch, ready to run on its host.
+pub(in crate::source::gitlab) struct HostFetch {
+    /// The job (for the manager's fallback).
+    job: JobResponse,
+    /// The manager's working copies, for the fallback.
+    git: Arc<GitSources>,
+    /// Where from, with what settings.
+    remote: Remote,
+    /// `GIT_STRATEGY: fetch`: a working copy kept in the slot.
+    reuse: bool,
+    depth: u32,
+    submodules: Submodules,
+    fetch_flags: Vec<String>,
+    clean_flags: Vec<String>,
+    attempts: u32,
+    /// The TLS files' contents, by their name on the host.
+    tls: Vec<(&'static str, Vec<u8>)>,
+    tracked: Mutex<Arc<BTreeSet<String>>>,
+}
+
+impl std::fmt::Debug for HostFetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The job and the settings hold the token; the TLS files may hold a key.
+        f.debug_struct("HostFetch")
+            .field("job", &self.job.id)
+            .field("remote", &self.remote)
+            .field("reuse", &self.reuse)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostFetch {
+    /// The fetch of `job` (one with sources: a repository and a strategy other than `none`),
+    /// its variables checked now, so a bad one fails the job before it takes a slot.
+    pub(super) async fn new(
+        git: Arc<GitSources>,
+        job: &JobResponse,
+        reuse: bool,
+        depth: u32,
+        submodules: Submodules,
+        attempts: u32,
+    ) -> Result<Self, String> {
+        let remote = Remote::of(
+            job,
+            git.clone_url.as_deref(),
+            &git.tls,
+            submodules.force_https,
+        );
+        let mut tls = Vec::new();
+        for (key, path) in remote.settings() {
+            if let Some((_, name)) = TLS_FILES.iter().find(|(k, _)| key.ends_with(k)) {
+                let bytes = tokio::fs::read(path)
+                    .await
+                    .map_err(|e| format!("reading the runner's TLS file {path}: {e}"))?;
+                tls.push((*name, bytes));
+            }
+        }
+        Ok(Self {
+            job: job.clone(),
+            git,
+            remote,
+            reuse,
+            depth,
+            fetch_flags: fetch_flags(job)?,
+            clean_flags: clean_flags(job)?,
+            submodules,
+            attempts,
+            tls,
+            tracked: Mutex::new(Arc::default()),
+        })
+    }
+
+    /// Where the stage keeps its TLS files, as a bash expression.
+    fn tls_dir(dirs: &JobDirs) -> String {
+        format!("{}/.job-{}.tls", dirs.slot_dir(), dirs.job_id)
+    }
+
+    /// The submodule commands, as [`Checkout`](super::checkout::Checkout) runs them.
+    fn submodule_lines(&self, s: &mut String) {
+        let sm = &self.submodules;
+        let recursive = sm.recursive_flag().unwrap_or("");
+        let paths = if sm.paths.is_empty() {
+            String::new()
+        } else {
+            format!(" -- {}", words(&sm.paths))
+        };
+        let _ = writeln!(
+            s,
+            "echo {} >&2",
+            quote(if recursive.is_empty() {
+                "Updating/initializing submodules..."
+            } else {
+                "Updating/initializing submodules recursively..."
+            })
+        );
+        // What `.gitmodules` names is the project's choice: no `file` or `ssh` there.
+        let _ = writeln!(s, "export GIT_ALLOW_PROTOCOL={SUBMODULE_PROTOCOL}");
+        let _ = writeln!(s, "__run 'git submodule init' __git submodule init{paths}");
+        let _ = writeln!(
+            s,
+            "__run 'git submodule sync' __git submodule sync {recursive}{paths}"
+        );
+        let mut update = format!("__git submodule update --init {recursive}");
+        if sm.depth > 0 {
+            let _ = write!(update, " --depth={}", sm.depth);
+        }
+        if !sm.update_flags.is_empty() {
+            let _ = write!(update, " {}", words(&sm.update_flags));
+        }
+        let _ = writeln!(s, "__run 'fetching the submodules' {update}{paths}");
+        if self.reuse && !self.clean_flags.is_empty() {
+            let each = format!(
+                "git clean {} && git reset --hard -q",
+                self.clean_flags.join(" ")
+            );
+            let _ = writeln!(
+                s,
+                "if [ $__fresh = 0 ]; then __run 'cleaning the submodules' __git submodule foreach --quiet {recursive} {}; fi",
+                quote(&each)
+            );
+        }
+        if !lfs_skipped(&self.job) {
+            let pull = "git -c 'filter.lfs.process=git-lfs filter-process' -c \
+                        filter.lfs.required=true lfs pull";
+            let _ = writeln!(
+                s,
+                "if [ $__lfs = 1 ]; then GIT_LFS_SKIP_SMUDGE=0 __run \"fetching the submodules' LFS objects\" __git submodule foreach --quiet {recursive} {}; fi",
+                quote(pull)
+            );
+        }
+    }
+}
+
+/// Bash words, each quoted.
+fn words(items: &[String]) -> String {
+    items.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
+}
+
+#[async_trait]
+impl HostSources for HostFetch {
+    fn script(&self, dirs: &JobDirs) -> String {
+        let g = &self.job.git_info;
+        let dir = dirs.project_dir();
+        let mut s = String::new();
+        let _ = writeln!(s, "set -eo pipefail");
+        // Nothing touched before this: the manager fetches instead.
+        let _ = writeln!(s, "command -v git >/dev/null 2>&1 || exit {NO_GIT}");
+        let _ = writeln!(s, "__tls={}", Self::tls_dir(dirs));
+        let _ = writeln!(s, "trap 'rm -rf \"$__tls\"' EXIT");
+        // The settings that carry secrets come on stdin.
+        let _ = writeln!(
+            s,
+            "__settings=$(cat); eval \"$__settings\"; unset __settings"
+        );
+        // Only real transports: `ext::` and friends would run commands.
+        let _ = writeln!(
+            s,
+            "export GIT_TERMINAL_PROMPT=0 GIT_ALLOW_PROTOCOL={ALLOW_PROTOCOL} GIT_LFS_SKIP_SMUDGE=1"
+        );
+        let _ = writeln!(s, "{}", run_function());
+        // What `git lfs install` would write to a global config, for these commands only;
+        // no background gc outliving a command.
+        let _ = writeln!(
+            s,
+            "__lfs=0; if git lfs version >/dev/null 2>&1; then __lfs=1; fi"
+        );
+        let _ = writeln!(
+            s,
+            "__git() {{ if [ $__lfs = 1 ]; then git -c gc.autoDetach=false -c maintenance.autoDetach=false \
+             -c 'filter.lfs.process=git-lfs filter-process' -c 'filter.lfs.smudge=git-lfs smudge -- %f' \
+             -c 'filter.lfs.clean=git-lfs clean -- %f' -c filter.lfs.required=true \"$@\"; \
+             else git -c gc.autoDetach=false -c maintenance.autoDetach=false \"$@\"; fi; }}"
+        );
+        if !self.reuse {
+            let _ = writeln!(s, "rm -rf {dir}");
+        }
+        let _ = writeln!(s, "mkdir -p {dir}");
+        let _ = writeln!(s, "cd {dir}");
+        let object_format = match g.repo_object_format.as_str() {
+            "" => "sha1",
+            f => f,
+        };
+        // A git killed mid-fetch (a canceled job) leaves lock files that fail the next one.
+        let _ = writeln!(
+            s,
+            "if [ -d .git ]; then\n  \
+             find .git -maxdepth 1 -name '*.lock' -type f -delete 2>/dev/null || :\n  \
+             if [ -d .git/refs ]; then find .git/refs -name '*.lock' -type f -delete 2>/dev/null || :; fi\n  \
+             __fresh=0; echo 'Reinitialized existing Git repository' >&2\n\
+             else\n  \
+             __run 'git init' __git init -q {}; __fresh=1; echo 'Created fresh repository.' >&2\n\
+             fi",
+            quote(&format!("--object-format={object_format}"))
+        );
+        // The remote's URL never holds the token (the job may read its .git/config).
+        let _ = writeln!(s, "__git remote remove origin >/dev/null 2>&1 || :");
+        let _ = writeln!(
+            s,
+            "__run 'git remote add' __git remote add origin {}",
+            quote(&self.remote.url)
+        );
+        let _ = writeln!(
+            s,
+            "echo {} >&2",
+            quote(&match self.depth {
+                0 => "Fetching changes...".to_string(),
+                d => format!("Fetching changes with git depth set to {d}..."),
+            })
+        );
+        let mut fetch = format!(
+            "__run 'fetching the repository' __git fetch {}",
+            words(&self.fetch_flags)
+        );
+        if self.depth > 0 {
+            let _ = write!(fetch, " --depth={}", self.depth);
+        }
+        let _ = writeln!(s, "{fetch} origin {}", words(&refspecs(&self.job)));
+        let target = if g.sha.is_empty() {
+            "FETCH_HEAD".to_string()
+        } else {
+            g.sha.clone()
+        };
+        let _ = writeln!(
+            s,
+            "echo {} >&2",
+            quote(&format!(
+                "Checking out {} as detached HEAD (ref is {})...",
+                target.chars().take(8).collect::<String>(),
+                g.git_ref
+            ))
+        );
+        let checkout = !self
+            .job
+            .variable("GIT_CHECKOUT")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"));
+        if checkout {
+            let _ = writeln!(
+                s,
+                "__run 'checking out the commit' __git checkout -f -q --detach {}",
+                quote(&target)
+            );
+            if self.reuse && !self.clean_flags.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "if [ $__fresh = 0 ]; then __run 'git clean' __git clean {}; fi",
+                    words(&self.clean_flags)
+                );
+            }
+            if !lfs_skipped(&self.job) {
+                let _ = writeln!(
+                    s,
+                    "if [ $__lfs = 1 ]; then GIT_LFS_SKIP_SMUDGE=0 __run 'fetching LFS objects' __git lfs pull\n\
+                     elif grep -qs 'filter=lfs' .gitattributes; then echo {} >&2; fi",
+                    quote(
+                        "WARNING: the repository has LFS files but git-lfs is not installed \
+                         where the job runs; they stay pointer files"
+                    )
+                );
+            }
+        } else {
+            let _ = writeln!(s, "echo 'Skipping Git checkout' >&2");
+        }
+        if checkout && self.submodules.strategy != SubmoduleStrategy::None {
+            self.submodule_lines(&mut s);
+        } else {
+            let _ = writeln!(s, "echo 'Skipping Git submodules setup' >&2");
+        }
+        let _ = writeln!(s, "__git ls-files --recurse-submodules -z");
+        s
+    }
+
+    fn stdin(&self, dirs: &JobDirs) -> Vec<u8> {
+        let _ = dirs;
+        let mut s = String::new();
+        if !self.tls.is_empty() {
+            let _ = writeln!(s, "(umask 077 && mkdir -p \"$__tls\")");
+            for (name, bytes) in &self.tls {
+                let text = String::from_utf8_lossy(bytes);
+                let _ = writeln!(
+                    s,
+                    "(umask 077 && printf '%s' {} > \"$__tls\"/{name})",
+                    quote(&text)
+                );
+            }
+            // git lets these override any setting: the runner's files must win.
+            let _ = writeln!(s, "unset GIT_SSL_CAINFO GIT_SSL_CERT GIT_SSL_KEY");
+        }
+        let settings = self.remote.settings();
+        let _ = writeln!(s, "export GIT_CONFIG_COUNT={}", settings.len());
+        for (i, (key, value)) in settings.iter().enumerate() {
+            let _ = writeln!(s, "export GIT_CONFIG_KEY_{i}={}", quote(key));
+            match TLS_FILES.iter().find(|(k, _)| key.ends_with(k)) {
+                Some((_, name)) => {
+                    let _ = writeln!(s, "export GIT_CONFIG_VALUE_{i}=\"$__tls\"/{name}");
+                }
+                None => {
+                    let _ = writeln!(s, "export GIT_CONFIG_VALUE_{i}={}", quote(value));
+                }
+            }
+        }
+        s.into_bytes()
+    }
+
+    fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    fn kept_path(&self) -> Option<String> {
+        if !self.reuse {
+            return None;
+        }
+        // GitLab Runner's `<namespace>/<project>`; a path that could leave the slot is not one.
+        let project = self
+            .job
+            .variable("CI_PROJECT_PATH")
+            .map(str::trim)
+            .filter(|p| {
+                !p.is_empty()
+                    && p.split('/')
+                        .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+            });
+        Some(match project {
+            Some(p) => p.to_string(),
+            None => format!("project-{}", self.job.job_info.project_id),
+        })
+    }
+
+    async fn on_manager(
+        &self,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Tarball>, String> {
+        let sources = self.git.get(&self.job, trace, cancel).await?;
+        Ok(sources.map(|s| {
+            *self.tracked.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(s.tracked);
+            s.tar
+        }))
+    }
+
+    fn set_tracked(&self, listed: &[u8]) {
+        let tracked: BTreeSet<String> = listed
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        *self.tracked.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(tracked);
+    }
+
+    fn tracked(&self) -> Arc<BTreeSet<String>> {
+        self.tracked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slipway_jobs::gitlab::TlsFiles;
+    use std::path::Path;
+    use std::process::Command;
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@e",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("git runs");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A repository with one commit of `files`; its sha.
+    fn repo(dir: &Path, files: &[(&str, &str)]) -> String {
+        std::fs::create_dir_all(dir).unwrap();
+        git(dir, &["init", "-q"]);
+        for (name, body) in files {
+            let path = dir.join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, body).unwrap();
+        }
+        git(dir, &["add", "-A"]);
+        git(dir, &["commit", "-q", "-m", "c"]);
+        git(dir, &["rev-parse", "HEAD"])
+    }
+
+    fn job(url: &str, sha: &str, vars: &[(&str, &str)]) -> JobResponse {
+        let mut job = JobResponse {
+            id: 7,
+            ..Default::default()
+        };
+        job.git_info.repo_url = url.into();
+        job.git_info.sha = sha.into();
+        job.git_info.git_ref = "main".into();
+        for (k, v) in vars {
+            job.variables.push(slipway_jobs::Variable {
+                key: (*k).into(),
+                value: (*v).into(),
+                ..Default::default()
+            });
+        }
+        job
+    }
+
+    /// Run the plan's script as the executor does (bash -c, its stdin): status, stdout, stderr.
+    fn run(plan: &HostFetch, dirs: &JobDirs) -> (i32, Vec<u8>, String) {
+        use std::io::Write as _;
+        let mut child = Command::new("bash")
+            .arg("-c")
+            .arg(plan.script(dirs))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&plan.stdin(dirs))
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            out.stdout,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn plan(tmp: &Path, job: &JobResponse) -> HostFetch {
+        let git = Arc::new(GitSources::new(tmp.join("mgr"), None, TlsFiles::default()));
+        let mut trace = Trace::new(
+            Vec::<String>::new(),
+            tokio::sync::mpsc::unbounded_channel().0,
+        );
+        git.on_host(job, &mut trace)
+            .await
+            .unwrap()
+            .expect("a fetch")
+    }
+
+    #[tokio::test]
+    async fn the_script_fetches_checks_out_and_lists_tracked_files_then_reuses_the_copy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        let sha = repo(&src, &[("README.md", "hello\n"), ("sub/a.txt", "a\n")]);
+        let url = format!("file://{}", src.display());
+        let job = job(
+            &url,
+            &sha,
+            &[("GIT_STRATEGY", "fetch"), ("CI_PROJECT_PATH", "g/p")],
+        );
+        let plan = plan(tmp.path(), &job).await;
+        let dirs = JobDirs {
+            builds_dir: tmp.path().join("builds").display().to_string(),
+            slot: 0,
+            job_id: 7,
+            clone_path: plan.kept_path(),
+        };
+        assert_eq!(plan.kept_path().as_deref(), Some("g/p"));
+        let (code, out, err) = run(&plan, &dirs);
+        assert_eq!(code, 0, "{err}");
+        let project = tmp.path().join("builds/slot-0/g/p");
+        assert_eq!(
+            std::fs::read_to_string(project.join("README.md")).unwrap(),
+            "hello\n"
+        );
+        plan.set_tracked(&out);
+        let tracked: Vec<_> = plan.tracked().iter().cloned().collect();
+        assert_eq!(tracked, vec!["README.md", "sub/a.txt"]);
+        assert!(err.contains("Created fresh repository."), "{err}");
+        // The remote holds no credentials, and the TLS directory is gone.
+        assert!(!tmp.path().join("builds/slot-0/.job-7.tls").exists());
+
+        // The next job of the slot reuses the working copy and cleans what the last one left.
+        std::fs::write(project.join("left-over"), "x").unwrap();
+        let sha2 = {
+            std::fs::write(src.join("README.md"), "hello again\n").unwrap();
+            git(&src, &["commit", "-q", "-am", "c2"]);
+            git(&src, &["rev-parse", "HEAD"])
+        };
+        let job2 = self::job(
+            &url,
+            &sha2,
+            &[("GIT_STRATEGY", "fetch"), ("CI_PROJECT_PATH", "g/p")],
+        );
+        let plan2 = self::plan(tmp.path(), &job2).await;
+        let (code, _, err) = run(&plan2, &dirs);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            err.contains("Reinitialized existing Git repository"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(project.join("README.md")).unwrap(),
+            "hello again\n"
+        );
+        assert!(!project.join("left-over").exists(), "git clean ran");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_and_a_missing_git_exit_with_their_codes() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Nothing listens on port 9 of loopback.
+        let job = job("http://127.0.0.1:9/g/p.git", "", &[]);
+        let plan = plan(tmp.path(), &job).await;
+        let dirs = JobDirs {
+            builds_dir: tmp.path().join("builds").display().to_string(),
+            slot: 1,
+            job_id: 7,
+            clone_path: None,
+        };
+        let (code, _, err) = run(&plan, &dirs);
+        assert_eq!(code, UNREACHABLE as i32, "{err}");
+
+        // No git on PATH: nothing is touched.
+        let dirs = JobDirs { slot: 2, ..dirs };
+        let script = format!("PATH=/nonexistent\n{}", plan.script(&dirs));
+        let out = Command::new("/bin/bash")
+            .arg("-c")
+            .arg(script)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(NO_GIT as i32));
+        assert!(!tmp.path().join("builds/slot-2").exists());
+    }
+
+    #[tokio::test]
+    async fn the_token_and_tls_files_travel_on_stdin_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = tmp.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nxyz\n").unwrap();
+        let mut job = job(
+            "https://gitlab-ci-token:glcbt-secret@gitlab.example.com/g/p.git",
+            "",
+            &[],
+        );
+        job.id = 8;
+        let tls = TlsFiles {
+            ca_file: Some(ca),
+            ..TlsFiles::default()
+        };
+        let git = Arc::new(GitSources::new(tmp.path().join("mgr"), None, tls));
+        let mut trace = Trace::new(
+            Vec::<String>::new(),
+            tokio::sync::mpsc::unbounded_channel().0,
+        );
+        let plan = git.on_host(&job, &mut trace).await.unwrap().unwrap();
+        let dirs = JobDirs {
+            builds_dir: "builds".into(),
+            slot: 0,
+            job_id: 8,
+            clone_path: None,
+        };
+        let script = plan.script(&dirs);
+        assert!(!script.contains("glcbt-secret"), "{script}");
+        assert!(!script.contains("BEGIN CERTIFICATE"));
+        let stdin = String::from_utf8(plan.stdin(&dirs)).unwrap();
+        assert!(stdin.contains("Authorization: Basic"), "{stdin}");
+        assert!(stdin.contains("BEGIN CERTIFICATE"));
+        assert!(
+            stdin.contains("GIT_CONFIG_VALUE_1=\"$__tls\"/ca.pem"),
+            "{stdin}"
+        );
+        assert!(!format!("{plan:?}").contains("glcbt"));
+    }
+}
