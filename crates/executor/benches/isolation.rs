@@ -381,6 +381,7 @@ async fn run_host(
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                sources: None,
             },
         )
         .await;
@@ -404,6 +405,7 @@ async fn run_docker(exec: &DockerExecutor, job: &JobResponse) -> anyhow::Result<
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                sources: None,
             },
         )
         .await;

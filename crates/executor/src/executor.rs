@@ -33,6 +33,8 @@ pub struct JobSlot<'a> {
     pub artifacts_in: Vec<crate::tarball::Tarball>,
     /// Where collected artifacts are written on this machine (see [`JobContext`]).
     pub scratch_dir: Option<std::path::PathBuf>,
+    /// The job's sources, to fetch where its steps run (see [`JobContext`]).
+    pub sources: Option<std::sync::Arc<dyn crate::sources::HostSources>>,
 }
 
 /// An executor: turns a job payload and a slot into a finished job.
@@ -75,6 +77,7 @@ impl<H: Host> Executor for Steps<H> {
                     abort: slot.abort,
                     artifacts_in: slot.artifacts_in,
                     scratch_dir: slot.scratch_dir,
+                    sources: slot.sources,
                 },
             )
             .await
@@ -99,6 +102,7 @@ impl Executor for DockerExecutor {
                 abort: slot.abort,
                 artifacts_in: slot.artifacts_in,
                 scratch_dir: slot.scratch_dir,
+                sources: slot.sources,
             },
         )
         .await

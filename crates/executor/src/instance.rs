@@ -66,6 +66,7 @@ impl InstanceExecutor {
                     abort: None,
                     artifacts_in: ctx.artifacts_in,
                     scratch_dir: ctx.scratch_dir,
+                    sources: None,
                 },
             )
             .await

@@ -54,9 +54,6 @@ pub struct JobRunner {
     /// snapshot afterwards: removing files first would only cost time, or lose the state a
     /// developer wants to debug).
     pub keep_files: bool,
-    /// The job's sources, fetched on the host before its steps (the manager sends no tar of
-    /// them then); `None`: whatever `artifacts_in` holds.
-    pub sources: Option<Arc<dyn HostSources>>,
 }
 
 /// Prefix of the lines a teardown script prints for the job's trace.
@@ -72,7 +69,6 @@ impl Default for JobRunner {
             teardown: String::new(),
             cache_dir: None,
             keep_files: false,
-            sources: None,
         }
     }
 }
@@ -98,6 +94,9 @@ pub struct JobContext<'a> {
     /// Where collected artifacts are written on this machine (the system's temporary
     /// directory when `None`): a disk with room for the largest artifacts of concurrent jobs.
     pub scratch_dir: Option<std::path::PathBuf>,
+    /// The job's sources, fetched on the host before its steps (then not in `artifacts_in`);
+    /// `None`: whatever `artifacts_in` holds.
+    pub sources: Option<Arc<dyn HostSources>>,
 }
 
 /// A finished job.
@@ -142,6 +141,7 @@ impl JobRunner {
             abort,
             artifacts_in,
             scratch_dir,
+            sources,
         } = ctx;
         if !self.prepare.is_empty()
             && let Err(msg) = housekeeping(
@@ -171,6 +171,7 @@ impl JobRunner {
             abort,
             artifacts_in,
             scratch_dir,
+            sources,
         };
         let mut result = self.run_steps(job, inner).await;
         self.tear_down(host, trace, &mut result.outcome).await;
@@ -215,6 +216,7 @@ impl JobRunner {
             abort,
             artifacts_in,
             scratch_dir,
+            sources,
         } = ctx;
         let clone_path = match script::clone_path_of(job) {
             Ok(p) => p,
@@ -228,7 +230,7 @@ impl JobRunner {
         };
         // A working copy kept between jobs has its own place under the slot (GitLab Runner's
         // `<namespace>/<project>`), unless the job names one.
-        let kept = self.sources.as_ref().and_then(|s| s.kept_path());
+        let kept = sources.as_ref().and_then(|s| s.kept_path());
         let keep_project = kept.is_some();
         let clone_path = clone_path.or(kept);
         let dirs = JobDirs {
@@ -256,7 +258,7 @@ impl JobRunner {
         // Sources fetched on the host make the project directory; from the manager (no git
         // there) they are the first archive.
         let mut on_host = false;
-        if let Some(sources) = &self.sources {
+        if let Some(sources) = &sources {
             match self
                 .fetch_on_host(sources.as_ref(), host, &dirs, deadline, &cancel, trace)
                 .await

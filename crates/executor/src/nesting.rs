@@ -363,6 +363,7 @@ impl Executor for NestingExecutor {
                             abort: slot.abort.clone(),
                             artifacts_in: slot.artifacts_in,
                             scratch_dir: slot.scratch_dir,
+                            sources: slot.sources,
                         },
                     )
                     .await

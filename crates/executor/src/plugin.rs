@@ -140,6 +140,7 @@ impl Executor for PluginExecutor {
                     abort: slot.abort.clone(),
                     artifacts_in: std::mem::take(&mut slot.artifacts_in),
                     scratch_dir: slot.scratch_dir.clone(),
+                    sources: slot.sources.take(),
                 },
             )
             .await;

@@ -59,6 +59,7 @@ async fn run(cgroups: &SlotCgroups, slot: u32, limits: Limits, job: &JobResponse
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                sources: None,
             },
         )
         .await;

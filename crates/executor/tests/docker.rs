@@ -207,6 +207,7 @@ async fn run_watch(
                     abort: None,
                     artifacts_in: Vec::new(),
                     scratch_dir: None,
+                    sources: None,
                 },
             )
             .await;
@@ -811,6 +812,7 @@ async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                sources: None,
             },
         )
         .await;

@@ -61,6 +61,7 @@ async fn run_with(
                 abort,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                sources: None,
             },
         )
         .await;

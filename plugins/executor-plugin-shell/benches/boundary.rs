@@ -86,6 +86,7 @@ async fn run(
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                sources: None,
             },
         )
         .await;

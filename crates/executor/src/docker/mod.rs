@@ -200,6 +200,9 @@ pub struct DockerRunContext<'a> {
     pub artifacts_in: Vec<crate::tarball::Tarball>,
     /// Where collected artifacts are written on this machine (see [`JobContext`]).
     pub scratch_dir: Option<std::path::PathBuf>,
+    /// The job's sources, fetched in the build container when its image has git (see
+    /// [`JobContext`]).
+    pub sources: Option<Arc<dyn crate::sources::HostSources>>,
 }
 
 /// The `docker` executor (and, over [`dial_stdio_transport`], `docker-autoscaler`).
@@ -317,6 +320,7 @@ impl DockerExecutor {
             abort,
             artifacts_in,
             scratch_dir,
+            sources,
         } = ctx;
         let setup = Setup {
             run: &run,
@@ -336,6 +340,7 @@ impl DockerExecutor {
                     abort,
                     artifacts_in,
                     scratch_dir,
+                    sources,
                 };
                 self.run_steps(job, started, ctx).await
             }

@@ -50,25 +50,6 @@ pub(super) async fn execute(
             Vec::new(),
         );
     }
-    let mut artifacts_in = artifacts_in;
-    let sources = match sources {
-        // Only an instance's shell fetches (see `sources_at`); elsewhere the manager does.
-        Some(s) if sources_at(runner, admission) == SourcesAt::Manager => {
-            match s.on_manager(trace, &stops.cancel).await {
-                Ok(tar) => artifacts_in.splice(0..0, tar),
-                Err(msg) => {
-                    let reason = if stops.cancel.is_cancelled() {
-                        FailureReason::JobCanceled
-                    } else {
-                        FailureReason::RunnerSystemFailure
-                    };
-                    return (JobOutcome::failed(reason, None, msg), Vec::new());
-                }
-            };
-            None
-        }
-        s => s,
-    };
     let cancel = stops.cancel.child_token();
     let abort = stops.abort.as_ref().map(CancellationToken::child_token);
     let stops = Stops {
@@ -76,7 +57,8 @@ pub(super) async fn execute(
         abort: abort.clone(),
     };
     if runner.local {
-        let r = execute_here(runner, acq, job, admission, artifacts_in, trace, &stops).await;
+        let inputs = (artifacts_in, sources);
+        let r = execute_here(runner, acq, job, admission, inputs, trace, &stops).await;
         return (r.outcome, r.artifacts);
     }
     let client = match runner.client(acq).await {
@@ -130,17 +112,12 @@ pub(super) async fn execute(
     (result.outcome, result.artifacts)
 }
 
-/// Where `runner` fetches the sources of a job admitted at `admission`: where its steps run
-/// when that is an instance's shell (the `none`, `cgroup` and `instance` levels), unless the
-/// runner says `fetch_sources = "manager"`; else on the manager.
-pub(super) fn sources_at(runner: &Runner, admission: &Admission) -> SourcesAt {
-    let shell_on_instance = !runner.local
-        && runner.executor_plugin.is_none()
-        && matches!(
-            admission.level,
-            Isolation::None | Isolation::Cgroup | Isolation::Instance
-        );
-    if shell_on_instance && runner.fetch_sources == FetchSources::Instance {
+/// Where `runner` fetches its jobs' sources: where their steps run (an instance's shell, a
+/// container, a VM, this machine's shell, an executor plugin's environment), falling back to
+/// the manager where that has no git, unless the runner says `fetch_sources = "manager"`. The
+/// custom executor's driver fetches its own.
+pub(super) fn sources_at(runner: &Runner) -> SourcesAt {
+    if runner.fetch_sources == FetchSources::Instance && runner.executor != ConfigExecutor::Custom {
         SourcesAt::Host
     } else {
         SourcesAt::Manager
@@ -240,7 +217,6 @@ async fn execute_on_instance(
         let mut steps = JobRunner {
             builds_dir: runner.builds_dir.clone(),
             cache_dir: Some(runner.cache_dir.clone()),
-            sources,
             ..JobRunner::default()
         };
         if level == Isolation::Cgroup
@@ -260,7 +236,8 @@ async fn execute_on_instance(
             runner: steps,
         })
     };
-    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, stops).await
+    let inputs = (artifacts_in, sources);
+    run_on(runner, exec.as_ref(), acq, job, inputs, trace, stops).await
 }
 
 /// Run `job` with `exec` on the acquisition's slot.
@@ -269,7 +246,7 @@ async fn run_on(
     exec: &dyn Executor,
     acq: &Acquisition,
     job: &JobResponse,
-    artifacts_in: Vec<Tarball>,
+    (artifacts_in, sources): (Vec<Tarball>, Option<Arc<dyn HostSources>>),
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
@@ -283,6 +260,7 @@ async fn run_on(
             abort: stops.abort.clone(),
             artifacts_in,
             scratch_dir: runner.scratch_dir.clone(),
+            sources,
         },
     )
     .await
@@ -360,7 +338,7 @@ async fn execute_here(
     acq: &Acquisition,
     job: &JobResponse,
     admission: &Admission,
-    artifacts_in: Vec<Tarball>,
+    (artifacts_in, sources): (Vec<Tarball>, Option<Arc<dyn HostSources>>),
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
@@ -409,5 +387,6 @@ async fn execute_here(
             })
         }
     };
-    run_on(runner, exec.as_ref(), acq, job, artifacts_in, trace, stops).await
+    let inputs = (artifacts_in, sources);
+    run_on(runner, exec.as_ref(), acq, job, inputs, trace, stops).await
 }

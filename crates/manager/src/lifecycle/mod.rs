@@ -69,7 +69,8 @@ impl JobSource for NoInputs {}
 pub enum SourcesAt {
     /// On the manager, sent to the job as the first of [`Inputs::tars`].
     Manager,
-    /// Where the job's steps run (an instance's shell): [`Inputs::sources`] says how.
+    /// Where the job's steps run (an instance's shell, a container, a VM): [`Inputs::sources`]
+    /// says how.
     Host,
 }
 
@@ -231,7 +232,7 @@ impl Life<'_> {
             r
         };
         let fetching = async {
-            let at = execute::sources_at(runner, admission);
+            let at = execute::sources_at(runner);
             let r = self.source.inputs(&job, at, &mut side, &fetch_cancel).await;
             if r.is_err() {
                 let _ = first_failure.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);

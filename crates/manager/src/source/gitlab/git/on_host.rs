@@ -199,7 +199,7 @@ impl HostFetch {
                         filter.lfs.required=true lfs pull";
             let _ = writeln!(
                 s,
-                "if [ $__lfs = 1 ]; then GIT_LFS_SKIP_SMUDGE=0 __run \"fetching the submodules' LFS objects\" __git submodule foreach --quiet {recursive} {}; fi",
+                "if [ $__lfs = 1 ]; then (GIT_LFS_SKIP_SMUDGE=0; __run \"fetching the submodules' LFS objects\" __git submodule foreach --quiet {recursive} {}); fi",
                 quote(pull)
             );
         }
@@ -217,9 +217,10 @@ impl HostSources for HostFetch {
         let g = &self.job.git_info;
         let dir = dirs.project_dir();
         let mut s = String::new();
-        let _ = writeln!(s, "set -eo pipefail");
-        // Nothing touched before this: the manager fetches instead.
+        // POSIX sh (a job image may have no bash). Nothing touched before this line: without
+        // git the manager fetches instead.
         let _ = writeln!(s, "command -v git >/dev/null 2>&1 || exit {NO_GIT}");
+        let _ = writeln!(s, "set -e");
         let _ = writeln!(s, "__tls={}", Self::tls_dir(dirs));
         let _ = writeln!(s, "trap 'rm -rf \"$__tls\"' EXIT");
         // The settings that carry secrets come on stdin.
@@ -324,7 +325,7 @@ impl HostSources for HostFetch {
             if !lfs_skipped(&self.job) {
                 let _ = writeln!(
                     s,
-                    "if [ $__lfs = 1 ]; then GIT_LFS_SKIP_SMUDGE=0 __run 'fetching LFS objects' __git lfs pull\n\
+                    "if [ $__lfs = 1 ]; then (GIT_LFS_SKIP_SMUDGE=0; __run 'fetching LFS objects' __git lfs pull)\n\
                      elif grep -qs 'filter=lfs' .gitattributes; then echo {} >&2; fi",
                     quote(
                         "WARNING: the repository has LFS files but git-lfs is not installed \
@@ -490,10 +491,11 @@ mod tests {
         job
     }
 
-    /// Run the plan's script as the executor does (bash -c, its stdin): status, stdout, stderr.
-    fn run(plan: &HostFetch, dirs: &JobDirs) -> (i32, Vec<u8>, String) {
+    /// Run the plan's script as the executors do (`shell -c`, its stdin): status, stdout,
+    /// stderr. Images without bash run it with `sh` (dash here, as strict as POSIX gets).
+    fn run_with(shell: &str, plan: &HostFetch, dirs: &JobDirs) -> (i32, Vec<u8>, String) {
         use std::io::Write as _;
-        let mut child = Command::new("bash")
+        let mut child = Command::new(shell)
             .arg("-c")
             .arg(plan.script(dirs))
             .stdin(std::process::Stdio::piped())
@@ -513,6 +515,10 @@ mod tests {
             out.stdout,
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+
+    fn run(plan: &HostFetch, dirs: &JobDirs) -> (i32, Vec<u8>, String) {
+        run_with("bash", plan, dirs)
     }
 
     async fn plan(tmp: &Path, job: &JobResponse) -> HostFetch {
@@ -573,7 +579,7 @@ mod tests {
             &[("GIT_STRATEGY", "fetch"), ("CI_PROJECT_PATH", "g/p")],
         );
         let plan2 = self::plan(tmp.path(), &job2).await;
-        let (code, _, err) = run(&plan2, &dirs);
+        let (code, _, err) = run_with("dash", &plan2, &dirs);
         assert_eq!(code, 0, "{err}");
         assert!(
             err.contains("Reinitialized existing Git repository"),
