@@ -16,7 +16,7 @@ pub const VERSION: u32 = 1;
 pub const MAX_CHUNK: usize = 32 * 1024;
 
 /// Ops the agent understands (an object with another `op` gets an "unknown op" error).
-const KNOWN_OPS: [&str; 4] = ["hello", "exec", "stdin", "signal"];
+const KNOWN_OPS: [&str; 5] = ["hello", "exec", "stdin", "signal", "renew"];
 
 /// A frame that cannot be decoded or encoded.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +105,19 @@ pub enum Request {
         /// Signal number.
         signal: i32,
     },
+    /// Make this guest unique (a restore clones a running kernel): mix `entropy` into the
+    /// kernel's RNG and reseed it, and take a new machine-id, hostname and SSH host keys.
+    Renew {
+        /// Request id.
+        id: u64,
+        /// Fresh host entropy.
+        #[serde(with = "b64")]
+        entropy: Vec<u8>,
+        /// The new `/etc/machine-id` (32 lowercase hex digits).
+        machine_id: String,
+        /// The new hostname.
+        hostname: String,
+    },
 }
 
 impl Request {
@@ -114,7 +127,8 @@ impl Request {
             Request::Hello { id, .. }
             | Request::Exec { id, .. }
             | Request::Stdin { id, .. }
-            | Request::Signal { id, .. } => *id,
+            | Request::Signal { id, .. }
+            | Request::Renew { id, .. } => *id,
         }
     }
 
@@ -187,6 +201,16 @@ pub enum Reply {
         /// Terminating signal, if killed by one.
         signal: Option<i32>,
     },
+    /// Answer to [`Request::Renew`]: what was renewed, and what could not be.
+    Renewed {
+        /// The renew's id.
+        id: u64,
+        /// Whether the kernel's RNG was credited and reseeded (`RNDADDENTROPY`,
+        /// `RNDRESEEDCRNG`); else the entropy was only mixed in by a write.
+        reseeded: bool,
+        /// One line per thing not renewed, and why.
+        notes: Vec<String>,
+    },
     /// The request failed (an exec that could not start, an unknown op, a malformed request).
     Error {
         /// The request's id (0 when the request had none).
@@ -205,6 +229,7 @@ impl Reply {
             | Reply::Stdout { id, .. }
             | Reply::Stderr { id, .. }
             | Reply::Exit { id, .. }
+            | Reply::Renewed { id, .. }
             | Reply::Error { id, .. } => *id,
         }
     }

@@ -164,6 +164,22 @@ impl<W: Write + Send + 'static> Session<W> {
             }
             Request::Stdin { id, data, eof } => self.stdin(id, data, eof),
             Request::Signal { id, signal } => self.signal(id, signal),
+            Request::Renew {
+                id,
+                entropy,
+                machine_id,
+                hostname,
+            } => {
+                let renewed = crate::identity::renew(&entropy, &machine_id, &hostname);
+                for note in &renewed.notes {
+                    log(&format!("renew: {note}"));
+                }
+                self.out.send(&Reply::Renewed {
+                    id,
+                    reseeded: renewed.reseeded,
+                    notes: renewed.notes,
+                });
+            }
         }
     }
 

@@ -98,7 +98,7 @@ impl Host {
                     assert!(outcome.pid.is_none(), "error after started");
                     outcome.error = Some(message);
                 }
-                Reply::Hello { .. } => panic!("unexpected hello"),
+                Reply::Hello { .. } | Reply::Renewed { .. } => panic!("unexpected {reply:?}"),
             }
         }
         outcomes

@@ -61,6 +61,9 @@ pub enum AgentError {
     /// A request could not be encoded.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// The host's RNG could not be read for a renew.
+    #[error("reading the host's /dev/urandom: {0}")]
+    HostEntropy(#[source] std::io::Error),
 }
 
 /// The agent's answer to a hello.
@@ -71,6 +74,18 @@ pub struct Hello {
     /// Guest uptime in milliseconds.
     pub uptime_ms: u64,
 }
+
+/// What a guest renewed ([`AgentClient::renew`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    /// The kernel's RNG was credited with host entropy and reseeded.
+    pub reseeded: bool,
+    /// One line per thing not renewed, and why.
+    pub notes: Vec<String>,
+}
+
+/// Bytes of host entropy a renew hands the guest (its CRNG's key is 32).
+const RENEW_ENTROPY: usize = 64;
 
 /// A process to start in the guest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -173,6 +188,43 @@ impl AgentClient {
             self.send(&Request::Hello { id, unix_time }).await?;
             match rx.await {
                 Ok(Ok(hello)) => Ok(hello),
+                Ok(Err(message)) => Err(AgentError::Refused(message)),
+                Err(_) => Err(AgentError::Closed),
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or(Err(AgentError::Timeout(timeout)))
+    }
+
+    /// Make the guest unique after a restore: fresh entropy from the host's RNG into its
+    /// kernel's (reseeded at once), a new random machine-id, `hostname`, and new SSH host keys
+    /// where it has some.
+    pub async fn renew(&self, hostname: &str, timeout: Duration) -> Result<Renewal, AgentError> {
+        use tokio::io::AsyncReadExt as _;
+        let mut random = [0u8; RENEW_ENTROPY + 16];
+        let mut urandom = tokio::fs::File::open("/dev/urandom")
+            .await
+            .map_err(AgentError::HostEntropy)?;
+        urandom
+            .read_exact(&mut random)
+            .await
+            .map_err(AgentError::HostEntropy)?;
+        let (entropy, id_bytes) = random.split_at(RENEW_ENTROPY);
+        let machine_id: String = id_bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let id = self.next_id();
+        let (tx, rx) = oneshot::channel();
+        let _route = self.routes.add(id, Route::Renew(tx))?;
+        let exchange = async {
+            self.send(&Request::Renew {
+                id,
+                entropy: entropy.to_vec(),
+                machine_id,
+                hostname: hostname.to_string(),
+            })
+            .await?;
+            match rx.await {
+                Ok(Ok(renewal)) => Ok(renewal),
                 Ok(Err(message)) => Err(AgentError::Refused(message)),
                 Err(_) => Err(AgentError::Closed),
             }
@@ -466,6 +518,7 @@ struct RouteTable {
 
 enum Route {
     Hello(oneshot::Sender<Result<Hello, String>>),
+    Renew(oneshot::Sender<Result<Renewal, String>>),
     Exec(mpsc::Sender<ExecEvent>),
 }
 
@@ -549,15 +602,30 @@ async fn deliver(routes: &Routes, reply: Reply) {
         Reply::Hello {
             version, uptime_ms, ..
         } => {
-            if let Some(Route::Hello(tx)) = take_hello(routes, id) {
+            if let Some(Route::Hello(tx)) = take_answer(routes, id) {
                 let _ = tx.send(Ok(Hello { version, uptime_ms }));
             }
             return;
         }
+        Reply::Renewed {
+            reseeded, notes, ..
+        } => {
+            if let Some(Route::Renew(tx)) = take_answer(routes, id) {
+                let _ = tx.send(Ok(Renewal { reseeded, notes }));
+            }
+            return;
+        }
         Reply::Error { message, .. } => {
-            if let Some(Route::Hello(tx)) = take_hello(routes, id) {
-                let _ = tx.send(Err(message));
-                return;
+            match take_answer(routes, id) {
+                Some(Route::Hello(tx)) => {
+                    let _ = tx.send(Err(message));
+                    return;
+                }
+                Some(Route::Renew(tx)) => {
+                    let _ = tx.send(Err(message));
+                    return;
+                }
+                _ => {}
             }
             (ExecEvent::Error(message), true)
         }
@@ -587,10 +655,11 @@ async fn deliver(routes: &Routes, reply: Reply) {
     }
 }
 
-fn take_hello(routes: &Routes, id: u64) -> Option<Route> {
+/// The route of a one-answer request (hello, renew) `id`, taken out of the table.
+fn take_answer(routes: &Routes, id: u64) -> Option<Route> {
     let mut table = routes.lock();
     match table.routes.get(&id) {
-        Some(Route::Hello(_)) => table.routes.remove(&id),
+        Some(Route::Hello(_) | Route::Renew(_)) => table.routes.remove(&id),
         _ => None,
     }
 }

@@ -525,6 +525,23 @@ impl Daemon {
                     let console = process::log_tail(&spec.run_dir.join("console.log"), 8);
                     DaemonError::Agent(format!("{e}; the guest console ends with: {console}"))
                 })?;
+            // Every VM is made unique before a job sees it: a restore clones a running kernel
+            // (RNG state, machine-id, host keys), and VMs cold-booted from one image share the
+            // image's machine-id.
+            match renew_agent(&spec.agent, &rec.name, active.boot_timeout).await {
+                Ok(renewal) if renewal.notes.is_empty() => {}
+                Ok(renewal) => {
+                    tracing::warn!(vm = %rec.id, reseeded = renewal.reseeded, notes = ?renewal.notes,
+                        "the VM was not renewed in full")
+                }
+                // An image made with an agent older than `renew` still runs jobs; rebuilding
+                // it (`slipway image build`) makes its VMs unique.
+                Err(e) if e.contains("unknown op") => tracing::warn!(vm = %rec.id,
+                    "the image's guest agent cannot renew the VM's identity (rebuild the image): {e}"),
+                Err(e) => {
+                    return Err(DaemonError::Agent(format!("making the VM unique: {e}")));
+                }
+            }
             // Where a start's time goes (disk layer, hypervisor, guest agent), for tuning.
             tracing::debug!(
                 vm = %rec.id,
@@ -1002,6 +1019,30 @@ fn remove_tree(dir: &Path) -> std::io::Result<()> {
     // Read-only files in a writable directory are removable; the directory itself may not be.
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
     std::fs::remove_dir_all(dir)
+}
+
+/// Have the guest agent behind `channel` renew its guest's identity ([`agent::AgentClient::renew`]),
+/// named `hostname`.
+pub async fn renew_agent(
+    channel: &AgentChannel,
+    hostname: &str,
+    limit: Duration,
+) -> Result<agent::Renewal, String> {
+    let client = match channel {
+        AgentChannel::VirtioSerial { socket, .. } => agent::connect_unix(socket)
+            .await
+            .map_err(|e| e.to_string())?,
+        AgentChannel::Vsock { port, socket, .. } => {
+            let stream = firecracker::connect_vsock(socket, *port, limit)
+                .await
+                .map_err(|e| format!("connecting to the guest agent on vsock port {port}: {e}"))?;
+            agent::AgentClient::new(stream)
+        }
+    };
+    client
+        .renew(hostname, limit)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Wait until the guest agent behind `channel` answers.

@@ -263,7 +263,7 @@ async fn a_snapshot_branches_four_ways_on_one_shared_base() {
             let (code, out) = sh(
                 &agent,
                 &format!(
-                    "cat /tmp/ram; md5sum /work/deps/blob | cut -c1-32; echo {slot} > /work/branch-{slot}; head -c 1048576 /dev/urandom > /work/deps/blob-{slot}; sync; sleep 2; ls /work; date +%s"
+                    "cat /tmp/ram; echo rand=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'); echo machine-id=$(cat /etc/machine-id); echo hostname=$(hostname); md5sum /work/deps/blob | cut -c1-32; echo {slot} > /work/branch-{slot}; head -c 1048576 /dev/urandom > /work/deps/blob-{slot}; sync; sleep 2; ls /work; date +%s"
                 ),
             )
             .await;
@@ -271,9 +271,20 @@ async fn a_snapshot_branches_four_ways_on_one_shared_base() {
         }));
     }
     let mut vms = Vec::new();
+    // What a restore clones from the running kernel must differ in every branch.
+    let mut identities: std::collections::BTreeMap<&str, std::collections::BTreeSet<String>> =
+        Default::default();
     for h in handles {
         let (slot, vm, code, out) = h.await.unwrap();
         assert_eq!(code, 0, "{out}");
+        for key in ["rand", "machine-id", "hostname"] {
+            let value = out
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("no {key}= line: {out}"));
+            assert!(value.len() >= 8, "{key} of branch {slot}: {value:?}");
+            identities.entry(key).or_default().insert(value.to_string());
+        }
         assert!(out.starts_with("in-ram\n"), "memory restored: {out}");
         let host_now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -298,6 +309,9 @@ async fn a_snapshot_branches_four_ways_on_one_shared_base() {
         }
         assert_eq!(vm.snapshot, "deps");
         vms.push(vm);
+    }
+    for (key, values) in &identities {
+        assert_eq!(values.len(), 4, "four branches share a {key}: {values:?}");
     }
     // Branches are thin layers over the shared frozen disk.
     let layers: u64 = vms
