@@ -203,17 +203,14 @@ impl RunnerConfig {
     /// The executor's settings for the `microvm` and `vm` levels, when `vm_isolation` is
     /// enabled.
     pub fn nesting_config(&self) -> Option<NestingConfig> {
-        let v = self
-            .autoscaler
-            .as_ref()
-            .and_then(|a| a.vm_isolation.as_ref())
-            .filter(|v| v.enabled)?;
+        let a = self.autoscaler.as_ref()?;
+        let v = a.vm_isolation.as_ref().filter(|v| v.enabled)?;
         let allowed_images = self
             .instance
             .as_ref()
             .map(|i| i.allowed_images.clone())
             .unwrap_or_default();
-        Some(v.to_nesting_config(allowed_images))
+        Some(v.to_nesting_config(allowed_images, a.capacity_per_instance))
     }
 
     /// What jobs of this runner may ask for, and get when they ask for nothing; an error

@@ -31,6 +31,15 @@ pub struct VmIsolationConfig {
     pub builds_dir: String,
     /// `[runners.autoscaler.vm_isolation.connector_config]`: how to reach the nested VM.
     pub connector_config: ConnectorConfigToml,
+    /// Slipway: keep a VM ready in every free slot (default off: warm VMs outlive the
+    /// manager's runs, see docs/nesting.md; the daemon keeps within `warm_memory_mib`).
+    pub warm: Option<bool>,
+    /// Slipway: images kept warm (default: `microvm_image`, else `image`); a slot then keeps
+    /// the image its last job asked for.
+    pub warm_images: Vec<String>,
+    /// Slipway: MiB of guest memory all warm VMs of an instance may hold (0: half of what the
+    /// instance has available when the daemon starts).
+    pub warm_memory_mib: u64,
 }
 
 impl fmt::Debug for VmIsolationConfig {
@@ -48,7 +57,7 @@ impl fmt::Debug for VmIsolationConfig {
 impl VmIsolationConfig {
     /// The executor's settings for the `microvm` and `vm` levels; `allowed_images` comes from
     /// `[runners.instance]`.
-    pub fn to_nesting_config(&self, allowed_images: Vec<String>) -> NestingConfig {
+    pub fn to_nesting_config(&self, allowed_images: Vec<String>, slots: u32) -> NestingConfig {
         let pick = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
         NestingConfig {
             socket: self
@@ -56,7 +65,7 @@ impl VmIsolationConfig {
                 .strip_prefix("unix://")
                 .unwrap_or(&self.nesting_host)
                 .to_string(),
-            init_config: self.init_config(),
+            init_config: self.init_config_with_warm(slots),
             image: pick(&self.image),
             microvm_image: pick(&self.microvm_image),
             vm_image: pick(&self.vm_image),
@@ -69,6 +78,36 @@ impl VmIsolationConfig {
     /// `nesting_config` as the JSON the daemon's `Init` takes.
     fn init_config(&self) -> Vec<u8> {
         serde_json::to_vec(&self.nesting_config).unwrap_or_else(|_| b"{}".to_vec())
+    }
+
+    /// [`Self::init_config`] with the warm slots (`slots` of them) added when `warm = true`,
+    /// unless `nesting_config` has its own `warm` table.
+    fn init_config_with_warm(&self, slots: u32) -> Vec<u8> {
+        let mut table = self.nesting_config.clone();
+        if self.warm == Some(true) && slots > 0 && !table.contains_key("warm") {
+            let images: Vec<String> = if self.warm_images.is_empty() {
+                [&self.microvm_image, &self.image]
+                    .into_iter()
+                    .find(|i| !i.is_empty())
+                    .cloned()
+                    .into_iter()
+                    .collect()
+            } else {
+                self.warm_images.clone()
+            };
+            let mut warm = toml::Table::new();
+            warm.insert("slots".into(), toml::Value::Integer(i64::from(slots)));
+            warm.insert(
+                "images".into(),
+                toml::Value::Array(images.into_iter().map(toml::Value::String).collect()),
+            );
+            warm.insert(
+                "memory_budget_mib".into(),
+                toml::Value::Integer(i64::try_from(self.warm_memory_mib).unwrap_or(i64::MAX)),
+            );
+            table.insert("warm".into(), toml::Value::Table(warm));
+        }
+        serde_json::to_vec(&table).unwrap_or_else(|_| b"{}".to_vec())
     }
 
     /// Checks of the section (`report` is at it) of a runner with `executor`.
@@ -96,6 +135,16 @@ impl VmIsolationConfig {
         if self.enabled {
             if let Err(e) = slipway_nesting::config::Config::parse(&self.init_config()) {
                 report.error(&["nesting_config"], e);
+            }
+            if let Some(bad) = self
+                .warm_images
+                .iter()
+                .find(|i| slipway_nesting::error::check_name("image", i).is_err())
+            {
+                report.error(
+                    &["warm_images"],
+                    format!("{bad:?} is not an image name (letters, digits, '.', '_', '-')"),
+                );
             }
             if !self.connector_config.username.is_empty()
                 || !self.connector_config.key_path.is_empty()

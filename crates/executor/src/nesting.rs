@@ -307,6 +307,12 @@ impl NestingExecutor {
         if let Some(id) = stomped {
             trace.message(&format!("Stomped nesting VM {id} left in slot {slot}"));
         }
+        if vm.warm {
+            trace.message(&format!(
+                "Warm start: VM {} was started ahead of the job in slot {slot} and is handed over",
+                vm.id
+            ));
+        }
         trace.message(&format!(
             "VM {} ({}) ready in {:.1} s{}",
             vm.id,

@@ -108,6 +108,26 @@ pub struct Config {
     /// Where QEMU guests keep their RAM: `auto`, `file` or `anonymous`.
     #[serde(default)]
     pub memory: MemoryChoice,
+    /// Warm slots: a VM started ahead of the job in every free slot (off when absent).
+    #[serde(default)]
+    pub warm: Option<WarmConfig>,
+}
+
+/// Warm slots: the daemon keeps a ready VM in each of slots `0..slots`, restored from a base
+/// snapshot of its image, and hands it to the next `Create` of that slot and image.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmConfig {
+    /// Slots kept warm: `0..slots` (the instance's capacity).
+    pub slots: u32,
+    /// Images kept warm: a slot keeps the image its last job asked for, else the first of
+    /// these. Empty: only images jobs asked for.
+    #[serde(default)]
+    pub images: Vec<String>,
+    /// MiB of guest memory all warm VMs may hold at once (0: half of the memory the instance
+    /// has available at `Init`).
+    #[serde(default)]
+    pub memory_budget_mib: u64,
 }
 
 impl Config {
@@ -153,6 +173,19 @@ mod tests {
         assert_eq!(c.accel, AccelChoice::Tcg);
         assert_eq!(c.memory_mib, Some(512));
         assert_eq!(c.snapshots.max_count, 3);
+    }
+
+    #[test]
+    fn warm_slots_parse_and_a_bad_key_is_named() {
+        let c = Config::parse(br#"{"warm":{"slots":4,"images":["m"],"memory_budget_mib":1024}}"#)
+            .unwrap();
+        let w = c.warm.unwrap();
+        assert_eq!(
+            (w.slots, w.images, w.memory_budget_mib),
+            (4, vec!["m".to_string()], 1024)
+        );
+        let e = Config::parse(br#"{"warm":{"slots":2,"budget":1}}"#).unwrap_err();
+        assert!(e.contains("warm") && e.contains("budget"), "{e}");
     }
 
     #[test]

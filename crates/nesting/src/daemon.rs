@@ -26,6 +26,7 @@ use crate::proto::{self, nesting_server};
 use crate::snapshot::{self, SnapshotMeta};
 use crate::spec::{Accel, AgentChannel, Disk, DiskFormat, GuestMemory, Level, VmSpec};
 use crate::store::{self, VmRecord};
+use crate::warm::WarmPool;
 
 /// How long a stopped VM gets to quit before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(3);
@@ -62,6 +63,8 @@ pub struct Daemon {
     records: Mutex<()>,
     /// Work in progress (a std mutex, never held across an await, so guards release it on drop).
     busy: std::sync::Mutex<Busy>,
+    /// Warm slots.
+    warm: WarmPool,
 }
 
 /// What is being worked on right now, so that reconciling, deleting, stomping and retention
@@ -77,7 +80,7 @@ struct Busy {
 }
 
 /// Releases one piece of [`Busy`] when dropped (also when the work panics).
-struct Held<'a> {
+pub(crate) struct Held<'a> {
     daemon: &'a Daemon,
     release: Box<dyn Fn(&mut Busy) + Send + Sync + 'a>,
 }
@@ -148,6 +151,7 @@ impl Daemon {
             active: Mutex::new(None),
             records: Mutex::new(()),
             busy: std::sync::Mutex::new(Busy::default()),
+            warm: WarmPool::default(),
         });
         daemon.reconcile().await;
         Ok(daemon)
@@ -157,6 +161,28 @@ impl Daemon {
         self.busy
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The warm slots.
+    pub(crate) fn warm(&self) -> &WarmPool {
+        &self.warm
+    }
+
+    /// The state directory.
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        self.opts.state_dir.clone()
+    }
+
+    /// MiB of guest memory a VM of `image` gets.
+    pub(crate) async fn image_memory_mib(&self, image: &str) -> Result<u32, DaemonError> {
+        let active = self.active().await?;
+        let (_, manifest) = self.image(&active, image)?;
+        Ok(active.config.memory_mib.unwrap_or(manifest.memory_mib))
+    }
+
+    /// [`Daemon::hold_vm`] for a warm VM handed to a job.
+    pub(crate) fn hold_vm_for_handover(&self, id: &str) -> Option<Held<'_>> {
+        self.hold_vm(id)
     }
 
     /// Mark VM `id` as being worked on; `None` if it already is.
@@ -273,6 +299,7 @@ impl Daemon {
             return Err(DaemonError::AlreadyInitialized);
         }
         let config = Config::parse(bytes).map_err(DaemonError::Config)?;
+        self.warm.configure(config.warm.clone(), available_mib());
         let mut hv = backend(config.hypervisor, config.binary.clone());
         let binary = config
             .binary
@@ -564,8 +591,37 @@ impl Daemon {
         }
     }
 
-    /// `Create`.
+    /// `Create`: in a warm slot, the slot's ready VM of `image_name` when it has one (the
+    /// third value says so), else a VM restored from the image's base snapshot; elsewhere, or
+    /// when that fails, a cold boot.
     pub async fn create(
+        self: &Arc<Self>,
+        image_name: &str,
+        slot: Option<i32>,
+    ) -> Result<(VmRecord, Option<String>, bool), DaemonError> {
+        if let Some(s) = slot.filter(|_| self.warm.covers(slot)) {
+            let limit = self.active().await?.boot_timeout;
+            if let Some(rec) = self.take_warm(image_name, s, limit).await? {
+                return Ok((rec, None, true));
+            }
+            match self.start_from_base(image_name, slot).await {
+                Ok(Some((rec, stomped))) => return Ok((rec, stomped, false)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(
+                        slot = s,
+                        image = image_name,
+                        "restoring the base snapshot failed, booting instead: {e}"
+                    )
+                }
+            }
+        }
+        let (rec, stomped) = self.create_cold(image_name, slot).await?;
+        Ok((rec, stomped, false))
+    }
+
+    /// A cold boot of `image_name` (in `slot`, stomping what it holds).
+    pub async fn create_cold(
         &self,
         image_name: &str,
         slot: Option<i32>,
@@ -587,6 +643,7 @@ impl Daemon {
             process: None,
             base_disk: base.clone(),
             created: now(),
+            warm: false,
         };
         let rec = self.start(&active, rec, &base, None).await?;
         Ok((rec, stomped))
@@ -614,6 +671,7 @@ impl Daemon {
 
     /// `Shutdown`: every VM deleted, the configuration forgotten.
     pub async fn shutdown(&self) -> Result<(), DaemonError> {
+        self.warm.stop();
         let (recs, _) = store::load_all(&self.opts.state_dir);
         for rec in &recs {
             // Shutdown wins over work in progress: the VM goes whatever was being done to it.
@@ -868,6 +926,7 @@ impl Daemon {
             process: None,
             base_disk: meta.base_disk.clone(),
             created: now(),
+            warm: false,
         };
         let rec = self.start(&active, rec, &frozen, Some(&meta)).await?;
         Ok((rec, stomped))
@@ -1045,6 +1104,18 @@ pub async fn renew_agent(
         .map_err(|e| e.to_string())
 }
 
+/// MiB of memory the instance has available (`MemAvailable`), 0 when unknown.
+fn available_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib / 1024)
+}
+
 /// Wait until the guest agent behind `channel` answers.
 pub async fn wait_agent(channel: &AgentChannel, limit: Duration) -> Result<Duration, String> {
     let started = tokio::time::Instant::now();
@@ -1094,22 +1165,40 @@ type Reply<T> = Result<Response<T>, Status>;
 impl nesting_server::Nesting for Service {
     async fn init(&self, r: Request<proto::InitRequest>) -> Reply<proto::InitResponse> {
         self.0.init(&r.into_inner().config).await?;
+        self.0.fill_all();
         Ok(Response::new(proto::InitResponse {}))
     }
 
     async fn create(&self, r: Request<proto::CreateRequest>) -> Reply<proto::CreateResponse> {
         let r = r.into_inner();
         let d = self.0.clone();
-        let (vm, stomped) = detached(async move { d.create(&r.image, r.slot).await }).await?;
+        let (vm, stomped, warm) = detached(async move { d.create(&r.image, r.slot).await }).await?;
+        let mut vm = vm.to_proto();
+        vm.warm = warm;
         Ok(Response::new(proto::CreateResponse {
-            vm: Some(vm.to_proto()),
+            vm: Some(vm),
             stomped_vm_id: stomped,
         }))
     }
 
     async fn delete(&self, r: Request<proto::DeleteRequest>) -> Reply<proto::DeleteResponse> {
         let d = self.0.clone();
-        detached(async move { d.delete(&r.into_inner().id).await }).await?;
+        let id = r.into_inner().id;
+        detached(async move {
+            // A job's VM gone: its slot gets its next warm VM (a warm VM deleted is not
+            // replaced: whoever deleted it wants the slot empty).
+            let freed = store::load_all(&d.opts.state_dir)
+                .0
+                .into_iter()
+                .find(|r| r.id == id && !r.warm)
+                .and_then(|r| r.slot);
+            d.delete(&id).await?;
+            if let Some(slot) = freed {
+                d.fill(slot);
+            }
+            Ok(())
+        })
+        .await?;
         Ok(Response::new(proto::DeleteResponse {}))
     }
 
@@ -1127,8 +1216,19 @@ impl nesting_server::Nesting for Service {
         let r = r.into_inner();
         let d = self.0.clone();
         let (meta, expired) = detached(async move {
-            d.snapshot(&r.vm, &r.name, r.labels.into_iter().collect())
-                .await
+            let slot = store::load_all(&d.opts.state_dir)
+                .0
+                .into_iter()
+                .find(|v| v.id == r.vm)
+                .and_then(|v| v.slot);
+            let done = d
+                .snapshot(&r.vm, &r.name, r.labels.into_iter().collect())
+                .await?;
+            // The snapshot consumed the slot's VM.
+            if let Some(slot) = slot {
+                d.fill(slot);
+            }
+            Ok(done)
         })
         .await?;
         Ok(Response::new(proto::SnapshotResponse {
@@ -1229,6 +1329,7 @@ mod tests {
             }),
             base_disk: "/b".into(),
             created: 0,
+            warm: false,
         };
         store::save(&state, &rec).unwrap();
         let daemon = Daemon::new(DaemonOptions {

@@ -9,6 +9,7 @@
 //! - [`error`]: the daemon's errors and their gRPC codes.
 //! - [`snapshot`]: snapshot metadata, compatibility and retention.
 //! - [`store`]: VM records on disk.
+//! - [`warm`]: warm slots, a VM started ahead of the job in every free slot.
 //! - [`spec`]: the declarative VM description every backend renders.
 //! - [`image`]: guest images (`slipway image build`) and their manifests.
 //! - [`hypervisor`]: the [`Hypervisor`] trait and its QEMU, Firecracker and Cloud Hypervisor
@@ -30,6 +31,7 @@ pub mod proto;
 pub mod snapshot;
 pub mod spec;
 pub mod store;
+pub mod warm;
 
 pub use hypervisor::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess};
 pub use spec::{Accel, AgentChannel, Capabilities, Disk, DiskFormat, GuestMemory, Level, VmSpec};

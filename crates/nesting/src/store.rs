@@ -35,6 +35,9 @@ pub struct VmRecord {
     pub base_disk: PathBuf,
     /// Unix seconds.
     pub created: i64,
+    /// Started ahead of a job (a warm slot's VM) and not yet handed to one.
+    #[serde(default)]
+    pub warm: bool,
 }
 
 impl VmRecord {
@@ -61,6 +64,7 @@ impl VmRecord {
             snapshot: self.snapshot.clone(),
             level: self.spec.level.as_str().into(),
             memory: self.spec.memory.as_str().into(),
+            warm: self.warm,
         }
     }
 }

@@ -498,3 +498,75 @@ async fn snapshots_map_their_memory_file_and_outlive_a_daemon_restart() {
     drop(agent);
     fx.shutdown(&mut client).await;
 }
+
+/// The VMs the daemon lists, by slot, once `want` slots hold one (up to 4 minutes).
+async fn wait_for_slots(client: &mut NestingClient, want: &[i32]) -> Vec<VirtualMachine> {
+    for _ in 0..2400 {
+        let vms = client.list().await.unwrap();
+        if want.iter().all(|s| vms.iter().any(|v| v.slot == Some(*s))) {
+            return vms;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "slots {want:?} never got their warm VMs: {:?}",
+        client.list().await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_slots_hand_over_a_ready_vm_and_start_the_next_one_after_the_job() {
+    let (fx, mut client) = Fixture::start(&format!(
+        r#"{{"accel":"tcg","warm":{{"slots":2,"images":["{MICROVM_IMAGE}"]}}}}"#
+    ))
+    .await;
+    // Ahead of any job: a VM in each slot, restored from the image's base snapshot.
+    let warm = wait_for_slots(&mut client, &[0, 1]).await;
+    assert_eq!(warm.len(), 2, "{warm:?}");
+    let base = format!("warm-{MICROVM_IMAGE}");
+    assert!(
+        warm.iter().all(|v| v.snapshot == base),
+        "not restored from the base snapshot: {warm:?}"
+    );
+    assert!(fx.state.join("snapshots").join(&base).exists());
+
+    // A job's Create takes the slot's ready VM.
+    let (vm0, stomped) = client.create(MICROVM_IMAGE, Some(0)).await.unwrap();
+    assert!(vm0.warm, "{vm0:?}");
+    assert!(stomped.is_none());
+    assert_eq!(vm0.id, warm.iter().find(|v| v.slot == Some(0)).unwrap().id);
+    let (vm1, _) = client.create(MICROVM_IMAGE, Some(1)).await.unwrap();
+    assert!(vm1.warm);
+
+    // Two warm VMs of one base snapshot are still two machines.
+    let mut seen = Vec::new();
+    for vm in [&vm0, &vm1] {
+        let agent = agent_of(vm).await;
+        let (code, out) = sh(
+            &agent,
+            "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; cat /etc/machine-id; hostname",
+        )
+        .await;
+        assert_eq!(code, 0, "{out}");
+        seen.push(out);
+    }
+    let lines = |o: &str| o.lines().map(str::to_string).collect::<Vec<_>>();
+    for (a, b) in lines(&seen[0]).iter().zip(lines(&seen[1]).iter()) {
+        assert_ne!(
+            a, b,
+            "two warm VMs share a value:\n{}\n{}",
+            seen[0], seen[1]
+        );
+    }
+
+    // The job ends: its VM goes and never runs another job; the slot gets a new one.
+    client.delete(&vm0.id).await.unwrap();
+    let after = wait_for_slots(&mut client, &[0]).await;
+    let next = after.iter().find(|v| v.slot == Some(0)).unwrap();
+    assert_ne!(next.id, vm0.id);
+    let (again, _) = client.create(MICROVM_IMAGE, Some(0)).await.unwrap();
+    assert!(again.warm);
+    assert_eq!(again.id, next.id);
+
+    fx.shutdown(&mut client).await;
+}
