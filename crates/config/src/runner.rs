@@ -20,8 +20,8 @@ use crate::problem::{Report, quoted};
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum FetchSources {
-    /// Where the job's steps run, when they run in an instance's shell that has git;
-    /// elsewhere (containers, VMs, this machine) and without git, on the manager.
+    /// Where the job's steps run (an instance's shell, a container, a VM, this machine's
+    /// shell), when git 2.31+ is there and reaches GitLab; else on the manager.
     #[default]
     Instance,
     /// Always on the manager, streamed to the job.
@@ -83,9 +83,9 @@ pub struct RunnerConfig {
     pub debug_trace_disabled: bool,
     /// URL jobs clone from instead of `url`.
     pub clone_url: Option<String>,
-    /// Where a job's sources are fetched: `instance` (default: where its steps run, when that
-    /// is an instance's shell with git; else the manager), or `manager` (always, and streamed
-    /// to the job: for instances that cannot reach GitLab).
+    /// Where a job's sources are fetched: `instance` (default: where its steps run — an
+    /// instance's shell, a container, a VM — when git 2.31+ is there and reaches GitLab; else
+    /// the manager), or `manager` (always, streamed to the job).
     pub fetch_sources: FetchSources,
     /// `[runners.referees]`; accepted, not used (a warning says so).
     pub referees: Option<toml::Table>,

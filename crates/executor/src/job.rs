@@ -729,9 +729,11 @@ impl JobRunner {
                         return Ok(None);
                     }
                     let why = match status.code {
-                        Some(NO_GIT) => Some("git is not installed where the job runs"),
+                        Some(NO_GIT) => {
+                            Some("git (2.31 or later) is not installed where the job runs")
+                        }
                         Some(UNREACHABLE) => Some(
-                            "WARNING: the repository's server cannot be reached from where the job runs",
+                            "WARNING: the repository's server cannot be reached, or its certificate is not trusted, from where the job runs",
                         ),
                         _ => None,
                     };
@@ -739,9 +741,16 @@ impl JobRunner {
                         trace.message(&format!(
                             "{why}: the manager fetches the sources and sends them"
                         ));
-                        return match sources.on_manager(trace, cancel).await {
-                            Ok(tar) => Ok(tar),
-                            Err(msg) => Err(failed_quietly(msg, cancel, deadline)),
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let fetched =
+                            tokio::time::timeout(left, sources.on_manager(trace, cancel)).await;
+                        return match fetched {
+                            Ok(Ok(tar)) => Ok(tar),
+                            Ok(Err(msg)) => Err(failed_quietly(msg, cancel, deadline)),
+                            Err(_) => Err(failed(
+                                "getting the sources took longer than the job's timeout".into(),
+                                trace,
+                            )),
                         };
                     }
                     let stderr = String::from_utf8_lossy(&err);

@@ -263,7 +263,7 @@ pub fn cleanup_script(dirs: &JobDirs) -> String {
     let slot = dirs.slot_dir();
     let id = dirs.job_id;
     format!(
-        "rm -rf {} {slot}/.job-{id}-*.pid {slot}/.job-{id}.vars\n",
+        "rm -rf {} {slot}/.job-{id}-*.pid {slot}/.job-{id}.vars {slot}/.job-{id}.tls\n",
         dirs.project_dir()
     )
 }
@@ -278,7 +278,8 @@ pub fn announce_host_script() -> String {
 pub fn file_variables_cleanup_script(dirs: &JobDirs) -> String {
     let slot = dirs.slot_dir();
     let id = dirs.job_id;
-    format!("rm -rf {slot}/.job-{id}.vars {slot}/.job-{id}-*.pid\n")
+    // `.tls`: what a killed `get_sources` stage could not remove itself.
+    format!("rm -rf {slot}/.job-{id}.vars {slot}/.job-{id}-*.pid {slot}/.job-{id}.tls\n")
 }
 
 /// Run `script` in a subshell, then write its exit status to `status_file` when that file's

@@ -654,7 +654,7 @@ async fn an_instance_that_cannot_reach_gitlab_gets_its_sources_from_the_manager(
     assert_eq!(state, "success", "{trace}\n{stderr}");
     assert!(
         trace.contains(
-            "WARNING: the repository's server cannot be reached from where the job runs: the manager fetches the sources and sends them"
+            "WARNING: the repository's server cannot be reached, or its certificate is not trusted, from where the job runs: the manager fetches the sources and sends them"
         ),
         "{trace}"
     );

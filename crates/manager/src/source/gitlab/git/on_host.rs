@@ -28,13 +28,18 @@ use super::options::{
 
 /// What git says when this host cannot connect to the server at all (a network that reaches
 /// the manager but not GitLab), as opposed to a refused token or a missing commit.
-const UNREACHABLE_WORDS: [&str; 6] = [
+/// A server whose certificate the job's environment does not trust (the manager may trust an
+/// internal CA through its system store) counts too: the manager then fetches.
+const UNREACHABLE_WORDS: [&str; 9] = [
     "Failed to connect",
     "Could not resolve host",
     "Couldn't connect",
     "Connection refused",
     "No route to host",
     "Network is unreachable",
+    "SSL certificate problem",
+    "certificate verification failed",
+    "server certificate verification failed",
 ];
 
 /// `__run WHAT CMD...`: run CMD with its stderr in the trace; on failure print
@@ -217,21 +222,29 @@ impl HostSources for HostFetch {
         let g = &self.job.git_info;
         let dir = dirs.project_dir();
         let mut s = String::new();
-        // POSIX sh (a job image may have no bash). Nothing touched before this line: without
-        // git the manager fetches instead.
+        // POSIX sh (a job image may have no bash). Nothing touched before these lines: without
+        // git 2.31 (GIT_CONFIG_COUNT carries the token) the manager fetches instead.
         let _ = writeln!(s, "command -v git >/dev/null 2>&1 || exit {NO_GIT}");
+        let _ = writeln!(
+            s,
+            "set -- $(git version 2>/dev/null | sed -n 's/^git version \\([0-9]*\\)\\.\\([0-9]*\\).*/\\1 \\2/p')\n\
+             if [ -z \"$1\" ] || [ \"$1\" -lt 2 ] || {{ [ \"$1\" -eq 2 ] && [ \"$2\" -lt 31 ]; }}; then exit {NO_GIT}; fi"
+        );
         let _ = writeln!(s, "set -e");
         let _ = writeln!(s, "__tls={}", Self::tls_dir(dirs));
         let _ = writeln!(s, "trap 'rm -rf \"$__tls\"' EXIT");
+        let _ = writeln!(s, "trap 'exit 130' INT TERM HUP");
         // The settings that carry secrets come on stdin.
         let _ = writeln!(
             s,
             "__settings=$(cat); eval \"$__settings\"; unset __settings"
         );
         // Only real transports: `ext::` and friends would run commands.
+        // A kept working copy is the last job's: its hooks, fsmonitor and replace refs must
+        // not run or apply with this job's token in the environment.
         let _ = writeln!(
             s,
-            "export GIT_TERMINAL_PROMPT=0 GIT_ALLOW_PROTOCOL={ALLOW_PROTOCOL} GIT_LFS_SKIP_SMUDGE=1"
+            "export GIT_TERMINAL_PROMPT=0 GIT_ALLOW_PROTOCOL={ALLOW_PROTOCOL} GIT_LFS_SKIP_SMUDGE=1 GIT_NO_REPLACE_OBJECTS=1"
         );
         let _ = writeln!(s, "{}", run_function());
         // What `git lfs install` would write to a global config, for these commands only;
@@ -243,9 +256,11 @@ impl HostSources for HostFetch {
         let _ = writeln!(
             s,
             "__git() {{ if [ $__lfs = 1 ]; then git -c gc.autoDetach=false -c maintenance.autoDetach=false \
+             -c core.hooksPath=/dev/null -c core.fsmonitor=false \
              -c 'filter.lfs.process=git-lfs filter-process' -c 'filter.lfs.smudge=git-lfs smudge -- %f' \
              -c 'filter.lfs.clean=git-lfs clean -- %f' -c filter.lfs.required=true \"$@\"; \
-             else git -c gc.autoDetach=false -c maintenance.autoDetach=false \"$@\"; fi; }}"
+             else git -c gc.autoDetach=false -c maintenance.autoDetach=false \
+             -c core.hooksPath=/dev/null -c core.fsmonitor=false \"$@\"; fi; }}"
         );
         if !self.reuse {
             let _ = writeln!(s, "rm -rf {dir}");
@@ -266,14 +281,20 @@ impl HostSources for HostFetch {
              else\n  \
              __run 'git init' __git init -q {}; __fresh=1; echo 'Created fresh repository.' >&2\n\
              fi",
-            quote(&format!("--object-format={object_format}"))
+            // sha1 is every git's default; the flag alone needs git 2.29.
+            if object_format == "sha1" {
+                String::new()
+            } else {
+                quote(&format!("--object-format={object_format}"))
+            }
         );
         // The remote's URL never holds the token (the job may read its .git/config).
-        let _ = writeln!(s, "__git remote remove origin >/dev/null 2>&1 || :");
+        // Set, not removed and added: the kept copy keeps its remote-tracking refs.
         let _ = writeln!(
             s,
-            "__run 'git remote add' __git remote add origin {}",
-            quote(&self.remote.url)
+            "if __git remote get-url origin >/dev/null 2>&1; then __run 'git remote set-url' __git remote set-url origin {url}\n\
+             else __run 'git remote add' __git remote add origin {url}; fi",
+            url = quote(&self.remote.url)
         );
         let _ = writeln!(
             s,
@@ -616,6 +637,28 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(NO_GIT as i32));
+        assert!(!tmp.path().join("builds/slot-2").exists());
+
+        // A git older than 2.31 (no GIT_CONFIG_COUNT: the token would be ignored) is no git.
+        let bin = tmp.path().join("oldgit");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("git"), "#!/bin/sh\necho 'git version 2.25.1'\n").unwrap();
+        std::fs::set_permissions(
+            bin.join("git"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let script = format!(
+            "PATH={}:/usr/bin:/bin\n{}",
+            bin.display(),
+            plan.script(&dirs)
+        );
+        let out = Command::new("/usr/bin/dash")
+            .arg("-c")
+            .arg(script)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(NO_GIT as i32), "{out:?}");
         assert!(!tmp.path().join("builds/slot-2").exists());
     }
 
