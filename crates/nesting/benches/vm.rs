@@ -22,6 +22,20 @@
 //!   running at once, summed — pages they share count once in the sum.
 //! - `accel`: `kvm` or `tcg` (this machine's KVM does not run guests: expect `tcg`).
 //!
+//! Warm slots (issue 27), measured after the above on the same daemon, re-initialised:
+//! - `microvm_warm_start_ms_*`: a `Create` in a slot whose warm VM is ready, until the guest
+//!   ran its first command (`true` through the agent); `_create_ms_*` without that command.
+//! - `microvm_cold_start_ms_*`: the same with the pool empty (no warm VM kept: budget 1 MiB)
+//!   where the image's base snapshot exists: the daemon restores it. `microvm_boot_start_ms_*`:
+//!   warm slots off, a cold boot.
+//! - `warm1_pss_bytes`, `warm4_rss_bytes`: the PSS of one idle warm VM alone, and of four idle
+//!   warm VMs of one image (one base snapshot) summed.
+//! - `throughput_jobs_per_min_{warm,cold}`: 16 jobs (`true`) through 4 slots, 4 after one
+//!   another per slot, with warm slots and with cold boots.
+//! - `docker_cli_run_ms_p50`: `docker run --rm slipway-busybox true` in the same run, a
+//!   reference only (the CLI's own start included); `isolation.json`'s `docker_start_ms_p50`
+//!   is the executor's figure from its own run.
+//!
 //! Goals (issue 16): restore p50 at most 1/20 of cold boot p50; four branches' PSS at most 1.5 ×
 //! one restored guest's; four branches' disk under 1.2 × one full copy (issue 6).
 //!
@@ -217,7 +231,17 @@ async fn run(repo: &Path, work: &Path, steps: &Steps) -> anyhow::Result<serde_js
     // `auto`: KVM only where a guest really runs under it.
     c.init(format!(r#"{{"accel":"auto","memory":"{}"}}"#, memory_choice()).as_bytes())
         .await?;
-    let result = measure(&mut c, &state, work, steps).await;
+    let mut result = measure(&mut c, &state, work, steps).await;
+    if let Ok(r) = &mut result {
+        match measure_warm(&mut c, &state).await {
+            Ok(warm) => {
+                if let (Some(r), serde_json::Value::Object(w)) = (r.as_object_mut(), warm) {
+                    r.extend(w);
+                }
+            }
+            Err(e) => result = Err(e.context("measuring warm slots")),
+        }
+    }
     let _ = c.shutdown().await;
     stop.cancel();
     let _ = server.await;
@@ -378,6 +402,180 @@ async fn measure(
 }
 
 /// `SLIPWAY_BENCH_MEMORY=anonymous` measures the streamed path for comparison (printed only).
+/// Re-initialise the daemon with `warm` (JSON of the warm table, or none).
+async fn reinit(c: &mut NestingClient, warm: Option<&str>) -> anyhow::Result<()> {
+    c.shutdown().await?;
+    let warm = warm.map(|w| format!(r#","warm":{w}"#)).unwrap_or_default();
+    c.init(format!(r#"{{"accel":"auto","memory":"{}"{warm}}}"#, memory_choice()).as_bytes())
+        .await?;
+    Ok(())
+}
+
+/// The warm VMs listed once `n` of them are ready (up to 5 minutes).
+async fn warm_ready(c: &mut NestingClient, n: usize) -> anyhow::Result<Vec<VirtualMachine>> {
+    for _ in 0..3000 {
+        let warm: Vec<_> = c.list().await?.into_iter().filter(|v| v.warm).collect();
+        if warm.len() >= n {
+            return Ok(warm);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("{n} warm VMs never became ready")
+}
+
+/// A job's start in `slot`: `Create`, then the guest's first command; both in ms, and
+/// whether the VM was warm.
+async fn job_start(c: &mut NestingClient, slot: i32) -> anyhow::Result<(f64, f64, bool)> {
+    let t = Instant::now();
+    let (vm, _) = c.create("bench", Some(slot)).await?;
+    let created = t.elapsed().as_secs_f64() * 1000.0;
+    sh(&vm, "true").await?;
+    let first = t.elapsed().as_secs_f64() * 1000.0;
+    c.delete(&vm.id).await?;
+    Ok((created, first, vm.warm))
+}
+
+/// 16 jobs through 4 slots (4 after one another in each), in jobs per minute.
+async fn throughput(socket_of: &NestingClient) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let mut workers = Vec::new();
+    for slot in 0..4 {
+        let mut c = socket_of.clone();
+        workers.push(tokio::spawn(async move {
+            for _ in 0..4 {
+                job_start(&mut c, slot).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    Ok(16.0 / t.elapsed().as_secs_f64() * 60.0)
+}
+
+async fn measure_warm(c: &mut NestingClient, state: &Path) -> anyhow::Result<serde_json::Value> {
+    // One idle warm VM alone, then four of one base snapshot.
+    reinit(c, Some(r#"{"slots":1,"images":["bench"]}"#)).await?;
+    let one = warm_ready(c, 1).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (warm1, _, _) = pss(vm_pid(state, &one[0])?)?;
+    reinit(c, Some(r#"{"slots":4,"images":["bench"]}"#)).await?;
+    let four = warm_ready(c, 4).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut warm4 = 0;
+    for vm in &four {
+        warm4 += pss(vm_pid(state, vm)?)?.0;
+    }
+
+    // Warm starts: each Create finds slot 0's next VM ready.
+    let (mut warm_create, mut warm_first) = (Vec::new(), Vec::new());
+    for _ in 0..SAMPLES {
+        warm_ready(c, 4).await?;
+        let (created, first, warm) = job_start(c, 0).await?;
+        if !warm {
+            bail!("a Create in a ready warm slot was not handed its warm VM");
+        }
+        warm_create.push(created);
+        warm_first.push(first);
+    }
+    let jobs_warm = {
+        warm_ready(c, 4).await?;
+        throughput(c).await?
+    };
+
+    // The pool empty (no memory for warm VMs), the base snapshot there: restored.
+    reinit(
+        c,
+        Some(r#"{"slots":4,"images":["bench"],"memory_budget_mib":1}"#),
+    )
+    .await?;
+    let mut cold_first = Vec::new();
+    for _ in 0..SAMPLES {
+        let (_, first, warm) = job_start(c, 0).await?;
+        if warm {
+            bail!("a warm VM with no memory budget for it");
+        }
+        cold_first.push(first);
+    }
+    // Warm slots off: cold boots.
+    reinit(c, None).await?;
+    let mut boot_first = Vec::new();
+    for _ in 0..SAMPLES {
+        boot_first.push(job_start(c, 0).await?.1);
+    }
+    let jobs_cold = throughput(c).await?;
+    let docker = docker_runs().await;
+
+    for v in [
+        &mut warm_create,
+        &mut warm_first,
+        &mut cold_first,
+        &mut boot_first,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!(
+        "warm slots: start p50 {:.1} ms (Create {:.1} ms), pool empty {:.1} ms, cold boot {:.1} ms; \
+         4 idle warm VMs {:.1} MiB PSS vs one {:.1} MiB ({:.3} x); {jobs_warm:.1} jobs/min warm, \
+         {jobs_cold:.1} cold",
+        p(&warm_first, 0.5),
+        p(&warm_create, 0.5),
+        p(&cold_first, 0.5),
+        p(&boot_first, 0.5),
+        mib(warm4),
+        mib(warm1),
+        warm4 as f64 / warm1 as f64,
+    );
+    let mut out = serde_json::json!({
+        "microvm_warm_start_ms_p50": round(p(&warm_first, 0.5)),
+        "microvm_warm_start_ms_p95": round(p(&warm_first, 0.95)),
+        "microvm_warm_create_ms_p50": round(p(&warm_create, 0.5)),
+        "microvm_cold_start_ms_p50": round(p(&cold_first, 0.5)),
+        "microvm_cold_start_ms_p95": round(p(&cold_first, 0.95)),
+        "microvm_boot_start_ms_p50": round(p(&boot_first, 0.5)),
+        "microvm_boot_start_ms_p95": round(p(&boot_first, 0.95)),
+        "warm1_pss_bytes": warm1,
+        "warm4_rss_bytes": warm4,
+        "warm4_over_one": round(warm4 as f64 / warm1 as f64),
+        "warm4_goal_met": warm4 as f64 <= 1.5 * warm1 as f64,
+        "throughput_jobs_per_min_warm": round(jobs_warm),
+        "throughput_jobs_per_min_cold": round(jobs_cold),
+        "warm_goal": "warm4_rss_bytes <= 1.5 x warm1_pss_bytes; microvm_cold_start_ms_p50 <= restore_ms_p50 + 100; microvm_warm_start_ms_p50 <= 1.2 x docker_start_ms_p50 (isolation.json) + 10",
+    });
+    if let (Some(o), Some(d)) = (out.as_object_mut(), docker) {
+        o.insert("docker_cli_run_ms_p50".into(), round(d).into());
+        o.insert(
+            "microvm_warm_over_docker_cli_run".into(),
+            round(p(&warm_first, 0.5) / d).into(),
+        );
+    }
+    Ok(out)
+}
+
+/// `docker run --rm slipway-busybox true`, p50 of 10 in ms; `None` without a Docker Engine.
+async fn docker_runs() -> Option<f64> {
+    slipway_testkit::ensure_docker_engine().ok()?;
+    let mut runs = Vec::new();
+    for _ in 0..SAMPLES {
+        let t = Instant::now();
+        let ok = tokio::process::Command::new("docker")
+            .args(["run", "--rm", slipway_testkit::BUSYBOX_IMAGE, "true"])
+            .output()
+            .await
+            .ok()?
+            .status
+            .success();
+        if !ok {
+            return None;
+        }
+        runs.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    runs.sort_by(f64::total_cmp);
+    Some(p(&runs, 0.5))
+}
+
 fn memory_choice() -> String {
     std::env::var("SLIPWAY_BENCH_MEMORY").unwrap_or_else(|_| "auto".into())
 }

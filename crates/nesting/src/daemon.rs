@@ -180,6 +180,31 @@ impl Daemon {
         Ok(active.config.memory_mib.unwrap_or(manifest.memory_mib))
     }
 
+    /// Give `rec` (a VM started without a slot) slot `slot` as its warm VM, unless the slot
+    /// holds a VM or one is being started in it (then the VM goes); whether it did.
+    pub(crate) async fn adopt_warm(
+        &self,
+        mut rec: VmRecord,
+        slot: i32,
+    ) -> Result<bool, DaemonError> {
+        {
+            let _g = self.records.lock().await;
+            let taken = self.busy().slots.contains(&slot)
+                || store::load_all(&self.opts.state_dir)
+                    .0
+                    .iter()
+                    .any(|r| r.slot == Some(slot));
+            if !taken {
+                rec.slot = Some(slot);
+                rec.warm = true;
+                store::save(&self.opts.state_dir, &rec)?;
+                return Ok(true);
+            }
+        }
+        self.remove(&rec).await?;
+        Ok(false)
+    }
+
     /// [`Daemon::hold_vm`] for a warm VM handed to a job.
     pub(crate) fn hold_vm_for_handover(&self, id: &str) -> Option<Held<'_>> {
         self.hold_vm(id)
@@ -871,7 +896,11 @@ impl Daemon {
 
     async fn enforce_retention(&self, active: &Active, keep: Option<&str>) -> Vec<String> {
         let _g = self.records.lock().await;
-        let all = snapshot::list(&self.opts.state_dir);
+        // Warm slots' base snapshots are the daemon's, not the jobs': not counted, never expired.
+        let all: Vec<_> = snapshot::list(&self.opts.state_dir)
+            .into_iter()
+            .filter(|s| !crate::warm::is_base(&s.name))
+            .collect();
         let used = self.used_snapshots(&all);
         let gone = snapshot::expired(&all, active.config.snapshots, now(), &|n| {
             Some(n) == keep || used.contains(n)
@@ -1214,6 +1243,13 @@ impl nesting_server::Nesting for Service {
 
     async fn snapshot(&self, r: Request<proto::SnapshotRequest>) -> Reply<proto::SnapshotResponse> {
         let r = r.into_inner();
+        if crate::warm::is_base(&r.name) {
+            return Err(Status::invalid_argument(format!(
+                "snapshot name {:?}: names starting with {:?} are the daemon's (warm slots' base snapshots)",
+                r.name,
+                crate::warm::BASE_PREFIX
+            )));
+        }
         let d = self.0.clone();
         let (meta, expired) = detached(async move {
             let slot = store::load_all(&d.opts.state_dir)

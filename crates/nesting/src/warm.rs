@@ -41,6 +41,9 @@ pub struct WarmPool {
     state: std::sync::Mutex<State>,
     /// One base snapshot made at a time.
     base: tokio::sync::Mutex<()>,
+    /// One fill at a time: each sees the warm VMs the earlier ones made (the memory budget),
+    /// and two cores are not flooded with boots.
+    fills: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -57,11 +60,27 @@ struct State {
     stop: CancellationToken,
 }
 
-/// The base snapshot of `image`.
+/// The label marking a base snapshot, with its image as value.
+const BASE_LABEL: &str = "slipway.warm-base";
+
+/// The base snapshot of `image` (a snapshot name has at most 64 characters: a long image name
+/// is shortened with a hash of the whole, so two never share one).
 pub fn base_name(image: &str) -> String {
-    let mut name = format!("{BASE_PREFIX}{image}");
-    name.truncate(64);
-    name
+    let name = format!("{BASE_PREFIX}{image}");
+    if name.len() <= 64 {
+        return name;
+    }
+    // FNV-1a: stable across builds, unlike the std hasher.
+    let hash = image.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let keep: String = image.chars().take(40).collect();
+    format!("{BASE_PREFIX}{keep}-{hash:016x}")
+}
+
+/// Whether snapshot `name` is a warm slots' base snapshot (a name jobs cannot take).
+pub fn is_base(name: &str) -> bool {
+    name.starts_with(BASE_PREFIX)
 }
 
 impl WarmPool {
@@ -80,6 +99,9 @@ impl WarmPool {
         };
         s.config = config;
         s.stop = CancellationToken::new();
+        // Fills of an earlier configuration see their stop token fired and remove what they
+        // start: they no longer hold their slots.
+        s.filling.clear();
     }
 
     /// Forget the configuration and stop every fill (`Shutdown`).
@@ -194,7 +216,7 @@ impl Daemon {
         stop: &CancellationToken,
         budget_mib: u64,
     ) -> Result<(), DaemonError> {
-        let image = image.to_string();
+        let _one = self.warm().fills.lock().await;
         if stop.is_cancelled() {
             return Ok(());
         }
@@ -207,28 +229,30 @@ impl Daemon {
             .filter(|r| r.warm)
             .map(|r| u64::from(r.spec.memory_mib))
             .sum();
-        let needs = u64::from(self.image_memory_mib(&image).await?);
+        let needs = u64::from(self.image_memory_mib(image).await?);
         if warm_mib + needs > budget_mib {
             tracing::info!(slot, %image, warm_mib, budget_mib,
                 "not keeping the slot warm: the warm VMs' memory budget is spent");
             return Ok(());
         }
-        let rec = match self.start_from_base(&image, Some(slot)).await {
+        // Started without a slot, then given it only if the slot is still free: a fill never
+        // stomps a job's VM nor holds a slot a job's `Create` wants.
+        let rec = match self.start_from_base(image, None).await {
             Ok(Some((rec, _))) => rec,
-            Ok(None) => self.create_cold(&image, Some(slot)).await?.0,
+            Ok(None) => self.create_cold(image, None).await?.0,
             Err(e) => {
                 tracing::warn!(slot, %image, "restoring the base snapshot failed, booting instead: {e}");
-                self.create_cold(&image, Some(slot)).await?.0
+                self.create_cold(image, None).await?.0
             }
         };
-        let mut rec = rec;
-        rec.warm = true;
-        store::save(&self.state_dir(), &rec)?;
+        let id = rec.id.clone();
         if stop.is_cancelled() {
             // Shut down while it started: it goes too.
-            let _ = self.delete(&rec.id).await;
+            let _ = self.delete(&id).await;
+        } else if self.adopt_warm(rec, slot).await? {
+            tracing::info!(vm = %id, slot, %image, "warm VM ready");
         } else {
-            tracing::info!(vm = %rec.id, slot, %image, "warm VM ready");
+            tracing::debug!(vm = %id, slot, "the slot was taken while its warm VM started");
         }
         Ok(())
     }
@@ -244,11 +268,19 @@ impl Daemon {
         if crate::error::check_name("snapshot name", &name).is_err() {
             return Ok(None);
         }
+        if let Ok(meta) = crate::snapshot::load(&self.state_dir(), &name)
+            && (meta.image != image
+                || meta.labels.get(BASE_LABEL).map(String::as_str) != Some(image))
+        {
+            // Not this image's base (made by hand, or by another image): left alone.
+            tracing::warn!(snapshot = %name, %image, "not a base snapshot of the image: booting instead");
+            return Ok(None);
+        }
         if crate::snapshot::load(&self.state_dir(), &name).is_err() {
             let _one = self.warm().base.lock().await;
             if crate::snapshot::load(&self.state_dir(), &name).is_err() {
                 let (vm, _) = self.create_cold(image, None).await?;
-                let labels = [("slipway.warm-base".to_string(), image.to_string())].into();
+                let labels = [(BASE_LABEL.to_string(), image.to_string())].into();
                 if let Err(e) = self.snapshot(&vm.id, &name, labels).await {
                     let _ = self.delete(&vm.id).await;
                     return Err(e);
