@@ -325,16 +325,10 @@ impl JobRunner {
                         trace.message(&format!(
                             "ERROR: preparing the build directory failed: {msg}"
                         ));
-                        let reason = if cancel.is_cancelled() {
-                            FailureReason::JobCanceled
-                        } else if Instant::now() >= deadline {
-                            FailureReason::JobExecutionTimeout
-                        } else {
-                            FailureReason::RunnerSystemFailure
-                        };
+                        let outcome = failed_quietly(msg, &cancel, deadline);
                         self.cleanup(host, &dirs, keep_project, trace).await;
                         return RunResult {
-                            outcome: JobOutcome::failed(reason, None, msg),
+                            outcome,
                             artifacts: Vec::new(),
                         };
                     }

@@ -180,7 +180,11 @@ async fn build_agent(repo: &Path) -> anyhow::Result<PathBuf> {
     if !st.success() {
         bail!("building slipway-guest-agent failed");
     }
-    Ok(repo.join("target/release/slipway-guest-agent"))
+    // Where cargo put it: `CARGO_TARGET_DIR` when set (a bench target apart from the tests').
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"));
+    Ok(target.join("release/slipway-guest-agent"))
 }
 
 async fn flattened_bytes(layer: &Path, out: &Path) -> anyhow::Result<u64> {

@@ -25,6 +25,10 @@ pub const BASE_PREFIX: &str = "warm-";
 
 /// How often a `Create` looks again while the slot's warm VM is still being started.
 const WAIT_STEP: Duration = Duration::from_millis(50);
+/// How long a `Create` waits for its slot's warm VM at most: a restore takes a fraction of a
+/// second, a first base snapshot seconds; a fill stuck behind others (or on a VM that died
+/// under it) must not hold a job, which then starts its own VM.
+const FILL_WAIT: Duration = Duration::from_secs(10);
 
 /// Hits and misses of one image's warm slots.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -310,7 +314,7 @@ impl Daemon {
         limit: Duration,
     ) -> Result<Option<VmRecord>, DaemonError> {
         self.warm().asked(slot, image);
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = tokio::time::Instant::now() + limit.min(FILL_WAIT);
         while self.warm().filling(slot) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(WAIT_STEP).await;
         }

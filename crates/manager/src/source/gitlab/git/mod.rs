@@ -44,6 +44,51 @@ pub struct Sources {
     pub tracked: BTreeSet<String>,
 }
 
+/// How a job's `GIT_*` variables ask for its sources.
+struct Fetch {
+    /// `GIT_STRATEGY: fetch`: a working copy kept between jobs.
+    reuse: bool,
+    depth: u32,
+    submodules: options::Submodules,
+    attempts: u32,
+}
+
+/// The job's fetch, its variables checked; `None` when it has no repository or `GIT_STRATEGY`
+/// is `none`. `Err` carries a message for the job's failure (already in the trace).
+fn fetch_of(job: &JobResponse, trace: &mut Trace) -> Result<Option<Fetch>, String> {
+    if job.git_info.repo_url.trim().is_empty() {
+        return Ok(None);
+    }
+    let strategy = match job.git_strategy() {
+        Ok(s) => s,
+        Err(msg) => return failed(trace, msg),
+    };
+    if strategy == Strategy::None {
+        trace.message("Skipping Git repository setup");
+        return Ok(None);
+    }
+    let depth = match depth_of(job) {
+        Ok(d) => d,
+        Err(msg) => return failed(trace, msg),
+    };
+    let submodules = match submodules_of(job, depth) {
+        Ok(s) => s,
+        Err(msg) => return failed(trace, msg),
+    };
+    Ok(Some(Fetch {
+        reuse: strategy == Strategy::Fetch,
+        depth,
+        submodules,
+        attempts: attempts_of(job, "GET_SOURCES_ATTEMPTS"),
+    }))
+}
+
+/// `msg` as the job's error line, and as the error.
+fn failed<T>(trace: &mut Trace, msg: String) -> Result<T, String> {
+    trace.message(&format!("ERROR: {msg}"));
+    Err(msg)
+}
+
 /// Working copies kept for `fetch`, one lock each so two jobs never share one at once.
 #[derive(Debug)]
 pub struct GitSources {
@@ -86,47 +131,27 @@ impl GitSources {
         trace: &mut Trace,
         cancel: &CancellationToken,
     ) -> Result<Option<Sources>, String> {
-        if job.git_info.repo_url.trim().is_empty() {
+        let Some(f) = fetch_of(job, trace)? else {
             return Ok(None);
-        }
-        let fail = |trace: &mut Trace, msg: String| {
-            trace.message(&format!("ERROR: {msg}"));
-            Err(msg)
         };
-        let strategy = match job.git_strategy() {
-            Ok(s) => s,
-            Err(msg) => return fail(trace, msg),
-        };
-        if strategy == Strategy::None {
-            trace.message("Skipping Git repository setup");
-            return Ok(None);
-        }
-        let depth = match depth_of(job) {
-            Ok(d) => d,
-            Err(msg) => return fail(trace, msg),
-        };
-        let submodules = match submodules_of(job, depth) {
-            Ok(s) => s,
-            Err(msg) => return fail(trace, msg),
-        };
-        let attempts = attempts_of(job, "GET_SOURCES_ATTEMPTS");
         let mut last = String::new();
-        for attempt in 1..=attempts {
+        for attempt in 1..=f.attempts {
             if attempt > 1 {
                 trace.message(&format!(
-                    "Retrying to get the sources (attempt {attempt} of {attempts})"
+                    "Retrying to get the sources (attempt {attempt} of {})",
+                    f.attempts
                 ));
             }
             let result = tokio::select! {
-                r = self.get_once(job, strategy == Strategy::Fetch, depth, &submodules, trace) => r,
-                _ = cancel.cancelled() => return fail(trace, "canceled while getting the sources".into()),
+                r = self.get_once(job, f.reuse, f.depth, &f.submodules, trace) => r,
+                _ = cancel.cancelled() => return failed(trace, "canceled while getting the sources".into()),
             };
             match result {
                 Ok(s) => return Ok(Some(s)),
                 Err(msg) => last = msg,
             }
         }
-        fail(trace, format!("getting the sources failed: {last}"))
+        failed(trace, format!("getting the sources failed: {last}"))
     }
 
     /// The job's sources as a fetch to run where the job runs (the manager's [`Self::get`] is
@@ -138,34 +163,21 @@ impl GitSources {
         job: &JobResponse,
         trace: &mut Trace,
     ) -> Result<Option<HostFetch>, String> {
-        if job.git_info.repo_url.trim().is_empty() {
+        let Some(f) = fetch_of(job, trace)? else {
             return Ok(None);
-        }
-        let fail = |trace: &mut Trace, msg: String| {
-            trace.message(&format!("ERROR: {msg}"));
-            Err(msg)
         };
-        let strategy = match job.git_strategy() {
-            Ok(s) => s,
-            Err(msg) => return fail(trace, msg),
-        };
-        if strategy == Strategy::None {
-            trace.message("Skipping Git repository setup");
-            return Ok(None);
-        }
-        let checked = match (depth_of(job), job) {
-            (Ok(depth), job) => submodules_of(job, depth).map(|s| (depth, s)),
-            (Err(msg), _) => Err(msg),
-        };
-        let (depth, submodules) = match checked {
-            Ok(c) => c,
-            Err(msg) => return fail(trace, msg),
-        };
-        let attempts = attempts_of(job, "GET_SOURCES_ATTEMPTS");
-        let fetch = strategy == Strategy::Fetch;
-        match HostFetch::new(self.clone(), job, fetch, depth, submodules, attempts).await {
-            Ok(f) => Ok(Some(f)),
-            Err(msg) => fail(trace, msg),
+        match HostFetch::new(
+            self.clone(),
+            job,
+            f.reuse,
+            f.depth,
+            f.submodules,
+            f.attempts,
+        )
+        .await
+        {
+            Ok(plan) => Ok(Some(plan)),
+            Err(msg) => failed(trace, msg),
         }
     }
 
