@@ -117,6 +117,8 @@ const CLEANUP_TIMEOUT: Duration = Duration::from_secs(60);
 const CONNECT_TRIES: u32 = 3;
 /// The pause after a failed dial, times the number of tries so far.
 const CONNECT_BACKOFF: Duration = Duration::from_millis(300);
+/// How long one dial of an instance's engine may take (`GET /version` included).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Errors a new connection can heal: the stream, not the engine, failed.
 fn is_transient(e: &slipway_docker::Error) -> bool {
@@ -268,7 +270,17 @@ impl DockerExecutor {
                 "docker system dial-stdio` on instance `{}",
                 client.instance()
             );
-            match Docker::connect(transport).await {
+            // Bounded: a dial whose channel never answers (an instance's network gone quiet)
+            // must not hold the caller, nor the runner's executor cache, for ever.
+            let connected = tokio::time::timeout(CONNECT_TIMEOUT, Docker::connect(transport))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(slipway_docker::Error::Connect(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {CONNECT_TIMEOUT:?}"),
+                    )))
+                });
+            match connected {
                 Ok(docker) => return Ok(Self::new(docker, config)),
                 // A stream that closed at once (the `docker` process on the instance exited, or
                 // sshd dropped the channel under load) is worth another try; an engine that
