@@ -18,6 +18,21 @@ const MAX_UPLOAD_ANSWER: usize = 1024 * 1024;
 
 /// Timeout of one artifacts transfer: archives are far larger than other API payloads.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// The slowest upload rate an upload's time limit allows for (2 Mbit/s), beyond a minute for
+/// GitLab's answer: a small archive whose request hangs is retried after a minute or so, not
+/// after half an hour.
+const SLOWEST_UPLOAD_BYTES_PER_SEC: u64 = 256 * 1024;
+
+/// How long an upload of `len` bytes may take: a minute plus its time at the slowest rate,
+/// at most [`TRANSFER_TIMEOUT`].
+fn upload_timeout(len: Option<u64>) -> Duration {
+    match len {
+        Some(len) => (Duration::from_secs(60)
+            + Duration::from_secs(len / SLOWEST_UPLOAD_BYTES_PER_SEC))
+        .min(TRANSFER_TIMEOUT),
+        None => TRANSFER_TIMEOUT,
+    }
+}
 
 /// Redirects followed by a download (GitLab → object storage needs one).
 const MAX_REDIRECTS: usize = 5;
@@ -130,6 +145,7 @@ impl GitlabClient {
     ) -> Result<(), GitlabError> {
         let path = format!("jobs/{job_id}/artifacts?{}", upload_query(opts));
         let ep = endpoint(&Method::POST, &path);
+        let limit = upload_timeout(payload.len().await);
         retrying(job_id, "upload", || async {
             self.exchange(
                 Method::POST,
@@ -137,7 +153,7 @@ impl GitlabClient {
                 ep.clone(),
                 &[("JOB-TOKEN", job_token.expose())],
                 Some((content_type, payload.clone())),
-                TRANSFER_TIMEOUT,
+                limit,
                 MAX_UPLOAD_ANSWER,
                 None,
             )
@@ -414,6 +430,15 @@ fn redirect_endpoint(url: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_small_upload_that_hangs_is_given_up_after_a_minute_a_large_one_has_time() {
+        assert_eq!(upload_timeout(Some(10_000)), Duration::from_secs(60));
+        // 100 MiB at 2 Mbit/s: 400 s more.
+        assert_eq!(upload_timeout(Some(100 << 20)), Duration::from_secs(460));
+        assert_eq!(upload_timeout(Some(10 << 30)), TRANSFER_TIMEOUT);
+        assert_eq!(upload_timeout(None), TRANSFER_TIMEOUT);
+    }
 
     fn opts(name: Option<&str>, format: &str) -> UploadOptions {
         UploadOptions {

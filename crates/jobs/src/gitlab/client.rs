@@ -90,6 +90,17 @@ pub(super) enum Payload {
 }
 
 impl Payload {
+    /// Its length, when known (a file that cannot be read: `None`).
+    pub(super) async fn len(&self) -> Option<u64> {
+        match self {
+            Payload::Bytes(b) => Some(b.len() as u64),
+            Payload::File { head, path, tail } => tokio::fs::metadata(path)
+                .await
+                .ok()
+                .map(|m| head.len() as u64 + m.len() + tail.len() as u64),
+        }
+    }
+
     /// The body and its length; a file is opened now (an error names it).
     async fn body(self, endpoint: &str) -> Result<(Outbound, u64), GitlabError> {
         match self {

@@ -373,6 +373,25 @@ pub fn run(plan: &Plan) -> Report {
         }
         if last_progress.elapsed() > plan.stall {
             eprintln!("soak: no job finished for {:?}; giving up", plan.stall);
+            // What the stalled jobs and the manager were doing, for whoever reads the failure.
+            if let Some(gl) = &gl {
+                for s in submitted.iter().filter(|s| !s.done) {
+                    let (state, trace) = gl
+                        .job(s.id)
+                        .map(|j| (j.state.clone(), j.trace_text()))
+                        .unwrap_or_default();
+                    let tail: Vec<&str> = trace.lines().rev().take(3).collect();
+                    eprintln!("soak: stalled job {} {state}: {:?}", s.id, tail);
+                }
+            }
+            let log = w
+                .path()
+                .join(format!("manager-{}.err", manager.incarnation));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            for line in tail.into_iter().rev() {
+                eprintln!("soak: manager log: {line}");
+            }
             break;
         }
         let progress = finished as f64 / plan.jobs as f64;
