@@ -205,13 +205,8 @@ impl Daemon {
         Ok(false)
     }
 
-    /// [`Daemon::hold_vm`] for a warm VM handed to a job.
-    pub(crate) fn hold_vm_for_handover(&self, id: &str) -> Option<Held<'_>> {
-        self.hold_vm(id)
-    }
-
     /// Mark VM `id` as being worked on; `None` if it already is.
-    fn hold_vm(&self, id: &str) -> Option<Held<'_>> {
+    pub(crate) fn hold_vm(&self, id: &str) -> Option<Held<'_>> {
         if !self.busy().vms.insert(id.to_string()) {
             return None;
         }
@@ -674,8 +669,8 @@ impl Daemon {
         Ok((rec, stomped))
     }
 
-    /// `Delete`.
-    pub async fn delete(&self, id: &str) -> Result<(), DaemonError> {
+    /// `Delete`; the record of the VM that went.
+    pub async fn delete(&self, id: &str) -> Result<VmRecord, DaemonError> {
         let (recs, _) = store::load_all(&self.opts.state_dir);
         let rec = recs
             .into_iter()
@@ -686,7 +681,8 @@ impl Daemon {
                 "VM {id} is being started or snapshotted"
             )));
         };
-        self.remove(&rec).await
+        self.remove(&rec).await?;
+        Ok(rec)
     }
 
     /// `List`: the VMs whose processes run (the others are cleaned up on the way).
@@ -1216,13 +1212,8 @@ impl nesting_server::Nesting for Service {
         detached(async move {
             // A job's VM gone: its slot gets its next warm VM (a warm VM deleted is not
             // replaced: whoever deleted it wants the slot empty).
-            let freed = store::load_all(&d.opts.state_dir)
-                .0
-                .into_iter()
-                .find(|r| r.id == id && !r.warm)
-                .and_then(|r| r.slot);
-            d.delete(&id).await?;
-            if let Some(slot) = freed {
+            let gone = d.delete(&id).await?;
+            if let (Some(slot), false) = (gone.slot, gone.warm) {
                 d.fill(slot);
             }
             Ok(())

@@ -124,11 +124,6 @@ impl WarmPool {
         }
     }
 
-    /// Whether warm slots are on.
-    pub fn enabled(&self) -> bool {
-        self.state().config.is_some()
-    }
-
     /// The warm slots.
     pub fn slots(&self) -> Vec<i32> {
         let s = self.state();
@@ -331,7 +326,7 @@ impl Daemon {
             self.warm().count(image, false);
             return Ok(None);
         };
-        let Some(_held) = self.hold_vm_for_handover(&rec.id) else {
+        let Some(_held) = self.hold_vm(&rec.id) else {
             self.warm().count(image, false);
             return Ok(None);
         };
