@@ -702,7 +702,7 @@ impl JobRunner {
                 ));
             }
             let limit = TRANSFER_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-            let run = host.capture_stage("get_sources", &body, sources.stdin(dirs));
+            let run = host.capture_stage("get_sources", &body, sources.stdin());
             let ran = tokio::select! {
                 r = tokio::time::timeout(limit, run) => r,
                 () = cancel.cancelled() => {

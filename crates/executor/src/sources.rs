@@ -34,8 +34,9 @@ pub trait HostSources: Send + Sync + Debug {
     /// secret: it may be seen in the host's process list.
     fn script(&self, dirs: &JobDirs) -> String;
 
-    /// What the body reads on its stdin: the settings that carry secrets.
-    fn stdin(&self, dirs: &JobDirs) -> Vec<u8>;
+    /// What the body reads on its stdin: the settings that carry secrets (places on the host
+    /// come from the body's own variables).
+    fn stdin(&self) -> Vec<u8>;
 
     /// How many times a failed fetch is tried (`GET_SOURCES_ATTEMPTS`).
     fn attempts(&self) -> u32;

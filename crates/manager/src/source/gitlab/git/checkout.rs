@@ -241,12 +241,7 @@ impl Checkout<'_> {
             .output()
             .await
             .map_err(|e| format!("git ls-files: {e}"))?;
-        let tracked: BTreeSet<String> = listed
-            .stdout
-            .split(|b| *b == 0)
-            .filter(|p| !p.is_empty())
-            .map(|p| String::from_utf8_lossy(p).into_owned())
-            .collect();
+        let tracked = tracked_of(&listed.stdout);
         // The working copy's own mode (a private temporary directory) must not become the
         // job's project directory's: a job image's non-root user still enters it.
         #[cfg(unix)]
@@ -288,6 +283,15 @@ impl Checkout<'_> {
             tracked,
         })
     }
+}
+
+/// The paths of `git ls-files -z` output.
+pub(super) fn tracked_of(listed: &[u8]) -> BTreeSet<String> {
+    listed
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect()
 }
 
 /// Whether `git lfs` runs here, asked once.

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::GitSources;
 use super::access::Remote;
-use super::checkout::{ALLOW_PROTOCOL, HINTS, SUBMODULE_PROTOCOL};
+use super::checkout::{ALLOW_PROTOCOL, HINTS, SUBMODULE_PROTOCOL, tracked_of};
 use super::options::{
     SubmoduleStrategy, Submodules, clean_flags, fetch_flags, lfs_skipped, refspecs,
 };
@@ -366,8 +366,7 @@ impl HostSources for HostFetch {
         s
     }
 
-    fn stdin(&self, dirs: &JobDirs) -> Vec<u8> {
-        let _ = dirs;
+    fn stdin(&self) -> Vec<u8> {
         let mut s = String::new();
         if !self.tls.is_empty() {
             let _ = writeln!(s, "(umask 077 && mkdir -p \"$__tls\")");
@@ -435,12 +434,7 @@ impl HostSources for HostFetch {
     }
 
     fn set_tracked(&self, listed: &[u8]) {
-        let tracked: BTreeSet<String> = listed
-            .split(|b| *b == 0)
-            .filter(|p| !p.is_empty())
-            .map(|p| String::from_utf8_lossy(p).into_owned())
-            .collect();
-        *self.tracked.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(tracked);
+        *self.tracked.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(tracked_of(listed));
     }
 
     fn tracked(&self) -> Arc<BTreeSet<String>> {
@@ -528,7 +522,7 @@ mod tests {
             .stdin
             .take()
             .unwrap()
-            .write_all(&plan.stdin(dirs))
+            .write_all(&plan.stdin())
             .unwrap();
         let out = child.wait_with_output().unwrap();
         (
@@ -692,7 +686,7 @@ mod tests {
         let script = plan.script(&dirs);
         assert!(!script.contains("glcbt-secret"), "{script}");
         assert!(!script.contains("BEGIN CERTIFICATE"));
-        let stdin = String::from_utf8(plan.stdin(&dirs)).unwrap();
+        let stdin = String::from_utf8(plan.stdin()).unwrap();
         assert!(stdin.contains("Authorization: Basic"), "{stdin}");
         assert!(stdin.contains("BEGIN CERTIFICATE"));
         assert!(
