@@ -16,6 +16,7 @@
 //!   backends.
 //! - [`process`]: hypervisor processes that outlive a daemon restart.
 //! - [`proto`]: the `nesting.v1` wire contract.
+//! - [`service`]: the gRPC face of the daemon.
 
 pub mod accel;
 pub mod agent;
@@ -28,6 +29,7 @@ pub mod hypervisor;
 pub mod image;
 pub mod process;
 pub mod proto;
+pub mod service;
 pub mod snapshot;
 pub mod spec;
 pub mod store;
