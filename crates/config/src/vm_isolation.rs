@@ -31,8 +31,8 @@ pub struct VmIsolationConfig {
     pub builds_dir: String,
     /// `[runners.autoscaler.vm_isolation.connector_config]`: how to reach the nested VM.
     pub connector_config: ConnectorConfigToml,
-    /// Slipway: keep a VM ready in every free slot (default off: warm VMs outlive the
-    /// manager's runs, see docs/nesting.md; the daemon keeps within `warm_memory_mib`).
+    /// Slipway: keep a VM ready in every free slot (unset: where guests run under KVM; the
+    /// daemon keeps within `warm_memory_mib`, see docs/nesting.md).
     pub warm: Option<bool>,
     /// Slipway: images kept warm (default: `microvm_image`, else `image`); a slot then keeps
     /// the image its last job asked for.
@@ -80,11 +80,12 @@ impl VmIsolationConfig {
         serde_json::to_vec(&self.nesting_config).unwrap_or_else(|_| b"{}".to_vec())
     }
 
-    /// [`Self::init_config`] with the warm slots (`slots` of them) added when `warm = true`,
-    /// unless `nesting_config` has its own `warm` table.
+    /// [`Self::init_config`] with the warm slots (`slots` of them) added unless `warm = false`
+    /// (unset: only where the daemon's guests run under KVM), unless `nesting_config` has its
+    /// own `warm` table.
     fn init_config_with_warm(&self, slots: u32) -> Vec<u8> {
         let mut table = self.nesting_config.clone();
-        if self.warm == Some(true) && slots > 0 && !table.contains_key("warm") {
+        if self.warm != Some(false) && slots > 0 && !table.contains_key("warm") {
             let images: Vec<String> = if self.warm_images.is_empty() {
                 [&self.microvm_image, &self.image]
                     .into_iter()
@@ -105,6 +106,9 @@ impl VmIsolationConfig {
                 "memory_budget_mib".into(),
                 toml::Value::Integer(i64::try_from(self.warm_memory_mib).unwrap_or(i64::MAX)),
             );
+            if self.warm.is_none() {
+                warm.insert("only_with_kvm".into(), toml::Value::Boolean(true));
+            }
             table.insert("warm".into(), toml::Value::Table(warm));
         }
         serde_json::to_vec(&table).unwrap_or_else(|_| b"{}".to_vec())
@@ -184,5 +188,30 @@ mod tests {
             r.instance.as_ref().map(|i| i.allowed_images.clone()),
             Some(vec!["*".into()])
         );
+    }
+
+    #[test]
+    fn warm_slots_follow_warm_and_are_left_to_kvm_when_unset() {
+        let warm_of = |warm: Option<bool>| {
+            let v = super::VmIsolationConfig {
+                warm,
+                microvm_image: "ci-microvm".into(),
+                ..Default::default()
+            };
+            let init: serde_json::Value =
+                serde_json::from_slice(&v.to_nesting_config(Vec::new(), 4).init_config).unwrap();
+            init.get("warm").cloned()
+        };
+        assert_eq!(
+            warm_of(Some(true)),
+            Some(serde_json::json!({"slots": 4, "images": ["ci-microvm"], "memory_budget_mib": 0}))
+        );
+        assert_eq!(
+            warm_of(None),
+            Some(serde_json::json!({
+                "slots": 4, "images": ["ci-microvm"], "memory_budget_mib": 0, "only_with_kvm": true
+            }))
+        );
+        assert_eq!(warm_of(Some(false)), None);
     }
 }

@@ -48,7 +48,7 @@ pub use host::{Host, LocalHost, SshHost};
 pub use instance::{InstanceExecutor, RunContext};
 pub use isolation::{Isolation, IsolationPolicy};
 pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
-pub use nesting::{GuestHost, NestingConfig, NestingExecutor};
+pub use nesting::{GuestHost, NestingConfig, NestingExecutor, VmStartSink};
 pub use outcome::{FailureReason, JobOutcome};
 pub use plugin::PluginExecutor;
 pub use sources::HostSources;

@@ -60,6 +60,13 @@ pub struct NestingConfig {
     pub cache_dir: String,
 }
 
+/// Told of each VM a job gets from an image: whether its slot had it ready (warm) or it was
+/// started for the job (cold). The manager counts them for its status page and `/metrics`.
+pub trait VmStartSink: Send + Sync + std::fmt::Debug {
+    /// A job got a VM of `image`; `warm` when it was started ahead of the job.
+    fn vm_started(&self, image: &str, warm: bool);
+}
+
 /// The executor for one job on one instance.
 #[derive(Debug)]
 pub struct NestingExecutor {
@@ -71,6 +78,8 @@ pub struct NestingExecutor {
     pub config: NestingConfig,
     /// microvm or vm.
     pub level: Isolation,
+    /// Where VM starts are counted, if anywhere.
+    pub starts: Option<Arc<dyn VmStartSink>>,
 }
 
 /// A glob where `*` matches any run of characters (GitLab's `allowed_images` patterns).
@@ -306,6 +315,9 @@ impl NestingExecutor {
         }
         if let Some(id) = stomped {
             trace.message(&format!("Stomped nesting VM {id} left in slot {slot}"));
+        }
+        if let (Some(sink), None) = (&self.starts, &restore) {
+            sink.vm_started(&image, vm.warm);
         }
         if vm.warm {
             trace.message(&format!(

@@ -354,6 +354,7 @@ fn runner_status(
         shapes,
         pending,
         recent: r.board.recent(),
+        vm_starts: r.board.vm_starts(),
     }
 }
 

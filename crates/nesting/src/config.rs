@@ -128,6 +128,10 @@ pub struct WarmConfig {
     /// has available at `Init`).
     #[serde(default)]
     pub memory_budget_mib: u64,
+    /// Keep slots warm only where guests run under KVM (the manager's default when config.toml
+    /// leaves `warm` unset): under emulation a fill costs seconds of the jobs' CPU.
+    #[serde(default)]
+    pub only_with_kvm: bool,
 }
 
 impl Config {

@@ -319,7 +319,6 @@ impl Daemon {
             return Err(DaemonError::AlreadyInitialized);
         }
         let config = Config::parse(bytes).map_err(DaemonError::Config)?;
-        self.warm.configure(config.warm.clone(), available_mib());
         let mut hv = backend(config.hypervisor, config.binary.clone());
         let binary = config
             .binary
@@ -364,6 +363,16 @@ impl Daemon {
                 format!("{} maps its memory file", config.hypervisor.as_str()),
             )
         };
+        let warm = match &config.warm {
+            Some(w) if w.only_with_kvm && probe.accel != Accel::Kvm => {
+                tracing::info!(
+                    "warm slots off: guests run under emulation here (set warm = true to keep them anyway)"
+                );
+                None
+            }
+            other => other.clone(),
+        };
+        self.warm.configure(warm, available_mib());
         tracing::info!(
             hypervisor = config.hypervisor.as_str(),
             accel = probe.accel.as_str(),
@@ -1248,5 +1257,30 @@ mod tests {
         daemon.init(br#"{"accel":"tcg"}"#).await.unwrap();
         let e = daemon.init(b"{}").await.unwrap_err();
         assert_eq!(e.to_string(), "already initialized");
+    }
+
+    #[tokio::test]
+    async fn warm_slots_left_to_kvm_stay_off_under_emulation() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = Daemon::new(DaemonOptions {
+            state_dir: dir.path().join("state"),
+            images_dir: dir.path().join("images"),
+        })
+        .await
+        .unwrap();
+        let warm = r#""warm":{"slots":2,"images":["img"]"#;
+        daemon
+            .init(format!(r#"{{"accel":"tcg",{warm},"only_with_kvm":true}}}}"#).as_bytes())
+            .await
+            .unwrap();
+        assert!(daemon.warm.slots().is_empty());
+        daemon.shutdown().await.unwrap();
+        // Asked for whatever the accelerator: kept.
+        daemon
+            .init(format!(r#"{{"accel":"tcg",{warm}}}}}"#).as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(daemon.warm.slots(), vec![0, 1]);
+        daemon.shutdown().await.unwrap();
     }
 }

@@ -270,6 +270,84 @@ full:
     assert_empty_table(&list);
 }
 
+#[test]
+fn a_microvm_job_is_handed_the_vm_its_slot_kept_warm() {
+    let (w, nest, cfg) = vm_world();
+    // Warm slots on under emulation too (unset, they are on only where guests run under KVM).
+    let text = std::fs::read_to_string(&cfg).unwrap().replacen(
+        "\n      vm_image = ",
+        "\n      warm = true\n      vm_image = ",
+        1,
+    );
+    std::fs::write(&cfg, text).unwrap();
+    // The daemon learns of warm slots with the first job's Create (GitLab's create, "not
+    // initialized", init, create): it takes the image's base snapshot and fills the free slots,
+    // the first job's own slot included. While the first job runs, the others are filled; the
+    // second job is handed one of those VMs.
+    let run = exec(
+        &w,
+        &cfg,
+        r#"
+stages: [build, test]
+first:
+  stage: build
+  isolation: microvm
+  script:
+    - sleep 10
+    - echo "first $(cat /etc/machine-id)"
+second:
+  stage: test
+  isolation: microvm
+  script:
+    - echo "second $(cat /etc/machine-id)"
+"#,
+    );
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    let first = run.job_lines("first").join("\n");
+    let second = run.job_lines("second").join("\n");
+    assert!(
+        first.contains("Creating a microvm VM from image test-microvm"),
+        "{first}"
+    );
+    assert!(
+        second.contains("Warm start: VM") && second.contains("is handed over"),
+        "{second}"
+    );
+    // A warm VM is a restore of the base snapshot, renewed: not the first VM's identity.
+    let id = |text: &str, job: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix(&format!("{job} "))
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    };
+    let (a, b) = (id(&first, "first"), id(&second, "second"));
+    assert!(a.len() == 32 && b.len() == 32 && a != b, "{a:?} {b:?}");
+    // The slots are warm again, and the VMs waiting in them are listed as such.
+    let mut listed = String::new();
+    assert!(
+        wait_until(Duration::from_secs(120), || {
+            listed = nest.cli(&w, &["list"]).stdout;
+            listed.lines().skip(1).any(|l| l.contains(" yes "))
+        }),
+        "{listed}"
+    );
+    assert!(
+        listed.lines().next().unwrap_or_default().contains("WARM"),
+        "{listed}"
+    );
+    // The daemon's shutdown removes them.
+    let down = nest.cli(&w, &["shutdown"]);
+    assert_eq!(down.code, Some(0), "{}", down.explain());
+    assert!(
+        wait_until(Duration::from_secs(30), || nest.qemus().is_empty()),
+        "{:?}",
+        nest.qemus()
+    );
+}
+
 /// The same runner with the VM levels behind the executor plugin boundary:
 /// `executor-plugin-nesting`, built from the in-process executor's code.
 fn plugin_config(w: &World, nest: &Nest) -> PathBuf {
@@ -807,6 +885,21 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
         done
     });
     assert!(shown, "{}", seen.unwrap_or_default());
+    // Three VMs started for their jobs, none warm: under emulation warm slots stay off unless
+    // config.toml sets `warm = true`.
+    let starts = &status_json(port)["runners"][0]["vm_starts"];
+    assert_eq!(
+        *starts,
+        serde_json::json!([{"image": "test-microvm", "warm": 0, "cold": 3}]),
+        "{starts}"
+    );
+    let metrics = http_get(port, "/metrics");
+    assert!(
+        metrics.contains(
+            r#"slipway_vm_starts_total{runner="vms",image="test-microvm",start="cold"} 3"#
+        ),
+        "{metrics}"
+    );
     gl.cancel(long, true);
     let canceled = gl
         .wait_for_state(long, "canceled", Duration::from_secs(120))
@@ -846,18 +939,23 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
 
 /// `GET /api/v1/status` of a manager on `port`, as JSON (`null` until it answers).
 fn status_json(port: u16) -> serde_json::Value {
+    serde_json::from_str(&http_get(port, "/api/v1/status")).unwrap_or_default()
+}
+
+/// The body of `GET path` from a manager on `port` (empty until it answers).
+fn http_get(port: u16, path: &str) -> String {
     use std::io::{Read, Write};
     let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return serde_json::Value::Null;
+        return String::new();
     };
     let _ = write!(
         conn,
-        "GET /api/v1/status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     );
     let mut out = String::new();
     let _ = conn.read_to_string(&mut out);
     out.split_once("\r\n\r\n")
-        .and_then(|(_, body)| serde_json::from_str(body).ok())
+        .map(|(_, body)| body.to_string())
         .unwrap_or_default()
 }
 

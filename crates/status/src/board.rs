@@ -57,6 +57,8 @@ struct State {
     recent: VecDeque<RecentJob>,
     /// Waits of jobs that got a slot since the last [`JobBoard::take_waits`].
     waits: Vec<f64>,
+    /// VM starts by image: (warm, cold).
+    vm_starts: std::collections::BTreeMap<String, (u64, u64)>,
 }
 
 /// One runner's jobs.
@@ -100,6 +102,33 @@ impl JobBoard {
             None => {}
         }
         self.metrics.waiting(&self.runner);
+    }
+
+    /// A `microvm` or `vm` job got its VM of `image`: `warm` when its slot had it ready.
+    pub fn vm_started(&self, image: &str, warm: bool) {
+        {
+            let mut st = self.lock();
+            let e = st.vm_starts.entry(image.to_string()).or_default();
+            if warm {
+                e.0 += 1;
+            } else {
+                e.1 += 1;
+            }
+        }
+        self.metrics.vm_started(&self.runner, image, warm);
+    }
+
+    /// VM starts per image so far.
+    pub fn vm_starts(&self) -> Vec<crate::model::VmStarts> {
+        self.lock()
+            .vm_starts
+            .iter()
+            .map(|(image, &(warm, cold))| crate::model::VmStarts {
+                image: image.clone(),
+                warm,
+                cold,
+            })
+            .collect()
     }
 
     /// Job `key` got `slot` on `instance`.
@@ -438,6 +467,37 @@ mod tests {
         }
         assert_eq!(b.recent().len(), 2);
         assert_eq!(b.recent()[0].outcome, "success");
+    }
+
+    #[test]
+    fn vm_starts_are_counted_per_image_on_the_board_and_in_the_metrics() {
+        let m = JobMetrics::default();
+        let b = JobBoard::new("r", m.clone());
+        b.vm_started("ci-microvm", true);
+        b.vm_started("ci-microvm", true);
+        b.vm_started("ci-microvm", false);
+        b.vm_started("ci-vm", false);
+        let starts = b.vm_starts();
+        assert_eq!(starts.len(), 2);
+        assert_eq!(
+            (starts[0].image.as_str(), starts[0].warm, starts[0].cold),
+            ("ci-microvm", 2, 1)
+        );
+        assert_eq!(
+            (starts[1].image.as_str(), starts[1].warm, starts[1].cold),
+            ("ci-vm", 0, 1)
+        );
+        let text = crate::metrics::tests::encoded(&m);
+        assert!(
+            text.contains(
+                r#"slipway_vm_starts_total{runner="r",image="ci-microvm",start="warm"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"slipway_vm_starts_total{runner="r",image="ci-vm",start="cold"} 1"#),
+            "{text}"
+        );
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub struct JobMetrics {
     jobs: Family<Labels, Gauge>,
     /// `slipway_jobs_finished_total{runner, outcome}`.
     finished: Family<Labels, Counter>,
+    /// `slipway_vm_starts_total{runner, image, start}`: `start` is `warm` or `cold`.
+    vm_starts: Family<Labels, Counter>,
 }
 
 impl Default for JobMetrics {
@@ -75,6 +77,7 @@ impl Default for JobMetrics {
             gitlab_duration: Histograms::new_with_constructor(job_duration_histogram),
             jobs: Family::default(),
             finished: Family::default(),
+            vm_starts: Family::default(),
         }
     }
 }
@@ -120,6 +123,23 @@ impl JobMetrics {
             "Jobs ended, by outcome (success, failed, canceled)",
             self.finished.clone(),
         );
+        registry.register(
+            "slipway_vm_starts",
+            "VM starts of microvm and vm jobs, by image and start: warm (the slot's VM was started ahead of the job) or cold",
+            self.vm_starts.clone(),
+        );
+    }
+
+    /// A `microvm` or `vm` job of `runner` got its VM of `image`, `warm` when started ahead.
+    pub fn vm_started(&self, runner: &str, image: &str, warm: bool) {
+        let start = if warm { "warm" } else { "cold" };
+        self.vm_starts
+            .get_or_create(&labels(&[
+                ("runner", runner),
+                ("image", image),
+                ("start", start),
+            ]))
+            .inc();
     }
 
     /// A job of `runner` started waiting for a slot.

@@ -47,6 +47,21 @@ pub struct RunnerStatus {
     pub pending: Vec<PendingJob>,
     /// Jobs that ended, newest first.
     pub recent: Vec<RecentJob>,
+    /// VM starts of `microvm` and `vm` jobs per image: warm (handed a VM started ahead) or
+    /// cold.
+    #[serde(default)]
+    pub vm_starts: Vec<VmStarts>,
+}
+
+/// One image's VM starts since the manager started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmStarts {
+    /// The VM image.
+    pub image: String,
+    /// Jobs handed a VM their slot had ready (warm hits).
+    pub warm: u64,
+    /// Jobs whose VM was started for them (warm misses, or warm slots off).
+    pub cold: u64,
 }
 
 /// Counts over a runner's shapes.

@@ -102,6 +102,16 @@
       " <small>" + esc(r.executor) + '</small></h2><p class="totals">' + t.instances + " instances · " +
       t.ready + " ready · " + t.busy_slots + "/" + (t.busy_slots + t.idle_slots) + " slots busy · " +
       t.running + " running · " + t.pending + " pending</p>";
+    var starts = r.vm_starts || [];
+    if (starts.length) {
+      h += '<p class="vm-starts">VM starts:';
+      starts.forEach(function (v, i) {
+        var all = v.warm + v.cold;
+        h += (i ? " ·" : "") + ' <span class="image">' + esc(v.image) + "</span> " + v.warm +
+          " warm / " + v.cold + " cold (" + (all ? Math.floor(v.warm * 100 / all) : 0) + "% warm)";
+      });
+      h += "</p>";
+    }
     r.shapes.forEach(function (s) { h += shape(s); });
     h += "<h3>Pending jobs</h3>";
     if (!r.pending.length) h += '<p class="empty">None waiting.</p>';

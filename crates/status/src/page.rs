@@ -92,6 +92,22 @@ fn runner(h: &mut String, r: &RunnerStatus) {
         n = esc(&r.name),
         e = esc(&r.executor),
     );
+    if !r.vm_starts.is_empty() {
+        h.push_str("<p class=\"vm-starts\">VM starts:");
+        for (i, v) in r.vm_starts.iter().enumerate() {
+            let all = v.warm + v.cold;
+            let _ = write!(
+                h,
+                "{} <span class=\"image\">{}</span> {} warm / {} cold ({}% warm)",
+                if i == 0 { "" } else { " ·" },
+                esc(&v.image),
+                v.warm,
+                v.cold,
+                (v.warm * 100).checked_div(all).unwrap_or(0),
+            );
+        }
+        h.push_str("</p>");
+    }
     for s in &r.shapes {
         shape(h, s);
     }
@@ -353,6 +369,11 @@ mod tests {
                     level: "vm".into(),
                     wait_s: 75.0,
                 }],
+                vm_starts: vec![crate::model::VmStarts {
+                    image: "ci-<vm>".into(),
+                    warm: 3,
+                    cold: 1,
+                }],
                 ..RunnerStatus::default()
             }],
             ..FleetStatus::default()
@@ -371,6 +392,12 @@ mod tests {
         assert!(
             page.contains(
                 "<tr data-job=\"8\"><td>#8</td><td>&lt;test&gt;</td><td>test</td><td>vm</td><td>1m15s</td></tr>"
+            ),
+            "{page}"
+        );
+        assert!(
+            page.contains(
+                "VM starts: <span class=\"image\">ci-&lt;vm&gt;</span> 3 warm / 1 cold (75% warm)"
             ),
             "{page}"
         );

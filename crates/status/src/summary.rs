@@ -65,6 +65,13 @@ fn render_raw(s: &FleetStatus) -> String {
             t.running,
             t.pending
         );
+        for v in &r.vm_starts {
+            let _ = writeln!(
+                o,
+                "  VM starts of {}: {} warm, {} cold",
+                v.image, v.warm, v.cold
+            );
+        }
         for sh in &r.shapes {
             let _ = writeln!(
                 o,
@@ -225,10 +232,19 @@ mod tests {
                     failure_reason: Some("script_failure".into()),
                     ..RecentJob::default()
                 }],
+                vm_starts: vec![crate::model::VmStarts {
+                    image: "ci-microvm".into(),
+                    warm: 5,
+                    cold: 2,
+                }],
             }],
             ..FleetStatus::default()
         };
         let text = render(&s);
+        assert!(
+            text.contains("VM starts of ci-microvm: 5 warm, 2 cold"),
+            "{text}"
+        );
         assert!(
             text.contains("1 instances · 1 ready · 1/2 slots busy · 1 pending"),
             "{text}"

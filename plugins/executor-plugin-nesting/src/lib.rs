@@ -253,6 +253,8 @@ impl NestingProvider {
             instance: instance.map(|i| i.id.clone()).unwrap_or_default(),
             config: self.config()?,
             level,
+            // Counted by the manager only for its in-process executor (see docs/nesting.md).
+            starts: None,
         })
     }
 

@@ -195,6 +195,7 @@ async fn execute_on_instance(
             instance: acq.instance_id.clone(),
             config: nesting,
             level,
+            starts: Some(Arc::new(BoardStarts(runner.board.clone()))),
         })
     } else if level == Isolation::Docker {
         trace.message("Using isolation docker through the instance's Docker Engine");
@@ -389,4 +390,14 @@ async fn execute_here(
     };
     let inputs = (artifacts_in, sources);
     run_on(runner, exec.as_ref(), acq, job, inputs, trace, stops).await
+}
+
+/// VM starts counted on the runner's job board (its status page and `/metrics`).
+#[derive(Debug)]
+struct BoardStarts(Arc<slipway_status::JobBoard>);
+
+impl slipway_executor::nesting::VmStartSink for BoardStarts {
+    fn vm_started(&self, image: &str, warm: bool) {
+        self.0.vm_started(image, warm);
+    }
 }

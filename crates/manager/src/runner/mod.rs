@@ -354,6 +354,7 @@ impl Runner {
             instance: id.to_string(),
             config,
             level: slipway_executor::Isolation::Microvm,
+            starts: None,
         };
         let mut nesting = exec.nesting().await.map_err(SnapshotsError::Nesting)?;
         Ok(nesting.list_snapshots().await?)

@@ -151,15 +151,15 @@ fn write_stderr(text: &str) {
     let _ = err.flush();
 }
 
-/// Print VMs as a table.
+/// Print VMs as a table (`WARM`: started ahead of a job, waiting in its slot).
 pub fn print_vms(vms: &[proto::VirtualMachine]) {
     println!(
-        "{:<10} {:<18} {:>4}  {:<8} {:<16} {:<16} ADDR",
-        "ID", "NAME", "SLOT", "LEVEL", "IMAGE", "SNAPSHOT"
+        "{:<10} {:<18} {:>4}  {:<8} {:<16} {:<16} {:<4}  ADDR",
+        "ID", "NAME", "SLOT", "LEVEL", "IMAGE", "SNAPSHOT", "WARM"
     );
     for v in vms {
         println!(
-            "{:<10} {:<18} {:>4}  {:<8} {:<16} {:<16} {}",
+            "{:<10} {:<18} {:>4}  {:<8} {:<16} {:<16} {:<4}  {}",
             v.id,
             v.name,
             v.slot.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
@@ -170,6 +170,7 @@ pub fn print_vms(vms: &[proto::VirtualMachine]) {
             } else {
                 &v.snapshot
             },
+            if v.warm { "yes" } else { "-" },
             v.addr
         );
     }
