@@ -59,6 +59,10 @@ pub struct AutoscalerConfig {
     pub failure_threshold: u32,
     /// Run on each new instance through the connector; a failure removes the instance.
     pub instance_ready_command: String,
+    /// Slipway: instances a job may be tried on when each fails before the job's script starts
+    /// (its connection lost, removed, not answering): the job then runs again on another;
+    /// after the last it fails with `runner_system_failure`. Default 3.
+    pub start_attempts: u32,
     /// `[runners.autoscaler.state_storage]`.
     pub state_storage: StateStorageConfig,
     /// `[[runners.autoscaler.shape]]`: instance groups of different sizes (Slipway). Without
@@ -107,6 +111,7 @@ impl Default for AutoscalerConfig {
             reservation_throttling: d.reservation_throttling,
             failure_threshold: d.failure_threshold,
             instance_ready_command: String::new(),
+            start_attempts: 3,
             state_storage: StateStorageConfig::default(),
             shape: Vec::new(),
             vm_isolation: None,
@@ -193,6 +198,12 @@ impl AutoscalerConfig {
         }
         if self.capacity_per_instance == 0 {
             report.error(&["capacity_per_instance"], "must be at least 1");
+        }
+        if self.start_attempts == 0 {
+            report.error(
+                &["start_attempts"],
+                "must be at least 1 (the job's first try)",
+            );
         }
         if self.update_interval.is_zero() {
             report.error(&["update_interval"], "must be greater than 0");

@@ -62,9 +62,9 @@ pub struct RunnerConfig {
     pub cache_dir: Option<String>,
     /// Extra job variables, `KEY=VALUE` each.
     pub environment: Vec<String>,
-    /// Script run before fetching sources (parsed; not run yet: a warning says so).
+    /// Script run where the job runs before its sources are fetched.
     pub pre_get_sources_script: Option<String>,
-    /// Script run after fetching sources (parsed; not run yet: a warning says so).
+    /// Script run where the job runs after its sources are fetched.
     pub post_get_sources_script: Option<String>,
     /// Script run before each job's build script.
     pub pre_build_script: Option<String>,
@@ -369,14 +369,6 @@ impl RunnerConfig {
                     &[],
                     format!("entry {j} is not KEY=VALUE (a variable name, \"=\", then the value)"),
                 );
-            }
-        }
-        for (k, v) in [
-            ("pre_get_sources_script", &self.pre_get_sources_script),
-            ("post_get_sources_script", &self.post_get_sources_script),
-        ] {
-            if v.as_deref().is_some_and(|s| !s.trim().is_empty()) {
-                report.warning(&[k], "not supported yet; the script is not run");
             }
         }
         let mut tls_files_exist = true;

@@ -40,8 +40,8 @@ use slipway_docker::Docker;
 use slipway_executor::cgroup::SlotCgroups;
 use slipway_executor::docker::LABEL_RUNNER;
 use slipway_executor::{
-    DockerConfig, DockerExecutor, DockerRunContext, JobContext, JobRunner, PullPolicy, SshHost,
-    Trace,
+    DockerConfig, DockerExecutor, DockerRunContext, Executor, JobContext, JobRunner, JobSlot,
+    PullPolicy, SshHost, Steps, Trace,
 };
 use slipway_jobs::JobResponse;
 use slipway_testkit::Sshd;
@@ -61,6 +61,9 @@ const LIMITS: Limits = Limits {
     memory_bytes: Some(1 << 30),
     pids: Some(4096),
 };
+
+#[path = "isolation/vm_levels.rs"]
+mod vm_levels;
 
 fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -103,19 +106,56 @@ fn stats(mut samples: Vec<f64>) -> Stats {
     }
 }
 
+/// What a level's start is held to.
+#[derive(Debug, Clone, Copy)]
+enum Goal {
+    /// Within 1.2 × its primitive's p50 + 10 ms.
+    OverPrimitive,
+    /// Within a figure of its own (ms), said in words.
+    Fixed(f64, &'static str),
+}
+
 /// One level's figures.
 #[derive(Debug)]
 struct Level {
     /// Key prefix in the results (`docker_autoscaler` for `docker-autoscaler`).
     key: &'static str,
     name: &'static str,
+    /// Measured jobs.
+    jobs: usize,
     start: Stats,
     primitive: Stats,
+    goal: Goal,
+    /// More p50s of the level's start, in ms (`KEY_NAME_p50`).
+    extra: Vec<(String, f64)>,
 }
 
 impl Level {
+    /// A level held to its primitive, with no breakdown.
+    fn plain(key: &'static str, name: &'static str, start: Stats, primitive: Stats) -> Level {
+        Level {
+            key,
+            name,
+            jobs: JOBS,
+            start,
+            primitive,
+            goal: Goal::OverPrimitive,
+            extra: Vec::new(),
+        }
+    }
+
     fn goal_ms(&self) -> f64 {
-        1.2 * self.primitive.p50 + 10.0
+        match self.goal {
+            Goal::OverPrimitive => 1.2 * self.primitive.p50 + 10.0,
+            Goal::Fixed(ms, _) => ms,
+        }
+    }
+
+    fn goal_text(&self) -> &'static str {
+        match self.goal {
+            Goal::OverPrimitive => "1.2 x its primitive's p50 + 10 ms",
+            Goal::Fixed(_, text) => text,
+        }
     }
 
     fn meets_goal(&self) -> bool {
@@ -172,6 +212,7 @@ async fn levels(
     let (start, spawn) = measure(
         "none",
         job,
+        (JOBS, WARMUP),
         |j| run_host(&runner, client, j),
         move || async move {
             let t = Instant::now();
@@ -192,12 +233,7 @@ async fn levels(
     // The warm-up runs fed `ssh_exec` too.
     let mut ssh_exec = ssh_exec.into_inner();
     let ssh_exec = stats(ssh_exec.split_off(WARMUP.min(ssh_exec.len())));
-    out.push(Level {
-        key: "none",
-        name: "none",
-        start,
-        primitive: spawn,
-    });
+    out.push(Level::plain("none", "none", start, spawn));
 
     // cgroup: the same with the slot's cgroup around the job.
     let cg_guard = CgroupGuard::new()?;
@@ -212,6 +248,7 @@ async fn levels(
     let (start, primitive) = measure(
         "cgroup",
         job,
+        (JOBS, WARMUP),
         |j| run_host(&runner, client, j),
         || {
             let hierarchy = hierarchy.clone();
@@ -232,12 +269,7 @@ async fn levels(
     )
     .await?;
     drop(cg_guard);
-    out.push(Level {
-        key: "cgroup",
-        name: "cgroup",
-        start,
-        primitive,
-    });
+    out.push(Level::plain("cgroup", "cgroup", start, primitive));
 
     // docker: this machine's engine.
     let mut exec = DockerExecutor::connect_local(docker_config()).await?;
@@ -246,16 +278,12 @@ async fn levels(
     let (start, primitive) = measure(
         "docker",
         job,
+        (JOBS, WARMUP),
         |j| run_docker(&exec, j),
         || docker_run(runner_name),
     )
     .await?;
-    out.push(Level {
-        key: "docker",
-        name: "docker",
-        start,
-        primitive,
-    });
+    out.push(Level::plain("docker", "docker", start, primitive));
 
     // docker-autoscaler: the same engine through dial-stdio over the SSH connection.
     let mut exec = DockerExecutor::connect_ssh(Arc::clone(client), docker_config()).await?;
@@ -269,24 +297,88 @@ async fn levels(
     let (start, primitive) = measure(
         "docker-autoscaler",
         job,
+        (JOBS, WARMUP),
         |j| run_docker(&exec, j),
         || docker_run(runner_name),
     )
     .await?;
     drop(exec);
-    out.push(Level {
-        key: "docker_autoscaler",
-        name: "docker-autoscaler",
+    out.push(Level::plain(
+        "docker_autoscaler",
+        "docker-autoscaler",
         start,
         primitive,
-    });
+    ));
+    let docker_p50 = out
+        .iter()
+        .find(|l| l.key == "docker")
+        .map_or(f64::NAN, |l| l.start.p50);
+
+    // instance: the job has the instance to itself; its steps run over the instance's SSH
+    // connection, as the manager runs them (`Steps` named `instance`).
+    let steps = Steps {
+        name: "instance",
+        host: SshHost(client),
+        runner: JobRunner {
+            builds_dir: builds.display().to_string(),
+            kill_grace_secs: 2,
+            ..JobRunner::default()
+        },
+    };
+    let (start, primitive) = measure(
+        "instance",
+        job,
+        (JOBS, WARMUP),
+        |j| run_steps(&steps, j),
+        || async {
+            let t = Instant::now();
+            let (st, out, _) = client.run_capture("echo first", Vec::new()).await?;
+            ensure!(
+                st.success() && out.starts_with(b"first"),
+                "ssh echo first failed: {st}"
+            );
+            Ok(t.elapsed())
+        },
+    )
+    .await?;
+    out.push(Level::plain("instance", "instance", start, primitive));
+
+    out.extend(vm_levels::levels(client, job, docker_p50).await?);
     Ok((out, ssh_exec))
+}
+
+/// A job through an [`Executor`] in slot 0: to its first output line.
+async fn run_steps(exec: &dyn Executor, job: &JobResponse) -> anyhow::Result<Duration> {
+    let (mut trace, watch) = watched_trace();
+    let t0 = Instant::now();
+    let result = exec
+        .run(
+            job,
+            JobSlot {
+                slot: 0,
+                cgroup: None,
+                trace: &mut trace,
+                cancel: CancellationToken::new(),
+                abort: None,
+                artifacts_in: Vec::new(),
+                scratch_dir: None,
+                sources: None,
+            },
+        )
+        .await;
+    trace.finish();
+    drop(trace);
+    let ok = result.outcome.is_success();
+    Ok(finish(t0, ok, format!("{:?}", result.outcome), watch)
+        .await?
+        .0)
 }
 
 /// Runs `WARMUP + JOBS` rounds of one job then one primitive; the measured rounds' stats.
 async fn measure<'a, J, JF, P, PF>(
     level: &str,
     job: &'a JobResponse,
+    (jobs, warmup): (usize, usize),
     mut run_job: J,
     mut primitive: P,
 ) -> anyhow::Result<(Stats, Stats)>
@@ -296,17 +388,17 @@ where
     P: FnMut() -> PF,
     PF: Future<Output = anyhow::Result<Duration>>,
 {
-    eprintln!("{level}: {WARMUP} warm-up + {JOBS} measured jobs, each followed by its primitive");
-    let mut starts = Vec::with_capacity(JOBS);
-    let mut prims = Vec::with_capacity(JOBS);
-    for i in 0..WARMUP + JOBS {
+    eprintln!("{level}: {warmup} warm-up + {jobs} measured jobs, each followed by its primitive");
+    let mut starts = Vec::with_capacity(jobs);
+    let mut prims = Vec::with_capacity(jobs);
+    for i in 0..warmup + jobs {
         let s = run_job(job)
             .await
             .with_context(|| format!("{level}: job {i}"))?;
         let p = primitive()
             .await
             .with_context(|| format!("{level}: primitive {i}"))?;
-        if i >= WARMUP {
+        if i >= warmup {
             starts.push(ms(s));
             prims.push(ms(p));
         }
@@ -326,38 +418,47 @@ fn job() -> anyhow::Result<JobResponse> {
     Ok(JobResponse::from_json(&json.to_string())?)
 }
 
-/// A trace whose chunks a task watches for the output line `first`; the task returns when
-/// that chunk arrived.
-fn watched_trace() -> (Trace, tokio::task::JoinHandle<(Option<Instant>, String)>) {
+/// When the chunks holding the output line `first` and a VM's "ready in" line arrived, and the
+/// whole trace.
+type Watched = (Option<Instant>, Option<Instant>, String);
+
+/// A trace whose chunks a task watches for the output line `first` (and a VM's "ready in"
+/// line); the task returns when the trace ends.
+fn watched_trace() -> (Trace, tokio::task::JoinHandle<Watched>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let trace = Trace::new(Vec::<String>::new(), tx);
     let watch = tokio::spawn(async move {
         let mut all = String::new();
         let mut first = None;
+        let mut ready = None;
         while let Some(chunk) = rx.recv().await {
             let at = Instant::now();
             all.push_str(&String::from_utf8_lossy(&chunk));
+            if ready.is_none() && all.contains(") ready in ") {
+                ready = Some(at);
+            }
             // `$ echo first` (the echoed command) comes before; the output line is `first`.
             if first.is_none() && all.lines().any(|l| l.trim_end() == "first") {
                 first = Some(at);
             }
         }
-        (first, all)
+        (first, ready, all)
     });
     (trace, watch)
 }
 
-/// From the call to the first output line, or why the job did not give one.
+/// From the call to the first output line (and when a VM's "ready in" line came), or why
+/// the job did not give one.
 async fn finish(
     t0: Instant,
     success: bool,
     outcome: String,
-    watch: tokio::task::JoinHandle<(Option<Instant>, String)>,
-) -> anyhow::Result<Duration> {
-    let (first, all) = watch.await?;
+    watch: tokio::task::JoinHandle<Watched>,
+) -> anyhow::Result<(Duration, Option<Instant>)> {
+    let (first, ready, all) = watch.await?;
     ensure!(success, "the job failed: {outcome}\n{all}");
     match first {
-        Some(at) => Ok(at.duration_since(t0)),
+        Some(at) => Ok((at.duration_since(t0), ready)),
         None => bail!("the job printed no line `first`:\n{all}"),
     }
 }
@@ -388,7 +489,9 @@ async fn run_host(
     trace.finish();
     drop(trace);
     let ok = result.outcome.is_success();
-    finish(t0, ok, format!("{:?}", result.outcome), watch).await
+    Ok(finish(t0, ok, format!("{:?}", result.outcome), watch)
+        .await?
+        .0)
 }
 
 async fn run_docker(exec: &DockerExecutor, job: &JobResponse) -> anyhow::Result<Duration> {
@@ -412,7 +515,9 @@ async fn run_docker(exec: &DockerExecutor, job: &JobResponse) -> anyhow::Result<
     trace.finish();
     drop(trace);
     let ok = result.outcome.is_success();
-    finish(t0, ok, format!("{:?}", result.outcome), watch).await
+    Ok(finish(t0, ok, format!("{:?}", result.outcome), watch)
+        .await?
+        .0)
 }
 
 /// `docker run --rm IMAGE sh -c 'echo first'` through the CLI: until its stdout shows
@@ -467,7 +572,9 @@ fn write(levels: &[Level], ssh_exec: Stats) -> anyhow::Result<()> {
     put("warmup_jobs_per_level".into(), WARMUP.into());
     put(
         "goal".into(),
-        "each level's start p50 within 1.2 x its primitive's p50 + 10 ms".into(),
+        "each level's start p50 within 1.2 x its primitive's p50 + 10 ms, except where \
+         LEVEL_goal says otherwise (microvm_warm, microvm_cold: issue 27)"
+            .into(),
     );
     put(
         "start".into(),
@@ -479,7 +586,9 @@ fn write(levels: &[Level], ssh_exec: Stats) -> anyhow::Result<()> {
         "levels".into(),
         serde_json::json!({
             "none": "none", "cgroup": "cgroup", "docker": "docker",
-            "docker-autoscaler": "docker_autoscaler",
+            "docker-autoscaler": "docker_autoscaler", "instance": "instance",
+            "microvm": ["microvm_warm", "microvm_cold", "microvm_boot"],
+            "vm": ["vm_warm", "vm_cold", "vm_boot"],
         }),
     );
     put(
@@ -493,6 +602,13 @@ fn write(levels: &[Level], ssh_exec: Stats) -> anyhow::Result<()> {
             ),
             "docker": format!("`docker run --rm {IMAGE} sh -c 'echo first'` (CLI) until stdout shows `first`"),
             "docker_autoscaler": format!("`docker run --rm {IMAGE} sh -c 'echo first'` (CLI) until stdout shows `first`"),
+            "instance": "`echo first` over the open SSH connection (run_capture)",
+            "microvm_warm": "the nesting daemon's Restore of the image's base snapshot (warm-IMAGE) in slot 1 + the guest's `echo first` through its agent, on the daemon's socket (no SSH, no executor)",
+            "microvm_cold": "as microvm_warm",
+            "microvm_boot": "the nesting daemon's Create of the image (warm slots off) + the guest's `echo first`",
+            "vm_warm": "as microvm_warm, for the vm image",
+            "vm_cold": "as microvm_warm, for the vm image",
+            "vm_boot": "as microvm_boot, for the vm image",
         }),
     );
     put(
@@ -500,7 +616,15 @@ fn write(levels: &[Level], ssh_exec: Stats) -> anyhow::Result<()> {
         "none/cgroup: JobRunner over SshHost on OpenSSH sshd on 127.0.0.1 (builds dir on the \
          same machine); cgroup: SlotCgroups::apply; docker: DockerExecutor::connect_local; \
          docker_autoscaler: DockerExecutor::connect_ssh (docker system dial-stdio over that sshd); \
-         each job is followed by one run of its primitive"
+         instance: Steps (as the manager runs the instance level) over that sshd; \
+         microvm/vm: NestingExecutor over that sshd to a nesting daemon on this machine (QEMU, \
+         accel auto: KVM only where a guest runs under it), images from `slipway image build` \
+         (microvm: Debian cloud kernel + busybox initramfs, 256 MiB; vm: Debian bookworm root \
+         disk, 512 MiB). LEVEL_warm: warm slot 0 ready before each job (waited for, untimed); \
+         LEVEL_cold: warm slots on with no memory budget, the base snapshot there (restored); \
+         LEVEL_boot: warm slots off. LEVEL_vm_ready_ms_p50: to the trace's `VM … ready in` \
+         line (the rest is the agent's connection and the job's steps); each job is followed by \
+         one run of its primitive"
             .into(),
     );
     put(
@@ -528,6 +652,15 @@ fn write(levels: &[Level], ssh_exec: Stats) -> anyhow::Result<()> {
         );
         put(format!("{k}_goal_ms"), round(l.goal_ms()).into());
         put(format!("{k}_meets_goal"), l.meets_goal().into());
+        if !matches!(l.goal, Goal::OverPrimitive) {
+            put(format!("{k}_goal"), l.goal_text().into());
+        }
+        if l.jobs != JOBS {
+            put(format!("{k}_jobs"), l.jobs.into());
+        }
+        for (name, p50) in &l.extra {
+            put(format!("{k}_{name}_p50"), round(*p50).into());
+        }
     }
     put("none_ssh_exec_ms_p50".into(), round(ssh_exec.p50).into());
     put("none_ssh_exec_ms_p95".into(), round(ssh_exec.p95).into());

@@ -255,6 +255,16 @@ impl JobRunner {
         // round trip less between a job being queued and its first output line.
         let mut inputs: std::collections::VecDeque<Tarball> =
             artifacts_in.into_iter().filter(|a| !a.is_empty()).collect();
+        if let Some(outcome) = self
+            .hook(host, &dirs, job, PRE_GET_SOURCES, deadline, &cancel, trace)
+            .await
+        {
+            self.cleanup(host, &dirs, keep_project, trace).await;
+            return RunResult {
+                outcome,
+                artifacts: Vec::new(),
+            };
+        }
         // Sources fetched on the host make the project directory; from the manager (no git
         // there) they are the first archive.
         let mut on_host = false;
@@ -334,6 +344,17 @@ impl JobRunner {
                     }
                 }
             }
+        }
+
+        if let Some(outcome) = self
+            .hook(host, &dirs, job, POST_GET_SOURCES, deadline, &cancel, trace)
+            .await
+        {
+            self.cleanup(host, &dirs, keep_project, trace).await;
+            return RunResult {
+                outcome,
+                artifacts: Vec::new(),
+            };
         }
 
         let lines = |name: StepName| -> Vec<String> {
@@ -581,18 +602,32 @@ impl JobRunner {
         cancel: &CancellationToken,
         trace: &mut Trace,
     ) -> StepEnd {
-        let body =
+        let mut body =
             script::step_script_with(job, dirs, step.as_str(), lines, create_dir, &self.prologue);
         let (tx, mut rx) = mpsc::channel(256);
         let stage = match step {
             StepName::Script => "step_script",
             _ => step.as_str(),
         };
+        // The job's script announces that its shell runs before anything else: until those
+        // bytes arrive (or the shell exits), nothing of it has run, and a job whose instance
+        // failed meanwhile may run again elsewhere (see `Trace::script_started`).
+        let mut announced = stage != "step_script";
+        if !announced {
+            body.insert_str(0, SCRIPT_STARTED_COMMAND);
+        }
         let run = host.run_stage(stage, body, tx);
         tokio::pin!(run);
         let end = loop {
             tokio::select! {
-                Some(chunk) = rx.recv() => write_output(trace, chunk),
+                Some(chunk) = rx.recv() => {
+                    let chunk = if announced { chunk } else {
+                        announced = true;
+                        trace.mark_script_started();
+                        strip_started(chunk)
+                    };
+                    write_output(trace, chunk);
+                }
                 res = &mut run => break Some(res),
                 _ = tokio::time::sleep_until(deadline) => break None,
                 _ = cancel.cancelled() => break None,
@@ -633,7 +668,18 @@ impl JobRunner {
             }
         };
         while let Ok(chunk) = rx.try_recv() {
+            let chunk = if announced {
+                chunk
+            } else {
+                announced = true;
+                trace.mark_script_started();
+                strip_started(chunk)
+            };
             write_output(trace, chunk);
+        }
+        if result.is_ok() && !announced {
+            // The shell ran to its end, its first bytes lost on the way.
+            trace.mark_script_started();
         }
         StepEnd::Exited(match result {
             Ok(status) if status.success() => JobOutcome::Success,
@@ -648,6 +694,67 @@ impl JobRunner {
                 JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
             }
         })
+    }
+
+    /// Run the lines of the job's hook `name` where it runs, in its project directory (made
+    /// if missing, kept if there), output to the trace; the job's end when the hook fails.
+    #[allow(clippy::too_many_arguments)]
+    async fn hook(
+        &self,
+        host: &dyn Host,
+        dirs: &JobDirs,
+        job: &JobResponse,
+        name: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        trace: &mut Trace,
+    ) -> Option<JobOutcome> {
+        let lines = job.hook_lines(name);
+        if lines.is_empty() {
+            return None;
+        }
+        trace.message(&format!("Running {name}"));
+        let mut prologue = self.prologue.clone();
+        prologue.push_str(&format!("\nmkdir -p {}\n", dirs.project_dir()));
+        let runner = JobRunner {
+            prologue,
+            ..self.clone()
+        };
+        let step = StepName::Other(name.to_string());
+        let end = runner
+            .step(
+                host, dirs, job, step, &lines, false, deadline, cancel, trace,
+            )
+            .await;
+        match end {
+            StepEnd::Exited(JobOutcome::Success) => None,
+            StepEnd::Exited(JobOutcome::Failed {
+                reason,
+                exit_code,
+                message,
+            }) => Some(JobOutcome::failed(
+                reason,
+                exit_code,
+                format!("{name}: {message}"),
+            )),
+            StepEnd::TimedOut => {
+                let msg = format!("job execution timeout: exceeded during {name}");
+                trace.message(&format!("ERROR: {msg}"));
+                Some(JobOutcome::failed(
+                    FailureReason::JobExecutionTimeout,
+                    None,
+                    msg,
+                ))
+            }
+            StepEnd::Canceled => {
+                trace.message("ERROR: job canceled");
+                Some(JobOutcome::failed(
+                    FailureReason::JobCanceled,
+                    None,
+                    "job canceled",
+                ))
+            }
+        }
     }
 
     /// Remove the job's files; with `keep_project`, its project directory stays (a working
@@ -771,6 +878,28 @@ fn failed_quietly(msg: String, cancel: &CancellationToken, deadline: Instant) ->
         FailureReason::RunnerSystemFailure
     };
     JobOutcome::failed(reason, None, msg)
+}
+
+/// The hook run where the job runs before its sources are fetched (GitLab's
+/// `pre_get_sources_script`: the runner's, then the job's `hooks:`).
+pub const PRE_GET_SOURCES: &str = "pre_get_sources_script";
+/// The hook run after the job's sources (and its cache and dependencies) are in place.
+pub const POST_GET_SOURCES: &str = "post_get_sources_script";
+
+/// The first command of a job's script: it writes [`SCRIPT_STARTED`] to stdout.
+const SCRIPT_STARTED_COMMAND: &str = "printf '\\033[0K'\n";
+/// What [`SCRIPT_STARTED_COMMAND`] writes: "erase to the end of the line", invisible in a
+/// terminal and in GitLab's job log should it ever reach one.
+const SCRIPT_STARTED: &[u8] = b"\x1b[0K";
+
+/// `chunk` without the script's start announcement at its front.
+fn strip_started(chunk: Output) -> Output {
+    match chunk {
+        Output::Stdout(b) if b.starts_with(SCRIPT_STARTED) => {
+            Output::Stdout(b[SCRIPT_STARTED.len()..].to_vec())
+        }
+        other => other,
+    }
 }
 
 fn write_output(trace: &mut Trace, chunk: Output) {

@@ -33,6 +33,25 @@ impl Tarball {
         }
     }
 
+    /// A second handle on the same stream, for a job that may run again elsewhere: bytes are
+    /// copied, a file is hard-linked beside itself (both names removed with their values).
+    pub fn duplicate(&self) -> std::io::Result<Tarball> {
+        match self {
+            Tarball::Bytes(b) => Ok(Tarball::Bytes(b.clone())),
+            Tarball::File(p) => {
+                let dir = p.parent().unwrap_or_else(|| Path::new("."));
+                let name = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let copy = scratch_file(Some(dir), &format!("{name}."), ".again")?;
+                std::fs::remove_file(&copy)?;
+                std::fs::hard_link(p, &copy)?;
+                Ok(Tarball::File(copy))
+            }
+        }
+    }
+
     /// The stream's bytes, read from its file if need be (for consumers of small streams).
     pub fn to_bytes(&self) -> std::io::Result<std::borrow::Cow<'_, [u8]>> {
         match self {
@@ -98,5 +117,26 @@ mod tests {
         assert_eq!(mode & 0o077, 0, "{mode:o}");
         drop(t);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_duplicate_outlives_its_original_and_goes_with_its_own_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Tarball::File(scratch_file(Some(dir.path()), "job-1-", ".tar").unwrap());
+        std::fs::write(t.path().unwrap(), b"data").unwrap();
+        let again = t.duplicate().unwrap();
+        let (a, b) = (
+            t.path().unwrap().to_path_buf(),
+            again.path().unwrap().to_path_buf(),
+        );
+        assert_ne!(a, b);
+        drop(t);
+        assert!(!a.exists());
+        assert_eq!(&*again.to_bytes().unwrap(), b"data");
+        drop(again);
+        assert!(!b.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let bytes = Tarball::Bytes(b"x".to_vec()).duplicate().unwrap();
+        assert_eq!(&*bytes.to_bytes().unwrap(), b"x");
     }
 }

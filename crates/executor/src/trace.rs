@@ -85,6 +85,8 @@ impl Masker {
 pub struct Trace {
     masker: Masker,
     tx: mpsc::UnboundedSender<Vec<u8>>,
+    /// The job's script (`step_script`: `before_script` and `script`) has been started.
+    script_started: bool,
 }
 
 impl Trace {
@@ -97,7 +99,19 @@ impl Trace {
         Trace {
             masker: Masker::new(secrets),
             tx,
+            script_started: false,
         }
+    }
+
+    /// Note that the job's script is being started: from here on a failure of its instance
+    /// may have left the script's effects half done, and the job is not run again elsewhere.
+    pub fn mark_script_started(&mut self) {
+        self.script_started = true;
+    }
+
+    /// Whether the job's script was started (see [`Trace::mark_script_started`]).
+    pub fn script_started(&self) -> bool {
+        self.script_started
     }
 
     /// Append output.

@@ -77,7 +77,8 @@ pub struct JobResponse {
     /// External secrets (not interpreted yet).
     #[serde(skip_serializing_if = "serde_json::Value::is_null")]
     pub secrets: serde_json::Value,
-    /// Runner hooks (not interpreted yet).
+    /// The job's `hooks:` as GitLab sends them: `[{"name": "pre_get_sources_script",
+    /// "script": [...]}]` (see [`JobResponse::hook_lines`]).
     #[serde(skip_serializing_if = "serde_json::Value::is_null")]
     pub hooks: serde_json::Value,
     /// Step-runner `run` definition (not interpreted yet).
@@ -95,6 +96,40 @@ impl JobResponse {
     /// Parses GitLab's JSON job payload.
     pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
         serde_json::from_str(text)
+    }
+
+    /// The script lines of hook `name` (`pre_get_sources_script`, `post_get_sources_script`);
+    /// entries that are not `{name, script: [strings]}` are skipped.
+    pub fn hook_lines(&self, name: &str) -> Vec<String> {
+        self.hooks
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|h| h.get("name").and_then(serde_json::Value::as_str) == Some(name))
+            .filter_map(|h| h.get("script")?.as_array())
+            .flatten()
+            .filter_map(|l| l.as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Replace the script lines of hook `name` (none: the hook goes).
+    pub fn set_hook_lines(&mut self, name: &str, lines: Vec<String>) {
+        let mut hooks: Vec<serde_json::Value> = self
+            .hooks
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|h| h.get("name").and_then(serde_json::Value::as_str) != Some(name))
+            .collect();
+        if !lines.is_empty() {
+            hooks.push(serde_json::json!({"name": name, "script": lines}));
+        }
+        self.hooks = if hooks.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::Value::Array(hooks)
+        };
     }
 
     /// The value of variable `key`; the last definition wins, as in GitLab.
@@ -680,6 +715,29 @@ pub struct Features {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hooks_are_read_as_gitlab_sends_them_and_replaced_by_name() {
+        let mut job = JobResponse::from_json(
+            r#"{"id": 1, "token": "t", "hooks": [
+                {"name": "pre_get_sources_script", "script": ["echo a", "echo b"]},
+                {"name": "other", "script": ["x"]},
+                {"name": "pre_get_sources_script", "script": "not a list"}
+            ]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            job.hook_lines("pre_get_sources_script"),
+            ["echo a", "echo b"]
+        );
+        assert!(job.hook_lines("post_get_sources_script").is_empty());
+        job.set_hook_lines("pre_get_sources_script", vec!["echo c".into()]);
+        assert_eq!(job.hook_lines("pre_get_sources_script"), ["echo c"]);
+        assert_eq!(job.hook_lines("other"), ["x"]);
+        job.set_hook_lines("other", Vec::new());
+        job.set_hook_lines("pre_get_sources_script", Vec::new());
+        assert!(job.hooks.is_null());
+    }
 
     #[test]
     fn git_strategy_follows_the_variable_and_the_project() {

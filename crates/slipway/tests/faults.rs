@@ -405,5 +405,207 @@ fn a_job_whose_instance_is_removed_under_it_is_a_system_failure_not_the_scripts(
         "{}\n{stderr}",
         seen.join("\n")
     );
+    // Its script had started: it is not run a second time.
+    assert!(
+        !seen.iter().any(|l| l.contains("trying it again")),
+        "{}",
+        seen.join("\n")
+    );
     assert_eq!(code, Some(1), "{}\n{stderr}", seen.join("\n"));
+}
+
+/// Every process of local instance `instance` (its sshd listener and sessions) SIGKILLed:
+/// the cloud deleting it behind the runner's back.
+fn kill_instance(instance: &str) {
+    let st = std::process::Command::new("pkill")
+        .args(["-KILL", "-f", &format!("instances/{instance}/")])
+        .status()
+        .expect("pkill");
+    assert!(st.success(), "no process of {instance} found");
+}
+
+/// A runner whose jobs first run `pre_get_sources_script` where they run: on the first try
+/// only it says `hook-waits` and sleeps, a window before the job's script in which the test
+/// kills the instance.
+fn config_with_hook(w: &World) -> String {
+    let marker = w.path().join("hooked");
+    config(0).replacen(
+        "  executor = \"instance\"\n",
+        &format!(
+            "  executor = \"instance\"\n  pre_get_sources_script = \"\"\"\nif [ ! -e {m} ]; then touch {m}; echo hook-waits; sleep 30; fi\n\"\"\"\n  post_get_sources_script = \"echo sources-in-place\"\n",
+            m = marker.display()
+        ),
+        1,
+    )
+}
+
+#[test]
+fn a_job_whose_instance_dies_before_its_script_runs_again_on_another_instance() {
+    let w = World::new();
+    let cfg = w.write("config.toml", &config_with_hook(&w));
+    let file = w.write(
+        "p.yml",
+        "doomed:\n  script:\n    - echo started\n    - echo ran to the end\n",
+    );
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[doomed] hook-waits");
+    let first = instances_of(&seen, "doomed")
+        .into_iter()
+        .next()
+        .expect("instance named");
+    kill_instance(&first);
+    let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    let all = seen.join("\n");
+    assert_eq!(code, Some(0), "{all}\n{stderr}");
+    let tries = instances_of(&seen, "doomed");
+    assert_eq!(tries.len(), 2, "{all}");
+    assert_ne!(tries[0], tries[1], "{all}");
+    assert!(
+        all.contains(
+            "the job's script had not started: trying it again on another instance (attempt 2 of 3)"
+        ),
+        "{all}"
+    );
+    // The script ran once, on the second instance, to its end.
+    assert_eq!(
+        seen.iter().filter(|l| *l == "[doomed] started").count(),
+        1,
+        "{all}"
+    );
+    assert!(all.contains("[doomed] ran to the end"), "{all}");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}
+
+#[test]
+fn a_job_whose_instances_all_die_before_its_script_fails_as_a_system_failure() {
+    let w = World::new();
+    // The hook waits on every try: each instance is killed in turn.
+    let cfg = config(0).replacen(
+        "  executor = \"instance\"\n",
+        "  executor = \"instance\"\n  pre_get_sources_script = \"echo hook-waits; sleep 30\"\n",
+        1,
+    );
+    let cfg = w.write(
+        "config.toml",
+        &cfg.replacen(
+            "[runners.autoscaler]\n",
+            "[runners.autoscaler]\n    start_attempts = 2\n",
+            1,
+        ),
+    );
+    let file = w.write("p.yml", "doomed:\n  script:\n    - echo started\n");
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    for attempt in 1..=2 {
+        // Each try's instance, once its hook is waiting.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while seen.iter().filter(|l| *l == "[doomed] hook-waits").count() < attempt {
+            assert!(Instant::now() < deadline, "{}", seen.join("\n"));
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+                seen.push(line);
+            }
+        }
+        let instance = instances_of(&seen, "doomed").pop().expect("instance named");
+        kill_instance(&instance);
+    }
+    let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    let all = seen.join("\n");
+    assert_eq!(code, Some(1), "{all}\n{stderr}");
+    let failed = seen
+        .iter()
+        .find(|l| l.starts_with("[doomed] Job failed"))
+        .unwrap_or_else(|| panic!("job failure reported:\n{all}\n{stderr}"));
+    assert!(failed.contains("runner_system_failure"), "{all}");
+    assert!(
+        all.contains(
+            "failed before its script started on 2 instance(s) in a row (start_attempts = 2)"
+        ),
+        "{all}"
+    );
+    assert!(!all.contains("[doomed] started"), "{all}");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}
+
+#[test]
+fn an_idle_instance_found_dead_is_never_handed_a_job() {
+    let w = World::new();
+    // Idle instances stay (idle_time): the second job would go to the first one's.
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            "{}    [[runners.autoscaler.policy]]\n      idle_count = 0\n      idle_time = \"5m\"\n",
+            config(0)
+        ),
+    );
+    let file = w.write(
+        "p.yml",
+        r#"
+stages: [build, test]
+first:
+  stage: build
+  script:
+    - echo first-done
+second:
+  stage: test
+  when: delayed
+  start_in: 4 seconds
+  script:
+    - echo second-ran
+"#,
+    );
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[first] Job succeeded");
+    let first = instances_of(&seen, "first")
+        .into_iter()
+        .next()
+        .expect("instance named");
+    // Idle now, and dead before the delayed job asks for a slot.
+    kill_instance(&first);
+    let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    let all = seen.join("\n");
+    assert_eq!(code, Some(0), "{all}\n{stderr}");
+    let second = instances_of(&seen, "second");
+    assert_eq!(second.len(), 1, "handed one instance, at once: {all}");
+    assert_ne!(second[0], first, "{all}");
+    assert!(all.contains("[second] second-ran"), "{all}");
+    assert!(!all.contains("trying it again"), "{all}");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
 }

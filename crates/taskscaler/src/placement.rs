@@ -137,6 +137,14 @@ impl Placement {
         }
     }
 
+    /// Free acquisition `key` whose instance died before its job's script started: the
+    /// instance is removed, the job may acquire again (see `Scaler::release_failed`).
+    pub fn release_failed(&self, key: &str, why: &str) {
+        if let Some(i) = self.lock().remove(key) {
+            self.shapes[i].scaler.release_failed(key, why);
+        }
+    }
+
     /// Give back a reservation no job arrived for.
     pub fn unreserve(&self, key: &str) {
         self.release(key);

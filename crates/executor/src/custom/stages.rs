@@ -55,6 +55,7 @@ impl Session<'_> {
             trace.message("Executing \"step_script\" stage of the job script");
             let body =
                 script::step_script(job, &dirs, "step_script", &lines(StepName::Script), false);
+            trace.mark_script_started();
             end = self.stage(trace, "step_script", &body, None).await;
         }
         let outcome = self.end_outcome(trace, end, "run_exec");

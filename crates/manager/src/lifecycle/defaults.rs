@@ -1,9 +1,10 @@
-//! What a runner's config adds to every job: `environment`, `pre_build_script` and
-//! `post_build_script`.
+//! What a runner's config adds to every job: `environment`, `pre_get_sources_script`,
+//! `post_get_sources_script`, `pre_build_script` and `post_build_script`.
 
 use slipway_jobs::{JobResponse, Step, StepName, Variable};
 
 use slipway_config::RunnerConfig;
+use slipway_executor::job::{POST_GET_SOURCES, PRE_GET_SOURCES};
 
 /// What the runner's config adds to every job: `environment`, `pre_build_script` and
 /// `post_build_script`.
@@ -15,6 +16,12 @@ pub struct JobDefaults {
     pub pre_build_script: Option<String>,
     /// Runs in the script step's shell after the job's script (not after a failure).
     pub post_build_script: Option<String>,
+    /// Runs where the job runs before its sources are fetched (before the job's own
+    /// `hooks:pre_get_sources_script`).
+    pub pre_get_sources_script: Option<String>,
+    /// Runs where the job runs after its sources are fetched (after the job's own
+    /// `hooks:post_get_sources_script`).
+    pub post_get_sources_script: Option<String>,
 }
 
 impl JobDefaults {
@@ -33,6 +40,14 @@ impl JobDefaults {
                 .filter(|s| !s.trim().is_empty()),
             post_build_script: cfg
                 .post_build_script
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
+            pre_get_sources_script: cfg
+                .pre_get_sources_script
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
+            post_get_sources_script: cfg
+                .post_get_sources_script
                 .clone()
                 .filter(|s| !s.trim().is_empty()),
         }
@@ -67,6 +82,16 @@ impl JobDefaults {
             if let Some(post) = &self.post_build_script {
                 script.script.push(post.trim_end().to_string());
             }
+        }
+        if let Some(pre) = &self.pre_get_sources_script {
+            let mut lines = vec![pre.trim_end().to_string()];
+            lines.extend(job.hook_lines(PRE_GET_SOURCES));
+            job.set_hook_lines(PRE_GET_SOURCES, lines);
+        }
+        if let Some(post) = &self.post_get_sources_script {
+            let mut lines = job.hook_lines(POST_GET_SOURCES);
+            lines.push(post.trim_end().to_string());
+            job.set_hook_lines(POST_GET_SOURCES, lines);
         }
         job
     }

@@ -36,7 +36,7 @@ pub(super) async fn execute(
     sources: Option<Arc<dyn HostSources>>,
     trace: &mut Trace,
     stops: &Stops,
-) -> (JobOutcome, Vec<CollectedArtifacts>) {
+) -> Executed {
     if !runner.custom_build_dir
         && job
             .variable("GIT_CLONE_PATH")
@@ -45,10 +45,11 @@ pub(super) async fn execute(
         // GitLab Runner's rule and words.
         let msg = "setting GIT_CLONE_PATH is not allowed, enable `custom_build_dir` feature";
         trace.message(&format!("ERROR: {msg}"));
-        return (
-            JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg),
-            Vec::new(),
-        );
+        return Executed::ended(JobOutcome::failed(
+            FailureReason::RunnerConfigurationError,
+            None,
+            msg,
+        ));
     }
     let cancel = stops.cancel.child_token();
     let abort = stops.abort.as_ref().map(CancellationToken::child_token);
@@ -59,17 +60,22 @@ pub(super) async fn execute(
     if runner.local {
         let inputs = (artifacts_in, sources);
         let r = execute_here(runner, acq, job, admission, inputs, trace, &stops).await;
-        return (r.outcome, r.artifacts);
+        return Executed {
+            outcome: r.outcome,
+            artifacts: r.artifacts,
+            instance_failed: None,
+        };
     }
     let client = match runner.client(acq).await {
         Ok(c) => c,
         Err(e) => {
             let msg = crate::chain::Chain(&e).to_string();
             trace.message(&format!("ERROR: {msg}"));
-            return (
-                JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                Vec::new(),
-            );
+            return Executed {
+                outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg.clone()),
+                artifacts: Vec::new(),
+                instance_failed: Some(msg),
+            };
         }
     };
     let lost = acq.instance_lost();
@@ -104,12 +110,81 @@ pub(super) async fn execute(
     // The run may end in the same instant as the loss is told (the removal's kills end the
     // steps; the taskscaler tells first): a script killed by it is not the script's failure.
     instance_lost |= lost.is_cancelled();
+    let mut instance_failed = None;
     if instance_lost {
         let msg = format!("instance {} was removed under the job", acq.instance_id);
         trace.message(&format!("ERROR: {msg}"));
-        result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+        result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg.clone());
+        // An executor plugin's steps are out of sight: whether its script started is unknown,
+        // so its job is never run twice.
+        instance_failed = runner.executor_plugin.is_none().then_some(msg);
+    } else if matches!(
+        result.outcome,
+        JobOutcome::Failed {
+            reason: FailureReason::RunnerSystemFailure,
+            ..
+        }
+    ) && !trace.script_started()
+        && runner.executor_plugin.is_none()
+        && !stops.cancel.is_cancelled()
+    {
+        // A system failure before the script: was it the instance? One round trip tells.
+        if let Err(why) = probe(runner, acq).await {
+            instance_failed = Some(format!(
+                "instance {} does not answer: {why}",
+                acq.instance_id
+            ));
+        }
     }
-    (result.outcome, result.artifacts)
+    Executed {
+        outcome: result.outcome,
+        artifacts: result.artifacts,
+        instance_failed,
+    }
+}
+
+/// What a job's run on its slot came to.
+#[derive(Debug)]
+pub(super) struct Executed {
+    /// How it ended.
+    pub outcome: JobOutcome,
+    /// Its artifacts archives.
+    pub artifacts: Vec<CollectedArtifacts>,
+    /// Why its instance failed under it, when that is why it ended (its script may or may not
+    /// have started: see [`Trace::script_started`]).
+    pub instance_failed: Option<String>,
+}
+
+impl Executed {
+    fn ended(outcome: JobOutcome) -> Executed {
+        Executed {
+            outcome,
+            artifacts: Vec::new(),
+            instance_failed: None,
+        }
+    }
+}
+
+/// How long the probe of a job's instance may take.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One cheap round trip to the job's instance (`exit 0` over its connection, dialled again if
+/// it closed), as GitLab's acquire heartbeat does.
+async fn probe(runner: &Runner, acq: &Acquisition) -> Result<(), String> {
+    let check = async {
+        let client = runner
+            .client(acq)
+            .await
+            .map_err(|e| crate::chain::Chain(&e).to_string())?;
+        match client.run_capture("exit 0", Vec::new()).await {
+            Ok((st, _, _)) if st.success() => Ok(()),
+            Ok((st, _, _)) => Err(format!("`exit 0` returned {st}")),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, check)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")))
 }
 
 /// Where `runner` fetches its jobs' sources: where their steps run (an instance's shell, a

@@ -286,31 +286,104 @@ impl Life<'_> {
             return Ok(ran(job, outcome, Some(&acq)));
         }
         let mut job = job;
-        if let Some(since) = self.since
-            && job.runner_info.timeout > 0
-        {
-            let spent = since.elapsed().as_secs();
-            job.runner_info.timeout = job.runner_info.timeout.saturating_sub(spent).max(1);
-        }
-        let (outcome, collected) = execute::execute(
-            runner,
-            &acq,
-            &job,
-            admission,
-            inputs.tars,
-            inputs.sources.clone(),
-            trace,
-            &self.stops,
-        )
-        .await;
+        let (mut acq, mut acquired_at) = (acq, acquired_at);
+        let mut tars = inputs.tars;
+        let attempts = runner.start_attempts.max(1);
+        let mut attempt = 1;
+        let executed = loop {
+            if let Some(since) = self.since
+                && job.runner_info.timeout > 0
+            {
+                // Each try has what is left of the job's timeout since it was received.
+                let spent = since.elapsed().as_secs();
+                job.runner_info.timeout = job.runner_info.timeout.saturating_sub(spent).max(1);
+            }
+            // A try that may be followed by another hands over copies of the inputs.
+            let mut last = attempt >= attempts;
+            let these = if last {
+                std::mem::take(&mut tars)
+            } else {
+                match tars.iter().map(Tarball::duplicate).collect() {
+                    Ok(copies) => copies,
+                    Err(e) => {
+                        tracing::warn!(
+                            job = job.id,
+                            "copying the job's inputs for a second try: {e}"
+                        );
+                        last = true;
+                        std::mem::take(&mut tars)
+                    }
+                }
+            };
+            let ex = execute::execute(
+                runner,
+                &acq,
+                &job,
+                admission,
+                these,
+                inputs.sources.clone(),
+                trace,
+                &self.stops,
+            )
+            .await;
+            let again = match &ex.instance_failed {
+                Some(why) if !trace.script_started() && !cancel.is_cancelled() => why.clone(),
+                _ => break Ok((ex.outcome, ex.artifacts)),
+            };
+            if last {
+                trace.message(&format!(
+                    "ERROR: the job's instance failed before its script started on {attempt} \
+                     instance(s) in a row (start_attempts = {attempts})"
+                ));
+                break Ok((ex.outcome, ex.artifacts));
+            }
+            attempt += 1;
+            trace.message(&format!(
+                "WARNING: {again}; the job's script had not started: trying it again on another \
+                 instance (attempt {attempt} of {attempts})"
+            ));
+            runner.release_failed(key, &again);
+            let next = async {
+                reserve(runner, key, admission, trace, cancel).await?;
+                acquire(runner, key, trace, cancel).await
+            };
+            match next.await {
+                Ok(a) => {
+                    if let Err(msg) = self.source.placed(&job, &a).await {
+                        trace.message(&format!("ERROR: {msg}"));
+                        let outcome =
+                            JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+                        break Err((outcome, Some(a)));
+                    }
+                    runner.board.running(key, &a.instance_id, a.slot);
+                    trace.message(&format!(
+                        "Running on instance {} slot {}",
+                        a.instance_id, a.slot
+                    ));
+                    (acq, acquired_at) = (a, Instant::now());
+                }
+                Err(no) => {
+                    let reason = if no.status == slipway_jobs::JobStatus::Canceled {
+                        FailureReason::JobCanceled
+                    } else {
+                        no.failure_reason
+                    };
+                    break Err((JobOutcome::failed(reason, None, no.message), None));
+                }
+            }
+        };
         let tracked = match &inputs.sources {
             Some(s) => s.tracked(),
             None => inputs.tracked,
         };
+        let (outcome, collected, acq) = match executed {
+            Ok((outcome, collected)) => (outcome, collected, Some(acq)),
+            Err((outcome, placed)) => (outcome, Vec::new(), placed),
+        };
         Ok(Ran {
-            placement: Some((acq.instance_id.clone(), acq.slot)),
+            placement: acq.as_ref().map(|a| (a.instance_id.clone(), a.slot)),
             duration: acquired_at.elapsed(),
-            slot: Some(held(&acq)),
+            slot: acq.as_ref().map(held),
             job,
             outcome,
             collected,

@@ -80,6 +80,7 @@ pub(super) fn start_local(
         .map(|p| p.join("cache").display().to_string())
         .unwrap_or_else(|| "cache".into());
     Ok(Runner {
+        start_attempts: 1,
         scratch_dir: super::scratch_dir_of(opts),
         name: cfg.name.clone(),
         builds_dir,

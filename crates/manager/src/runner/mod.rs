@@ -71,6 +71,9 @@ pub struct Runner {
     pub custom: Option<CustomConfig>,
     /// `[runners.autoscaler.vm_isolation]` for the `microvm` and `vm` levels.
     pub nesting: Option<NestingConfig>,
+    /// Instances a job is tried on when each fails before its script starts
+    /// (`start_attempts`).
+    pub start_attempts: u32,
     /// The executor plugin of a `plugin` runner, started and initialized.
     pub executor_plugin: Option<ExecutorPlugin>,
     /// Its instance groups (one per shape) and where each job goes.
@@ -260,6 +263,7 @@ impl Runner {
             docker,
             custom: cfg.custom.clone(),
             nesting: cfg.nesting_config(),
+            start_attempts: auto.start_attempts.max(1),
             executor_plugin,
             placement: Placement::new(shapes),
             board: board_of(cfg, opts),
@@ -302,6 +306,12 @@ impl Runner {
     /// Free a reservation or acquisition.
     pub fn release(&self, key: &str) {
         self.placement.release(key);
+    }
+
+    /// Free acquisition `key` whose instance failed before its job's script started: the
+    /// instance is removed and replaced, the job may reserve and acquire again.
+    pub fn release_failed(&self, key: &str, why: &str) {
+        self.placement.release_failed(key, why);
     }
 
     /// Give back a reservation no job arrived for.

@@ -36,7 +36,10 @@ impl Inner {
             inst.exclusive = false;
             inst.failures += 1;
             tracing::warn!(instance = %id, failures = inst.failures, error = %why, "heartbeat failed");
-            if inst.failures >= self.cfg.failure_threshold.max(1) {
+            // An instance running nothing else goes at its first failed check: nothing on it
+            // is lost, and the job it was meant for takes another slot. One running jobs
+            // gets `failure_threshold` tries (a passing hiccup must not kill them).
+            if inst.failures >= self.cfg.failure_threshold.max(1) || inst.acquired() == 0 {
                 inst.condemned = Some(RemovalCause::Unhealthy);
             }
             book.touch(id, &self.cfg);

@@ -287,6 +287,32 @@ impl Taskscaler {
         }
     }
 
+    /// Free acquisition `key` whose instance was found dead (a job's connection to it failed
+    /// before the job's script started): the instance is condemned as unhealthy — no job is
+    /// handed to it again, and it is removed and replaced — and the reservation goes, so the
+    /// job may reserve and acquire again elsewhere.
+    pub fn release_failed(&self, key: &str, why: &str) {
+        let id = {
+            let book = self.inner.lock();
+            book.reservations
+                .get(key)
+                .and_then(|r| r.at.as_ref())
+                .map(|(id, _)| id.clone())
+        };
+        if let Some(id) = &id {
+            let mut book = self.inner.lock();
+            if let Some(inst) = book.instances.get_mut(id)
+                && inst.condemned.is_none()
+            {
+                tracing::warn!(instance = %id, error = %why, "instance failed under a job before its script: removing it");
+                inst.condemned = Some(RemovalCause::Unhealthy);
+                book.touch(id, &self.inner.cfg);
+            }
+        }
+        self.release(key);
+        self.inner.wake.notify_one();
+    }
+
     /// Free a reservation or acquisition; counts towards the instance's idle time.
     pub fn release(&self, key: &str) {
         if let Some(store) = &self.inner.store {
