@@ -609,3 +609,93 @@ second:
         w.processes()
     );
 }
+
+/// The same on a static pool: two hosts (real sshd on loopback); the one the job was handed
+/// dies while the job's `pre_get_sources_script` runs, and the job runs on the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_static_pool_a_job_whose_host_dies_before_its_script_runs_on_the_other() {
+    let w = World::new();
+    let hosts = [
+        slipway_testkit::Sshd::start().await.expect("sshd"),
+        slipway_testkit::Sshd::start().await.expect("sshd"),
+    ];
+    let user = hosts[0].info().expect("info").connector.username;
+    let marker = w.path().join("hooked");
+    let mut text = format!(
+        r#"
+concurrent = 2
+[[runners]]
+  name = "pool"
+  executor = "instance"
+  builds_dir = "{builds}"
+  pre_get_sources_script = """
+if [ ! -e {m} ]; then touch {m}; echo hook-waits; sleep 30; fi
+"""
+  [runners.autoscaler]
+    plugin = "static"
+    capacity_per_instance = 1
+    max_instances = 2
+    update_interval = "1s"
+    update_interval_when_expecting = "100ms"
+    [runners.autoscaler.plugin_config]
+      state_dir = "{state}"
+"#,
+        builds = w.path().join("builds").display(),
+        m = marker.display(),
+        state = w.path().join("static-state").display(),
+    );
+    for (i, h) in hosts.iter().enumerate() {
+        text.push_str(&format!(
+            "      [runners.autoscaler.plugin_config.instances.web{i}]\n        internal_addr = \"127.0.0.1:{}\"\n        username = \"{user}\"\n        key_path = \"{}\"\n",
+            h.port(),
+            h.key_path().display()
+        ));
+    }
+    let cfg = w.write("config.toml", &text);
+    let file = w.write(
+        "p.yml",
+        "doomed:\n  script:\n    - echo started\n    - echo ran to the end\n",
+    );
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let (code, seen, stderr) = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
+        wait_for_line(&rx, &mut seen, "[doomed] hook-waits");
+        let first = instances_of(&seen, "doomed")
+            .into_iter()
+            .next()
+            .expect("instance named");
+        // `web<N>-<lease>`.
+        let index: usize = first
+            .strip_prefix("web")
+            .and_then(|r| r.split('-').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("a static host's name: {first}"));
+        hosts[index].kill();
+        let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+        (code, seen, stderr)
+    })
+    .await
+    .expect("the test's thread");
+    let all = seen.join("\n");
+    assert_eq!(code, Some(0), "{all}\n{stderr}");
+    let tries = instances_of(&seen, "doomed");
+    assert_eq!(tries.len(), 2, "{all}");
+    assert_ne!(tries[0], tries[1], "{all}");
+    assert!(
+        all.contains("trying it again on another instance (attempt 2 of 3)"),
+        "{all}"
+    );
+    assert_eq!(
+        seen.iter().filter(|l| *l == "[doomed] started").count(),
+        1,
+        "{all}"
+    );
+    assert!(all.contains("[doomed] ran to the end"), "{all}");
+}

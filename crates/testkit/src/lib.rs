@@ -193,6 +193,16 @@ impl Sshd {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    /// The private key it accepts (mode 0600), for configs that name a key file.
+    pub fn key_path(&self) -> PathBuf {
+        self.dir.path().join("client")
+    }
+
+    /// Kill it, listener and sessions: the machine gone as far as SSH can tell.
+    pub fn kill(&self) {
+        kill_tree(self.pid);
+    }
 }
 
 impl Drop for Sshd {

@@ -14,9 +14,13 @@ pub fn slipway() -> PathBuf {
 }
 
 /// Plugins the tests start from the binary directory.
-const PLUGINS: [&str; 2] = ["fleeting-plugin-local", "executor-plugin-nesting"];
+const PLUGINS: [&str; 3] = [
+    "fleeting-plugin-local",
+    "fleeting-plugin-static",
+    "executor-plugin-nesting",
+];
 
-/// Directory holding `fleeting-plugin-local` and `executor-plugin-nesting`, building them first
+/// Directory holding the [`PLUGINS`] (`fleeting-plugin-local`, `-static`, `executor-plugin-nesting`), building them first
 /// if this test run did not.
 pub fn plugin_dir() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
