@@ -102,6 +102,9 @@ impl WarmPool {
             _ => available_mib / 2,
         };
         s.config = config;
+        // What slots' last jobs asked for belongs to the earlier configuration: a new one
+        // starts from its own images.
+        s.want.clear();
         s.stop = CancellationToken::new();
         // Fills of an earlier configuration see their stop token fired and remove what they
         // start: they no longer hold their slots.
@@ -343,5 +346,31 @@ struct Filling<'a>(&'a Daemon, i32);
 impl Drop for Filling<'_> {
     fn drop(&mut self) {
         self.0.warm().end(self.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(images: &[&str]) -> Option<WarmConfig> {
+        Some(WarmConfig {
+            slots: 2,
+            images: images.iter().map(|i| i.to_string()).collect(),
+            ..WarmConfig::default()
+        })
+    }
+
+    #[test]
+    fn a_slot_keeps_what_its_last_job_asked_for_until_a_new_configuration() {
+        let pool = WarmPool::default();
+        pool.configure(config(&["a"]), 1024);
+        assert_eq!(pool.image_for(0).as_deref(), Some("a"));
+        pool.asked(0, "b");
+        assert_eq!(pool.image_for(0).as_deref(), Some("b"));
+        assert_eq!(pool.image_for(1).as_deref(), Some("a"));
+        pool.configure(config(&["c"]), 1024);
+        assert_eq!(pool.image_for(0).as_deref(), Some("c"));
+        assert_eq!(pool.slots(), vec![0, 1]);
     }
 }
