@@ -63,6 +63,13 @@ pub struct AutoscalerConfig {
     /// (its connection lost, removed, not answering): the job then runs again on another;
     /// after the last it fails with `runner_system_failure`. Default 3.
     pub start_attempts: u32,
+    /// Slipway: run on each ready instance every `preemption_check_interval`; exit 0 with
+    /// output is a preemption notice (EC2's `spot/instance-action` JSON, an RFC 3339 time or
+    /// unix seconds when the instance goes; anything else: within 2 minutes). Empty: none.
+    pub preemption_check_command: String,
+    /// Slipway: how often `preemption_check_command` runs on each ready instance.
+    #[serde(with = "crate::de::duration")]
+    pub preemption_check_interval: Duration,
     /// `[runners.autoscaler.state_storage]`.
     pub state_storage: StateStorageConfig,
     /// `[[runners.autoscaler.shape]]`: instance groups of different sizes (Slipway). Without
@@ -112,6 +119,8 @@ impl Default for AutoscalerConfig {
             failure_threshold: d.failure_threshold,
             instance_ready_command: String::new(),
             start_attempts: 3,
+            preemption_check_command: String::new(),
+            preemption_check_interval: Duration::from_secs(5),
             state_storage: StateStorageConfig::default(),
             shape: Vec::new(),
             vm_isolation: None,
@@ -183,6 +192,8 @@ impl AutoscalerConfig {
             delete_instances_on_shutdown: self.delete_instances_on_shutdown || force_delete,
             shutdown_deletion_interval: self.shutdown_deletion_interval,
             shutdown_deletion_retries: self.shutdown_deletion_retries,
+            preemption_check_interval: (!self.preemption_check_command.trim().is_empty())
+                .then_some(self.preemption_check_interval),
             ..slipway_taskscaler::Config::default()
         }
     }
@@ -198,6 +209,14 @@ impl AutoscalerConfig {
         }
         if self.capacity_per_instance == 0 {
             report.error(&["capacity_per_instance"], "must be at least 1");
+        }
+        if !self.preemption_check_command.trim().is_empty()
+            && self.preemption_check_interval.is_zero()
+        {
+            report.error(
+                &["preemption_check_interval"],
+                "must be greater than 0 when preemption_check_command is set",
+            );
         }
         if self.start_attempts == 0 {
             report.error(

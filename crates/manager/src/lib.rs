@@ -21,6 +21,7 @@ pub mod limits;
 pub mod localhost;
 pub mod manager;
 pub mod pool;
+pub mod preemption;
 pub mod request;
 pub mod runner;
 pub mod server;

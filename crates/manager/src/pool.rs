@@ -101,6 +101,8 @@ pub struct Checks {
     pub group: Arc<dyn InstanceGroup>,
     /// `instance_ready_command`, if any.
     pub ready_command: Option<String>,
+    /// `preemption_check_command`, if any.
+    pub preemption_command: Option<String>,
     /// When each instance last passed a heartbeat.
     pub alive: Mutex<HashMap<String, Instant>>,
     /// The runner's Docker executors: an instance's goes (its networks removed) with it.
@@ -193,6 +195,30 @@ impl InstanceHooks for Checks {
             Ok((st, _, _)) => Err(format!("`exit 0` returned {st}")),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    async fn preemption(&self, info: &ConnectInfo) -> Result<Option<Duration>, String> {
+        let Some(cmd) = &self.preemption_command else {
+            return Ok(None);
+        };
+        let client = self
+            .pool
+            .client(info)
+            .await
+            .map_err(|e| Chain(&e).to_string())?;
+        let (st, out, _) = client
+            .run_capture(cmd.clone(), Vec::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        // No notice: the command fails (curl -f on EC2's 404) or says nothing.
+        if !st.success() {
+            return Ok(None);
+        }
+        let now = std::time::SystemTime::now();
+        Ok(crate::preemption::notice(
+            &String::from_utf8_lossy(&out),
+            now,
+        ))
     }
 
     async fn removing(&self, id: &str) {

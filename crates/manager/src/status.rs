@@ -361,6 +361,7 @@ fn runner_status(
 /// What the page calls an instance's state: the plugin's, refined by what the taskscaler knows.
 fn state_label(i: &slipway_taskscaler::InstanceStatus, held: u32) -> &'static str {
     match i.state {
+        State::Running if i.preempted && !i.removing => "preempted",
         State::Running if i.removing => "removing",
         State::Running if !i.ready => "booting",
         State::Running if held == 0 && !i.exclusive => "idle",

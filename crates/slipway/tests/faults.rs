@@ -699,3 +699,130 @@ if [ ! -e {m} ]; then touch {m}; echo hook-waits; sleep 30; fi
     );
     assert!(all.contains("[doomed] ran to the end"), "{all}");
 }
+
+/// EC2's instance metadata, as far as spot interruptions go: `GET
+/// /latest/meta-data/spot/instance-action` answers 404 until [`Metadata::interrupt`], then
+/// the notice's JSON. On loopback, where the local plugin's instances (this machine) reach it.
+struct Metadata {
+    port: u16,
+    notice: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Metadata {
+    fn start() -> Metadata {
+        use std::io::{Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let notice = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+        let shared = notice.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut buf = [0u8; 2048];
+                let n = conn.read(&mut buf).unwrap_or(0);
+                let request = String::from_utf8_lossy(&buf[..n]);
+                let body = shared.lock().expect("notice").clone();
+                let answer = match body {
+                    Some(b)
+                        if request.starts_with("GET /latest/meta-data/spot/instance-action ") =>
+                    {
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+                            b.len()
+                        )
+                    }
+                    _ => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_string(),
+                };
+                let _ = conn.write_all(answer.as_bytes());
+            }
+        });
+        Metadata { port, notice }
+    }
+
+    /// From now on the instance is to be terminated `in_s` seconds from now.
+    fn interrupt(&self, in_s: u64) {
+        let at = std::time::SystemTime::now() + Duration::from_secs(in_s);
+        let time = humantime::format_rfc3339_seconds(at);
+        *self.notice.lock().expect("notice") =
+            Some(format!(r#"{{"action": "terminate", "time": "{time}"}}"#));
+    }
+}
+
+#[test]
+fn a_preempted_instance_takes_no_new_job_and_its_unfinished_job_is_a_system_failure() {
+    let w = World::new();
+    let metadata = Metadata::start();
+    // Two slots per instance: the later job would fit beside the victim if the notice let it.
+    // The instances share this machine's network, where the metadata stub listens.
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            "{}    preemption_check_command = \"curl -sf http://127.0.0.1:{}/latest/meta-data/spot/instance-action\"\n    preemption_check_interval = \"500ms\"\n    [runners.autoscaler.plugin_config]\n      network = \"loopback\"\n    [[runners.autoscaler.policy]]\n      idle_count = 0\n      idle_time = \"5m\"\n",
+            config(0).replace("capacity_per_instance = 1", "capacity_per_instance = 2"),
+            metadata.port
+        ),
+    );
+    let file = w.write(
+        "p.yml",
+        r#"
+victim:
+  script:
+    - echo started
+    - sleep 120
+later:
+  when: delayed
+  start_in: 4 seconds
+  script:
+    - echo later-ran
+"#,
+    );
+    let (mut child, rx) = spawn_streaming(
+        &w,
+        &[
+            "exec",
+            "-c",
+            cfg.to_str().expect("c"),
+            file.to_str().expect("p"),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for_line(&rx, &mut seen, "[victim] started");
+    let victim_on = instances_of(&seen, "victim")
+        .into_iter()
+        .next()
+        .expect("instance named");
+    let noticed = Instant::now();
+    metadata.interrupt(8);
+    let (code, stderr) = wait_with_timeout_reading(&mut child, rx, &mut seen);
+    let all = seen.join("\n");
+    assert_eq!(code, Some(1), "{all}\n{stderr}");
+    // The job still running when the notice ran out: the instance's failure, not the script's.
+    let failed = seen
+        .iter()
+        .find(|l| l.starts_with("[victim] Job failed"))
+        .unwrap_or_else(|| panic!("victim's failure reported:\n{all}\n{stderr}"));
+    assert!(failed.contains("runner_system_failure"), "{all}");
+    assert!(
+        all.contains(&format!(
+            "instance {victim_on} was preempted by its cloud and removed under the job"
+        )),
+        "{all}"
+    );
+    // It got the notice's time, not less (the check runs every 500 ms).
+    assert!(
+        noticed.elapsed() >= Duration::from_secs(6),
+        "{:?}",
+        noticed.elapsed()
+    );
+    // No new job went to the preempted instance, though it had a free slot.
+    let later = instances_of(&seen, "later");
+    assert_eq!(later.len(), 1, "{all}");
+    assert_ne!(later[0], victim_on, "{all}");
+    assert!(all.contains("[later] later-ran"), "{all}");
+    assert!(
+        w.processes().is_empty(),
+        "left running: {:?}",
+        w.processes()
+    );
+}

@@ -44,6 +44,9 @@ pub struct Config {
     pub instance_resources: Option<Resources>,
     /// Relative cost of one instance per hour, to pick the cheapest shape that fits a job.
     pub instance_cost: f64,
+    /// How often each ready instance is asked whether it is about to be preempted
+    /// ([`crate::InstanceHooks::preemption`]); `None`: never.
+    pub preemption_check_interval: Option<Duration>,
 }
 
 impl Default for Config {
@@ -66,6 +69,7 @@ impl Default for Config {
             shutdown_deletion_retries: 3,
             instance_resources: None,
             instance_cost: 1.0,
+            preemption_check_interval: None,
         }
     }
 }

@@ -47,6 +47,8 @@ pub enum RemovalCause {
     Retry,
     /// Its job at the `instance` isolation level is done.
     Exclusive,
+    /// Its cloud is taking it away (a preemption notice): empty, or its notice ran out.
+    Preempted,
 }
 
 impl RemovalCause {
@@ -61,6 +63,7 @@ impl RemovalCause {
             RemovalCause::Unhealthy => "failure_threshold",
             RemovalCause::Retry => "deletion_retry",
             RemovalCause::Exclusive => "isolation_instance",
+            RemovalCause::Preempted => "preempted",
         }
     }
 }

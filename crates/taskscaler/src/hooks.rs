@@ -13,4 +13,10 @@ pub trait InstanceHooks: Send + Sync + 'static {
     /// Just before an idle instance is handed to the plugin for removal (its connection still
     /// up): remove what the runner keeps on it across jobs. Errors are the hook's to report.
     async fn removing(&self, _id: &str) {}
+    /// Whether the instance is about to be taken away by its cloud (a spot instance's
+    /// interruption notice): `Some(time left)`, or `None`. Asked every
+    /// `preemption_check_interval`; an error is logged and asked again next time.
+    async fn preemption(&self, _info: &ConnectInfo) -> Result<Option<std::time::Duration>, String> {
+        Ok(None)
+    }
 }

@@ -864,3 +864,95 @@ async fn at_the_instance_limit_an_idle_used_instance_makes_room_for_a_whole_inst
     ts.release("whole");
     ts.shutdown().await;
 }
+
+/// Hooks whose preemption check answers a notice for the instances listed.
+#[derive(Default)]
+struct Notices {
+    preempted: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl InstanceHooks for Notices {
+    async fn ready(&self, _: &ConnectInfo) -> Result<(), String> {
+        Ok(())
+    }
+    async fn heartbeat(&self, _: &ConnectInfo) -> Result<(), String> {
+        Ok(())
+    }
+    async fn preemption(&self, info: &ConnectInfo) -> Result<Option<Duration>, String> {
+        let listed = self.preempted.lock().expect("lock").contains(&info.id);
+        Ok(listed.then_some(Duration::from_secs(30)))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_preempted_instance_takes_no_new_job_and_goes_with_its_job_when_the_notice_runs_out() {
+    let group = Arc::new(Memory::default());
+    let notices = Arc::new(Notices::default());
+    let mut c = cfg(2, 0, 0);
+    c.preemption_check_interval = Some(Duration::from_secs(1));
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        c,
+        Options {
+            hooks: Some(notices.clone()),
+            ..Options::default()
+        },
+    )
+    .expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    notices
+        .preempted
+        .lock()
+        .expect("lock")
+        .push(a.instance_id.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(ts.is_preempted(&a.instance_id));
+    // Its free slot is not offered: the next job gets another instance.
+    ts.reserve("b").expect("b");
+    let b = ts.acquire("b").await.expect("b");
+    assert_ne!(b.instance_id, a.instance_id);
+    let lost = a.instance_lost();
+    assert!(!lost.is_cancelled(), "the notice's time is the job's");
+    // The notice runs out: the instance goes, its job is told first.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(lost.is_cancelled());
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&a.instance_id)
+    );
+    ts.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_preempted_instance_goes_at_once() {
+    let group = Arc::new(Memory::default());
+    let mut c = cfg(1, 0, 0);
+    c.preemption_check_interval = Some(Duration::from_secs(60));
+    let ts = Taskscaler::start_with(
+        group.clone(),
+        ProviderInfo::default(),
+        c,
+        Options::default(),
+    )
+    .expect("start");
+    ts.reserve("a").expect("a");
+    let a = ts.acquire("a").await.expect("a");
+    ts.release("a");
+    // A notice a plugin learned of, told directly.
+    ts.preempt(&a.instance_id, Duration::from_secs(120));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        group
+            .decreased
+            .lock()
+            .expect("lock")
+            .contains(&a.instance_id)
+    );
+    ts.shutdown().await;
+}

@@ -80,6 +80,7 @@ pub(super) async fn execute(
     };
     let lost = acq.instance_lost();
     let mut instance_lost = false;
+
     let mut result = {
         let run = execute_on_instance(
             runner,
@@ -112,7 +113,14 @@ pub(super) async fn execute(
     instance_lost |= lost.is_cancelled();
     let mut instance_failed = None;
     if instance_lost {
-        let msg = format!("instance {} was removed under the job", acq.instance_id);
+        let msg = if runner.is_preempted(acq) {
+            format!(
+                "instance {} was preempted by its cloud and removed under the job",
+                acq.instance_id
+            )
+        } else {
+            format!("instance {} was removed under the job", acq.instance_id)
+        };
         trace.message(&format!("ERROR: {msg}"));
         result.outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg.clone());
         // An executor plugin's steps are out of sight: whether its script started is unknown,

@@ -144,6 +144,8 @@ pub(super) async fn start_group(
         group: plugin.clone(),
         ready_command: (!auto.instance_ready_command.trim().is_empty())
             .then(|| auto.instance_ready_command.clone()),
+        preemption_command: (!auto.preemption_check_command.trim().is_empty())
+            .then(|| auto.preemption_check_command.clone()),
         alive: std::sync::Mutex::new(std::collections::HashMap::new()),
         docker_execs: docker_execs.clone(),
         subtrees: subtrees.cloned(),

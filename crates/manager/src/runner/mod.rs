@@ -308,6 +308,13 @@ impl Runner {
         self.placement.release(key);
     }
 
+    /// Whether the instance of `acq` has a preemption notice from its cloud.
+    pub fn is_preempted(&self, acq: &Acquisition) -> bool {
+        self.placement
+            .shape_of(&acq.key)
+            .is_some_and(|s| s.scaler.is_preempted(&acq.instance_id))
+    }
+
     /// Free acquisition `key` whose instance failed before its job's script started: the
     /// instance is removed and replaced, the job may reserve and acquire again.
     pub fn release_failed(&self, key: &str, why: &str) {

@@ -45,6 +45,12 @@ pub(super) struct Instance {
     /// Taken whole by a job at the `instance` isolation level: it takes nothing else, and goes
     /// when that job is done.
     pub(super) exclusive: bool,
+    /// Its cloud takes it away at this time (a preemption notice): it takes no new job, and
+    /// goes when empty or then.
+    pub(super) preempted: Option<Instant>,
+    /// When it was last asked about preemption, and whether an answer is awaited.
+    pub(super) preemption_asked: Option<Instant>,
+    pub(super) preemption_checking: bool,
 }
 
 /// One instance's share of the book's running totals and index.
@@ -107,8 +113,11 @@ pub(super) fn state_index(s: State) -> usize {
 impl Instance {
     /// Slots it can hand out now (as the decision sees it, without building a view).
     pub(super) fn free_slots(&self, cfg: &Config) -> u32 {
-        let leaving =
-            self.removing || self.preexisting || self.condemned.is_some() || self.exclusive;
+        let leaving = self.removing
+            || self.preexisting
+            || self.condemned.is_some()
+            || self.exclusive
+            || self.preempted.is_some();
         decision::free_slots_of(cfg, self.state, leaving, self.acquired(), self.uses)
     }
 
@@ -175,6 +184,7 @@ impl Instance {
             && !self.preexisting
             && !self.removing
             && self.condemned.is_none()
+            && self.preempted.is_none()
             && self.free_slots(cfg) > 0
     }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use slipway_fleeting::ConnectInfo;
+use slipway_fleeting::{ConnectInfo, State};
 use tokio::time::Instant;
 
 use super::Inner;
@@ -18,6 +18,11 @@ const READY_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// Ready checks under way: instance id and outcome.
 pub(super) type ReadyChecks = tokio::task::JoinSet<(String, Result<(), String>)>;
+/// Preemption checks in flight: each ends with its instance's id and answer.
+pub(super) type PreemptionChecks = tokio::task::JoinSet<(String, Result<Option<Duration>, String>)>;
+
+/// Longest a preemption check may take.
+const PREEMPTION_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Inner {
     /// Undo an assignment whose heartbeat failed; condemn the instance past the threshold.
@@ -130,6 +135,111 @@ impl Inner {
                 book.touch(id, &self.cfg);
             }
         }
+        drop(book);
+        self.bump();
+        self.wake.notify_one();
+    }
+}
+
+impl Inner {
+    /// Ask every ready instance not asked within `preemption_check_interval` whether its cloud
+    /// is taking it away; the answers come back through [`Inner::finish_preemption_check`].
+    pub(super) fn start_preemption_checks(self: &Arc<Self>, checks: &mut PreemptionChecks) {
+        let (Some(hooks), Some(every)) = (&self.hooks, self.cfg.preemption_check_interval) else {
+            return;
+        };
+        let now = Instant::now();
+        let due: Vec<(String, Option<ConnectInfo>)> = {
+            let mut book = self.lock();
+            let due: Vec<(String, Option<ConnectInfo>)> = book
+                .instances
+                .iter()
+                .filter(|(_, i)| {
+                    i.state == State::Running
+                        && i.ready
+                        && !i.removing
+                        && i.preempted.is_none()
+                        && !i.preemption_checking
+                        && i.preemption_asked
+                            .is_none_or(|t| now.duration_since(t) >= every)
+                })
+                .map(|(id, i)| (id.clone(), i.info.clone()))
+                .collect();
+            for (id, _) in &due {
+                if let Some(inst) = book.instances.get_mut(id) {
+                    inst.preemption_checking = true;
+                    inst.preemption_asked = Some(now);
+                }
+            }
+            due
+        };
+        for (id, info) in due {
+            let (inner, hooks) = (self.clone(), hooks.clone());
+            checks.spawn(async move {
+                let info = match info {
+                    Some(info) => info,
+                    None => match inner.fetch_connect_info(&id).await {
+                        Ok(info) => info,
+                        Err(e) => return (id, Err(e.to_string())),
+                    },
+                };
+                let answer =
+                    match tokio::time::timeout(PREEMPTION_CHECK_TIMEOUT, hooks.preemption(&info))
+                        .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => Err(format!("no answer within {PREEMPTION_CHECK_TIMEOUT:?}")),
+                    };
+                (id, answer)
+            });
+        }
+    }
+
+    /// The earliest time a preempted instance's notice runs out, if any is still there.
+    pub(super) fn next_preemption_deadline(&self) -> Option<Instant> {
+        self.lock()
+            .instances
+            .values()
+            .filter(|i| !i.removing)
+            .filter_map(|i| i.preempted)
+            .min()
+    }
+
+    /// Apply a preemption check's answer.
+    pub(super) fn finish_preemption_check(
+        &self,
+        id: &str,
+        answer: Result<Option<Duration>, String>,
+    ) {
+        if let Some(inst) = self.lock().instances.get_mut(id) {
+            inst.preemption_checking = false;
+        }
+        match answer {
+            Ok(Some(left)) => self.preempt(id, left),
+            Ok(None) => {}
+            Err(why) => tracing::debug!(instance = %id, error = %why, "preemption check failed"),
+        }
+    }
+
+    /// Instance `id` is taken away by its cloud in `left`: no new job goes to it; it is
+    /// removed once empty, or when `left` runs out (its jobs then end as the instance's
+    /// failure). A later notice never extends an earlier one.
+    pub(super) fn preempt(&self, id: &str, left: Duration) {
+        let mut book = self.lock();
+        let Some(inst) = book.instances.get_mut(id) else {
+            return;
+        };
+        if inst.removing {
+            return;
+        }
+        let at = Instant::now() + left;
+        if inst.preempted.is_some_and(|t| t <= at) {
+            return;
+        }
+        tracing::warn!(instance = %id, left = ?left, jobs = inst.acquired(),
+            "preemption notice: the instance takes no new job and goes when empty or when the notice runs out");
+        inst.preempted = Some(at);
+        book.touch(id, &self.cfg);
         drop(book);
         self.bump();
         self.wake.notify_one();

@@ -8,7 +8,7 @@ use slipway_fleeting::State;
 use tokio::time::Instant;
 
 use super::book::{Book, Instance, Reservation};
-use super::health::ReadyChecks;
+use super::health::{PreemptionChecks, ReadyChecks};
 use super::{Inner, call};
 use crate::decision::{self, Demand, InstanceView, RemovalCause};
 
@@ -28,6 +28,7 @@ pub(super) async fn run_loop(inner: Arc<Inner>) {
     }
     // Ready checks in flight; dropping the set (the loop ends) aborts them.
     let mut checks = ReadyChecks::new();
+    let mut preemptions = PreemptionChecks::new();
     loop {
         // Shutdown must not wait for a slow plugin call; instances a cut-short pass asked for
         // are still found and deleted by the shutdown's own Update.
@@ -37,12 +38,18 @@ pub(super) async fn run_loop(inner: Arc<Inner>) {
             _ = inner.pass() => {}
         }
         inner.start_ready_checks(&mut checks);
+        inner.start_preemption_checks(&mut preemptions);
         let interval = if inner.expecting() {
             inner.cfg.update_interval_when_expecting
         } else {
             inner.cfg.update_interval
         };
-        let until = Instant::now() + interval;
+        // A preempted instance's notice running out is a deadline the loop keeps.
+        let until = inner
+            .next_preemption_deadline()
+            .map_or(Instant::now() + interval, |at| {
+                at.min(Instant::now() + interval)
+            });
         loop {
             tokio::select! {
                 biased;
@@ -51,6 +58,12 @@ pub(super) async fn run_loop(inner: Arc<Inner>) {
                     match done {
                         Ok((id, result)) => inner.finish_ready_check(&id, result),
                         Err(e) => tracing::warn!(error = %e, "ready check task failed"),
+                    }
+                }
+                Some(done) = preemptions.join_next(), if !preemptions.is_empty() => {
+                    match done {
+                        Ok((id, answer)) => inner.finish_preemption_check(&id, answer),
+                        Err(e) => tracing::warn!(error = %e, "preemption check task failed"),
                     }
                 }
                 _ = inner.wake.notified() => break,
@@ -224,7 +237,18 @@ impl Inner {
             );
             self.fit_large_jobs(&book, &mut d, &views);
             d.increase = self.throttle(&mut book, d.increase);
+            let now = Instant::now();
             for (id, inst) in &book.instances {
+                // A preempted instance goes once empty, or with its jobs when its notice ran
+                // out (the cloud would take it then anyway).
+                if let Some(at) = inst.preempted
+                    && !inst.removing
+                    && (inst.acquired() == 0 || now >= at)
+                    && !d.remove.iter().any(|(r, _)| r == id)
+                {
+                    d.remove.push((id.clone(), RemovalCause::Preempted));
+                    continue;
+                }
                 let cause = if inst.preexisting {
                     Some(RemovalCause::Preexisting)
                 } else {
@@ -316,7 +340,7 @@ fn view(id: &str, i: &Instance) -> InstanceView {
         acquired: i.acquired(),
         uses: i.uses,
         // Instances on their way out offer no capacity to the decision.
-        removing: i.removing || i.preexisting || i.condemned.is_some(),
+        removing: i.removing || i.preexisting || i.condemned.is_some() || i.preempted.is_some(),
         idle_since: i.idle_since,
     }
 }

@@ -44,11 +44,28 @@ pub struct InstanceStatus {
     pub removing: bool,
     /// Taken whole by a job at the `instance` isolation level.
     pub exclusive: bool,
+    /// Its cloud takes it away (a preemption notice): it takes no new job.
+    pub preempted: bool,
     /// How to reach it, once known.
     pub connect_info: Option<ConnectInfo>,
 }
 
 impl Taskscaler {
+    /// Instance `id` is taken away by its cloud in `left` (a preemption notice a plugin or the
+    /// runner learned of): it takes no new job and goes when empty or when `left` runs out.
+    pub fn preempt(&self, id: &str, left: Duration) {
+        self.inner.preempt(id, left);
+    }
+
+    /// Whether instance `id` has a preemption notice.
+    pub fn is_preempted(&self, id: &str) -> bool {
+        self.inner
+            .lock()
+            .instances
+            .get(id)
+            .is_some_and(|i| i.preempted.is_some())
+    }
+
     /// Counts for status output.
     pub fn stats(&self) -> Stats {
         let book = self.inner.lock();
@@ -79,6 +96,7 @@ impl Taskscaler {
                 ready: i.ready && i.persisted && !i.preexisting,
                 removing: i.removing || i.condemned.is_some() || i.preexisting,
                 exclusive: i.exclusive,
+                preempted: i.preempted.is_some(),
                 connect_info: i.info.clone(),
             })
             .collect();
