@@ -1,7 +1,7 @@
 //! What instances dying under jobs cost: a pipeline of [`JOBS`] jobs through `slipway exec` on
 //! the local plugin while the bench kills instances behind the manager's back (every process of
 //! one, as a cloud deleting it would), [`KILLS`] times, one every [`KILL_EVERY`]. Each job first
-//! runs the runner's `pre_get_sources_script` (1 s, where the job runs), then its script (2 s):
+//! runs the runner's `pre_get_sources_script` (2 s, where the job runs), then its script (2 s):
 //! a kill lands before some jobs' scripts and in others'.
 //!
 //! Counted from the jobs' own lines: jobs that ran again on another instance and succeeded
@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-const JOBS: usize = 30;
-const KILLS: usize = 8;
-const KILL_EVERY: Duration = Duration::from_millis(2500);
+const JOBS: usize = 40;
+const KILLS: usize = 10;
+const KILL_EVERY: Duration = Duration::from_millis(1500);
 const COMMAND: &str = "cargo bench -p slipway --bench faults";
 
 /// What one run of the pipeline came to.
@@ -62,7 +62,7 @@ fn main() -> anyhow::Result<()> {
         "wall_over_baseline": round(faults.wall_s / baseline.wall_s),
         "setup": format!(
             "slipway exec, local plugin (capacity_per_instance 2, max_instances 4, start_attempts 3), \
-             {JOBS} jobs in one stage: pre_get_sources_script `sleep 1`, script `echo go; sleep 2`; \
+             {JOBS} jobs in one stage: pre_get_sources_script `sleep 2`, script `echo go; sleep 2`; \
              {KILLS} kills (pkill -KILL of every process of a random live instance), one every {:.1} s",
             KILL_EVERY.as_secs_f64()
         ),
@@ -103,7 +103,7 @@ concurrent = 8
 [[runners]]
   name = "faults"
   executor = "instance"
-  pre_get_sources_script = "sleep 1"
+  pre_get_sources_script = "sleep 2"
   [runners.autoscaler]
     plugin = "local"
     capacity_per_instance = 2
