@@ -57,8 +57,11 @@ struct State {
     budget_mib: u64,
     /// The image each slot keeps warm (what its last job asked for).
     want: HashMap<i32, String>,
-    /// Slots whose warm VM is being started.
+    /// Slots with a fill asked for (queued or under way).
     filling: HashSet<i32>,
+    /// Slots whose fill is under way (its turn came, it is starting their VM): a `Create`
+    /// waits for these, not for fills queued behind others.
+    starting: HashSet<i32>,
     counts: BTreeMap<String, WarmCounts>,
     /// Fired by `Shutdown`: fills stop, what they started goes.
     stop: CancellationToken,
@@ -105,6 +108,7 @@ impl WarmPool {
         // What slots' last jobs asked for belongs to the earlier configuration: a new one
         // starts from its own images.
         s.want.clear();
+        s.starting.clear();
         s.stop = CancellationToken::new();
         // Fills of an earlier configuration see their stop token fired and remove what they
         // start: they no longer hold their slots.
@@ -171,11 +175,13 @@ impl WarmPool {
     }
 
     fn end(&self, slot: i32) {
-        self.state().filling.remove(&slot);
+        let mut s = self.state();
+        s.filling.remove(&slot);
+        s.starting.remove(&slot);
     }
 
-    fn filling(&self, slot: i32) -> bool {
-        self.state().filling.contains(&slot)
+    fn starting(&self, slot: i32) -> bool {
+        self.state().starting.contains(&slot)
     }
 }
 
@@ -195,8 +201,8 @@ impl Daemon {
         let Some(image) = self.warm().image_for(slot) else {
             return;
         };
-        // Marked before the task runs: a `Create` of the slot right after the `Delete` that
-        // called this waits for the fill instead of racing it for the slot.
+        // Marked before the task runs: the slot's fill is asked for once, however many
+        // `Delete`s call this meanwhile.
         let Some((stop, budget_mib)) = self.warm().begin(slot) else {
             return;
         };
@@ -237,6 +243,8 @@ impl Daemon {
                 "not keeping the slot warm: the warm VMs' memory budget is spent");
             return Ok(());
         }
+        // From here a `Create` of the slot waits for this VM rather than starting its own.
+        self.warm().state().starting.insert(slot);
         // Started without a slot, then given it only if the slot is still free: a fill never
         // stomps a job's VM nor holds a slot a job's `Create` wants.
         let rec = match self.start_from_base(image, None).await {
@@ -312,8 +320,10 @@ impl Daemon {
         limit: Duration,
     ) -> Result<Option<VmRecord>, DaemonError> {
         self.warm().asked(slot, image);
+        // Only a fill under way is waited for: one queued behind others (or behind a start
+        // that hangs) would hold the job longer than starting its own VM.
         let deadline = tokio::time::Instant::now() + limit.min(FILL_WAIT);
-        while self.warm().filling(slot) && tokio::time::Instant::now() < deadline {
+        while self.warm().starting(slot) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(WAIT_STEP).await;
         }
         let (recs, _) = store::load_all(&self.state_dir());
