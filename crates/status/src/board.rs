@@ -131,13 +131,17 @@ impl JobBoard {
             .collect()
     }
 
-    /// Job `key` got `slot` on `instance`.
+    /// Job `key` got `slot` on `instance` (again, when its first instance failed under it).
     pub fn running(&self, key: &str, instance: &str, slot: u32) {
         let mut st = self.lock();
         let Some(t) = st.jobs.get_mut(key) else {
             return;
         };
-        if t.at.is_some() {
+        if let Some((at_instance, at_slot, _)) = &mut t.at {
+            // Tried again on another instance (its first failed before its script): the job
+            // is where it runs now; its wait and its start are counted once.
+            *at_instance = instance.to_string();
+            *at_slot = slot;
             return;
         }
         let now = Instant::now();
@@ -498,6 +502,24 @@ mod tests {
             text.contains(r#"slipway_vm_starts_total{runner="r",image="ci-vm",start="cold"} 1"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_job_tried_again_elsewhere_is_shown_where_it_ran_last() {
+        let b = JobBoard::new("r", JobMetrics::default());
+        b.waiting("job-1", info(1, "x"), Vec::new());
+        b.running("job-1", "dead", 0);
+        b.running("job-1", "alive", 1);
+        b.finished(
+            "job-1",
+            Ending {
+                outcome: "success".into(),
+                ..Ending::default()
+            },
+        );
+        let recent = b.recent();
+        assert_eq!(recent[0].instance.as_deref(), Some("alive"));
+        assert_eq!(recent[0].slot, Some(1));
     }
 
     #[test]
