@@ -371,6 +371,19 @@ impl RunnerConfig {
                 );
             }
         }
+        if self.executor == Executor::Custom {
+            for (k, v) in [
+                ("pre_get_sources_script", &self.pre_get_sources_script),
+                ("post_get_sources_script", &self.post_get_sources_script),
+            ] {
+                if v.as_deref().is_some_and(|s| !s.trim().is_empty()) {
+                    report.warning(
+                        &[k],
+                        "not run with the custom executor (its driver gets the sources); the script is ignored",
+                    );
+                }
+            }
+        }
         let mut tls_files_exist = true;
         for (k, v) in [
             ("tls-ca-file", &self.tls_ca_file),

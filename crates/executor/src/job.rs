@@ -612,22 +612,15 @@ impl JobRunner {
         // The job's script announces that its shell runs before anything else: until those
         // bytes arrive (or the shell exits), nothing of it has run, and a job whose instance
         // failed meanwhile may run again elsewhere (see `Trace::script_started`).
-        let mut announced = stage != "step_script";
-        if !announced {
+        let mut start = ScriptStart::new(stage == "step_script");
+        if start.expected {
             body.insert_str(0, SCRIPT_STARTED_COMMAND);
         }
         let run = host.run_stage(stage, body, tx);
         tokio::pin!(run);
         let end = loop {
             tokio::select! {
-                Some(chunk) = rx.recv() => {
-                    let chunk = if announced { chunk } else {
-                        announced = true;
-                        trace.mark_script_started();
-                        strip_started(chunk)
-                    };
-                    write_output(trace, chunk);
-                }
+                Some(chunk) = rx.recv() => start.write(trace, chunk),
                 res = &mut run => break Some(res),
                 _ = tokio::time::sleep_until(deadline) => break None,
                 _ = cancel.cancelled() => break None,
@@ -651,7 +644,7 @@ impl JobRunner {
                 let drained = tokio::time::timeout(Duration::from_secs(5), async {
                     loop {
                         tokio::select! {
-                            Some(chunk) = rx.recv() => write_output(trace, chunk),
+                            Some(chunk) = rx.recv() => start.write(trace, chunk),
                             _ = &mut run => break,
                         }
                     }
@@ -668,17 +661,10 @@ impl JobRunner {
             }
         };
         while let Ok(chunk) = rx.try_recv() {
-            let chunk = if announced {
-                chunk
-            } else {
-                announced = true;
-                trace.mark_script_started();
-                strip_started(chunk)
-            };
-            write_output(trace, chunk);
+            start.write(trace, chunk);
         }
-        if result.is_ok() && !announced {
-            // The shell ran to its end, its first bytes lost on the way.
+        if result.is_ok() && start.expected {
+            // The shell ran to its end (its first bytes perhaps lost on the way).
             trace.mark_script_started();
         }
         StepEnd::Exited(match result {
@@ -714,14 +700,16 @@ impl JobRunner {
             return None;
         }
         trace.message(&format!("Running {name}"));
-        let mut prologue = self.prologue.clone();
-        prologue.push_str(&format!("\nmkdir -p {}\n", dirs.project_dir()));
-        let runner = JobRunner {
-            prologue,
-            ..self.clone()
-        };
+        // The step's pid file sits in the slot's directory, and the hook runs in the project
+        // directory: both made first, a working copy in it kept.
+        let limit = TRANSFER_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+        let mkdir = format!("mkdir -p {}", dirs.project_dir());
+        if let Err(msg) = housekeeping(host, name, &mkdir, None, limit).await {
+            trace.message(&format!("ERROR: preparing {name}: {msg}"));
+            return Some(failed_quietly(msg, cancel, deadline));
+        }
         let step = StepName::Other(name.to_string());
-        let end = runner
+        let end = self
             .step(
                 host, dirs, job, step, &lines, false, deadline, cancel, trace,
             )
@@ -892,13 +880,40 @@ const SCRIPT_STARTED_COMMAND: &str = "printf '\\033[0K'\n";
 /// terminal and in GitLab's job log should it ever reach one.
 const SCRIPT_STARTED: &[u8] = b"\x1b[0K";
 
-/// `chunk` without the script's start announcement at its front.
-fn strip_started(chunk: Output) -> Output {
-    match chunk {
-        Output::Stdout(b) if b.starts_with(SCRIPT_STARTED) => {
-            Output::Stdout(b[SCRIPT_STARTED.len()..].to_vec())
+/// The job's script announcing its start: any output of the step means its shell runs; the
+/// announcement itself is taken off the first stdout that carries it.
+struct ScriptStart {
+    /// The step announces itself (the job's script step).
+    expected: bool,
+    /// The announcement was taken off stdout.
+    stripped: bool,
+}
+
+impl ScriptStart {
+    fn new(expected: bool) -> Self {
+        ScriptStart {
+            expected,
+            stripped: !expected,
         }
-        other => other,
+    }
+
+    /// Write `chunk` to the trace, without the announcement; the first output of the step
+    /// marks the script started.
+    fn write(&mut self, trace: &mut Trace, chunk: Output) {
+        if !self.expected {
+            return write_output(trace, chunk);
+        }
+        if !trace.script_started() {
+            trace.mark_script_started();
+        }
+        let chunk = match chunk {
+            Output::Stdout(b) if !self.stripped && b.starts_with(SCRIPT_STARTED) => {
+                self.stripped = true;
+                Output::Stdout(b[SCRIPT_STARTED.len()..].to_vec())
+            }
+            other => other,
+        };
+        write_output(trace, chunk);
     }
 }
 

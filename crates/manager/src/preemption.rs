@@ -10,11 +10,14 @@ use std::time::{Duration, SystemTime};
 
 /// The time left when a notice names none, or one that cannot be read: EC2's warning.
 pub const DEFAULT_NOTICE: Duration = Duration::from_secs(120);
+/// The longest notice taken: a later time is read as this much.
+const LONGEST_NOTICE: Duration = Duration::from_secs(24 * 3600);
 
 /// The time the instance has left after `output` (trimmed; empty: no notice) at `now`.
 pub fn notice(output: &str, now: SystemTime) -> Option<Duration> {
     let text = output.trim();
-    if text.is_empty() {
+    // GCP's `instance/preempted` answers FALSE until it says TRUE.
+    if text.is_empty() || text.eq_ignore_ascii_case("false") {
         return None;
     }
     let at = match serde_json::from_str::<serde_json::Value>(text) {
@@ -24,11 +27,14 @@ pub fn notice(output: &str, now: SystemTime) -> Option<Duration> {
             .and_then(|t| humantime::parse_rfc3339_weak(t).ok()),
         Ok(serde_json::Value::Number(n)) => n
             .as_u64()
-            .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s)),
+            .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s))),
         _ => humantime::parse_rfc3339_weak(text).ok(),
     };
     Some(match at {
-        Some(at) => at.duration_since(now).unwrap_or(Duration::ZERO),
+        Some(at) => at
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(LONGEST_NOTICE),
         None => DEFAULT_NOTICE,
     })
 }
@@ -70,6 +76,11 @@ mod tests {
             Some(Duration::from_secs(45))
         );
         assert_eq!(notice("going away", now), Some(DEFAULT_NOTICE));
+        assert_eq!(notice("TRUE", now), Some(DEFAULT_NOTICE));
         assert_eq!(notice(" \n", now), None);
+        assert_eq!(notice("FALSE\n", now), None);
+        // Far future and absurd numbers: capped, never a panic.
+        assert_eq!(notice("18446744073709551615", now), Some(DEFAULT_NOTICE));
+        assert_eq!(notice("9999-12-31T00:00:00Z", now), Some(LONGEST_NOTICE));
     }
 }

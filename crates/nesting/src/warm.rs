@@ -63,6 +63,9 @@ struct State {
     /// waits for these, not for fills queued behind others.
     starting: HashSet<i32>,
     counts: BTreeMap<String, WarmCounts>,
+    /// Counts configurations: a fill of an earlier one leaves the slot marks of the current
+    /// one alone.
+    generation: u64,
     /// Fired by `Shutdown`: fills stop, what they started goes.
     stop: CancellationToken,
 }
@@ -109,6 +112,7 @@ impl WarmPool {
         // starts from its own images.
         s.want.clear();
         s.starting.clear();
+        s.generation += 1;
         s.stop = CancellationToken::new();
         // Fills of an earlier configuration see their stop token fired and remove what they
         // start: they no longer hold their slots.
@@ -166,18 +170,31 @@ impl WarmPool {
             .or_else(|| s.config.as_ref().and_then(|c| c.images.first().cloned()))
     }
 
-    fn begin(&self, slot: i32) -> Option<(CancellationToken, u64)> {
+    /// Mark `slot`'s fill asked for: its configuration's stop token, generation and budget.
+    fn begin(&self, slot: i32) -> Option<(CancellationToken, u64, u64)> {
         let mut s = self.state();
         s.config.as_ref()?;
         s.filling
             .insert(slot)
-            .then(|| (s.stop.clone(), s.budget_mib))
+            .then(|| (s.stop.clone(), s.generation, s.budget_mib))
     }
 
-    fn end(&self, slot: i32) {
+    /// Mark `slot`'s fill of configuration `generation` under way, unless it was stopped.
+    fn under_way(&self, slot: i32, generation: u64, stop: &CancellationToken) -> bool {
         let mut s = self.state();
-        s.filling.remove(&slot);
-        s.starting.remove(&slot);
+        if stop.is_cancelled() || s.generation != generation {
+            return false;
+        }
+        s.starting.insert(slot);
+        true
+    }
+
+    fn end(&self, slot: i32, generation: u64) {
+        let mut s = self.state();
+        if s.generation == generation {
+            s.filling.remove(&slot);
+            s.starting.remove(&slot);
+        }
     }
 
     fn starting(&self, slot: i32) -> bool {
@@ -203,15 +220,18 @@ impl Daemon {
         };
         // Marked before the task runs: the slot's fill is asked for once, however many
         // `Delete`s call this meanwhile.
-        let Some((stop, budget_mib)) = self.warm().begin(slot) else {
+        let Some((stop, generation, budget_mib)) = self.warm().begin(slot) else {
             return;
         };
         let daemon = Arc::clone(self);
         // Owned by the pool's stop token: a fill checks it before and after its start, and
         // never drops a start half-way (that would leave a VM without its record).
         tokio::spawn(async move {
-            let _filling = Filling(&daemon, slot);
-            if let Err(e) = daemon.fill_now(slot, &image, &stop, budget_mib).await {
+            let _filling = Filling(&daemon, slot, generation);
+            if let Err(e) = daemon
+                .fill_now(slot, &image, &stop, generation, budget_mib)
+                .await
+            {
                 tracing::warn!(slot, "starting the slot's warm VM: {e}");
             }
         });
@@ -222,6 +242,7 @@ impl Daemon {
         slot: i32,
         image: &str,
         stop: &CancellationToken,
+        generation: u64,
         budget_mib: u64,
     ) -> Result<(), DaemonError> {
         let _one = self.warm().fills.lock().await;
@@ -244,7 +265,9 @@ impl Daemon {
             return Ok(());
         }
         // From here a `Create` of the slot waits for this VM rather than starting its own.
-        self.warm().state().starting.insert(slot);
+        if !self.warm().under_way(slot, generation, stop) {
+            return Ok(());
+        }
         // Started without a slot, then given it only if the slot is still free: a fill never
         // stomps a job's VM nor holds a slot a job's `Create` wants.
         let rec = match self.start_from_base(image, None).await {
@@ -351,11 +374,11 @@ impl Daemon {
 }
 
 /// Ends a fill of a slot when dropped.
-struct Filling<'a>(&'a Daemon, i32);
+struct Filling<'a>(&'a Daemon, i32, u64);
 
 impl Drop for Filling<'_> {
     fn drop(&mut self) {
-        self.0.warm().end(self.1);
+        self.0.warm().end(self.1, self.2);
     }
 }
 
@@ -382,5 +405,22 @@ mod tests {
         pool.configure(config(&["c"]), 1024);
         assert_eq!(pool.image_for(0).as_deref(), Some("c"));
         assert_eq!(pool.slots(), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_fill_of_an_earlier_configuration_leaves_the_current_marks_alone() {
+        let pool = WarmPool::default();
+        pool.configure(config(&["a"]), 1024);
+        let (old_stop, old_generation, _) = pool.begin(0).unwrap();
+        pool.stop();
+        pool.configure(config(&["a"]), 1024);
+        let (stop, generation, _) = pool.begin(0).unwrap();
+        assert!(pool.under_way(0, generation, &stop));
+        // The old fill neither starts nor ends the new one's slot.
+        assert!(!pool.under_way(0, old_generation, &old_stop));
+        pool.end(0, old_generation);
+        assert!(pool.starting(0));
+        pool.end(0, generation);
+        assert!(!pool.starting(0));
     }
 }

@@ -46,6 +46,7 @@ fn encoded_registry() -> String {
     jobs.waiting("r1");
     jobs.started("r1");
     jobs.finished("r1", "failed", Some("script_failure"), true, 42.0);
+    jobs.vm_started("r1", "ci-microvm", true);
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .unwrap_or_else(|e| panic!("encoding the registry: {e}"));

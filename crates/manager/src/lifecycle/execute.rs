@@ -71,10 +71,13 @@ pub(super) async fn execute(
         Err(e) => {
             let msg = crate::chain::Chain(&e).to_string();
             trace.message(&format!("ERROR: {msg}"));
+            // One refused connection (sshd's MaxStartups under a burst, say) is not a dead
+            // instance: a second round trip tells.
+            let failed = probe(runner, acq).await.is_err().then(|| msg.clone());
             return Executed {
-                outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg.clone()),
+                outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
                 artifacts: Vec::new(),
-                instance_failed: Some(msg),
+                instance_failed: failed,
             };
         }
     };

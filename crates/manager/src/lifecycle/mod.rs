@@ -286,17 +286,18 @@ impl Life<'_> {
             return Ok(ran(job, outcome, Some(&acq)));
         }
         let mut job = job;
+        // Each try has what is left of the job's timeout since it was received.
+        let timeout = job.runner_info.timeout;
         let (mut acq, mut acquired_at) = (acq, acquired_at);
         let mut tars = inputs.tars;
         let attempts = runner.start_attempts.max(1);
         let mut attempt = 1;
         let executed = loop {
             if let Some(since) = self.since
-                && job.runner_info.timeout > 0
+                && timeout > 0
             {
-                // Each try has what is left of the job's timeout since it was received.
                 let spent = since.elapsed().as_secs();
-                job.runner_info.timeout = job.runner_info.timeout.saturating_sub(spent).max(1);
+                job.runner_info.timeout = timeout.saturating_sub(spent).max(1);
             }
             // A try that may be followed by another hands over copies of the inputs.
             let mut last = attempt >= attempts;
@@ -328,9 +329,16 @@ impl Life<'_> {
             .await;
             let again = match &ex.instance_failed {
                 Some(why) if !trace.script_started() && !cancel.is_cancelled() => why.clone(),
-                _ => break Ok((ex.outcome, ex.artifacts)),
+                Some(why) => {
+                    // No other try: the failed instance still goes, rather than wait for a
+                    // heartbeat to find it dead.
+                    runner.release_failed(key, why);
+                    break Ok((ex.outcome, ex.artifacts));
+                }
+                None => break Ok((ex.outcome, ex.artifacts)),
             };
             if last {
+                runner.release_failed(key, &again);
                 trace.message(&format!(
                     "ERROR: the job's instance failed before its script started on {attempt} \
                      instance(s) in a row (start_attempts = {attempts})"
@@ -362,14 +370,9 @@ impl Life<'_> {
                     ));
                     (acq, acquired_at) = (a, Instant::now());
                 }
-                Err(no) => {
-                    let reason = if no.status == slipway_jobs::JobStatus::Canceled {
-                        FailureReason::JobCanceled
-                    } else {
-                        no.failure_reason
-                    };
-                    break Err((JobOutcome::failed(reason, None, no.message), None));
-                }
+                // No working slot came of it: to its source the job never got one (a queue
+                // gives a job the manager's stop caught here back to its queue).
+                Err(no) => return Err(no),
             }
         };
         let tracked = match &inputs.sources {

@@ -232,6 +232,8 @@ impl Inner {
         if inst.removing {
             return;
         }
+        // A notice further out than a day is read as a day (and never overflows the clock).
+        let left = left.min(Duration::from_secs(24 * 3600));
         let at = Instant::now() + left;
         if inst.preempted.is_some_and(|t| t <= at) {
             return;

@@ -44,12 +44,15 @@ pub(super) async fn run_loop(inner: Arc<Inner>) {
         } else {
             inner.cfg.update_interval
         };
-        // A preempted instance's notice running out is a deadline the loop keeps.
-        let until = inner
-            .next_preemption_deadline()
-            .map_or(Instant::now() + interval, |at| {
-                at.min(Instant::now() + interval)
-            });
+        // A preempted instance's notice running out is a deadline the loop keeps, and the
+        // next preemption checks are due within their interval.
+        let mut until = Instant::now() + interval;
+        if let Some(at) = inner.next_preemption_deadline() {
+            until = until.min(at);
+        }
+        if let Some(every) = inner.cfg.preemption_check_interval {
+            until = until.min(Instant::now() + every);
+        }
         loop {
             tokio::select! {
                 biased;
