@@ -129,6 +129,7 @@ pub(crate) fn error_to_status(e: GroupError) -> Status {
         GroupError::NotFound(id) => Status::not_found(id),
         GroupError::FailedPrecondition(m) => Status::failed_precondition(m),
         GroupError::Provider(m) => Status::internal(m),
+        GroupError::Capacity(m) => Status::resource_exhausted(m),
         e @ GroupError::Unavailable { .. } => Status::unavailable(e.to_string()),
     }
 }
@@ -139,6 +140,7 @@ pub fn status_to_error(plugin: &str, s: &Status) -> GroupError {
     match s.code() {
         Code::InvalidArgument | Code::OutOfRange => GroupError::InvalidArgument(m),
         Code::NotFound => GroupError::NotFound(m),
+        Code::ResourceExhausted => GroupError::Capacity(m),
         Code::FailedPrecondition | Code::AlreadyExists => GroupError::FailedPrecondition(m),
         Code::Unavailable | Code::Cancelled | Code::DeadlineExceeded => GroupError::Unavailable {
             plugin: plugin.to_owned(),
@@ -180,6 +182,7 @@ mod tests {
             GroupError::NotFound("i-1".into()),
             GroupError::FailedPrecondition("not initialized".into()),
             GroupError::Provider("boom".into()),
+            GroupError::Capacity("InsufficientInstanceCapacity".into()),
         ] {
             let want = e.to_string();
             assert_eq!(status_to_error("p", &error_to_status(e)).to_string(), want);

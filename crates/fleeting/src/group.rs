@@ -134,6 +134,11 @@ pub enum GroupError {
     /// The provider (cloud, hypervisor, local host) failed.
     #[error("provider error: {0}")]
     Provider(String),
+    /// The provider has no capacity for more instances now (a spot market without capacity,
+    /// a zone out of an instance type): `Increase` may succeed later or elsewhere. gRPC
+    /// `RESOURCE_EXHAUSTED` on the plugin boundary.
+    #[error("no capacity: {0}")]
+    Capacity(String),
     /// The plugin process could not be reached or has died.
     #[error("plugin {plugin} unavailable: {message}")]
     Unavailable {

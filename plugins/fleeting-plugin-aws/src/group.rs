@@ -36,12 +36,25 @@ struct Ready {
     connector: ConnectorConfig,
 }
 
+/// AWS error codes that mean "no capacity for this now": told apart from other failures, so
+/// that a runner can turn to a fallback (on-demand) shape.
+pub const CAPACITY_CODES: &[&str] = &[
+    "InsufficientInstanceCapacity",
+    "SpotMaxPriceTooLow",
+    "UnfulfillableCapacity",
+    "MaxSpotInstanceCountExceeded",
+    "InsufficientCapacity",
+];
+
 impl From<AwsError> for GroupError {
     fn from(e: AwsError) -> Self {
-        match e {
+        match &e {
             AwsError::NoRegion | AwsError::GroupNotFound { .. } => {
                 GroupError::InvalidArgument(e.to_string())
             }
+            AwsError::Api {
+                code: Some(code), ..
+            } if CAPACITY_CODES.contains(&code.as_str()) => GroupError::Capacity(e.to_string()),
             _ => GroupError::Provider(e.to_string()),
         }
     }

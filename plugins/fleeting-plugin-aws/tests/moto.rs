@@ -345,6 +345,25 @@ async fn throttling_and_5xx_are_retried() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn no_capacity_is_a_capacity_error_the_runner_can_tell_apart() -> anyhow::Result<()> {
+    let moto = Moto::start().await?;
+    moto.create_group("spot", 3).await?;
+    let proxy = FaultProxy::start(&moto.url).await?;
+    let (group, _profile) = init(&proxy.url, "spot").await?;
+    proxy.fail("SetDesiredCapacity", FaultKind::NoCapacity, Some(1));
+    let err = group.increase(1).await.unwrap_err();
+    assert!(
+        matches!(&err, slipway_fleeting::GroupError::Capacity(m) if m.contains("InsufficientInstanceCapacity")),
+        "{err:?}"
+    );
+    assert_eq!(proxy.hits("SetDesiredCapacity"), 1, "not retried");
+    // (Over the plugin boundary it is gRPC RESOURCE_EXHAUSTED: `convert::errors_round_trip`.)
+    // Capacity comes back: the next Increase goes through.
+    assert_eq!(group.increase(1).await?, 1);
+    Ok(())
+}
+
+#[tokio::test]
 async fn persistent_faults_fail_with_a_clear_error() -> anyhow::Result<()> {
     let moto = Moto::start().await?;
     moto.create_group("down", 3).await?;

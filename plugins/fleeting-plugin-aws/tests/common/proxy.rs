@@ -21,6 +21,9 @@ pub enum FaultKind {
     Throttle,
     /// HTTP 503 `ServiceUnavailable`.
     Unavailable,
+    /// HTTP 400 `InsufficientInstanceCapacity`: the zone has none of the instance type (not
+    /// retried by the SDK).
+    NoCapacity,
 }
 
 #[derive(Debug)]
@@ -129,6 +132,11 @@ fn error_response(kind: FaultKind, ec2: bool) -> Response<Full<Bytes>> {
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
             "Service is unavailable. Try again later.",
+        ),
+        (FaultKind::NoCapacity, _) => (
+            StatusCode::BAD_REQUEST,
+            "InsufficientInstanceCapacity",
+            "We currently do not have sufficient capacity in the Availability Zone you requested.",
         ),
     };
     // The two Query-protocol error shapes: EC2's own and the generic awsQuery one.

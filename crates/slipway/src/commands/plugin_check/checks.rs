@@ -59,6 +59,7 @@ fn describe(e: &GroupError) -> String {
         GroupError::NotFound(m) => ("NotFound", m.as_str()),
         GroupError::FailedPrecondition(m) => ("FailedPrecondition", m.as_str()),
         GroupError::Provider(m) => ("Internal", m.as_str()),
+        GroupError::Capacity(m) => ("ResourceExhausted", m.as_str()),
         GroupError::Unavailable { message, .. } => ("Unavailable", message.as_str()),
     };
     one_line(&format!("{kind}: {message}"))
