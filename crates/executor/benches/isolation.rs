@@ -40,8 +40,8 @@ use slipway_docker::Docker;
 use slipway_executor::cgroup::SlotCgroups;
 use slipway_executor::docker::LABEL_RUNNER;
 use slipway_executor::{
-    DockerConfig, DockerExecutor, DockerRunContext, Executor, JobContext, JobRunner, JobSlot,
-    PullPolicy, SshHost, Steps, Trace,
+    DockerConfig, DockerExecutor, DockerRunContext, Executor, JobRunner, JobSlot, PullPolicy,
+    SshHost, Steps, Trace,
 };
 use slipway_jobs::JobResponse;
 use slipway_testkit::Sshd;
@@ -349,6 +349,15 @@ async fn levels(
 
 /// A job through an [`Executor`] in slot 0: to its first output line.
 async fn run_steps(exec: &dyn Executor, job: &JobResponse) -> anyhow::Result<Duration> {
+    Ok(run_watched(exec, job).await?.0)
+}
+
+/// A job through an [`Executor`] in slot 0 with nothing but a watched trace: from the call to
+/// its first output line, and when a VM's "ready in" line came.
+async fn run_watched(
+    exec: &dyn Executor,
+    job: &JobResponse,
+) -> anyhow::Result<(Duration, Option<Instant>)> {
     let (mut trace, watch) = watched_trace();
     let t0 = Instant::now();
     let result = exec
@@ -369,9 +378,7 @@ async fn run_steps(exec: &dyn Executor, job: &JobResponse) -> anyhow::Result<Dur
     trace.finish();
     drop(trace);
     let ok = result.outcome.is_success();
-    Ok(finish(t0, ok, format!("{:?}", result.outcome), watch)
-        .await?
-        .0)
+    finish(t0, ok, format!("{:?}", result.outcome), watch).await
 }
 
 /// Runs `WARMUP + JOBS` rounds of one job then one primitive; the measured rounds' stats.
@@ -468,30 +475,12 @@ async fn run_host(
     client: &Client,
     job: &JobResponse,
 ) -> anyhow::Result<Duration> {
-    let (mut trace, watch) = watched_trace();
-    let host = SshHost(client);
-    let t0 = Instant::now();
-    let result = runner
-        .run(
-            job,
-            JobContext {
-                host: &host,
-                slot: 0,
-                trace: &mut trace,
-                cancel: CancellationToken::new(),
-                abort: None,
-                artifacts_in: Vec::new(),
-                scratch_dir: None,
-                sources: None,
-            },
-        )
-        .await;
-    trace.finish();
-    drop(trace);
-    let ok = result.outcome.is_success();
-    Ok(finish(t0, ok, format!("{:?}", result.outcome), watch)
-        .await?
-        .0)
+    let steps = Steps {
+        name: "bench",
+        host: SshHost(client),
+        runner: runner.clone(),
+    };
+    run_steps(&steps, job).await
 }
 
 async fn run_docker(exec: &DockerExecutor, job: &JobResponse) -> anyhow::Result<Duration> {

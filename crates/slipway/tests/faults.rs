@@ -28,6 +28,16 @@ fn spawn_streaming(w: &World, args: &[&str]) -> (Child, mpsc::Receiver<String>) 
     (child, rx)
 }
 
+/// `slipway exec -c cfg file`, its stdout lines forwarded as [`spawn_streaming`] does.
+fn spawn_exec(
+    w: &World,
+    cfg: &std::path::Path,
+    file: &std::path::Path,
+) -> (Child, mpsc::Receiver<String>) {
+    let (cfg, file) = (cfg.to_str().expect("c"), file.to_str().expect("p"));
+    spawn_streaming(w, &["exec", "-c", cfg, file])
+}
+
 /// `slipway exec -c cfg file` until its job `doomed` printed `started`: the process, its
 /// output, the lines seen so far and the instance the job runs on.
 fn start_doomed(
@@ -35,15 +45,7 @@ fn start_doomed(
     cfg: &std::path::Path,
     file: &std::path::Path,
 ) -> (Child, mpsc::Receiver<String>, Vec<String>, String) {
-    let (child, rx) = spawn_streaming(
-        w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
+    let (child, rx) = spawn_exec(w, cfg, file);
     let mut seen = Vec::new();
     wait_for_line(&rx, &mut seen, "[doomed] started");
     let instance = instances_of(&seen, "doomed")
@@ -104,15 +106,7 @@ fn killed_plugin_is_restarted_and_the_pipeline_finishes() {
         "p.yml",
         "stages: [one, two]\nfirst:\n  stage: one\n  script:\n    - echo started\n    - sleep 3\n    - echo first done\nsecond:\n  stage: two\n  script: [echo second done]\n",
     );
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
+    let (mut child, rx) = spawn_exec(&w, &cfg, &file);
     let mut seen = Vec::new();
     wait_for_line(&rx, &mut seen, "[first] started");
     let before = plugin_pids(&w);
@@ -447,15 +441,7 @@ fn a_job_whose_instance_dies_before_its_script_runs_again_on_another_instance() 
         "p.yml",
         "doomed:\n  script:\n    - echo started\n    - echo ran to the end\n",
     );
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
+    let (mut child, rx) = spawn_exec(&w, &cfg, &file);
     let mut seen = Vec::new();
     wait_for_line(&rx, &mut seen, "[doomed] hook-waits");
     let first = instances_of(&seen, "doomed")
@@ -507,15 +493,7 @@ fn a_job_whose_instances_all_die_before_its_script_fails_as_a_system_failure() {
         ),
     );
     let file = w.write("p.yml", "doomed:\n  script:\n    - echo started\n");
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
+    let (mut child, rx) = spawn_exec(&w, &cfg, &file);
     let mut seen = Vec::new();
     for attempt in 1..=2 {
         // Each try's instance, once its hook is waiting.
@@ -578,15 +556,7 @@ second:
     - echo second-ran
 "#,
     );
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
+    let (mut child, rx) = spawn_exec(&w, &cfg, &file);
     let mut seen = Vec::new();
     wait_for_line(&rx, &mut seen, "[first] Job succeeded");
     let first = instances_of(&seen, "first")
@@ -656,15 +626,7 @@ if [ ! -e {m} ]; then touch {m}; echo hook-waits; sleep 30; fi
         "p.yml",
         "doomed:\n  script:\n    - echo started\n    - echo ran to the end\n",
     );
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
+    let (mut child, rx) = spawn_exec(&w, &cfg, &file);
     let (code, seen, stderr) = tokio::task::spawn_blocking(move || {
         let mut seen = Vec::new();
         wait_for_line(&rx, &mut seen, "[doomed] hook-waits");
@@ -777,15 +739,7 @@ later:
     - echo later-ran
 "#,
     );
-    let (mut child, rx) = spawn_streaming(
-        &w,
-        &[
-            "exec",
-            "-c",
-            cfg.to_str().expect("c"),
-            file.to_str().expect("p"),
-        ],
-    );
+    let (mut child, rx) = spawn_exec(&w, &cfg, &file);
     let mut seen = Vec::new();
     wait_for_line(&rx, &mut seen, "[victim] started");
     let victim_on = instances_of(&seen, "victim")

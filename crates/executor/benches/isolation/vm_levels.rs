@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use slipway_connector::Client;
 use slipway_executor::nesting::NestingConfig;
-use slipway_executor::{Executor as _, Isolation, JobSlot, NestingExecutor};
+use slipway_executor::{Isolation, NestingExecutor};
 use slipway_jobs::JobResponse;
 use slipway_nesting::Level as ImageLevel;
 use slipway_nesting::client::{AgentAddr, NestingClient};
@@ -32,7 +32,7 @@ use slipway_nesting::image::{self, BuildOptions};
 use slipway_nesting::proto::VirtualMachine;
 use tokio_util::sync::CancellationToken;
 
-use super::{Goal, Level, finish, measure, ms, stats, watched_trace};
+use super::{Goal, Level, measure, ms, run_watched, stats};
 
 /// Jobs (measured, warm-up) per row: a restore is a fraction of a second, a boot seconds
 /// under emulation, a `vm` guest's boot tens of seconds.
@@ -240,27 +240,8 @@ async fn run_vm(
     job: &JobResponse,
     ready: &RefCell<Vec<f64>>,
 ) -> anyhow::Result<Duration> {
-    let (mut trace, watch) = watched_trace();
     let t0 = Instant::now();
-    let result = exec
-        .run(
-            job,
-            JobSlot {
-                slot: 0,
-                cgroup: None,
-                trace: &mut trace,
-                cancel: CancellationToken::new(),
-                abort: None,
-                artifacts_in: Vec::new(),
-                scratch_dir: None,
-                sources: None,
-            },
-        )
-        .await;
-    trace.finish();
-    drop(trace);
-    let ok = result.outcome.is_success();
-    let (took, marks) = finish(t0, ok, format!("{:?}", result.outcome), watch).await?;
+    let (took, marks) = run_watched(exec, job).await?;
     if let Some(at) = marks {
         ready.borrow_mut().push(ms(at.duration_since(t0)));
     }
