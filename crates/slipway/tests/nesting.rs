@@ -348,6 +348,68 @@ second:
     );
 }
 
+#[test]
+fn a_daemon_started_with_an_init_file_keeps_its_slots_warm_before_any_job() {
+    let w = World::new();
+    let images = images();
+    let (socket, state) = (w.path().join("n.sock"), w.path().join("ns"));
+    let serve = |init: &Path| {
+        w.slipway(&["nesting", "--socket"])
+            .arg(&socket)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--images-dir")
+            .arg(&images)
+            .arg("--init")
+            .arg(init)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // A bad file: the daemon does not start, and says which file and what is wrong.
+    let bad = w.write("bad-init.json", r#"{"accel":"tcg","warm":{"slots":"two"}}"#);
+    let out = wait_with_timeout(serve(&bad), Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad-init.json") && err.contains("warm.slots"),
+        "{err}"
+    );
+    let init = w.write(
+        "init.json",
+        &format!(r#"{{"accel":"tcg","warm":{{"slots":2,"images":["{MICROVM_IMAGE}"]}}}}"#),
+    );
+    let mut child = serve(&init);
+    let nest = Nest {
+        child: None,
+        socket: socket.clone(),
+        state: state.clone(),
+        images: images.clone(),
+    };
+    let mut listed = String::new();
+    let warm = wait_until(Duration::from_secs(180), || {
+        listed = nest.cli(&w, &["list"]).stdout;
+        listed
+            .lines()
+            .skip(1)
+            .filter(|l| l.contains(" yes "))
+            .count()
+            == 2
+    });
+    assert!(warm, "{listed}");
+    let down = nest.cli(&w, &["shutdown"]);
+    assert_eq!(down.code, Some(0), "{}", down.explain());
+    common::signal(child.id(), "TERM");
+    let _ = child.wait();
+    assert!(
+        wait_until(Duration::from_secs(30), || nest.qemus().is_empty()),
+        "{:?}",
+        nest.qemus()
+    );
+}
+
 /// The same runner with the VM levels behind the executor plugin boundary:
 /// `executor-plugin-nesting`, built from the in-process executor's code.
 fn plugin_config(w: &World, nest: &Nest) -> PathBuf {

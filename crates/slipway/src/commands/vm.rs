@@ -31,6 +31,7 @@ pub const DEFAULT_IMAGES_DIR: &str = "/var/lib/slipway/images";
 pub async fn serve(
     socket: &Path,
     opts: DaemonOptions,
+    init: Option<(PathBuf, Vec<u8>)>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let daemon = Daemon::new(opts.clone()).await.with_context(|| {
@@ -39,6 +40,13 @@ pub async fn serve(
             opts.state_dir.display()
         )
     })?;
+    if let Some((path, bytes)) = init {
+        daemon
+            .init(&bytes)
+            .await
+            .with_context(|| format!("applying the init file {}", path.display()))?;
+        daemon.fill_all();
+    }
     let running = daemon.list().await;
     tracing::info!(
         socket = %socket.display(),
@@ -396,6 +404,11 @@ pub enum NestingCommand {
         /// Where images are found when the Init config names none.
         #[arg(long, default_value = DEFAULT_IMAGES_DIR)]
         images_dir: PathBuf,
+        /// A nesting_config JSON file applied at start, as `init` would: warm slots then fill
+        /// before the first job asks (a manager's own Init is then answered "already
+        /// initialized" and the daemon keeps this configuration).
+        #[arg(long)]
+        init: Option<PathBuf>,
     },
     /// Configure the daemon with a nesting_config JSON file.
     Init {
@@ -537,14 +550,24 @@ async fn nesting_command(
     if let NestingCommand::Serve {
         state_dir,
         images_dir,
+        init,
     } = command
     {
+        let init = match init {
+            Some(p) => Some(
+                tokio::fs::read(&p)
+                    .await
+                    .with_context(|| format!("reading the init file {}", p.display()))
+                    .map(|bytes| (p, bytes))?,
+            ),
+            None => None,
+        };
         let stop = super::signals::shutdown_signal()?;
         let opts = slipway_nesting::daemon::DaemonOptions {
             state_dir,
             images_dir,
         };
-        serve(socket, opts, stop).await?;
+        serve(socket, opts, init, stop).await?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut client = connect(socket).await?;
