@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use slipway_connector::{Client, ConnectError, DialOptions, HostKeyStore};
+use slipway_connector::{Client, ConnectError, DialOptions, ExitStatus, HostKeyStore};
 use slipway_executor::docker::DockerExecutor;
 use slipway_fleeting::{ConnectInfo, InstanceGroup};
 use slipway_taskscaler::InstanceHooks;
@@ -74,6 +74,28 @@ impl Pool {
             .entry(info.id.clone())
             .or_insert_with(|| Arc::new(client))
             .clone())
+    }
+
+    /// Run `cmd` on the instance over its connection (dialled again if it closed): its exit
+    /// status, stdout and stderr, or why it could not run.
+    pub async fn run(
+        &self,
+        info: &ConnectInfo,
+        cmd: &str,
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+        let client = self.client(info).await.map_err(|e| Chain(&e).to_string())?;
+        client
+            .run_capture(cmd, Vec::new())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// GitLab's acquire heartbeat: whether the instance runs `exit 0` over its connection.
+    pub async fn answers(&self, info: &ConnectInfo) -> Result<(), String> {
+        match self.run(info, "exit 0").await? {
+            (st, _, _) if st.success() => Ok(()),
+            (st, _, _) => Err(format!("`exit 0` returned {st}")),
+        }
     }
 
     /// Close every connection.
@@ -149,17 +171,12 @@ impl InstanceHooks for Checks {
         let Some(cmd) = &self.ready_command else {
             return Ok(());
         };
-        let client = self
-            .pool
-            .client(info)
-            .await
-            .map_err(|e| Chain(&e).to_string())?;
-        let run = client.run_capture(cmd.clone(), Vec::new());
+        let run = self.pool.run(info, cmd);
         match tokio::time::timeout(READY_COMMAND_TIMEOUT, run).await {
             Err(_) => Err(format!(
                 "instance_ready_command did not finish within {READY_COMMAND_TIMEOUT:?}"
             )),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(e),
             Ok(Ok((st, _, _))) if st.success() => Ok(()),
             Ok(Ok((st, _, err))) => Err(format!(
                 "instance_ready_command failed ({st}): {}",
@@ -178,38 +195,19 @@ impl InstanceHooks for Checks {
             .heartbeat(&info.id)
             .await
             .map_err(|e| e.to_string())?;
-        // GitLab's acquire heartbeat: `exit 0` through the connector.
-        let client = self
-            .pool
-            .client(info)
-            .await
-            .map_err(|e| Chain(&e).to_string())?;
-        match client.run_capture("exit 0", Vec::new()).await {
-            Ok((st, _, _)) if st.success() => {
-                self.alive
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(info.id.clone(), Instant::now());
-                Ok(())
-            }
-            Ok((st, _, _)) => Err(format!("`exit 0` returned {st}")),
-            Err(e) => Err(e.to_string()),
-        }
+        self.pool.answers(info).await?;
+        self.alive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(info.id.clone(), Instant::now());
+        Ok(())
     }
 
     async fn preemption(&self, info: &ConnectInfo) -> Result<Option<Duration>, String> {
         let Some(cmd) = &self.preemption_command else {
             return Ok(None);
         };
-        let client = self
-            .pool
-            .client(info)
-            .await
-            .map_err(|e| Chain(&e).to_string())?;
-        let (st, out, _) = client
-            .run_capture(cmd.clone(), Vec::new())
-            .await
-            .map_err(|e| e.to_string())?;
+        let (st, out, _) = self.pool.run(info, cmd).await?;
         // No notice: the command fails (curl -f on EC2's 404) or says nothing.
         if !st.success() {
             return Ok(None);

@@ -312,8 +312,8 @@ impl Daemon {
         }
     }
 
-    /// `Init`.
-    pub async fn init(&self, bytes: &[u8]) -> Result<(), DaemonError> {
+    /// `Init`; with warm slots configured, their fills start.
+    pub async fn init(self: &Arc<Self>, bytes: &[u8]) -> Result<(), DaemonError> {
         let mut active = self.active.lock().await;
         if active.is_some() {
             return Err(DaemonError::AlreadyInitialized);
@@ -394,6 +394,8 @@ impl Daemon {
             boot_timeout,
             file_memory,
         }));
+        drop(active);
+        self.fill_all();
         Ok(())
     }
 

@@ -33,7 +33,6 @@ type Reply<T> = Result<Response<T>, Status>;
 impl nesting_server::Nesting for Service {
     async fn init(&self, r: Request<proto::InitRequest>) -> Reply<proto::InitResponse> {
         self.0.init(&r.into_inner().config).await?;
-        self.0.fill_all();
         Ok(Response::new(proto::InitResponse {}))
     }
 

@@ -203,8 +203,8 @@ impl WarmPool {
 }
 
 impl Daemon {
-    /// Start the next warm VM of every free warm slot (after `Init`).
-    pub fn fill_all(self: &Arc<Self>) {
+    /// Start the next warm VM of every free warm slot (`Init` does).
+    pub(crate) fn fill_all(self: &Arc<Self>) {
         for slot in self.warm().slots() {
             self.fill(slot);
         }

@@ -182,18 +182,7 @@ const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// One cheap round trip to the job's instance (`exit 0` over its connection, dialled again if
 /// it closed), as GitLab's acquire heartbeat does.
 async fn probe(runner: &Runner, acq: &Acquisition) -> Result<(), String> {
-    let check = async {
-        let client = runner
-            .client(acq)
-            .await
-            .map_err(|e| crate::chain::Chain(&e).to_string())?;
-        match client.run_capture("exit 0", Vec::new()).await {
-            Ok((st, _, _)) if st.success() => Ok(()),
-            Ok((st, _, _)) => Err(format!("`exit 0` returned {st}")),
-            Err(e) => Err(e.to_string()),
-        }
-    };
-    tokio::time::timeout(PROBE_TIMEOUT, check)
+    tokio::time::timeout(PROBE_TIMEOUT, runner.answers(acq))
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")))
 }

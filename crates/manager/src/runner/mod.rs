@@ -308,6 +308,12 @@ impl Runner {
         self.placement.release(key);
     }
 
+    /// Whether the instance of `acq` runs `exit 0` over its connection (dialled again if it
+    /// closed), as GitLab's acquire heartbeat asks.
+    pub async fn answers(&self, acq: &Acquisition) -> Result<(), String> {
+        self.pool.answers(&acq.connect_info).await
+    }
+
     /// Whether the instance of `acq` has a preemption notice from its cloud.
     pub fn is_preempted(&self, acq: &Acquisition) -> bool {
         self.placement

@@ -45,7 +45,6 @@ pub async fn serve(
             .init(&bytes)
             .await
             .with_context(|| format!("applying the init file {}", path.display()))?;
-        daemon.fill_all();
     }
     let running = daemon.list().await;
     tracing::info!(
