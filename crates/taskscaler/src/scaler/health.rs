@@ -83,24 +83,46 @@ impl Inner {
             due
         };
         for (id, info) in due {
-            let inner = self.clone();
             let hooks = hooks.clone();
-            checks.spawn(async move {
-                let info = match info {
-                    Some(info) => info,
-                    None => match inner.fetch_connect_info(&id).await {
-                        Ok(info) => info,
-                        Err(e) => return (id, Err(e.to_string())),
-                    },
-                };
-                let result =
-                    match tokio::time::timeout(READY_CHECK_TIMEOUT, hooks.ready(&info)).await {
-                        Ok(r) => r,
-                        Err(_) => Err(format!("no answer within {READY_CHECK_TIMEOUT:?}")),
-                    };
-                (id, result)
-            });
+            self.spawn_check(
+                checks,
+                id,
+                info,
+                READY_CHECK_TIMEOUT,
+                move |info| async move { hooks.ready(&info).await },
+            );
         }
+    }
+
+    /// Run `check` on instance `id` beside the loop, within `limit`, its connect info asked
+    /// for first when not known yet; the answer lands in `set` with the id.
+    fn spawn_check<T, F, Fut>(
+        self: &Arc<Self>,
+        set: &mut tokio::task::JoinSet<(String, Result<T, String>)>,
+        id: String,
+        info: Option<ConnectInfo>,
+        limit: Duration,
+        check: F,
+    ) where
+        T: Send + 'static,
+        F: FnOnce(ConnectInfo) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, String>> + Send,
+    {
+        let inner = self.clone();
+        set.spawn(async move {
+            let info = match info {
+                Some(info) => info,
+                None => match inner.fetch_connect_info(&id).await {
+                    Ok(info) => info,
+                    Err(e) => return (id, Err(e.to_string())),
+                },
+            };
+            let answer = match tokio::time::timeout(limit, check(info)).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("no answer within {limit:?}")),
+            };
+            (id, answer)
+        });
     }
 
     /// Apply a finished ready check: the instance takes jobs, or is replaced (with backoff on
@@ -174,24 +196,14 @@ impl Inner {
             due
         };
         for (id, info) in due {
-            let (inner, hooks) = (self.clone(), hooks.clone());
-            checks.spawn(async move {
-                let info = match info {
-                    Some(info) => info,
-                    None => match inner.fetch_connect_info(&id).await {
-                        Ok(info) => info,
-                        Err(e) => return (id, Err(e.to_string())),
-                    },
-                };
-                let answer =
-                    match tokio::time::timeout(PREEMPTION_CHECK_TIMEOUT, hooks.preemption(&info))
-                        .await
-                    {
-                        Ok(r) => r,
-                        Err(_) => Err(format!("no answer within {PREEMPTION_CHECK_TIMEOUT:?}")),
-                    };
-                (id, answer)
-            });
+            let hooks = hooks.clone();
+            self.spawn_check(
+                checks,
+                id,
+                info,
+                PREEMPTION_CHECK_TIMEOUT,
+                move |info| async move { hooks.preemption(&info).await },
+            );
         }
     }
 
