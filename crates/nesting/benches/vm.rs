@@ -170,23 +170,6 @@ async fn sh(vm: &VirtualMachine, script: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
-async fn build_agent(repo: &Path) -> anyhow::Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = tokio::process::Command::new(cargo)
-        .args(["build", "--release", "-p", "slipway-guest-agent"])
-        .current_dir(repo)
-        .status()
-        .await?;
-    if !st.success() {
-        bail!("building slipway-guest-agent failed");
-    }
-    // Where cargo put it: `CARGO_TARGET_DIR` when set (a bench target apart from the tests').
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo.join("target"));
-    Ok(target.join("release/slipway-guest-agent"))
-}
-
 async fn flattened_bytes(layer: &Path, out: &Path) -> anyhow::Result<u64> {
     let st = tokio::process::Command::new("qemu-img")
         .args(["convert", "-q", "-U", "-O", "qcow2"])
@@ -205,7 +188,7 @@ async fn flattened_bytes(layer: &Path, out: &Path) -> anyhow::Result<u64> {
 async fn run(repo: &Path, work: &Path, steps: &Steps) -> anyhow::Result<serde_json::Value> {
     slipway_testkit::guest::ensure_vm_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
     let images = work.join("images");
-    let agent_bin = build_agent(repo).await?;
+    let agent_bin = slipway_testkit::release_binary(repo, "slipway-guest-agent").await?;
     let opts = BuildOptions::new("bench".into(), Level::Microvm, images.clone(), agent_bin);
     image::build(&opts, &mut |_| {})
         .await

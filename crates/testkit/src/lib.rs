@@ -57,6 +57,25 @@ pub fn ensure_sshd() -> Result<(), FixtureError> {
     apt_install("openssh-server")
 }
 
+/// `cargo build --release -p PACKAGE` in `repo` (benches build what they drive); the binary
+/// of that name, where cargo put it (`CARGO_TARGET_DIR` when set, else `repo/target`).
+pub async fn release_binary(repo: &Path, package: &str) -> Result<PathBuf, FixtureError> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = tokio::process::Command::new(cargo)
+        .args(["build", "--release", "-p", package])
+        .current_dir(repo)
+        .status()
+        .await
+        .map_err(|e| err("running cargo build", e))?;
+    if !st.success() {
+        return Err(err("building a release binary", format!("{package}: {st}")));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo.join("target"));
+    Ok(target.join("release").join(package))
+}
+
 /// `apt-get install` one Debian package, updating the package lists once if the first try
 /// fails.
 pub fn apt_install(package: &str) -> Result<(), FixtureError> {

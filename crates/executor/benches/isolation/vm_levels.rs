@@ -299,7 +299,7 @@ async fn start() -> anyhow::Result<Nest> {
     let work = tempfile::Builder::new()
         .prefix("isobench")
         .tempdir_in("/tmp")?;
-    let agent = build_agent(&repo).await?;
+    let agent = slipway_testkit::release_binary(&repo, "slipway-guest-agent").await?;
     let images = work.path().join("images");
     for (name, level) in [
         ("bench-microvm", ImageLevel::Microvm),
@@ -340,18 +340,4 @@ async fn start() -> anyhow::Result<Nest> {
     }
     stop.cancel();
     bail!("the nesting daemon did not listen on {}", socket.display())
-}
-
-async fn build_agent(repo: &Path) -> anyhow::Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = tokio::process::Command::new(cargo)
-        .args(["build", "--release", "-p", "slipway-guest-agent"])
-        .current_dir(repo)
-        .status()
-        .await?;
-    ensure!(st.success(), "building slipway-guest-agent failed");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo.join("target"));
-    Ok(target.join("release/slipway-guest-agent"))
 }
