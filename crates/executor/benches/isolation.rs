@@ -40,8 +40,7 @@ use slipway_docker::Docker;
 use slipway_executor::cgroup::SlotCgroups;
 use slipway_executor::docker::LABEL_RUNNER;
 use slipway_executor::{
-    DockerConfig, DockerExecutor, DockerRunContext, Executor, JobRunner, JobSlot, PullPolicy,
-    SshHost, Steps, Trace,
+    DockerConfig, DockerExecutor, Executor, JobRunner, JobSlot, PullPolicy, SshHost, Steps, Trace,
 };
 use slipway_jobs::JobResponse;
 use slipway_testkit::Sshd;
@@ -279,7 +278,7 @@ async fn levels(
         "docker",
         job,
         (JOBS, WARMUP),
-        |j| run_docker(&exec, j),
+        |j| run_executor(&exec, j),
         || docker_run(runner_name),
     )
     .await?;
@@ -298,7 +297,7 @@ async fn levels(
         "docker-autoscaler",
         job,
         (JOBS, WARMUP),
-        |j| run_docker(&exec, j),
+        |j| run_executor(&exec, j),
         || docker_run(runner_name),
     )
     .await?;
@@ -329,7 +328,7 @@ async fn levels(
         "instance",
         job,
         (JOBS, WARMUP),
-        |j| run_steps(&steps, j),
+        |j| run_executor(&steps, j),
         || async {
             let t = Instant::now();
             let (st, out, _) = client.run_capture("echo first", Vec::new()).await?;
@@ -348,7 +347,7 @@ async fn levels(
 }
 
 /// A job through an [`Executor`] in slot 0: to its first output line.
-async fn run_steps(exec: &dyn Executor, job: &JobResponse) -> anyhow::Result<Duration> {
+async fn run_executor(exec: &dyn Executor, job: &JobResponse) -> anyhow::Result<Duration> {
     Ok(run_watched(exec, job).await?.0)
 }
 
@@ -480,33 +479,7 @@ async fn run_host(
         host: SshHost(client),
         runner: runner.clone(),
     };
-    run_steps(&steps, job).await
-}
-
-async fn run_docker(exec: &DockerExecutor, job: &JobResponse) -> anyhow::Result<Duration> {
-    let (mut trace, watch) = watched_trace();
-    let t0 = Instant::now();
-    let result = exec
-        .run(
-            job,
-            DockerRunContext {
-                slot: 0,
-                cgroup_parent: None,
-                trace: &mut trace,
-                cancel: CancellationToken::new(),
-                abort: None,
-                artifacts_in: Vec::new(),
-                scratch_dir: None,
-                sources: None,
-            },
-        )
-        .await;
-    trace.finish();
-    drop(trace);
-    let ok = result.outcome.is_success();
-    Ok(finish(t0, ok, format!("{:?}", result.outcome), watch)
-        .await?
-        .0)
+    run_executor(&steps, job).await
 }
 
 /// `docker run --rm IMAGE sh -c 'echo first'` through the CLI: until its stdout shows
