@@ -28,10 +28,17 @@ pub fn trace_problems(job: &SoakJob, seen: &Seen) -> Vec<String> {
         .lines()
         .map(|l| l.trim_end_matches('\r'))
         .collect();
-    let runs = lines
+    // A placement whose instance failed before the script started is tried again elsewhere
+    // (and says so): only the others count as runs.
+    let placed = lines
         .iter()
         .filter(|l| l.starts_with("Running on instance "))
         .count();
+    let retried = lines
+        .iter()
+        .filter(|l| l.contains("the job's script had not started: trying it again"))
+        .count();
+    let runs = placed.saturating_sub(retried);
     if runs > 1 {
         out.push(format!("{}: ran {runs} times", job.name));
     }
