@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod decision;
+pub mod fallback;
 pub mod forecast;
 pub mod hooks;
 pub mod metrics;
@@ -17,6 +18,7 @@ pub mod scaler;
 pub mod store;
 
 pub use config::{Config, Forecast, ScaleThrottle};
+pub use fallback::{Fallback, Refusals};
 pub use hooks::InstanceHooks;
 pub use metrics::Metrics;
 pub use placement::{Placement, Shape};

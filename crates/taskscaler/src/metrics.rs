@@ -37,6 +37,8 @@ pub struct MetricFamilies {
     readiness: Histograms,
     lifetime: Histograms,
     acquisition_wait: Histograms,
+    capacity_refusals: Family<Labels, Counter>,
+    diverted: Family<Labels, Gauge>,
     gitlab: GitLabFamilies,
 }
 
@@ -66,6 +68,8 @@ impl Default for MetricFamilies {
             readiness: h(),
             lifetime: h(),
             acquisition_wait: h(),
+            capacity_refusals: Family::default(),
+            diverted: Family::default(),
             gitlab: GitLabFamilies {
                 instances: Family::default(),
                 max_instances: Family::default(),
@@ -122,6 +126,16 @@ impl MetricFamilies {
             "acquisition_wait_seconds",
             "Time a job waited for a slot",
             self.acquisition_wait.clone(),
+        );
+        r.register(
+            "capacity_refusals",
+            "Instance requests the provider refused for lack of capacity",
+            self.capacity_refusals.clone(),
+        );
+        r.register(
+            "diverted",
+            "1 while this shape's new capacity goes to its fallback shape",
+            self.diverted.clone(),
         );
     }
 }
@@ -282,6 +296,22 @@ impl Metrics {
             .scale_operations
             .get_or_create(&self.gitlab_with("operation", "up"))
             .inc_by(n);
+    }
+
+    /// Count an `Increase` refused for lack of capacity.
+    pub fn capacity_refused(&self) {
+        self.families
+            .capacity_refusals
+            .get_or_create(&self.labels)
+            .inc();
+    }
+
+    /// Whether this shape's new capacity goes to its fallback.
+    pub fn set_diverted(&self, diverted: bool) {
+        self.families
+            .diverted
+            .get_or_create(&self.labels)
+            .set(i64::from(diverted));
     }
 
     /// Count an instance removed, for `cause`.

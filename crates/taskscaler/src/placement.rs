@@ -4,10 +4,18 @@
 //! goes to a shape with a running instance that can take it now (packing first), else to the
 //! cheapest shape whose instances can hold it; reserving there is what makes that shape scale
 //! up. A job no shape can hold is refused at once, naming every shape.
+//!
+//! A shape may have a fallback ([`Fallback`]): a spot shape whose provider refuses new
+//! instances for lack of capacity sends new capacity to its fallback for a while, jobs waiting
+//! for a slot on it included. A fallback shape takes new capacity only then (or for jobs its
+//! spot shape cannot hold); its running instances take jobs like any other.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use tokio::time::Instant;
+
+use crate::fallback::{Diversion, Fallback, Turn};
 use crate::resources::Resources;
 use crate::scaler::{Acquisition, Error, Taskscaler};
 
@@ -20,20 +28,101 @@ pub struct Shape {
     pub scaler: Taskscaler,
 }
 
+/// Where a job's reservation went, and what it asked for (to move it to a fallback).
+#[derive(Debug, Clone)]
+struct Route {
+    shape: usize,
+    request: Resources,
+    exclusive: bool,
+}
+
 /// Routes each job to one shape and remembers where it went.
 #[derive(Debug)]
 pub struct Placement {
     shapes: Vec<Shape>,
-    routes: Mutex<HashMap<String, usize>>,
+    routes: Mutex<HashMap<String, Route>>,
+    /// Per shape: its fallback, if it has one.
+    fallbacks: Vec<Option<Fallback>>,
+    /// Per shape: whether its new capacity goes to its fallback now.
+    diversions: Mutex<Vec<Diversion>>,
 }
 
 impl Placement {
     /// Place over `shapes` (at least one).
     pub fn new(shapes: Vec<Shape>) -> Self {
+        let n = shapes.len();
         Placement {
             shapes,
             routes: Mutex::new(HashMap::new()),
+            fallbacks: vec![None; n],
+            diversions: Mutex::new(vec![Diversion::default(); n]),
         }
+    }
+
+    /// Give shape `from` a fallback (`rule.to`); ignored unless both are shapes here and differ
+    /// (the config names them, and verify-config checks that).
+    #[must_use]
+    pub fn with_fallback(mut self, from: usize, rule: Fallback) -> Self {
+        if from < self.shapes.len() && rule.to < self.shapes.len() && from != rule.to {
+            self.fallbacks[from] = Some(rule);
+        }
+        self
+    }
+
+    /// Shape `i`'s fallback, if it has one.
+    pub fn fallback_of(&self, i: usize) -> Option<&Fallback> {
+        self.fallbacks.get(i)?.as_ref()
+    }
+
+    /// Whether some shape falls back to shape `i`.
+    pub fn is_fallback(&self, i: usize) -> bool {
+        self.fallbacks.iter().flatten().any(|f| f.to == i)
+    }
+
+    /// Since when shape `i`'s new capacity goes to its fallback (`None`: it does not), brought
+    /// up to date with its refusals now.
+    pub fn diverted_since(&self, i: usize) -> Option<Instant> {
+        let rule = self.fallback_of(i)?;
+        let scaler = &self.shapes[i].scaler;
+        let refusals = scaler.capacity_refusals();
+        let mut diversions = self.diversions.lock().unwrap_or_else(|p| p.into_inner());
+        let d = diversions.get_mut(i)?;
+        match d.update(rule, &refusals, Instant::now()) {
+            Some(Turn::Diverted) => {
+                tracing::warn!(shape = %self.shapes[i].name, fallback = %self.shapes[rule.to].name,
+                    refusals = refusals.count, after = ?rule.after,
+                    "no capacity for new instances: new capacity goes to the fallback shape");
+                scaler.metrics().set_diverted(true);
+            }
+            Some(Turn::Returned) => {
+                tracing::info!(shape = %self.shapes[i].name, quiet = ?rule.return_after,
+                    "no capacity refusal for the quiet period: new capacity goes to the shape again");
+                scaler.forget_capacity_refusals();
+                scaler.metrics().set_diverted(false);
+            }
+            None => {}
+        }
+        d.since
+    }
+
+    fn diverted(&self, i: usize) -> bool {
+        self.diverted_since(i).is_some()
+    }
+
+    /// Whether shape `i` may get new instances for a job that `fitting` shapes can hold: not
+    /// while it is diverted to a fallback that can hold the job; a fallback shape only while a
+    /// shape that falls back to it is diverted, or none of those can hold the job.
+    fn takes_new_capacity(&self, i: usize, fitting: &[usize]) -> bool {
+        if let Some(rule) = self.fallback_of(i)
+            && fitting.contains(&rule.to)
+            && self.diverted(i)
+        {
+            return false;
+        }
+        let mut primaries = (0..self.shapes.len())
+            .filter(|j| fitting.contains(j) && self.fallback_of(*j).is_some_and(|f| f.to == i))
+            .peekable();
+        primaries.peek().is_none() || primaries.any(|j| self.diverted(j))
     }
 
     /// The shapes, in config order.
@@ -69,7 +158,16 @@ impl Placement {
             .copied()
             .filter(|(i, slots, _)| self.shapes[*i].scaler.fits_now(*slots))
             .collect();
-        cheapest(&now)
+        if let Some(i) = cheapest(&now) {
+            return Ok(i);
+        }
+        let holders: Vec<usize> = fitting.iter().map(|c| c.0).collect();
+        let fresh: Vec<(usize, u32, f64)> = fitting
+            .iter()
+            .copied()
+            .filter(|(i, _, _)| self.takes_new_capacity(*i, &holders))
+            .collect();
+        cheapest(&fresh)
             .or_else(|| cheapest(&fitting))
             .ok_or_else(|| self.unsatisfiable(request))
     }
@@ -93,7 +191,7 @@ impl Placement {
     pub fn reserve(&self, key: &str, request: &Resources) -> Result<(), Error> {
         let i = self.choose(request)?;
         self.shapes[i].scaler.reserve_for(key, request)?;
-        self.lock().insert(key.to_string(), i);
+        self.remember(key, i, request, false);
         Ok(())
     }
 
@@ -101,7 +199,7 @@ impl Placement {
     pub async fn reserve_wait(&self, key: &str, request: &Resources) -> Result<(), Error> {
         let i = self.choose(request)?;
         self.shapes[i].scaler.reserve_wait_for(key, request).await?;
-        self.lock().insert(key.to_string(), i);
+        self.remember(key, i, request, false);
         Ok(())
     }
 
@@ -110,7 +208,7 @@ impl Placement {
     pub fn reserve_instance(&self, key: &str, request: &Resources) -> Result<(), Error> {
         let i = self.choose(request)?;
         self.shapes[i].scaler.reserve_instance(key, request)?;
-        self.lock().insert(key.to_string(), i);
+        self.remember(key, i, request, true);
         Ok(())
     }
 
@@ -121,27 +219,107 @@ impl Placement {
             .scaler
             .reserve_wait_instance(key, request)
             .await?;
-        self.lock().insert(key.to_string(), i);
+        self.remember(key, i, request, true);
         Ok(())
     }
 
-    /// Acquire the reservation on its shape.
+    /// Acquire the reservation on its shape. A job still waiting for a slot on a shape that
+    /// becomes diverted moves to the shape's fallback and waits there.
     pub async fn acquire(&self, key: &str) -> Result<Acquisition, Error> {
-        self.route(key)?.scaler.acquire(key).await
+        loop {
+            let route = self
+                .lock()
+                .get(key)
+                .cloned()
+                .ok_or_else(|| Error::NotReserved(key.to_string()))?;
+            let scaler = &self.shapes[route.shape].scaler;
+            let Some(rule) = self.fallback_of(route.shape).copied() else {
+                return scaler.acquire(key).await;
+            };
+            let mut changes = scaler.changes();
+            {
+                // Dropped at the end of this block, before the job moves.
+                let acquire = scaler.acquire(key);
+                tokio::pin!(acquire);
+                let mut watching = true;
+                loop {
+                    tokio::select! {
+                        r = &mut acquire => return r,
+                        changed = changes.changed(), if watching => {
+                            watching = changed.is_ok();
+                            // Only a job not yet bound to a slot moves; `acquire` is then
+                            // waiting for one, and dropping it leaves nothing half done.
+                            if self.diverted(route.shape) && scaler.is_waiting(key) {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            if !self.move_to(key, &route, rule.to) {
+                // The fallback has no room to reserve: keep waiting where the job was.
+                return self.shapes[route.shape].scaler.acquire(key).await;
+            }
+        }
+    }
+
+    /// Move waiting reservation `key` from its shape to shape `to`; false (and the reservation
+    /// back where it was) when `to` refuses it.
+    fn move_to(&self, key: &str, route: &Route, to: usize) -> bool {
+        let from = &self.shapes[route.shape];
+        from.scaler.release(key);
+        let target = &self.shapes[to].scaler;
+        let moved = if route.exclusive {
+            target.reserve_instance(key, &route.request)
+        } else {
+            target.reserve_for(key, &route.request)
+        };
+        match moved {
+            Ok(()) => {
+                tracing::info!(job = %key, from = %from.name, to = %self.shapes[to].name,
+                    "a job waiting for a slot moves to the fallback shape");
+                self.remember(key, to, &route.request, route.exclusive);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(job = %key, fallback = %self.shapes[to].name, error = %e,
+                    "the fallback shape cannot take a waiting job; it keeps waiting");
+                let back = if route.exclusive {
+                    from.scaler.reserve_instance(key, &route.request)
+                } else {
+                    from.scaler.reserve_for(key, &route.request)
+                };
+                if let Err(e) = back {
+                    tracing::warn!(job = %key, error = %e, "the job's reservation could not be renewed");
+                }
+                false
+            }
+        }
+    }
+
+    fn remember(&self, key: &str, shape: usize, request: &Resources, exclusive: bool) {
+        self.lock().insert(
+            key.to_string(),
+            Route {
+                shape,
+                request: *request,
+                exclusive,
+            },
+        );
     }
 
     /// Free a reservation or acquisition.
     pub fn release(&self, key: &str) {
-        if let Some(i) = self.lock().remove(key) {
-            self.shapes[i].scaler.release(key);
+        if let Some(r) = self.lock().remove(key) {
+            self.shapes[r.shape].scaler.release(key);
         }
     }
 
     /// Free acquisition `key` whose instance died before its job's script started: the
     /// instance is removed, the job may acquire again (see `Scaler::release_failed`).
     pub fn release_failed(&self, key: &str, why: &str) {
-        if let Some(i) = self.lock().remove(key) {
-            self.shapes[i].scaler.release_failed(key, why);
+        if let Some(r) = self.lock().remove(key) {
+            self.shapes[r.shape].scaler.release_failed(key, why);
         }
     }
 
@@ -152,7 +330,7 @@ impl Placement {
 
     /// The shape a reservation went to.
     pub fn shape_of(&self, key: &str) -> Option<&Shape> {
-        let i = *self.lock().get(key)?;
+        let i = self.lock().get(key)?.shape;
         self.shapes.get(i)
     }
 
@@ -161,12 +339,7 @@ impl Placement {
         futures::future::join_all(self.shapes.iter().map(|s| s.scaler.shutdown())).await;
     }
 
-    fn route(&self, key: &str) -> Result<&Shape, Error> {
-        self.shape_of(key)
-            .ok_or_else(|| Error::NotReserved(key.to_string()))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
         self.routes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use common::Memory;
 use slipway_fleeting::ProviderInfo;
-use slipway_taskscaler::{Config, Error, Placement, Policy, Resources, Shape, Taskscaler};
+use slipway_taskscaler::{
+    Config, Error, Fallback, Placement, Policy, Resources, Shape, Taskscaler,
+};
 
 const GIB: u64 = 1 << 30;
 
@@ -212,4 +214,98 @@ async fn placement_picks_the_cheapest_shape_that_fits_and_scales_only_it() {
     assert!(small.instances.lock().unwrap().is_empty());
     assert!(large.instances.lock().unwrap().is_empty());
     assert!(gpu.instances.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn spot_refused_for_capacity_falls_back_and_returns_after_a_quiet_period() {
+    let spot = Arc::new(Memory::default());
+    let on_demand = Arc::new(Memory::default());
+    *spot.no_capacity.lock().unwrap() = true;
+    // Shorter than the acquire timeout (10 s here), as it must be for a waiting job to move.
+    let after = Duration::from_secs(3);
+    let quiet = Duration::from_secs(20);
+    let placement = Placement::new(vec![
+        shape("spot", &spot, cfg(1, Some(res(2.0, 4, 0)), 0.3)),
+        shape("on-demand", &on_demand, cfg(1, Some(res(2.0, 4, 0)), 1.0)),
+    ])
+    .with_fallback(
+        0,
+        Fallback {
+            to: 1,
+            after,
+            return_after: quiet,
+        },
+    );
+    let job = res(1.0, 1, 0);
+
+    // The spot shape is cheaper and not diverted: the job waits there while it is refused,
+    // then moves to the fallback once the refusals have lasted `after`.
+    let t0 = tokio::time::Instant::now();
+    placement.reserve("a", &job).expect("a");
+    assert_eq!(placement.shape_of("a").unwrap().name, "spot");
+    let a = placement.acquire("a").await.expect("a moves and runs");
+    let waited = t0.elapsed();
+    assert_eq!(placement.shape_of("a").unwrap().name, "on-demand");
+    assert!(a.instance_id.starts_with('i'), "{a:?}");
+    assert!(waited >= after, "moved after {waited:?}, before {after:?}");
+    assert!(
+        *spot.refused.lock().unwrap() >= 2,
+        "spot was asked until it diverted"
+    );
+    assert!(spot.instances.lock().unwrap().is_empty());
+    assert!(placement.diverted_since(0).is_some());
+    let refused = placement.shapes()[0].scaler.capacity_refusals();
+    assert!(refused.count >= 2 && refused.first.is_some(), "{refused:?}");
+
+    // While diverted, a new job goes straight to the fallback.
+    placement.reserve("b", &job).expect("b");
+    assert_eq!(placement.shape_of("b").unwrap().name, "on-demand");
+    let b = placement.acquire("b").await.expect("b");
+    assert_ne!(b.instance_id, a.instance_id);
+    assert_eq!(on_demand.instances.lock().unwrap().len(), 2);
+
+    // Spot capacity is back; after the quiet period new capacity goes to spot again.
+    *spot.no_capacity.lock().unwrap() = false;
+    tokio::time::sleep(quiet + Duration::from_secs(1)).await;
+    assert!(placement.diverted_since(0).is_none(), "returned to spot");
+    assert_eq!(placement.shapes()[0].scaler.capacity_refusals().count, 0);
+    placement.reserve("c", &job).expect("c");
+    assert_eq!(placement.shape_of("c").unwrap().name, "spot");
+    let c = placement.acquire("c").await.expect("c");
+    assert_eq!(spot.instances.lock().unwrap().len(), 1, "{c:?}");
+
+    for k in ["a", "b", "c"] {
+        placement.release(k);
+    }
+    placement.shutdown().await;
+    assert!(spot.instances.lock().unwrap().is_empty());
+    assert!(on_demand.instances.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fallback_shape_takes_no_new_capacity_while_its_spot_shape_has_it() {
+    let spot = Arc::new(Memory::default());
+    let on_demand = Arc::new(Memory::default());
+    // Same price: without the fallback rule the tie would still pick spot (listed first), so
+    // list the fallback first to see the rule at work.
+    let placement = Placement::new(vec![
+        shape("on-demand", &on_demand, cfg(1, Some(res(2.0, 4, 0)), 1.0)),
+        shape("spot", &spot, cfg(1, Some(res(2.0, 4, 0)), 1.0)),
+    ])
+    .with_fallback(
+        1,
+        Fallback {
+            to: 0,
+            after: Duration::from_secs(30),
+            return_after: Duration::from_secs(120),
+        },
+    );
+    assert!(placement.is_fallback(0) && !placement.is_fallback(1));
+    placement.reserve("a", &res(1.0, 1, 0)).expect("a");
+    assert_eq!(placement.shape_of("a").unwrap().name, "spot");
+    placement.acquire("a").await.expect("a");
+    assert!(on_demand.instances.lock().unwrap().is_empty());
+    assert_eq!(*spot.refused.lock().unwrap(), 0);
+    placement.release("a");
+    placement.shutdown().await;
 }

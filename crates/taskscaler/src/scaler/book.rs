@@ -268,6 +268,8 @@ pub(super) struct Book {
     pub(super) vanished: HashMap<String, Instant>,
     pub(super) created: u64,
     pub(super) removed: u64,
+    /// `Increase` calls refused for lack of capacity since capacity last came.
+    pub(super) refusals: crate::fallback::Refusals,
 }
 
 impl Book {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use slipway_fleeting::State;
+use slipway_fleeting::{GroupError, State};
 use tokio::time::Instant;
 
 use super::book::{Book, Instance, Reservation};
@@ -308,6 +308,14 @@ impl Inner {
                     book.requested += n;
                     book.requested_at = Some(Instant::now());
                     book.created += u64::from(n);
+                    if n > 0 {
+                        book.refusals.clear();
+                    }
+                }
+                Err(e @ GroupError::Capacity(_)) => {
+                    tracing::warn!(error = %e, requested = decision.increase, "the provider has no capacity for new instances");
+                    self.metrics.capacity_refused();
+                    self.lock().refusals.refused(Instant::now());
                 }
                 Err(e) => tracing::warn!(error = %e, "plugin increase failed"),
             }

@@ -66,6 +66,25 @@ impl Taskscaler {
             .is_some_and(|i| i.preempted.is_some())
     }
 
+    /// `Increase` calls refused for lack of capacity since capacity last came.
+    pub fn capacity_refusals(&self) -> crate::fallback::Refusals {
+        self.inner.lock().refusals
+    }
+
+    /// Forget the refusals so far: the next run of them is timed from its own first.
+    pub fn forget_capacity_refusals(&self) {
+        self.inner.lock().refusals.clear();
+    }
+
+    /// Whether `key` is reserved here and still waits for a slot (not yet bound to one).
+    pub fn is_waiting(&self, key: &str) -> bool {
+        self.inner
+            .lock()
+            .reservations
+            .get(key)
+            .is_some_and(|r| r.at.is_none())
+    }
+
     /// Counts for status output.
     pub fn stats(&self) -> Stats {
         let book = self.inner.lock();

@@ -23,6 +23,10 @@ pub struct Memory {
     pub connect_calls: Mutex<u32>,
     /// Credentials handed out expire this long after the call.
     pub expires_in: Mutex<Option<std::time::Duration>>,
+    /// Refuse Increase for lack of capacity (a spot market with none left).
+    pub no_capacity: Mutex<bool>,
+    /// Increase calls refused for lack of capacity.
+    pub refused: Mutex<u32>,
 }
 
 #[async_trait]
@@ -48,6 +52,10 @@ impl InstanceGroup for Memory {
             .clone())
     }
     async fn increase(&self, delta: u32) -> Result<u32, GroupError> {
+        if *self.no_capacity.lock().unwrap() {
+            *self.refused.lock().unwrap() += 1;
+            return Err(GroupError::Capacity("InsufficientInstanceCapacity".into()));
+        }
         let mut next = self
             .next
             .lock()
