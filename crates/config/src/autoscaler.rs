@@ -242,7 +242,7 @@ impl AutoscalerConfig {
                 "must be -1 (unlimited), 0 (default 100/s) or a positive rate",
             );
         }
-        shape::validate(&self.shape, report);
+        shape::validate(&self.shape, self.instance_acquire_timeout, report);
     }
 
     /// A warning when the fleeting plugin is not on this machine where `slipway run` would

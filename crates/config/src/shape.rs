@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -10,7 +11,7 @@ use crate::problem::Report;
 
 /// `[[runners.autoscaler.shape]]`: one instance group, what each instance offers and costs.
 /// Keys not set here come from `[runners.autoscaler]`; `plugin_config` is merged over it.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default)]
 pub struct ShapeConfig {
     /// Name, unique within the runner.
@@ -31,6 +32,37 @@ pub struct ShapeConfig {
     pub max_use_count: Option<u32>,
     /// Merged over the runner's `plugin_config` (e.g. another instance type).
     pub plugin_config: toml::Table,
+    /// Spot (preemptible) capacity: shown as such, and expected to be refused at times.
+    pub spot: bool,
+    /// Another shape that takes this one's new capacity while its provider refuses new
+    /// instances for lack of capacity.
+    pub fallback: Option<String>,
+    /// Refusals for this long send new capacity to `fallback` (default 1m).
+    #[serde(with = "crate::de::duration")]
+    pub fallback_after: Duration,
+    /// No refusal for this long brings new capacity back from `fallback` (default 10m).
+    #[serde(with = "crate::de::duration")]
+    pub return_after: Duration,
+}
+
+impl Default for ShapeConfig {
+    fn default() -> Self {
+        ShapeConfig {
+            name: String::new(),
+            cpu: None,
+            memory: None,
+            gpu: 0,
+            cost: None,
+            capacity_per_instance: None,
+            max_instances: None,
+            max_use_count: None,
+            plugin_config: toml::Table::new(),
+            spot: false,
+            fallback: None,
+            fallback_after: Duration::from_secs(60),
+            return_after: Duration::from_secs(600),
+        }
+    }
 }
 
 /// A resource amount written as a number or a string with a unit.
@@ -84,10 +116,53 @@ impl ShapeConfig {
     }
 }
 
-/// Every shape named once, declaring what it offers at a positive cost (`report` is at
-/// `[runners.autoscaler]`).
-pub(crate) fn validate(shapes: &[ShapeConfig], report: &mut Report<'_>) {
+/// Every shape named once, declaring what it offers at a positive cost, with a fallback that
+/// is another shape without one of its own (`report` is at `[runners.autoscaler]`; a job waits
+/// for a slot up to `acquire_timeout`).
+pub(crate) fn validate(shapes: &[ShapeConfig], acquire_timeout: Duration, report: &mut Report<'_>) {
     let mut names = HashSet::new();
+    for (j, shape) in shapes.iter().enumerate() {
+        let Some(to) = &shape.fallback else { continue };
+        let mut at = report.element("shape", j);
+        match shapes.iter().find(|s| s.name == *to) {
+            None => at.error(
+                &["fallback"],
+                format!(
+                    "{to:?} is not a shape of this runner; expected one of {}",
+                    crate::problem::quoted(
+                        &shapes
+                            .iter()
+                            .filter(|s| s.name != shape.name)
+                            .map(|s| s.name.as_str())
+                            .collect::<Vec<_>>()
+                    )
+                ),
+            ),
+            Some(_) if *to == shape.name => {
+                at.error(&["fallback"], "a shape cannot fall back to itself")
+            }
+            Some(other) if other.fallback.is_some() => at.error(
+                &["fallback"],
+                format!("shape {to:?} has a fallback of its own; a fallback shape must not"),
+            ),
+            Some(_) => {}
+        }
+        if shape.fallback_after.is_zero() {
+            at.error(&["fallback_after"], "must be longer than 0s");
+        } else if shape.fallback_after >= acquire_timeout {
+            at.warning(
+                &["fallback_after"],
+                format!(
+                    "{:?} is not shorter than instance_acquire_timeout ({acquire_timeout:?}): a \
+                     job waiting on this shape times out before it can move to the fallback",
+                    shape.fallback_after
+                ),
+            );
+        }
+        if shape.return_after.is_zero() {
+            at.error(&["return_after"], "must be longer than 0s");
+        }
+    }
     for (j, shape) in shapes.iter().enumerate() {
         let mut at = report.element("shape", j);
         if shape.name.trim().is_empty() {
@@ -185,6 +260,105 @@ mod tests {
             e.iter()
                 .any(|l| l.contains("shape[1].memory: 16: expected an amount with a unit")),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_spot_shape_falls_back_to_another_shape() {
+        let text = format!(
+            "{GOOD}{}",
+            r#"
+    [[runners.autoscaler.shape]]
+      name = "spot"
+      cpu = 2
+      spot = true
+      fallback = "on-demand"
+      fallback_after = "20s"
+    [[runners.autoscaler.shape]]
+      name = "on-demand"
+      cpu = 2
+"#
+        );
+        let loaded = parse(&text, "config.toml").expect("valid");
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let a = loaded.config.runners[0]
+            .autoscaler
+            .as_ref()
+            .expect("autoscaler");
+        assert!(a.shape[0].spot);
+        assert_eq!(a.shape[0].fallback.as_deref(), Some("on-demand"));
+        assert_eq!(
+            a.shape[0].fallback_after,
+            std::time::Duration::from_secs(20)
+        );
+        assert_eq!(a.shape[0].return_after, std::time::Duration::from_secs(600));
+        assert!(!a.shape[1].spot && a.shape[1].fallback.is_none());
+    }
+
+    #[test]
+    fn bad_fallbacks_name_the_shape_and_what_was_expected() {
+        let text = format!(
+            "{GOOD}{}",
+            r#"
+    [[runners.autoscaler.shape]]
+      name = "spot"
+      cpu = 2
+      fallback = "ondemand"
+      return_after = "0s"
+    [[runners.autoscaler.shape]]
+      name = "self"
+      cpu = 2
+      fallback = "self"
+    [[runners.autoscaler.shape]]
+      name = "chain"
+      cpu = 2
+      fallback = "spot"
+"#
+        );
+        let e = errors(&text);
+        let has = |s: &str| e.iter().any(|l| l.contains(s));
+        assert!(
+            has(
+                "shape[0].fallback: \"ondemand\" is not a shape of this runner; expected one of \"self\", \"chain\""
+            ),
+            "{e:?}"
+        );
+        assert!(
+            has("shape[0].return_after: must be longer than 0s"),
+            "{e:?}"
+        );
+        assert!(
+            has("shape[1].fallback: a shape cannot fall back to itself"),
+            "{e:?}"
+        );
+        assert!(
+            has("shape[2].fallback: shape \"spot\" has a fallback of its own"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_fallback_after_beyond_the_acquire_timeout_is_a_warning() {
+        let text = format!(
+            "{GOOD}{}",
+            r#"
+    [[runners.autoscaler.shape]]
+      name = "spot"
+      cpu = 2
+      fallback = "on-demand"
+      fallback_after = "5m"
+    [[runners.autoscaler.shape]]
+      name = "on-demand"
+      cpu = 2
+"#
+        );
+        let loaded = parse(&text, "config.toml").expect("valid");
+        let w: Vec<String> = loaded.warnings.iter().map(ToString::to_string).collect();
+        assert!(
+            w.iter().any(|l| l.contains(
+                "shape[0].fallback_after: 300s is not shorter than instance_acquire_timeout (60s)"
+            )),
+            "{w:?}"
         );
     }
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 use slipway_fleeting::State;
 use slipway_status::history::p95;
 use slipway_status::model::{
-    InstanceStatus, PendingJob, QueueStatus, RunnerStatus, ShapeStatus, SlotJob, SlotStatus,
-    SnapshotStatus, Totals,
+    InstanceStatus, NoCapacity, PendingJob, QueueStatus, RunnerStatus, ShapeStatus, SlotJob,
+    SlotStatus, SnapshotStatus, Totals,
 };
 use slipway_status::{FleetStatus, History, Sample};
 use slipway_taskscaler::store::unix_ms;
@@ -293,6 +293,34 @@ pub fn runner_status_of(r: Source<'_>) -> RunnerStatus {
     runner_status(r, &HashMap::new(), 0)
 }
 
+/// `spot`, `fallback` or empty, as the status shows a shape.
+fn shape_role(p: &slipway_taskscaler::Placement, i: usize) -> &'static str {
+    if p.is_spot(i) {
+        "spot"
+    } else if p.is_fallback(i) {
+        "fallback"
+    } else {
+        ""
+    }
+}
+
+/// Shape `i`'s provider refusing new instances for lack of capacity, if it does.
+fn no_capacity(p: &slipway_taskscaler::Placement, i: usize) -> Option<NoCapacity> {
+    let shape = p.shapes().get(i)?;
+    let refusals = shape.scaler.capacity_refusals();
+    let first = refusals.first?;
+    let diverted_to = p
+        .diverted_since(i)
+        .and_then(|_| p.fallback_of(i))
+        .and_then(|f| p.shapes().get(f.to))
+        .map(|s| s.name.clone());
+    Some(NoCapacity {
+        since_s: first.elapsed().as_secs_f64(),
+        refusals: refusals.count,
+        diverted_to,
+    })
+}
+
 fn runner_status(
     r: Source<'_>,
     snapshots: &HashMap<String, Vec<HeldSnapshot>>,
@@ -305,11 +333,12 @@ fn runner_status(
         running: running.len() as u32,
         ..Totals::default()
     };
-    let shapes = r
-        .placement
+    let placement = r.placement;
+    let shapes = placement
         .shapes()
         .iter()
-        .map(|shape| {
+        .enumerate()
+        .map(|(index, shape)| {
             let cfg = shape.scaler.config();
             let instances = shape
                 .scaler
@@ -343,6 +372,8 @@ fn runner_status(
                 capacity_per_instance: cfg.capacity_per_instance,
                 max_instances: cfg.max_instances,
                 max_use_count: cfg.max_use_count,
+                role: shape_role(placement, index).to_string(),
+                no_capacity: no_capacity(placement, index),
                 instances,
             }
         })

@@ -94,8 +94,28 @@ pub struct ShapeStatus {
     pub max_instances: u32,
     /// Jobs per instance before it is replaced (0: no limit).
     pub max_use_count: u32,
+    /// `spot` (preemptible capacity), `fallback` (takes a spot shape's new capacity when
+    /// that has none) or empty.
+    #[serde(default)]
+    pub role: String,
+    /// Its provider refuses new instances for lack of capacity: since when, how often, and
+    /// the shape its new capacity goes to meanwhile (if it has a fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_capacity: Option<NoCapacity>,
     /// Instances, oldest first.
     pub instances: Vec<InstanceStatus>,
+}
+
+/// A shape whose provider refuses new instances for lack of capacity.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NoCapacity {
+    /// Seconds since the first refusal of this run of them.
+    pub since_s: f64,
+    /// Refusals in this run.
+    pub refusals: u64,
+    /// The fallback shape taking new capacity now, once the refusals lasted long enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverted_to: Option<String>,
 }
 
 /// One instance.

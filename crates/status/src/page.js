@@ -71,8 +71,13 @@
   }
   function shape(s) {
     var h = '<div class="shape" data-shape="' + esc(s.name) + '"><h3>Shape ' + esc(s.name) +
-      " <small>group " + esc(s.group) + " · " + s.capacity_per_instance + " slots per instance · max " +
+      " <small>" + (s.role ? '<b class="role">' + esc(s.role) + "</b> · " : "") + "group " +
+      esc(s.group) + " · " + s.capacity_per_instance + " slots per instance · max " +
       (s.max_instances ? s.max_instances : "∞") + " instances</small></h3>";
+    var n = s.no_capacity;
+    if (n) h += '<p class="no-capacity">No capacity for new instances for ' + dur(n.since_s) + " (" +
+      n.refusals + " refusals)" + (n.diverted_to ? ": new capacity goes to " + esc(n.diverted_to) : "") +
+      ".</p>";
     if (!s.instances.length) return h + '<p class="empty">No instances.</p></div>';
     h += '<table class="instances"><thead><tr><th>instance</th><th>state</th><th>age</th>' +
       "<th>uses</th><th>slots</th><th>snapshots</th></tr></thead><tbody>";

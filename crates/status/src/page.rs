@@ -190,9 +190,14 @@ fn waiting_table(h: &mut String, class: &str, jobs: &[PendingJob], with_level: b
 fn shape(h: &mut String, s: &ShapeStatus) {
     let _ = write!(
         h,
-        "<div class=\"shape\" data-shape=\"{n}\"><h3>Shape {n} <small>group {g} · {c} slots per \
-         instance · max {m} instances</small></h3>",
+        "<div class=\"shape\" data-shape=\"{n}\"><h3>Shape {n} <small>{r}group {g} · {c} slots \
+         per instance · max {m} instances</small></h3>",
         n = esc(&s.name),
+        r = if s.role.is_empty() {
+            String::new()
+        } else {
+            format!("<b class=\"role\">{}</b> · ", esc(&s.role))
+        },
         g = esc(&s.group),
         c = s.capacity_per_instance,
         m = if s.max_instances == 0 {
@@ -201,6 +206,18 @@ fn shape(h: &mut String, s: &ShapeStatus) {
             s.max_instances.to_string()
         },
     );
+    if let Some(n) = &s.no_capacity {
+        let _ = write!(
+            h,
+            "<p class=\"no-capacity\">No capacity for new instances for {} ({} refusals){}.</p>",
+            duration(n.since_s),
+            n.refusals,
+            match &n.diverted_to {
+                Some(to) => format!(": new capacity goes to {}", esc(to)),
+                None => String::new(),
+            }
+        );
+    }
     if s.instances.is_empty() {
         h.push_str("<p class=\"empty\">No instances.</p></div>");
         return;
@@ -403,6 +420,37 @@ mod tests {
         );
         assert!(!page.contains("build \"x\""), "unescaped text");
         assert!(page.contains("<script>"));
+    }
+
+    #[test]
+    fn a_spot_shape_without_capacity_says_where_new_capacity_goes() {
+        let mut spot = shape_with_one_job("build", 1.0);
+        spot.name = "spot".into();
+        spot.role = "spot".into();
+        spot.no_capacity = Some(crate::model::NoCapacity {
+            since_s: 95.0,
+            refusals: 12,
+            diverted_to: Some("on-<demand>".into()),
+        });
+        let mut h = String::new();
+        shape(&mut h, &spot);
+        assert!(
+            h.contains("<small><b class=\"role\">spot</b> · group g"),
+            "{h}"
+        );
+        assert!(
+            h.contains(
+                "No capacity for new instances for 1m35s (12 refusals): new capacity goes to \
+                 on-&lt;demand&gt;."
+            ),
+            "{h}"
+        );
+        let mut plain = String::new();
+        shape(&mut plain, &shape_with_one_job("build", 1.0));
+        assert!(
+            !plain.contains("role") && !plain.contains("No capacity"),
+            "{plain}"
+        );
     }
 
     #[test]

@@ -73,11 +73,28 @@ fn render_raw(s: &FleetStatus) -> String {
             );
         }
         for sh in &r.shapes {
+            let role = if sh.role.is_empty() {
+                String::new()
+            } else {
+                format!("{}, ", sh.role)
+            };
             let _ = writeln!(
                 o,
-                "  shape {} (group {}, {} slots per instance)",
+                "  shape {} ({role}group {}, {} slots per instance)",
                 sh.name, sh.group, sh.capacity_per_instance
             );
+            if let Some(n) = &sh.no_capacity {
+                let _ = writeln!(
+                    o,
+                    "    no capacity for new instances for {} ({} refusals){}",
+                    duration(n.since_s),
+                    n.refusals,
+                    n.diverted_to
+                        .as_ref()
+                        .map(|to| format!(": new capacity goes to {to}"))
+                        .unwrap_or_default()
+                );
+            }
             if sh.instances.is_empty() {
                 let _ = writeln!(o, "    no instances");
                 continue;

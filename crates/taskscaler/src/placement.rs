@@ -45,6 +45,8 @@ pub struct Placement {
     fallbacks: Vec<Option<Fallback>>,
     /// Per shape: whether its new capacity goes to its fallback now.
     diversions: Mutex<Vec<Diversion>>,
+    /// Per shape: spot (preemptible) capacity, as configured; shown to operators.
+    spot: Vec<bool>,
 }
 
 impl Placement {
@@ -56,7 +58,22 @@ impl Placement {
             routes: Mutex::new(HashMap::new()),
             fallbacks: vec![None; n],
             diversions: Mutex::new(vec![Diversion::default(); n]),
+            spot: vec![false; n],
         }
+    }
+
+    /// Mark shape `i` as spot capacity.
+    #[must_use]
+    pub fn with_spot(mut self, i: usize) -> Self {
+        if let Some(s) = self.spot.get_mut(i) {
+            *s = true;
+        }
+        self
+    }
+
+    /// Whether shape `i` is spot capacity.
+    pub fn is_spot(&self, i: usize) -> bool {
+        self.spot.get(i).copied().unwrap_or(false)
     }
 
     /// Give shape `from` a fallback (`rule.to`); ignored unless both are shapes here and differ

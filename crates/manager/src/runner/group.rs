@@ -8,7 +8,7 @@ use slipway_config::{AutoscalerConfig, RunnerConfig};
 use slipway_fleeting::{InstanceGroup as _, PluginHost, PluginOptions};
 use slipway_taskscaler::metrics::{MetricFamilies, Metrics};
 use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreIdentity};
-use slipway_taskscaler::{Options, Resources, Shape, Taskscaler};
+use slipway_taskscaler::{Fallback, Options, Placement, Resources, Shape, Taskscaler};
 
 use super::{GroupName, StartError, StartOptions};
 use crate::pool::{Checks, DockerExecs, Pool};
@@ -20,6 +20,10 @@ pub(super) struct GroupPlan {
     auto: AutoscalerConfig,
     resources: Option<Resources>,
     cost: f64,
+    /// `spot = true`: shown as spot capacity.
+    pub(super) spot: bool,
+    /// The shape taking this one's new capacity while its provider has none, and when.
+    pub(super) fallback: Option<(String, Fallback)>,
 }
 
 /// The section itself when it declares no shapes, else one plan per shape.
@@ -51,6 +55,8 @@ pub(super) fn group_plans(
             auto: a,
             resources: None,
             cost: 1.0,
+            spot: false,
+            fallback: None,
         }]);
     }
     auto.shape
@@ -84,9 +90,35 @@ pub(super) fn group_plans(
                 auto: a,
                 resources: Some(resources),
                 cost: shape.cost.unwrap_or(1.0),
+                spot: shape.spot,
+                fallback: shape.fallback.as_ref().and_then(|to| {
+                    let index = auto.shape.iter().position(|s| s.name == *to)?;
+                    Some((
+                        to.clone(),
+                        Fallback {
+                            to: index,
+                            after: shape.fallback_after,
+                            return_after: shape.return_after,
+                        },
+                    ))
+                }),
             })
         })
         .collect()
+}
+
+/// Place over `shapes` (started from `plans`, in order) with each plan's fallback.
+pub(super) fn placement_of(plans: &[GroupPlan], shapes: Vec<Shape>) -> Placement {
+    plans
+        .iter()
+        .enumerate()
+        .fold(Placement::new(shapes), |p, (i, plan)| {
+            let p = if plan.spot { p.with_spot(i) } else { p };
+            match &plan.fallback {
+                Some((_, rule)) => p.with_fallback(i, *rule),
+                None => p,
+            }
+        })
 }
 
 /// Start one group's plugin and taskscaler; stops the plugin again when the rest fails.

@@ -34,7 +34,7 @@ pub use error::{GroupName, SnapshotsError, StartError};
 pub use group::{plugin_name, run_scoped_plugin_config};
 pub use plugin::{ExecutorPlugin, check_plugin_levels, start_executor_plugin_with};
 
-use group::{group_plans, start_group, stop_started};
+use group::{group_plans, placement_of, start_group, stop_started};
 use local::start_local;
 use plugin::start_plugin_of;
 
@@ -265,7 +265,7 @@ impl Runner {
             nesting: cfg.nesting_config(),
             start_attempts: auto.start_attempts.max(1),
             executor_plugin,
-            placement: Placement::new(shapes),
+            placement: placement_of(&plans, shapes),
             board: board_of(cfg, opts),
             defaults: JobDefaults::of(cfg),
             plugins,
