@@ -15,7 +15,7 @@ use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_fleeting::{ConnectInfo, InstanceGroup, PluginHost, PluginOptions, State};
 use slipway_sim::bench::percentile;
 
-use moto::Moto;
+use slipway_testkit::moto::Moto;
 
 const SAMPLES: usize = 10;
 const COMMAND: &str = "make bench-plugins";
@@ -210,9 +210,10 @@ async fn bench() -> anyhow::Result<()> {
 
     // AWS on moto: the API round trips only (moto's instances run nothing, so no SSH).
     let moto = Moto::start(dir).await?;
+    moto.create_groups(&["bench-asg"], 20).await?;
     let aws = Case {
         name: "aws",
-        config: json!({ "name": moto.asg, "region": moto::REGION }),
+        config: json!({ "name": "bench-asg", "region": slipway_testkit::moto::REGION }),
         env: moto.env(),
         ssh: false,
     };
@@ -449,114 +450,6 @@ async fn static_case(hosts: &PluginHost, dir: &std::path::Path) -> anyhow::Resul
         env: Vec::new(),
         ssh: true,
     })
-}
-
-/// A moto server on a loopback port with one launch template and Auto Scaling group.
-mod moto {
-    use std::path::Path;
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
-
-    use anyhow::{Context as _, bail};
-
-    /// The region the group lives in.
-    pub const REGION: &str = "us-east-1";
-
-    /// A running `moto_server`, killed by `stop` (or on drop).
-    pub struct Moto {
-        child: tokio::process::Child,
-        port: u16,
-        /// The group's name.
-        pub asg: String,
-    }
-
-    const SETUP: &str = r#"
-import boto3, sys
-kw = dict(endpoint_url=sys.argv[1], region_name=sys.argv[2],
-          aws_access_key_id="bench", aws_secret_access_key="bench")
-ec2 = boto3.client("ec2", **kw)
-# An Amazon Linux AMI of moto's catalogue: EC2 Instance Connect refuses Windows instances.
-image = "ami-760aaa0f"
-ec2.create_launch_template(LaunchTemplateName="bench",
-    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
-asg = boto3.client("autoscaling", **kw)
-asg.create_auto_scaling_group(AutoScalingGroupName="bench-asg",
-    LaunchTemplate={"LaunchTemplateName": "bench"}, MinSize=0, MaxSize=20,
-    DesiredCapacity=0, AvailabilityZones=[sys.argv[2] + "a"],
-    NewInstancesProtectedFromScaleIn=True)
-"#;
-
-    impl Moto {
-        /// Start moto on a free port and create the group.
-        pub async fn start(dir: &Path) -> anyhow::Result<Self> {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
-            let log = std::fs::File::create(dir.join("moto.log"))?;
-            let child = tokio::process::Command::new("python3")
-                .args([
-                    "-m",
-                    "moto.server",
-                    "-H",
-                    "127.0.0.1",
-                    "-p",
-                    &port.to_string(),
-                ])
-                .stdout(Stdio::null())
-                .stderr(log)
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting moto (pip install 'moto[server]')")?;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_err()
-            {
-                if Instant::now() > deadline {
-                    bail!("moto did not listen on {port} within 60 s");
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            let moto = Moto {
-                child,
-                port,
-                asg: "bench-asg".into(),
-            };
-            let out = tokio::process::Command::new("python3")
-                .args(["-c", SETUP, &moto.url(), REGION])
-                .output()
-                .await?;
-            if !out.status.success() {
-                bail!(
-                    "creating the group in moto: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            Ok(moto)
-        }
-
-        fn url(&self) -> String {
-            format!("http://127.0.0.1:{}", self.port)
-        }
-
-        /// The environment that points the AWS SDK at this server.
-        pub fn env(&self) -> Vec<(String, String)> {
-            [
-                ("AWS_ENDPOINT_URL", self.url()),
-                ("AWS_ACCESS_KEY_ID", "bench".into()),
-                ("AWS_SECRET_ACCESS_KEY", "bench".into()),
-                ("AWS_REGION", REGION.into()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect()
-        }
-
-        /// Kill the server and wait for it.
-        pub async fn stop(mut self) {
-            let _ = self.child.kill().await;
-        }
-    }
 }
 
 fn write(results: &BTreeMap<String, Value>) -> anyhow::Result<()> {

@@ -12,11 +12,15 @@
 //! - [`python`]: an interpreter with the go-plugin peer, grpclib stubs, plugin wrappers.
 //! - [`s3::LocalStack`]: a real S3-compatible server (LocalStack, from PyPI) with a bucket.
 //! - [`tls::TestCa`]: a private CA with server and client certificates as PEM files.
+//! - [`moto::Moto`]: a real moto server (AWS APIs) with Auto Scaling groups, and
+//!   [`aws_faults::FaultProxy`] in front of it answering chosen actions with errors.
 //! - [`git_http`]: git over smart HTTP (`git http-backend`) and an LFS endpoint for [`gitlab::FakeGitlab`].
 
+pub mod aws_faults;
 pub mod git_http;
 pub mod gitlab;
 pub mod guest;
+pub mod moto;
 pub mod peer;
 pub mod plugin_check;
 pub mod python;

@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use anyhow::ensure;
-use common::proxy::{FaultKind, FaultProxy};
 use common::{ACCESS_KEY, Moto, Profile, SECRET_KEY};
 use fleeting_plugin_aws::AwsGroup;
 use slipway_fleeting::{ConnectorConfig, GroupError, InstanceGroup, State};
+use slipway_testkit::aws_faults::{FaultKind, FaultProxy};
 
 async fn init(moto_url: &str, name: &str) -> anyhow::Result<(AwsGroup, Profile)> {
     let profile = Profile::new(ACCESS_KEY, SECRET_KEY)?;
@@ -452,6 +452,120 @@ async fn init_warns_when_scale_in_protection_is_off() -> anyhow::Result<()> {
     assert!(
         text.contains("WARN") && text.contains("scale-in protection is off"),
         "{text}"
+    );
+    Ok(())
+}
+
+/// A spot group whose every scale-up is refused (`InsufficientInstanceCapacity`, through the
+/// fault proxy) and an on-demand group, each behind its own taskscaler: a job waiting on spot
+/// moves to on-demand once the refusals have lasted `fallback_after`, and new capacity comes
+/// back to spot after a quiet period.
+#[tokio::test]
+async fn spot_without_capacity_falls_back_to_on_demand_and_returns() -> anyhow::Result<()> {
+    use slipway_taskscaler::{Config, Fallback, Placement, Policy, Shape, Taskscaler};
+    use std::sync::Arc;
+
+    let moto = Moto::start().await?;
+    let spot_asg = moto.create_group("spot", 4).await?;
+    let on_demand_asg = moto.create_group("on-demand", 4).await?;
+    let proxy = FaultProxy::start(&moto.url).await?;
+    let profile = Profile::new(ACCESS_KEY, SECRET_KEY)?;
+    let spot = Arc::new(AwsGroup::default());
+    let spot_info = spot
+        .init(
+            &profile.plugin_config("spot", &proxy.url),
+            &ConnectorConfig::default(),
+        )
+        .await?;
+    let on_demand = Arc::new(AwsGroup::default());
+    let on_demand_info = on_demand
+        .init(
+            &profile.plugin_config("on-demand", &moto.url),
+            &ConnectorConfig::default(),
+        )
+        .await?;
+    proxy.fail("SetDesiredCapacity", FaultKind::NoCapacity, None);
+
+    let cfg = Config {
+        capacity_per_instance: 1,
+        max_instances: 4,
+        policies: vec![Policy {
+            idle_time: Duration::from_secs(600),
+            ..Policy::default()
+        }],
+        instance_acquire_timeout: Duration::from_secs(60),
+        update_interval: Duration::from_secs(1),
+        update_interval_when_expecting: Duration::from_millis(200),
+        delete_instances_on_shutdown: true,
+        shutdown_deletion_interval: Duration::from_millis(200),
+        instance_cost: 1.0,
+        ..Config::default()
+    };
+    let after = Duration::from_secs(2);
+    let quiet = Duration::from_secs(3);
+    let placement = Placement::new(vec![
+        Shape {
+            name: "spot".into(),
+            scaler: Taskscaler::start(
+                spot.clone(),
+                spot_info,
+                Config {
+                    instance_cost: 0.3,
+                    ..cfg.clone()
+                },
+            )?,
+        },
+        Shape {
+            name: "on-demand".into(),
+            scaler: Taskscaler::start(on_demand.clone(), on_demand_info, cfg)?,
+        },
+    ])
+    .with_spot(0)
+    .with_fallback(
+        0,
+        Fallback {
+            to: 1,
+            after,
+            return_after: quiet,
+        },
+    );
+    let job = slipway_taskscaler::Resources::default();
+
+    let asked = std::time::Instant::now();
+    placement.reserve("a", &job)?;
+    assert_eq!(placement.shape_of("a").unwrap().name, "spot");
+    let a = placement.acquire("a").await?;
+    let waited = asked.elapsed();
+    assert_eq!(placement.shape_of("a").unwrap().name, "on-demand");
+    assert!(waited >= after, "moved after {waited:?}");
+    assert!(
+        proxy.hits("SetDesiredCapacity") >= 2,
+        "spot was asked again"
+    );
+    let refusals = placement.shapes()[0].scaler.capacity_refusals();
+    assert!(refusals.count >= 2, "{refusals:?}");
+    assert_eq!(
+        on_demand_asg.describe().await?.1,
+        vec![a.instance_id.clone()]
+    );
+    assert_eq!(spot_asg.describe().await?.0, 0, "no spot instance was made");
+
+    // Capacity is back on spot; once the quiet period has passed, new capacity goes there.
+    proxy.heal();
+    tokio::time::sleep(quiet + Duration::from_millis(500)).await;
+    placement.reserve("b", &job)?;
+    assert_eq!(placement.shape_of("b").unwrap().name, "spot");
+    let b = placement.acquire("b").await?;
+    assert_eq!(spot_asg.describe().await?.1, vec![b.instance_id.clone()]);
+
+    placement.release("a");
+    placement.release("b");
+    placement.shutdown().await;
+    assert_eq!(spot_asg.describe().await?.0, 0, "spot instance deleted");
+    assert_eq!(
+        on_demand_asg.describe().await?.0,
+        0,
+        "on-demand instance deleted"
     );
     Ok(())
 }

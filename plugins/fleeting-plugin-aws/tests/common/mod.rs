@@ -2,8 +2,6 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-pub mod proxy;
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -1,5 +1,6 @@
-//! A fault-injecting HTTP proxy on loopback: answers chosen AWS actions with throttling or 503
-//! errors (the first N calls, or always) and forwards everything else to moto.
+//! A fault-injecting HTTP proxy on loopback in front of moto: answers chosen AWS actions with
+//! throttling, 503 or capacity errors (the first N calls, or always) and forwards everything
+//! else.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -50,10 +51,10 @@ pub struct FaultProxy {
 
 impl FaultProxy {
     /// Listen on a free loopback port and forward to `upstream` (`http://127.0.0.1:PORT`).
-    pub async fn start(upstream: &str) -> anyhow::Result<FaultProxy> {
+    pub async fn start(upstream: &str) -> std::io::Result<FaultProxy> {
         let upstream = upstream
             .strip_prefix("http://")
-            .ok_or_else(|| anyhow::anyhow!("upstream must be http://"))?
+            .ok_or_else(|| std::io::Error::other("upstream must be http://"))?
             .to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
@@ -81,7 +82,7 @@ impl FaultProxy {
 
     /// Fail the first `times` calls of `action` (None = every call).
     pub fn fail(&self, action: &str, kind: FaultKind, times: Option<u32>) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.lock();
         s.faults.insert(
             action.into(),
             Fault {
@@ -93,12 +94,18 @@ impl FaultProxy {
 
     /// Stop injecting faults.
     pub fn heal(&self) {
-        self.state.lock().unwrap().faults.clear();
+        self.lock().faults.clear();
     }
 
     /// How many calls of `action` reached the proxy (failed or forwarded).
     pub fn hits(&self, action: &str) -> u32 {
-        *self.state.lock().unwrap().hits.get(action).unwrap_or(&0)
+        *self.lock().hits.get(action).unwrap_or(&0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -207,11 +214,13 @@ fn bad_gateway() -> Response<Full<Bytes>> {
     resp
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 async fn forward(
     parts: hyper::http::request::Parts,
     body: Bytes,
     upstream: &str,
-) -> anyhow::Result<Response<Full<Bytes>>> {
+) -> Result<Response<Full<Bytes>>, BoxError> {
     let stream = tokio::net::TcpStream::connect(upstream).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let req = Request::from_parts(parts, Full::new(body));
@@ -222,7 +231,7 @@ async fn forward(
             let (parts, body) = resp.into_parts();
             let bytes = body.collect().await?.to_bytes();
             drop(sender);
-            anyhow::Ok(Response::from_parts(parts, Full::new(bytes)))
+            Ok::<_, BoxError>(Response::from_parts(parts, Full::new(bytes)))
         },
         conn
     );
