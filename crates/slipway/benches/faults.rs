@@ -9,6 +9,10 @@
 //! script must be `runner_system_failure`, never `script_failure`), and the run's wall time
 //! against the same pipeline without kills in the same run (`wall_over_baseline`).
 //!
+//! Spot capacity: `fleeting-plugin-aws` on moto, a spot group whose every scale-up the fault
+//! proxy refuses (`InsufficientInstanceCapacity`) with an on-demand fallback; `fallback_after_s`
+//! is the time from the first refusal until a waiting job holds a slot on the fallback.
+//!
 //! Writes `bench/results/faults.json`; regenerate with `cargo bench -p slipway --bench faults`.
 
 use std::collections::BTreeMap;
@@ -41,6 +45,8 @@ struct Run {
 fn main() -> anyhow::Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let plugins = build_plugin(&repo)?;
+    let spot = tokio::runtime::Runtime::new()?.block_on(spot_fallback(&plugins))?;
+    println!("spot: {spot:?}");
     let baseline = run(&plugins, false)?;
     let faults = run(&plugins, true)?;
     if baseline.succeeded != JOBS {
@@ -67,26 +73,142 @@ fn main() -> anyhow::Result<()> {
             KILL_EVERY.as_secs_f64()
         ),
         "goal": "script_failures = 0: a job whose instance dies is never the script's failure; jobs killed before their script run again without failing",
-        "not_measured_yet": "removed_by_non_owner, killed_by_upgrade, fallback_after_s (issue 28 parts 2 and 3)",
+        "fallback_after_s": round(spot.fallback_after_s),
+        "fallback_after_setting_s": SPOT_FALLBACK_AFTER.as_secs_f64(),
+        "capacity_refusals_before_fallback": spot.refusals,
+        "spot_setup": format!(
+            "fleeting-plugin-aws on moto: a spot group behind a fault proxy refusing every \
+             SetDesiredCapacity with InsufficientInstanceCapacity, fallback_after {}s, an on-demand \
+             fallback group; one job reserved on spot, timed from the first refusal to its slot on \
+             the fallback",
+            SPOT_FALLBACK_AFTER.as_secs()
+        ),
+        "not_measured_yet": "removed_by_non_owner, killed_by_upgrade (issue 28 part 3)",
     });
     let (path, text) = slipway_sim::bench::write(&repo, "faults", COMMAND, results)?;
     println!("{}\n{text}", path.display());
     Ok(())
 }
 
+/// `fallback_after` of the spot shape in the spot phase.
+const SPOT_FALLBACK_AFTER: Duration = Duration::from_secs(10);
+
+/// What the spot phase came to.
+#[derive(Debug)]
+struct Spot {
+    fallback_after_s: f64,
+    refusals: u64,
+}
+
+/// One job on a spot shape without capacity, until it holds a slot on the fallback.
+async fn spot_fallback(plugins: &Path) -> anyhow::Result<Spot> {
+    use slipway_fleeting::{PluginHost, PluginOptions};
+    use slipway_taskscaler::{Config, Fallback, Placement, Policy, Shape, Taskscaler};
+    use slipway_testkit::aws_faults::{FaultKind, FaultProxy};
+    use slipway_testkit::moto::{Moto, REGION};
+
+    let dir = tempfile::tempdir()?;
+    let moto = Moto::start(dir.path()).await?;
+    moto.create_groups(&["spot", "on-demand"], 4).await?;
+    let proxy = FaultProxy::start(&moto.url).await?;
+    proxy.fail("SetDesiredCapacity", FaultKind::NoCapacity, None);
+    let start = |name: &'static str, endpoint: String| async move {
+        let mut opts = PluginOptions::new("aws", plugins.join("fleeting-plugin-aws"))
+            .plugin_config(serde_json::json!({ "name": name, "region": REGION }).to_string());
+        for (k, v) in Moto::env_for(&endpoint) {
+            opts = opts.env(&k, &v);
+        }
+        let host = std::sync::Arc::new(PluginHost::start(opts).await?);
+        let info = host.init_from_options().await?;
+        anyhow::Ok((host, info))
+    };
+    let (spot_host, spot_info) = start("spot", proxy.url.clone()).await?;
+    let (od_host, od_info) = start("on-demand", moto.url.clone()).await?;
+    let cfg = Config {
+        capacity_per_instance: 1,
+        max_instances: 4,
+        policies: vec![Policy {
+            idle_time: Duration::from_secs(600),
+            ..Policy::default()
+        }],
+        instance_acquire_timeout: Duration::from_secs(120),
+        delete_instances_on_shutdown: true,
+        shutdown_deletion_interval: Duration::from_millis(500),
+        ..Config::default()
+    };
+    let placement = Placement::new(vec![
+        Shape {
+            name: "spot".into(),
+            scaler: Taskscaler::start(
+                spot_host.clone(),
+                spot_info,
+                Config {
+                    instance_cost: 0.3,
+                    ..cfg.clone()
+                },
+            )?,
+        },
+        Shape {
+            name: "on-demand".into(),
+            scaler: Taskscaler::start(od_host.clone(), od_info, cfg)?,
+        },
+    ])
+    .with_spot(0)
+    .with_fallback(
+        0,
+        Fallback {
+            to: 1,
+            after: SPOT_FALLBACK_AFTER,
+            return_after: Duration::from_secs(600),
+        },
+    );
+    let job = slipway_taskscaler::Resources::default();
+    placement.reserve("job", &job)?;
+    let acquired = placement.acquire("job").await;
+    let refusals = placement.shapes()[0].scaler.capacity_refusals();
+    let result = match (&acquired, refusals.first) {
+        (Ok(_), Some(first))
+            if placement
+                .shape_of("job")
+                .is_some_and(|s| s.name == "on-demand") =>
+        {
+            Ok(Spot {
+                fallback_after_s: first.elapsed().as_secs_f64(),
+                refusals: refusals.count,
+            })
+        }
+        _ => Err(anyhow::anyhow!(
+            "the job did not move to the fallback: {acquired:?}, {refusals:?}"
+        )),
+    };
+    placement.release("job");
+    placement.shutdown().await;
+    spot_host.stop().await;
+    od_host.stop().await;
+    moto.stop().await;
+    result
+}
+
 fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// Build `fleeting-plugin-local` beside this bench's `slipway`; their directory.
+/// Build `fleeting-plugin-local` and `-aws` beside this bench's `slipway`; their directory.
 fn build_plugin(repo: &Path) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo)
-        .args(["build", "--release", "-p", "fleeting-plugin-local"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "fleeting-plugin-local",
+            "-p",
+            "fleeting-plugin-aws",
+        ])
         .current_dir(repo)
         .status()?;
     if !st.success() {
-        bail!("building fleeting-plugin-local failed");
+        bail!("building fleeting-plugin-local and fleeting-plugin-aws failed");
     }
     let slipway = PathBuf::from(env!("CARGO_BIN_EXE_slipway"));
     let dir = slipway.parent().context("the binaries' directory")?;
