@@ -335,6 +335,8 @@ impl Taskscaler {
         }
         if self.inner.cfg.delete_instances_on_shutdown {
             self.inner.delete_all().await;
+        } else {
+            self.inner.release_ownership().await;
         }
         if let Err(e) = call(self.inner.group.shutdown()).await {
             tracing::warn!(error = %e, "plugin shutdown failed");

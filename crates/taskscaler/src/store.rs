@@ -10,8 +10,14 @@
 //! SQLite database, is corrupt, or has a schema version this build does not know. A new file is
 //! built under a temporary name and linked into place only when complete. Connect info (with
 //! credentials) is stored as is, so the file and its WAL are kept at mode 0600 and the connect info
-//! is never logged. A sidecar `<file>.lock` (an advisory lock held while the store is open) keeps a
-//! second manager process from using the same file.
+//! is never logged. A sidecar `<file>.lock` holds a shared advisory lock while the store is open:
+//! managers of this version share the file, a build that takes it whole (schema 1) is kept out.
+//!
+//! Several managers may share one store (a rolling upgrade: the new one starts while the old one
+//! drains). Each instance row names its `owner`, the manager that created or adopted it; each
+//! owner holds a lease in `owners`, renewed while it runs. A manager reads and writes only its
+//! own instances, never another live owner's; it adopts an instance once its owner released it
+//! (a drained manager gives its instances up) or let its lease run out (a crashed one).
 //!
 //! [`AsyncStateStore`] runs a store on one dedicated OS thread so async code never blocks on disk
 //! and calls are applied in the order they were made.
@@ -34,7 +40,7 @@ pub use async_store::AsyncStateStore;
 pub use restore::{DeleteReason, RestorePlan, plan_restore};
 
 /// Schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a Slipway state store ("SLPW").
 pub const APPLICATION_ID: i64 = 0x534C_5057;
@@ -55,7 +61,12 @@ CREATE TABLE instances (
     use_count     INTEGER NOT NULL CHECK (use_count >= 0),
     created_at_ms INTEGER NOT NULL,
     connect_info  BLOB,
-    removing      INTEGER NOT NULL DEFAULT 0
+    removing      INTEGER NOT NULL DEFAULT 0,
+    owner         TEXT
+) STRICT;
+CREATE TABLE owners (
+    owner          TEXT PRIMARY KEY NOT NULL,
+    lease_until_ms INTEGER NOT NULL
 ) STRICT;
 CREATE TABLE acquisitions (
     key            TEXT PRIMARY KEY NOT NULL,
@@ -71,6 +82,20 @@ CREATE TABLE reports (
     created_at_ms INTEGER NOT NULL
 ) STRICT;
 ";
+
+/// Schema 1 → 2: instances get an owner (none: adoptable), owners their leases.
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE instances ADD COLUMN owner TEXT;
+CREATE TABLE owners (
+    owner          TEXT PRIMARY KEY NOT NULL,
+    lease_until_ms INTEGER NOT NULL
+) STRICT;
+";
+
+/// An instance row this store's owner may use: its own, released, or of an owner whose lease
+/// ran out (`?1`: this owner, `?2`: now in unix ms).
+const MINE_OR_ADOPTABLE: &str = "(owner IS NULL OR owner = ?1 OR owner NOT IN
+    (SELECT owner FROM owners WHERE lease_until_ms > ?2 AND owner != ?1))";
 
 /// Whose state a store holds. A file written under one identity is refused under another.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -143,6 +168,47 @@ pub struct Snapshot {
     pub instances: Vec<InstanceRecord>,
     /// Acquisitions, oldest first.
     pub acquisitions: Vec<AcquisitionRecord>,
+}
+
+/// Other managers sharing a store, as [`StateStore::ownership`] reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// Other owners whose leases run.
+    pub others: Vec<String>,
+    /// Instances those owners hold: not to be used, removed or adopted.
+    pub foreign: Vec<String>,
+}
+
+/// Owner names a store's managers take on one host, at most.
+const MAX_OWNER_SLOTS: u32 = 64;
+
+/// The lowest owner name `<host>#<n>` whose lock no other process holds, with that lock.
+fn owner_slot(path: &Path) -> Result<(String, File), StoreError> {
+    let host = fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into());
+    for n in 0..MAX_OWNER_SLOTS {
+        let lock = sibling(path, &format!(".owner-{n}.lock"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock)
+            .map_err(|source| io_err(&lock, "open owner lock", source))?;
+        match file.try_lock() {
+            Ok(()) => return Ok((format!("{host}#{n}"), file)),
+            Err(fs::TryLockError::WouldBlock) => continue,
+            Err(fs::TryLockError::Error(source)) => {
+                return Err(io_err(&lock, "lock owner name", source));
+            }
+        }
+    }
+    Err(StoreError::Locked {
+        path: path.to_path_buf(),
+        lock: sibling(path, ".owner-N.lock"),
+    })
 }
 
 /// Why a store could not be opened or a record not written.
@@ -237,6 +303,9 @@ pub enum StoreError {
     /// No instance with this id is recorded.
     #[error("state store: no instance {0:?} recorded")]
     UnknownInstance(String),
+    /// Another manager sharing the store holds the instance (its lease runs).
+    #[error("state store: instance {0:?} belongs to another manager")]
+    OwnedByOther(String),
     /// The instance is being removed and takes no new jobs.
     #[error("state store: instance {0:?} is being removed")]
     InstanceRemoving(String),
@@ -267,8 +336,12 @@ pub struct StateStore {
     identity: StoreIdentity,
     /// The journal is a write-ahead log, whose commits are synced in order.
     wal: bool,
+    /// The manager writing through this handle: its instances are the ones it may use.
+    owner: String,
     // Held for the store's lifetime: the advisory lock on `<path>.lock`.
     _lock: File,
+    // Held for the store's lifetime: the owner name's lock (`<path>.owner-<n>.lock`).
+    _owner_lock: Option<File>,
 }
 
 impl fmt::Debug for StateStore {
@@ -302,7 +375,25 @@ impl StateStore {
     ///
     /// An existing file is checked before anything is written to it: it must be an intact SQLite
     /// database with the Slipway application id, schema version [`SCHEMA_VERSION`] and `identity`.
+    ///
+    /// The handle's owner is `<host>#<n>`, `n` the lowest not held by another process on this
+    /// host: a manager restarted after a crash gets its old name back (and its instances at
+    /// once), a second manager running beside it gets a name of its own.
     pub fn open(path: impl AsRef<Path>, identity: &StoreIdentity) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        let mut store = Self::open_as(path, identity, "")?;
+        let (owner, lock) = owner_slot(path)?;
+        store.owner = owner;
+        store._owner_lock = Some(lock);
+        Ok(store)
+    }
+
+    /// [`StateStore::open`] for `owner`, the manager that uses the store through this handle.
+    pub fn open_as(
+        path: impl AsRef<Path>,
+        identity: &StoreIdentity,
+        owner: &str,
+    ) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         if identity.runner.is_empty() || identity.group_id.is_empty() {
             return Err(StoreError::InvalidIdentity(identity.clone()));
@@ -329,11 +420,14 @@ impl StateStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => create_file(&path, identity)?,
             Err(source) => return Err(io_err(&path, "stat", source)),
         }
-        let conn = check_existing(&path, identity)?;
+        let mut conn = check_existing(&path, identity)?;
         let db = |source| StoreError::Database {
             path: path.clone(),
             source,
         };
+        // Other managers write too: wait for their short transactions rather than fail.
+        conn.busy_timeout(Duration::from_secs(10)).map_err(db)?;
+        migrate(&mut conn).map_err(db)?;
         let mode: String = conn
             .pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))
             .map_err(db)?;
@@ -349,8 +443,82 @@ impl StateStore {
             path,
             identity: identity.clone(),
             wal: mode.eq_ignore_ascii_case("wal"),
+            owner: owner.to_owned(),
             _lock: lock,
+            _owner_lock: None,
         })
+    }
+
+    /// The manager writing through this handle.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Hold (or renew) this owner's lease until `until_ms`: its instances are not adopted by
+    /// another manager before then.
+    pub fn renew_lease(&mut self, until_ms: i64) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO owners (owner, lease_until_ms) VALUES (?1, ?2)
+                 ON CONFLICT (owner) DO UPDATE SET lease_until_ms = excluded.lease_until_ms",
+                params![self.owner, until_ms],
+            )
+            .map_err(self.db())?;
+        Ok(())
+    }
+
+    /// Give this owner's instances up (a manager that drained and stops): another manager may
+    /// adopt them at once. Returns how many were released.
+    pub fn release_ownership(&mut self) -> Result<usize, StoreError> {
+        let path = self.path.clone();
+        let db = |source| StoreError::Database {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(db)?;
+        let n = tx
+            .execute(
+                "UPDATE instances SET owner = NULL WHERE owner = ?1",
+                [&self.owner],
+            )
+            .map_err(db)?;
+        tx.execute("DELETE FROM owners WHERE owner = ?1", [&self.owner])
+            .map_err(db)?;
+        tx.commit().map_err(db)?;
+        Ok(n)
+    }
+
+    /// Who holds what: other owners whose leases run, and the instances they hold.
+    pub fn ownership(&self) -> Result<Ownership, StoreError> {
+        let now = now_ms();
+        let db = self.db();
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT owner FROM owners WHERE lease_until_ms > ?2 AND owner != ?1
+                 ORDER BY owner",
+            )
+            .map_err(&db)?;
+        let others: Vec<String> = stmt
+            .query_map(params![self.owner, now], |r| r.get(0))
+            .map_err(&db)?
+            .collect::<Result<_, _>>()
+            .map_err(&db)?;
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT id FROM instances WHERE NOT {MINE_OR_ADOPTABLE} ORDER BY id"
+            ))
+            .map_err(&db)?;
+        let foreign = stmt
+            .query_map(params![self.owner, now], |r| r.get(0))
+            .map_err(&db)?
+            .collect::<Result<_, _>>()
+            .map_err(&db)?;
+        Ok(Ownership { others, foreign })
     }
 
     /// The store's file.
@@ -390,14 +558,21 @@ impl StateStore {
         let use_count = i64::try_from(rec.use_count).unwrap_or(i64::MAX);
         self.conn
             .execute(
-                "INSERT INTO instances (id, state, use_count, created_at_ms, connect_info, removing)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                 ON CONFLICT (id) DO UPDATE SET
-                    state = excluded.state,
-                    use_count = max(use_count, excluded.use_count),
-                    connect_info = coalesce(excluded.connect_info, connect_info),
-                    removing = removing OR excluded.removing",
+                &format!(
+                    "INSERT INTO instances
+                        (id, state, use_count, created_at_ms, connect_info, removing, owner)
+                     VALUES (?3, ?4, ?5, ?6, ?7, ?8, ?1)
+                     ON CONFLICT (id) DO UPDATE SET
+                        state = excluded.state,
+                        use_count = max(use_count, excluded.use_count),
+                        connect_info = coalesce(excluded.connect_info, connect_info),
+                        removing = removing OR excluded.removing,
+                        owner = excluded.owner
+                     WHERE {MINE_OR_ADOPTABLE}"
+                ),
                 params![
+                    self.owner,
+                    now_ms(),
                     rec.id,
                     rec.state.as_str(),
                     use_count,
@@ -406,8 +581,14 @@ impl StateStore {
                     rec.removing
                 ],
             )
-            .map_err(self.db())?;
-        Ok(())
+            .map_err(self.db())
+            .and_then(|n| {
+                if n == 0 {
+                    Err(StoreError::OwnedByOther(rec.id.clone()))
+                } else {
+                    Ok(())
+                }
+            })
     }
 
     /// Record that the job `job_ref` acquired `slot` of `instance` under `key`: in one transaction
@@ -429,18 +610,19 @@ impl StateStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db)?;
-        let removing: Option<bool> = tx
+        let found: Option<(bool, bool)> = tx
             .query_row(
-                "SELECT removing FROM instances WHERE id = ?1",
-                [instance],
-                |r| r.get(0),
+                &format!("SELECT removing, {MINE_OR_ADOPTABLE} FROM instances WHERE id = ?3"),
+                params![self.owner, now_ms(), instance],
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
             .map_err(db)?;
-        match removing {
+        match found {
             None => return Err(StoreError::UnknownInstance(instance.to_owned())),
-            Some(true) => return Err(StoreError::InstanceRemoving(instance.to_owned())),
-            Some(false) => {}
+            Some((_, false)) => return Err(StoreError::OwnedByOther(instance.to_owned())),
+            Some((true, _)) => return Err(StoreError::InstanceRemoving(instance.to_owned())),
+            Some((false, true)) => {}
         }
         let dup: Option<String> = tx
             .query_row("SELECT key FROM acquisitions WHERE key = ?1", [key], |r| {
@@ -468,8 +650,9 @@ impl StateStore {
         }
         let count: i64 = tx
             .query_row(
-                "UPDATE instances SET use_count = use_count + 1 WHERE id = ?1 RETURNING use_count",
-                [instance],
+                "UPDATE instances SET use_count = use_count + 1, owner = ?2 WHERE id = ?1
+                 RETURNING use_count",
+                params![instance, self.owner],
                 |r| r.get(0),
             )
             .map_err(db)?;
@@ -540,19 +723,34 @@ impl StateStore {
         Ok(n > 0)
     }
 
-    /// Read every instance and acquisition.
+    /// Read every instance this owner may use (its own and adoptable ones) with their
+    /// acquisitions.
     pub fn load(&self) -> Result<Snapshot, StoreError> {
+        self.load_where(MINE_OR_ADOPTABLE)
+    }
+
+    /// Read the instances this owner may adopt: not its own, given up by their owner or held
+    /// past its lease; with their acquisitions (jobs of a manager that died).
+    pub fn load_adoptable(&self) -> Result<Snapshot, StoreError> {
+        self.load_where(&format!(
+            "(owner IS NULL OR owner != ?1) AND {MINE_OR_ADOPTABLE}"
+        ))
+    }
+
+    /// Instances matching `filter` (SQL over `instances`, `?1` this owner, `?2` now).
+    fn load_where(&self, filter: &str) -> Result<Snapshot, StoreError> {
         let db = self.db();
         let mut stmt = self
             .conn
-            .prepare(
+            .prepare(&format!(
                 "SELECT id, state, use_count, created_at_ms, connect_info, removing
-                 FROM instances ORDER BY created_at_ms, id",
-            )
+                 FROM instances WHERE {filter} ORDER BY created_at_ms, id"
+            ))
             .map_err(&db)?;
         type Row = (String, String, i64, i64, Option<Vec<u8>>, bool);
+        let now = now_ms();
         let rows = stmt
-            .query_map([], |r| -> rusqlite::Result<Row> {
+            .query_map(params![self.owner, now], |r| -> rusqlite::Result<Row> {
                 Ok((
                     r.get(0)?,
                     r.get(1)?,
@@ -586,13 +784,15 @@ impl StateStore {
         }
         let mut stmt = self
             .conn
-            .prepare(
+            .prepare(&format!(
                 "SELECT key, instance_id, slot, job_ref, acquired_at_ms
-                 FROM acquisitions ORDER BY acquired_at_ms, key",
-            )
+                 FROM acquisitions WHERE instance_id IN
+                    (SELECT id FROM instances WHERE {filter})
+                 ORDER BY acquired_at_ms, key"
+            ))
             .map_err(&db)?;
         let acquisitions = stmt
-            .query_map([], |r| {
+            .query_map(params![self.owner, now], |r| {
                 Ok(AcquisitionRecord {
                     key: r.get(0)?,
                     instance_id: r.get(1)?,
@@ -693,13 +893,22 @@ impl StateStore {
                 .map_err(db)?;
         }
         for (id, _) in &plan.delete {
-            tx.execute("UPDATE instances SET removing = 1 WHERE id = ?1", [id])
-                .map_err(db)?;
+            tx.execute(
+                &format!(
+                    "UPDATE instances SET removing = 1, owner = ?1 WHERE id = ?3
+                     AND {MINE_OR_ADOPTABLE}"
+                ),
+                params![self.owner, now, id],
+            )
+            .map_err(db)?;
         }
         for rec in &plan.adopt {
             tx.execute(
-                "UPDATE instances SET state = ?2 WHERE id = ?1",
-                params![rec.id, rec.state.as_str()],
+                &format!(
+                    "UPDATE instances SET state = ?4, owner = ?1 WHERE id = ?3
+                     AND {MINE_OR_ADOPTABLE}"
+                ),
+                params![self.owner, now, rec.id, rec.state.as_str()],
             )
             .map_err(db)?;
         }
@@ -758,7 +967,7 @@ fn lock_file(path: &Path) -> Result<File, StoreError> {
         .mode(0o600)
         .open(&lock)
         .map_err(|source| io_err(&lock, "open lock file", source))?;
-    match file.try_lock() {
+    match file.try_lock_shared() {
         Ok(()) => Ok(file),
         Err(fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
             path: path.to_path_buf(),
@@ -848,6 +1057,21 @@ fn create_file(path: &Path, identity: &StoreIdentity) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// Bring a schema-1 file to schema 2 (once, whoever gets there first).
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version == 1 {
+        tx.execute_batch(MIGRATE_1_TO_2)?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    }
+    tx.commit()
+}
+
 /// Check an existing file without writing to it, and open it.
 fn check_existing(path: &Path, identity: &StoreIdentity) -> Result<Connection, StoreError> {
     let mut header = Vec::with_capacity(100);
@@ -896,7 +1120,8 @@ fn check_existing(path: &Path, identity: &StoreIdentity) -> Result<Connection, S
             ),
         });
     }
-    if version != SCHEMA_VERSION {
+    // Schema 1 is migrated once the file is known to be intact.
+    if version != SCHEMA_VERSION && version != 1 {
         return Err(StoreError::UnknownSchema {
             path: path.to_path_buf(),
             found: version,

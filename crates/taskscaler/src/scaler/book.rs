@@ -270,6 +270,13 @@ pub(super) struct Book {
     pub(super) removed: u64,
     /// `Increase` calls refused for lack of capacity since capacity last came.
     pub(super) refusals: crate::fallback::Refusals,
+    /// Instances another manager sharing the state store holds (as of the last pass).
+    pub(super) foreign: std::collections::HashSet<String>,
+    /// Another manager shares the state store and its lease runs.
+    pub(super) others_live: bool,
+    /// Listed instances no one has recorded yet while another manager runs (it may be that
+    /// manager's newest), with when they were first seen.
+    pub(super) unclaimed: HashMap<String, Instant>,
 }
 
 impl Book {

@@ -17,15 +17,24 @@ use crate::store::InstanceRecord;
 const VANISHED_MEMORY: Duration = Duration::from_secs(3600);
 
 impl Inner {
-    pub(super) fn reconcile(&self, list: Vec<(String, State)>) -> StoreWork {
+    pub(super) fn reconcile(
+        &self,
+        list: Vec<(String, State)>,
+        adoptable: Option<crate::store::Snapshot>,
+    ) -> StoreWork {
         let mut work = StoreWork::default();
         let mut book = self.lock();
+        // Another manager's instances are not this one's to use, count or remove.
+        let list = self.without_foreign(&mut book, list);
         let first = !book.seen_first_update;
         book.seen_first_update = true;
         if first && self.store.is_some() {
             self.restore(&mut book, &list, &mut work);
+        } else if let Some(adoptable) = adoptable {
+            self.adopt(&mut book, adoptable, &list, &mut work);
         }
         let reported: HashMap<String, State> = list.into_iter().collect();
+        let reported_ids: std::collections::HashSet<String> = reported.keys().cloned().collect();
         // Remember vanished ids for an hour: long enough for a flapping listing to settle.
         book.vanished.retain(|_, t| t.elapsed() < VANISHED_MEMORY);
         let gone: Vec<String> = book
@@ -111,13 +120,29 @@ impl Inner {
                 book.touch(&id, &self.cfg);
                 continue;
             }
+            // With another manager running, an instance no one has recorded may be its newest:
+            // left alone for a lease, unless this manager is waiting for instances itself.
+            let mut unclaimed = false;
+            if book.others_live && (first || book.requested == 0) {
+                let seen = *book
+                    .unclaimed
+                    .entry(id.clone())
+                    .or_insert_with(Instant::now);
+                if seen.elapsed() < self.lease() {
+                    continue;
+                }
+                book.unclaimed.remove(&id);
+                unclaimed = true;
+            }
             // Without saved state we cannot know a pre-existing instance's use count, so it is
             // not trusted (GitLab's rule with state storage off).
             // An instance that left the plugin's list and came back lost its use count with
             // it: like a pre-existing one, it is removed, never used again.
             let returned = book.vanished.remove(&id).is_some();
-            let removing = (first || returned) && !matches!(state, State::Deleting);
-            if returned {
+            let removing = (first || returned || unclaimed) && !matches!(state, State::Deleting);
+            if unclaimed {
+                tracing::warn!(instance = %id, "no manager recorded this instance within a lease; removing it for safety");
+            } else if returned {
                 tracing::warn!(instance = %id, "instance reappeared after vanishing; removing it for safety");
             } else if removing {
                 tracing::warn!(instance = %id, "no data on pre-existing instance; removing it for safety");
@@ -168,10 +193,36 @@ impl Inner {
                 });
             }
         }
+        book.unclaimed.retain(|id, _| reported_ids.contains(id));
         book.redelete.extend(book_retry);
         if book.requested == 0 {
             book.requested_at = None;
         }
         work
+    }
+
+    /// `list` without the instances another manager holds; one of them still in the book (its
+    /// record went to the other manager first) leaves the book unless a job holds it.
+    fn without_foreign(
+        &self,
+        book: &mut super::book::Book,
+        list: Vec<(String, State)>,
+    ) -> Vec<(String, State)> {
+        if book.foreign.is_empty() {
+            return list;
+        }
+        let taken: Vec<String> = book
+            .instances
+            .iter()
+            .filter(|(id, i)| book.foreign.contains(*id) && i.acquired() == 0)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in taken {
+            tracing::info!(instance = %id, "instance recorded by another manager first; leaving it to that one");
+            book.remove_instance(&id);
+        }
+        list.into_iter()
+            .filter(|(id, _)| !book.foreign.contains(id) || book.instances.contains_key(id))
+            .collect()
     }
 }

@@ -1,15 +1,98 @@
 //! The state store: restoring instances and failed jobs at the first Update, and writing
 //! what each reconcile found.
 
+use std::time::Duration;
+
 use slipway_fleeting::{ConnectInfo, State};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Inner;
 use super::book::{Book, Counted, Instance};
-use crate::store::{InstanceRecord, RestorePlan, plan_restore};
+use crate::store::{InstanceRecord, RestorePlan, Snapshot, plan_restore};
+
+/// Shortest lease a manager holds on its instances in a shared state store.
+const MIN_LEASE: Duration = Duration::from_secs(30);
 
 impl Inner {
+    /// How long this manager's instances stay its own without a renewal: three scaling passes.
+    pub(super) fn lease(&self) -> Duration {
+        (self.cfg.update_interval * 3).max(MIN_LEASE)
+    }
+
+    /// Renew this manager's lease in the state store and read who holds what: other managers'
+    /// instances go into the book's `foreign` set; instances another manager gave up (or held
+    /// past its lease) are returned for adoption. Without a store, or when it cannot be read,
+    /// the book keeps what it knew.
+    pub(super) async fn read_ownership(&self) -> Option<Snapshot> {
+        let store = self.store.as_ref()?;
+        let until = crate::store::unix_ms(self.wall_now() + self.lease());
+        let read = store
+            .call(move |s| {
+                s.renew_lease(until)?;
+                let ownership = s.ownership()?;
+                let adoptable = s.load_adoptable()?;
+                Ok((ownership, adoptable))
+            })
+            .await;
+        match read {
+            Ok((ownership, snapshot)) => {
+                let mut book = self.lock();
+                if ownership.others.is_empty() == book.others_live {
+                    tracing::info!(others = ?ownership.others, "managers sharing the state store");
+                }
+                book.others_live = !ownership.others.is_empty();
+                book.foreign = ownership.foreign.into_iter().collect();
+                Some(snapshot)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "state store: ownership unreadable; keeping what was known");
+                None
+            }
+        }
+    }
+
+    /// Instances of `adoptable` (what the store lets this manager use) that the plugin lists
+    /// and the book lacks: given up by another manager, or held by one gone past its lease.
+    /// They are adopted as at a restart; those that held jobs are removed and the jobs failed.
+    pub(super) fn adopt(
+        &self,
+        book: &mut Book,
+        adoptable: Snapshot,
+        live: &[(String, State)],
+        work: &mut StoreWork,
+    ) {
+        let fresh: Vec<InstanceRecord> = adoptable
+            .instances
+            .into_iter()
+            .filter(|r| {
+                !book.instances.contains_key(&r.id) && live.iter().any(|(id, _)| *id == r.id)
+            })
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let acquisitions = adoptable
+            .acquisitions
+            .into_iter()
+            .filter(|a| fresh.iter().any(|r| r.id == a.instance_id))
+            .collect();
+        let live: Vec<(String, State)> = live
+            .iter()
+            .filter(|(id, _)| fresh.iter().any(|r| r.id == *id))
+            .cloned()
+            .collect();
+        let snapshot = Snapshot {
+            instances: fresh,
+            acquisitions,
+        };
+        tracing::info!(
+            instances = snapshot.instances.len(),
+            "adopting instances another manager gave up"
+        );
+        self.apply_plan(book, &snapshot, &live, work);
+    }
+
     /// First Update with a state store: adopt what the store knows, remove the rest.
     pub(super) fn restore(&self, book: &mut Book, live: &[(String, State)], work: &mut StoreWork) {
         let snapshot = self
@@ -18,8 +101,30 @@ impl Inner {
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .unwrap_or_default();
+        // With another manager running, an instance no one recorded may be its newest: not
+        // removed here, but left to the reconcile's wait for a record.
+        let live: Vec<(String, State)> = if book.others_live {
+            live.iter()
+                .filter(|(id, _)| snapshot.instances.iter().any(|r| r.id == *id))
+                .cloned()
+                .collect()
+        } else {
+            live.to_vec()
+        };
+        self.apply_plan(book, &snapshot, &live, work);
+    }
+
+    /// Plan what to do with `snapshot`'s instances as `live` lists them, and enter them in the
+    /// book: adopted ones usable once the plan is on disk, the rest removed.
+    fn apply_plan(
+        &self,
+        book: &mut Book,
+        snapshot: &Snapshot,
+        live: &[(String, State)],
+        work: &mut StoreWork,
+    ) {
         let plan = plan_restore(
-            &snapshot,
+            snapshot,
             live,
             u64::from(self.cfg.max_use_count),
             self.keep_instance_with_acquisitions,
@@ -77,13 +182,28 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(plan.failed_jobs.iter().cloned());
-        work.restore = Some(plan);
+        work.restore.push(plan);
+    }
+
+    /// Give this manager's instances up in the state store (it stops without deleting them):
+    /// another manager sharing the store adopts them at once.
+    pub(super) async fn release_ownership(&self) {
+        let Some(store) = &self.store else { return };
+        match store.call(|s| s.release_ownership()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                instances = n,
+                "instances given up for another manager to adopt"
+            ),
+            Err(e) => tracing::warn!(error = %e, "state store: could not give instances up; \
+                another manager adopts them once this one's lease runs out"),
+        }
     }
 
     /// Write what a reconcile found; new instances become usable once recorded.
     pub(super) async fn persist(&self, work: StoreWork) {
         let Some(store) = &self.store else { return };
-        if let Some(plan) = work.restore {
+        for plan in work.restore {
             let reports: Vec<(String, String)> = plan
                 .failed_jobs
                 .iter()
@@ -137,7 +257,7 @@ impl Inner {
 /// State-store writes decided during a reconcile, done after the lock is released.
 #[derive(Default)]
 pub(super) struct StoreWork {
-    pub(super) restore: Option<RestorePlan>,
+    pub(super) restore: Vec<RestorePlan>,
     pub(super) record: Vec<InstanceRecord>,
     pub(super) forget: Vec<String>,
 }

@@ -199,9 +199,10 @@ impl Inner {
 
     /// One scaling pass: read the plugin's view, reconcile, decide, act.
     async fn pass(&self) {
+        let adoptable = self.read_ownership().await;
         match call(self.group.update()).await {
             Ok(list) => {
-                let work = self.reconcile(list);
+                let work = self.reconcile(list, adoptable);
                 self.persist(work).await;
             }
             Err(e) => {

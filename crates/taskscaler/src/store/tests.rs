@@ -226,12 +226,116 @@ fn reopen_after_drop() {
 }
 
 #[test]
-fn second_open_while_in_use_is_refused() {
+fn a_store_held_whole_by_an_older_build_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = store_path(&dir);
-    let _s = StateStore::open(&path, &ident()).unwrap();
+    drop(StateStore::open(&path, &ident()).unwrap());
+    // Schema-1 builds take the lock file exclusively.
+    let lock = fs::File::open(sibling(&path, ".lock")).unwrap();
+    lock.lock().unwrap();
     let err = StateStore::open(&path, &ident()).unwrap_err();
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+}
+
+#[test]
+fn managers_sharing_a_store_keep_off_each_others_instances_until_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_path(&dir);
+    let mut a = StateStore::open_as(&path, &ident(), "manager-a").unwrap();
+    let mut b = StateStore::open_as(&path, &ident(), "manager-b").unwrap();
+    a.renew_lease(now_ms() + 60_000).unwrap();
+    b.renew_lease(now_ms() + 60_000).unwrap();
+    a.record_instance(&inst("x")).unwrap();
+    b.record_instance(&inst("y")).unwrap();
+
+    let seen_by_b = b.ownership().unwrap();
+    assert_eq!(seen_by_b.others, vec!["manager-a".to_string()]);
+    assert_eq!(seen_by_b.foreign, vec!["x".to_string()]);
+    let ids = |s: &StateStore| -> Vec<String> {
+        s.load()
+            .unwrap()
+            .instances
+            .into_iter()
+            .map(|i| i.id)
+            .collect()
+    };
+    assert_eq!(ids(&b), vec!["y"], "b reads only its own");
+    assert_eq!(ids(&a), vec!["x"]);
+    // b can neither take a's instance over nor hand out its slots.
+    let err = b.record_instance(&inst("x")).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::OwnedByOther(id) if id == "x"),
+        "{err}"
+    );
+    let err = b.increment_use("x", "job-1", 0, "1").unwrap_err();
+    assert!(
+        matches!(&err, StoreError::OwnedByOther(id) if id == "x"),
+        "{err}"
+    );
+    a.increment_use("x", "job-2", 0, "2").unwrap();
+
+    // a drains and gives its instances up: b may adopt x, with its use count.
+    a.release("job-2").unwrap();
+    assert_eq!(a.release_ownership().unwrap(), 1);
+    let seen_by_b = b.ownership().unwrap();
+    assert!(
+        seen_by_b.others.is_empty() && seen_by_b.foreign.is_empty(),
+        "{seen_by_b:?}"
+    );
+    let snap = b.load().unwrap();
+    let x = snap
+        .instances
+        .iter()
+        .find(|i| i.id == "x")
+        .expect("x adoptable");
+    assert_eq!(x.use_count, 1);
+    b.increment_use("x", "job-3", 0, "3").unwrap();
+    // Now b's: a restarted under its old name would not get it back while b's lease runs.
+    let mut a = StateStore::open_as(&path, &ident(), "manager-a").unwrap();
+    assert_eq!(ids(&a), Vec::<String>::new());
+    assert!(a.record_instance(&inst("x")).is_err());
+}
+
+#[test]
+fn an_owner_whose_lease_ran_out_loses_its_instances_to_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_path(&dir);
+    let mut a = StateStore::open_as(&path, &ident(), "manager-a").unwrap();
+    let b = StateStore::open_as(&path, &ident(), "manager-b").unwrap();
+    a.renew_lease(now_ms() + 60_000).unwrap();
+    a.record_instance(&inst("x")).unwrap();
+    assert_eq!(b.ownership().unwrap().foreign, vec!["x".to_string()]);
+    // a crashed: its lease is not renewed and runs out.
+    a.renew_lease(now_ms() - 1).unwrap();
+    assert!(b.ownership().unwrap().foreign.is_empty());
+    assert_eq!(b.load().unwrap().instances.len(), 1);
+}
+
+#[test]
+fn a_schema_1_store_is_migrated_and_its_instances_are_adoptable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_path(&dir);
+    {
+        let mut s = StateStore::open(&path, &ident()).unwrap();
+        s.record_instance(&inst("old")).unwrap();
+    }
+    {
+        // Back to what a schema-1 build wrote.
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "ALTER TABLE instances DROP COLUMN owner; DROP TABLE owners; PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let mut s = StateStore::open_as(&path, &ident(), "manager-new").unwrap();
+    let snap = s.load().unwrap();
+    assert_eq!(snap.instances.len(), 1, "{snap:?}");
+    s.increment_use("old", "k", 0, "1").unwrap();
+    let c = Connection::open(&path).unwrap();
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
 }
 
 #[test]
@@ -559,4 +663,18 @@ async fn async_open_reports_refusal() {
     fs::write(&path, b"not a database at all, just text").unwrap();
     let err = AsyncStateStore::open(&path, &ident()).await.unwrap_err();
     assert!(matches!(err, StoreError::NotSqlite { .. }), "{err}");
+}
+
+#[test]
+fn a_restarted_manager_gets_its_owner_name_back_and_one_beside_it_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_path(&dir);
+    let first = StateStore::open(&path, &ident()).unwrap();
+    let second = StateStore::open(&path, &ident()).unwrap();
+    assert!(first.owner().ends_with("#0"), "{}", first.owner());
+    assert!(second.owner().ends_with("#1"), "{}", second.owner());
+    let name = first.owner().to_owned();
+    drop(first);
+    let again = StateStore::open(&path, &ident()).unwrap();
+    assert_eq!(again.owner(), name);
 }
