@@ -569,3 +569,120 @@ async fn spot_without_capacity_falls_back_to_on_demand_and_returns() -> anyhow::
     );
     Ok(())
 }
+
+/// Two managers on one Auto Scaling group sharing one state store (a rolling upgrade): the new
+/// one neither removes nor uses the old one's instances while it runs, and adopts them once the
+/// old one stops and gives them up.
+#[tokio::test]
+async fn two_managers_on_one_group_keep_to_their_own_instances() -> anyhow::Result<()> {
+    use slipway_taskscaler::{AsyncStateStore, Config, Options, Policy, StoreIdentity, Taskscaler};
+    use std::sync::Arc;
+
+    let moto = Moto::start().await?;
+    let asg = moto.create_group("shared", 6).await?;
+    let profile = Profile::new(ACCESS_KEY, SECRET_KEY)?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("state.sqlite");
+    let cfg = |delete: bool| Config {
+        capacity_per_instance: 1,
+        max_instances: 6,
+        policies: vec![Policy {
+            idle_time: Duration::from_secs(600),
+            ..Policy::default()
+        }],
+        instance_acquire_timeout: Duration::from_secs(60),
+        update_interval: Duration::from_millis(500),
+        update_interval_when_expecting: Duration::from_millis(200),
+        delete_instances_on_shutdown: delete,
+        shutdown_deletion_interval: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let manager = |delete: bool| {
+        let (path, profile, url) = (path.clone(), &profile, moto.url.clone());
+        let cfg = cfg(delete);
+        async move {
+            let group = Arc::new(AwsGroup::default());
+            let info = group
+                .init(
+                    &profile.plugin_config("shared", &url),
+                    &ConnectorConfig::default(),
+                )
+                .await?;
+            let identity = StoreIdentity {
+                runner: "runner".into(),
+                plugin: "aws".into(),
+                group_id: info.id.clone(),
+            };
+            let store = AsyncStateStore::open(&path, &identity).await?;
+            let ts = Taskscaler::start_with(
+                group,
+                info,
+                cfg,
+                Options {
+                    store: Some(store.clone()),
+                    ..Options::default()
+                },
+            )?;
+            anyhow::Ok((ts, store))
+        }
+    };
+
+    let (old, old_store) = manager(false).await?;
+    old.reserve("a")?;
+    let a = old.acquire("a").await?;
+    old.reserve("b")?;
+    let b = old.acquire("b").await?;
+    assert_eq!(asg.describe().await?.0, 2);
+
+    let (new, new_store) = manager(true).await?;
+    new.restored().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        new.stats().instances,
+        0,
+        "the old manager's instances are not the new one's"
+    );
+    new.reserve("c")?;
+    let c = new.acquire("c").await?;
+    assert!(c.instance_id != a.instance_id && c.instance_id != b.instance_id);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (desired, ids) = asg.describe().await?;
+    assert_eq!(desired, 3, "{ids:?}");
+    assert!(!a.instance_lost().is_cancelled() && !b.instance_lost().is_cancelled());
+    assert_eq!(
+        old.stats().instances,
+        2,
+        "the new manager's instance is not the old one's"
+    );
+
+    // The old manager drains and stops without deleting: the new one adopts its instances.
+    old.release("a");
+    old.release("b");
+    old.shutdown().await;
+    old_store.close().await;
+    let mut seen = 0;
+    for _ in 0..50 {
+        seen = new.stats().instances;
+        if seen == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(seen, 3, "adopted: {:?}", new.instances());
+    new.reserve("d")?;
+    let d = new.acquire("d").await?;
+    assert!(
+        d.instance_id == a.instance_id || d.instance_id == b.instance_id,
+        "{d:?}"
+    );
+    new.release("c");
+    new.release("d");
+    new.shutdown().await;
+    new_store.close().await;
+    assert_eq!(
+        asg.describe().await?.0,
+        0,
+        "every instance deleted by its owner in the end"
+    );
+    Ok(())
+}
