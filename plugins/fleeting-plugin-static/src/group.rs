@@ -78,11 +78,15 @@ impl Shared {
         lock(&self.state).clone()
     }
 
-    /// Apply `f` to the state and save it; memory changes only once the file is written.
+    /// Apply `f` to the state as on disk now (another process may have changed it) and save
+    /// it; memory changes only once the file is written.
     async fn commit<R>(&self, f: impl FnOnce(&mut state::State) -> R) -> Result<R, GroupError> {
         let ready = self.ready()?;
         let _guard = self.commit.lock().await;
-        let mut next = self.snapshot();
+        let _file = state::lock_state(&ready.config.state_dir)
+            .await
+            .map_err(provider)?;
+        let mut next = state::load(&ready.state_path).await.map_err(provider)?;
         let out = f(&mut next);
         state::save(&ready.state_path, &next)
             .await
@@ -107,11 +111,33 @@ impl Shared {
 }
 
 impl StaticGroup {
-    /// Run the cleanup of lease `id` in the background, unless one already runs.
-    fn spawn_cleanup(&self, id: &str) {
+    /// Run the cleanup of lease `id` in the background, unless one already runs here or in
+    /// another process sharing the state dir.
+    async fn spawn_cleanup(&self, id: &str) {
         if !lock(&self.shared.cleaning).insert(id.to_owned()) {
             return;
         }
+        let claim = match self.shared.ready() {
+            Ok(ready) => state::lock_cleanup(&ready.config.state_dir, id).await,
+            Err(_) => Ok(None),
+        };
+        let claim = match claim {
+            Ok(Some(claim)) => claim,
+            Ok(None) => {
+                // Another process cleans it; this one sees the outcome in the state file.
+                lock(&self.shared.cleaning).remove(id);
+                return;
+            }
+            Err(e) => {
+                lock(&self.shared.cleaning).remove(id);
+                log(
+                    Level::ERROR,
+                    "cannot claim a cleanup",
+                    &[("instance", &id), ("error", &e)],
+                );
+                return;
+            }
+        };
         let shared = Arc::clone(&self.shared);
         let cancel = self.cancel.clone();
         let id = id.to_owned();
@@ -126,6 +152,7 @@ impl StaticGroup {
                 _ = clean(&shared, &id) => {}
             }
             lock(&shared.cleaning).remove(&id);
+            drop(claim);
         });
     }
 
@@ -165,9 +192,18 @@ impl StaticGroup {
                     "resuming cleanup",
                     &[("instance", &id), ("host", &lease.host)],
                 );
-                self.spawn_cleanup(&id);
+                self.spawn_cleanup(&id).await;
             }
         }
+        Ok(())
+    }
+
+    /// Read the state file afresh: another process sharing the state dir may have leased or
+    /// given back hosts.
+    async fn refresh(&self) -> Result<(), GroupError> {
+        let ready = self.shared.ready()?;
+        let fresh = state::load(&ready.state_path).await.map_err(provider)?;
+        *lock(&self.shared.state) = fresh;
         Ok(())
     }
 }
@@ -304,14 +340,15 @@ impl InstanceGroup for StaticGroup {
     }
 
     async fn update(&self) -> Result<Vec<(String, State)>, GroupError> {
-        self.shared.ready()?;
+        self.refresh().await?;
         let mut out = Vec::new();
         for (id, lease) in self.shared.snapshot().leases {
             match lease.phase {
                 Phase::Leased => out.push((id, State::Running)),
                 Phase::Cleaning => {
-                    // No task: its result could not be saved last time; try again.
-                    self.spawn_cleanup(&id);
+                    // No task: its result could not be saved last time (or the process that
+                    // cleaned it is gone); try again.
+                    self.spawn_cleanup(&id).await;
                     out.push((id, State::Deleting));
                 }
                 // Not listed: for the taskscaler the instance is gone.
@@ -324,6 +361,7 @@ impl InstanceGroup for StaticGroup {
     async fn increase(&self, delta: u32) -> Result<u32, GroupError> {
         let ready = self.shared.ready()?;
         let _scale = self.shared.scale.lock().await;
+        self.refresh().await?;
         let state = self.shared.snapshot();
         let mut free: Vec<&Host> = ready
             .hosts
@@ -365,10 +403,20 @@ impl InstanceGroup for StaticGroup {
         if picked.is_empty() {
             return Ok(0);
         }
-        let ids = self
+        // A host another process leased since the state was read is not leased twice.
+        let leased = self
             .shared
-            .commit(|s| picked.iter().map(|h| s.lease(h)).collect::<Vec<_>>())
+            .commit(|s| {
+                let mut leased = Vec::new();
+                for h in &picked {
+                    if s.lease_of(h).is_none() {
+                        leased.push((s.lease(h), h.clone()));
+                    }
+                }
+                leased
+            })
             .await?;
+        let (ids, picked): (Vec<String>, Vec<String>) = leased.into_iter().unzip();
         for (id, host) in ids.iter().zip(&picked) {
             log(
                 Level::INFO,
@@ -380,7 +428,7 @@ impl InstanceGroup for StaticGroup {
     }
 
     async fn decrease(&self, ids: &[String]) -> Result<Vec<String>, GroupError> {
-        self.shared.ready()?;
+        self.refresh().await?;
         let state = self.shared.snapshot();
         let accepted: Vec<String> = ids
             .iter()
@@ -403,7 +451,7 @@ impl InstanceGroup for StaticGroup {
             })
             .await?;
         for id in &accepted {
-            self.spawn_cleanup(id);
+            self.spawn_cleanup(id).await;
         }
         Ok(accepted)
     }

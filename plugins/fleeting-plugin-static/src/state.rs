@@ -1,4 +1,9 @@
 //! Which hosts are leased, being cleaned or held back, persisted as `<state_dir>/state.json`.
+//!
+//! Several plugin processes may share a state dir (managers side by side on one pool, as in a
+//! rolling upgrade): each holds `<dir>/lock` shared, changes the file only under the exclusive
+//! `<dir>/state.lock` after reading it afresh, and cleans a host only while holding that
+//! lease's `<dir>/cleaning-<id>.lock`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -113,12 +118,12 @@ pub enum StateError {
 /// replaced may still be exiting).
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Exclusive hold on a state dir: one plugin process per state dir, released when dropped or
-/// when the process dies.
+/// A plugin process's shared hold on a state dir, released when dropped or when the process
+/// dies: an older plugin that takes the dir whole keeps this one out, and the reverse.
 #[derive(Debug)]
 pub struct DirLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 
-/// Take `<dir>/lock`, waiting up to a few seconds for a previous holder to exit.
+/// Take `<dir>/lock` shared, waiting up to a few seconds for an exclusive holder to exit.
 pub async fn lock_dir(dir: &Path) -> Result<DirLock, StateError> {
     let path = dir.join("lock");
     let deadline = tokio::time::Instant::now() + LOCK_WAIT;
@@ -130,7 +135,7 @@ pub async fn lock_dir(dir: &Path) -> Result<DirLock, StateError> {
                 .truncate(false)
                 .write(true)
                 .open(&p)?;
-            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
                 Ok(lock) => Ok(Some(lock)),
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
                 Err((_, e)) => Err(std::io::Error::from(e)),
@@ -155,6 +160,56 @@ pub async fn lock_dir(dir: &Path) -> Result<DirLock, StateError> {
             None => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
         }
     }
+}
+
+/// An exclusive lock on a file of the state dir, released when dropped.
+#[derive(Debug)]
+pub struct FileLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+/// Lock `path` exclusively; `wait`: block until free, else `None` when another process holds
+/// it.
+async fn lock_file(path: PathBuf, wait: bool) -> Result<Option<FileLock>, StateError> {
+    let p = path.clone();
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)?;
+        let arg = if wait {
+            nix::fcntl::FlockArg::LockExclusive
+        } else {
+            nix::fcntl::FlockArg::LockExclusiveNonblock
+        };
+        match nix::fcntl::Flock::lock(file, arg) {
+            Ok(lock) => Ok(Some(FileLock(lock))),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(std::io::Error::from(e)),
+        }
+    })
+    .await
+    .map_err(|e| StateError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?
+    .map_err(|source| StateError::Io { path, source })
+}
+
+/// Hold `<dir>/state.lock` to read, change and save the state file, waiting for other
+/// processes' changes to finish.
+pub async fn lock_state(dir: &Path) -> Result<FileLock, StateError> {
+    let path = dir.join("state.lock");
+    lock_file(path.clone(), true)
+        .await?
+        .ok_or_else(|| StateError::Io {
+            path,
+            source: std::io::Error::other("lock not granted"),
+        })
+}
+
+/// Hold `<dir>/cleaning-<id>.lock` while cleaning lease `id`; `None` when another process is.
+pub async fn lock_cleanup(dir: &Path, id: &str) -> Result<Option<FileLock>, StateError> {
+    lock_file(dir.join(format!("cleaning-{id}.lock")), false).await
 }
 
 /// Load the state at `path`; a missing file is an empty state.

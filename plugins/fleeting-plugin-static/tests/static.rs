@@ -325,17 +325,62 @@ async fn bad_configs_give_errors_naming_the_key() {
         g.init(ok.as_bytes(), &ConnectorConfig::default()).await,
         Err(GroupError::FailedPrecondition(_))
     ));
-    // A second plugin process on the same state dir would overwrite this one's leases.
-    let other = StaticGroup::default();
-    let err = other
-        .init(ok.as_bytes(), &ConnectorConfig::default())
+    // An older plugin holding the state dir whole keeps this one out, naming the dir.
+    drop(g);
+    let dir = tempfile::tempdir().unwrap();
+    let held = std::fs::File::create(dir.path().join("lock")).unwrap();
+    let held = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    let in_dir = format!(
+        r#"{{"state_dir":"{}","instances":{{"web1":{{"internal_addr":"h","username":"ci","password":"pw"}}}}}}"#,
+        dir.path().display()
+    );
+    let err = StaticGroup::default()
+        .init(in_dir.as_bytes(), &ConnectorConfig::default())
         .await
         .unwrap_err()
         .to_string();
     assert!(err.contains("state_dir") && err.contains("in use"), "{err}");
-    drop(g);
-    other
-        .init(ok.as_bytes(), &ConnectorConfig::default())
-        .await
-        .unwrap();
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_sharing_a_state_dir_never_lease_one_host_twice() {
+    let hx = Hosts::start(3).await;
+    let config = format!(
+        r#"{{"name":"shared","state_dir":"{}","cleanup_command":"echo ok > cleaned",
+            "instances":{{{},{},{}}}}}"#,
+        hx.state_dir().display(),
+        hx.entry(0),
+        hx.entry(1),
+        hx.entry(2)
+    );
+    let connector = ConnectorConfig {
+        key: hx.key.clone(),
+        ..ConnectorConfig::default()
+    };
+    // Two managers' plugins on one pool (a rolling upgrade), side by side.
+    let old = group(&config, &connector).await;
+    let new = group(&config, &connector).await;
+    assert_eq!(old.increase(2).await.unwrap(), 2);
+    // The new one sees the old one's leases and gets only the host left.
+    assert_eq!(ids(&new.update().await.unwrap()), ["web0-1", "web1-2"]);
+    assert_eq!(new.increase(3).await.unwrap(), 1);
+    assert_eq!(old.increase(1).await.unwrap(), 0, "no host is leased twice");
+    assert_eq!(
+        ids(&old.update().await.unwrap()),
+        ["web0-1", "web1-2", "web2-3"]
+    );
+    // A host one gives back is cleaned once, and free for both afterwards.
+    assert_eq!(old.decrease(&["web0-1".into()]).await.unwrap(), ["web0-1"]);
+    wait_for(&new, "web0 cleaned and free", |s| {
+        s.iter().all(|(id, _)| id != "web0-1")
+    })
+    .await;
+    assert_eq!(new.increase(1).await.unwrap(), 1);
+    assert_eq!(
+        ids(&old.update().await.unwrap()),
+        ["web0-4", "web1-2", "web2-3"]
+    );
+    old.shutdown().await.unwrap();
+    new.shutdown().await.unwrap();
 }
