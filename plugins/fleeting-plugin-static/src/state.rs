@@ -96,9 +96,9 @@ pub enum StateError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// Another plugin process holds the state dir.
+    /// Another (older) plugin process holds the state dir exclusively.
     #[error(
-        "state_dir {dir} is in use by another plugin process: give each runner's static plugin its own `name` or `state_dir`"
+        "state_dir {dir} is in use by another plugin process that takes it whole (an older fleeting-plugin-static): stop it first, or give this one its own `name` or `state_dir`"
     )]
     InUse {
         /// The state dir.
