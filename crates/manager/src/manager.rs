@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use slipway_config::{self as config, Loaded};
-use slipway_jobs::queue::Queue;
+use slipway_jobs::queue::{Queue, QueueError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -79,11 +79,18 @@ async fn run_manager(
 ) -> Result<(), ManagerError> {
     let stop = shutdown.stop.clone();
     // One manager consumes a queue: a second would report the first one's jobs as orphans.
+    // A manager started beside a running one (a rolling upgrade) starts its runners and serves
+    // GitLab at once, and takes the queue over once the other one has drained and stopped.
     let q = queue.clone();
-    let _consumer = queue_source::blocking(move || q.lock_consumer()).await?;
-    // What the last manager left claimed, before this one claims anything.
-    let q = queue.clone();
-    let claimed = queue_source::blocking(move || q.running()).await?;
+    let consumer = match queue_source::blocking(move || q.lock_consumer()).await {
+        Ok(lock) => Some(lock),
+        Err(QueueSourceError::Queue(QueueError::Busy { path })) => {
+            tracing::warn!(lock = %path.display(),
+                "another manager consumes the queue: taking it over once that one stops");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
     let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
     let job_metrics = slipway_status::JobMetrics::default();
     let opts = runner::StartOptions {
@@ -161,17 +168,10 @@ async fn run_manager(
             }
         }
     };
-    // The job source: restart recovery, then one dispatcher per runner. All end on `stop`.
+    // The job sources: GitLab's per runner at once; the queue's (restart recovery, then one
+    // dispatcher per queue-fed runner) once this manager consumes the queue. All end on `stop`.
     let mut sources = tokio::task::JoinSet::new();
-    {
-        // A drain stops it too: it only reports what the last manager left.
-        let (queue, runners, drain) = (queue.clone(), runners.clone(), shutdown.drain.clone());
-        sources.spawn(async move {
-            if let Err(e) = queue_source::recover(&queue, claimed, &runners, &drain).await {
-                tracing::error!("recovering the jobs of the last run: {}", Chain(&e));
-            }
-        });
-    }
+    let mut queue_fed = Vec::new();
     let global = Arc::new(Semaphore::new(loaded.config.concurrent.max(1) as usize));
     for (r, cfg) in runners.iter().zip(&loaded.config.runners) {
         let limits = Limits {
@@ -199,13 +199,15 @@ async fn run_manager(
             });
             continue;
         }
-        sources.spawn(queue_source::serve(
-            r.clone(),
-            queue.clone(),
-            limits,
-            shutdown.clone(),
-        ));
+        queue_fed.push((r.clone(), limits));
     }
+    sources.spawn(feed_from_queue(
+        queue.clone(),
+        consumer,
+        runners.clone(),
+        queue_fed,
+        shutdown.clone(),
+    ));
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
     // Policies follow config.toml edits (GitLab reloads only [[runners.autoscaler.policy]]).
     let mut reload = tokio::time::interval(std::time::Duration::from_secs(2));
@@ -296,4 +298,69 @@ async fn reload_policies(path: &Path, runners: &[Arc<runner::Runner>]) {
             Err(e) => tracing::warn!(runner = %r.name, error = %e, "reloaded policies refused"),
         }
     }
+}
+
+/// Serve the queue-fed runners from the embedded queue: take the consumer lock (waiting while
+/// another manager holds it), report what the last consumer left claimed, and dispatch; the
+/// lock is held until every dispatcher has ended.
+async fn feed_from_queue(
+    queue: Queue,
+    consumer: Option<slipway_jobs::queue::ConsumerLock>,
+    runners: Vec<Arc<runner::Runner>>,
+    fed: Vec<(Arc<runner::Runner>, Limits)>,
+    shutdown: Shutdown,
+) {
+    let _consumer = match consumer {
+        Some(lock) => lock,
+        None => loop {
+            let q = queue.clone();
+            match queue_source::blocking(move || q.lock_consumer()).await {
+                Ok(lock) => {
+                    tracing::info!("the other manager stopped: consuming the queue");
+                    break lock;
+                }
+                Err(QueueSourceError::Queue(QueueError::Busy { .. })) => {}
+                Err(e) => {
+                    tracing::error!("taking the queue over: {}", Chain(&e));
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = shutdown.drain.cancelled() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            }
+        },
+    };
+    // What the last manager left claimed, before this one claims anything.
+    let q = queue.clone();
+    let claimed = match queue_source::blocking(move || q.running()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("reading the queue's running jobs: {}", Chain(&e));
+            return;
+        }
+    };
+    // A drain stops the recovery too: it only reports what the last manager left.
+    let recover = async {
+        if let Err(e) = queue_source::recover(&queue, claimed, &runners, &shutdown.drain).await {
+            tracing::error!("recovering the jobs of the last run: {}", Chain(&e));
+        }
+    };
+    let mut dispatchers = tokio::task::JoinSet::new();
+    for (r, limits) in fed {
+        dispatchers.spawn(queue_source::serve(
+            r,
+            queue.clone(),
+            limits,
+            shutdown.clone(),
+        ));
+    }
+    let serve = async {
+        while let Some(r) = dispatchers.join_next().await {
+            if let Err(e) = r {
+                tracing::error!("job source task failed: {e}");
+            }
+        }
+    };
+    tokio::join!(recover, serve);
 }

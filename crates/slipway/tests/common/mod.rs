@@ -73,6 +73,11 @@ impl World {
         p
     }
 
+    /// The text of file `name` in this world (empty when missing).
+    pub fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
     /// A `slipway` command with this world's TMPDIR and plugin dir.
     pub fn slipway(&self, args: &[&str]) -> Command {
         let mut c = Command::new(slipway());
