@@ -13,6 +13,11 @@
 //! proxy refuses (`InsufficientInstanceCapacity`) with an on-demand fallback; `fallback_after_s`
 //! is the time from the first refusal until a waiting job holds a slot on the fallback.
 //!
+//! A rolling upgrade ([`upgrade`]): a second manager started beside the first on one static
+//! pool while the first runs jobs, the first drained: `killed_by_upgrade` counts the first
+//! manager's jobs that did not succeed, `removed_by_non_owner` the first manager's hosts given
+//! back or taken while it ran (and hosts the second removed for want of a record).
+//!
 //! Writes `bench/results/faults.json`; regenerate with `cargo bench -p slipway --bench faults`.
 
 use std::collections::BTreeMap;
@@ -24,6 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+
+#[path = "faults/upgrade.rs"]
+mod upgrade;
 
 const JOBS: usize = 40;
 const KILLS: usize = 10;
@@ -47,6 +55,8 @@ fn main() -> anyhow::Result<()> {
     let plugins = build_plugin(&repo)?;
     let spot = tokio::runtime::Runtime::new()?.block_on(spot_fallback(&plugins))?;
     println!("spot: {spot:?}");
+    let upgraded = upgrade::run(&plugins)?;
+    println!("upgrade: {upgraded:?}");
     let baseline = run(&plugins, false)?;
     let faults = run(&plugins, true)?;
     if baseline.succeeded != JOBS {
@@ -83,7 +93,18 @@ fn main() -> anyhow::Result<()> {
              the fallback",
             SPOT_FALLBACK_AFTER.as_secs()
         ),
-        "not_measured_yet": "removed_by_non_owner, killed_by_upgrade (issue 28 part 3)",
+        "killed_by_upgrade": upgraded.killed_by_upgrade,
+        "removed_by_non_owner": upgraded.removed_by_non_owner,
+        "upgrade_later_jobs_on_adopted_hosts": upgraded.later_on_adopted_hosts,
+        "upgrade_takeover_s": round(upgraded.takeover_s),
+        "upgrade_setup": format!(
+            "slipway run twice on one static pool of 4 real sshd hosts (2 slots each), same \
+             config and state: the second started while the first ran {} jobs (sleep 8), {} more \
+             submitted, the first drained with SIGQUIT; takeover: from its exit to the last later \
+             job's end",
+            upgrade::FIRST,
+            upgrade::LATER
+        ),
     });
     let (path, text) = slipway_sim::bench::write(&repo, "faults", COMMAND, results)?;
     println!("{}\n{text}", path.display());
@@ -193,7 +214,7 @@ fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-/// Build `fleeting-plugin-local` and `-aws` beside this bench's `slipway`; their directory.
+/// Build `fleeting-plugin-local`, `-aws` and `-static` beside this bench's `slipway`; their directory.
 fn build_plugin(repo: &Path) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo)
@@ -204,11 +225,13 @@ fn build_plugin(repo: &Path) -> anyhow::Result<PathBuf> {
             "fleeting-plugin-local",
             "-p",
             "fleeting-plugin-aws",
+            "-p",
+            "fleeting-plugin-static",
         ])
         .current_dir(repo)
         .status()?;
     if !st.success() {
-        bail!("building fleeting-plugin-local and fleeting-plugin-aws failed");
+        bail!("building the fleeting plugins (local, aws, static) failed");
     }
     let slipway = PathBuf::from(env!("CARGO_BIN_EXE_slipway"));
     let dir = slipway.parent().context("the binaries' directory")?;
