@@ -320,10 +320,8 @@ async fn feed_from_queue(
                     break lock;
                 }
                 Err(QueueSourceError::Queue(QueueError::Busy { .. })) => {}
-                Err(e) => {
-                    tracing::error!("taking the queue over: {}", Chain(&e));
-                    return;
-                }
+                // Tried again: a manager that gave up here would never serve the queue.
+                Err(e) => tracing::warn!("taking the queue over: {}; trying again", Chain(&e)),
             }
             tokio::select! {
                 _ = shutdown.drain.cancelled() => return,

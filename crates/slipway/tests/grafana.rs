@@ -43,6 +43,8 @@ fn encoded_registry() -> String {
     m.instance_ready(12.0);
     m.lifetime(600.0);
     m.acquisition_wait(1.0);
+    m.capacity_refused();
+    m.set_diverted(true);
     jobs.waiting("r1");
     jobs.started("r1");
     jobs.finished("r1", "failed", Some("script_failure"), true, 42.0);

@@ -22,8 +22,14 @@ pub struct Refusals {
 }
 
 impl Refusals {
-    /// Record a refusal at `now`.
-    pub(crate) fn refused(&mut self, now: Instant) {
+    /// Record a refusal at `now`; one more than `gap` after the last starts a new run.
+    pub(crate) fn refused(&mut self, now: Instant, gap: Duration) {
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) > gap)
+        {
+            self.clear();
+        }
         self.first.get_or_insert(now);
         self.last = Some(now);
         self.count += 1;
@@ -98,6 +104,8 @@ impl Diversion {
 mod tests {
     use super::*;
 
+    const GAP: Duration = Duration::from_secs(120);
+
     const RULE: Fallback = Fallback {
         to: 1,
         after: Duration::from_secs(30),
@@ -111,9 +119,9 @@ mod tests {
         let mut d = Diversion::default();
         assert_eq!(d.update(&RULE, &r, t0), None, "no refusal, no diversion");
 
-        r.refused(t0);
+        r.refused(t0, GAP);
         assert_eq!(d.update(&RULE, &r, t0 + Duration::from_secs(10)), None);
-        r.refused(t0 + Duration::from_secs(20));
+        r.refused(t0 + Duration::from_secs(20), GAP);
         assert_eq!(d.update(&RULE, &r, t0 + Duration::from_secs(29)), None);
         assert_eq!(
             d.update(&RULE, &r, t0 + Duration::from_secs(30)),
@@ -125,7 +133,7 @@ mod tests {
 
         // A refusal while diverted (the shape still asked for pending jobs) restarts the quiet
         // period.
-        r.refused(t0 + Duration::from_secs(100));
+        r.refused(t0 + Duration::from_secs(100), GAP);
         assert_eq!(d.update(&RULE, &r, t0 + Duration::from_secs(630)), None);
         assert_eq!(
             d.update(&RULE, &r, t0 + Duration::from_secs(700)),
@@ -139,9 +147,9 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Refusals::default();
         let mut d = Diversion::default();
-        r.refused(t0);
+        r.refused(t0, GAP);
         r.clear();
-        r.refused(t0 + Duration::from_secs(25));
+        r.refused(t0 + Duration::from_secs(25), GAP);
         assert_eq!(d.update(&RULE, &r, t0 + Duration::from_secs(40)), None);
         assert_eq!(
             d.update(&RULE, &r, t0 + Duration::from_secs(55)),
@@ -151,11 +159,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn refusals_far_apart_are_separate_runs() {
+        let t0 = Instant::now();
+        let mut r = Refusals::default();
+        let mut d = Diversion::default();
+        r.refused(t0, GAP);
+        // Demand went away; a new job an hour later is refused once.
+        r.refused(t0 + Duration::from_secs(3600), GAP);
+        assert_eq!(r.count, 1, "a new run");
+        assert_eq!(d.update(&RULE, &r, t0 + Duration::from_secs(3601)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_diversion_without_later_refusals_returns_after_the_quiet_period_from_its_start() {
         let t0 = Instant::now();
         let mut r = Refusals::default();
         let mut d = Diversion::default();
-        r.refused(t0);
+        r.refused(t0, GAP);
         assert_eq!(
             d.update(&RULE, &r, t0 + Duration::from_secs(31)),
             Some(Turn::Diverted)

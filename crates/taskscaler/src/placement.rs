@@ -261,6 +261,8 @@ impl Placement {
                 let mut watching = true;
                 loop {
                     tokio::select! {
+                        // A slot freed on the job's own shape wins over a move.
+                        biased;
                         r = &mut acquire => return r,
                         changed = changes.changed(), if watching => {
                             watching = changed.is_ok();
@@ -280,11 +282,10 @@ impl Placement {
         }
     }
 
-    /// Move waiting reservation `key` from its shape to shape `to`; false (and the reservation
-    /// back where it was) when `to` refuses it.
+    /// Move waiting reservation `key` from its shape to shape `to`: reserved there first, and
+    /// given up where it was only then, so a refusal leaves it waiting where it was (false).
     fn move_to(&self, key: &str, route: &Route, to: usize) -> bool {
         let from = &self.shapes[route.shape];
-        from.scaler.release(key);
         let target = &self.shapes[to].scaler;
         let moved = if route.exclusive {
             target.reserve_instance(key, &route.request)
@@ -293,6 +294,7 @@ impl Placement {
         };
         match moved {
             Ok(()) => {
+                from.scaler.release(key);
                 tracing::info!(job = %key, from = %from.name, to = %self.shapes[to].name,
                     "a job waiting for a slot moves to the fallback shape");
                 self.remember(key, to, &route.request, route.exclusive);
@@ -301,14 +303,6 @@ impl Placement {
             Err(e) => {
                 tracing::warn!(job = %key, fallback = %self.shapes[to].name, error = %e,
                     "the fallback shape cannot take a waiting job; it keeps waiting");
-                let back = if route.exclusive {
-                    from.scaler.reserve_instance(key, &route.request)
-                } else {
-                    from.scaler.reserve_for(key, &route.request)
-                };
-                if let Err(e) = back {
-                    tracing::warn!(job = %key, error = %e, "the job's reservation could not be renewed");
-                }
                 false
             }
         }

@@ -454,9 +454,11 @@ impl StateStore {
         &self.owner
     }
 
-    /// Hold (or renew) this owner's lease until `until_ms`: its instances are not adopted by
-    /// another manager before then.
-    pub fn renew_lease(&mut self, until_ms: i64) -> Result<(), StoreError> {
+    /// Hold (or renew) this owner's lease for `lease` from now (the wall clock every owner's
+    /// lease is read against): its instances are not adopted by another manager before then.
+    pub fn renew_lease(&mut self, lease: Duration) -> Result<(), StoreError> {
+        let until_ms =
+            now_ms().saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
         self.conn
             .execute(
                 "INSERT INTO owners (owner, lease_until_ms) VALUES (?1, ?2)
@@ -697,7 +699,10 @@ impl StateStore {
     pub fn mark_removing(&mut self, id: &str) -> Result<bool, StoreError> {
         let n = self
             .conn
-            .execute("UPDATE instances SET removing = 1 WHERE id = ?1", [id])
+            .execute(
+                &format!("UPDATE instances SET removing = 1 WHERE id = ?3 AND {MINE_OR_ADOPTABLE}"),
+                params![self.owner, now_ms(), id],
+            )
             .map_err(self.db())?;
         Ok(n > 0)
     }
@@ -714,10 +719,17 @@ impl StateStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db)?;
-        tx.execute("DELETE FROM acquisitions WHERE instance_id = ?1", [id])
-            .map_err(db)?;
+        let mine = format!("id = ?3 AND {MINE_OR_ADOPTABLE}");
+        tx.execute(
+            &format!("DELETE FROM acquisitions WHERE instance_id IN (SELECT id FROM instances WHERE {mine})"),
+            params![self.owner, now_ms(), id],
+        )
+        .map_err(db)?;
         let n = tx
-            .execute("DELETE FROM instances WHERE id = ?1", [id])
+            .execute(
+                &format!("DELETE FROM instances WHERE {mine}"),
+                params![self.owner, now_ms(), id],
+            )
             .map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(n > 0)
@@ -858,12 +870,13 @@ impl StateStore {
     /// Apply a [`RestorePlan`] in one transaction: store `reports` (job id, final state JSON —
     /// typically the failure of each of `plan.failed_jobs`), drop the failed acquisitions, forget
     /// `plan.forget`, mark the recorded instances of `plan.delete` as removing and update the
-    /// state of `plan.adopt`.
+    /// state of `plan.adopt`, claiming them for this owner. Returns the instances of the plan
+    /// another live owner holds by now (it adopted them first): they are not this owner's.
     pub fn apply_restore(
         &mut self,
         plan: &RestorePlan,
         reports: &[(String, String)],
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<String>, StoreError> {
         let path = self.path.clone();
         let db = |source| StoreError::Database {
             path: path.clone(),
@@ -882,11 +895,35 @@ impl StateStore {
             )
             .map_err(db)?;
         }
+        let held_by_other = |id: &str| -> rusqlite::Result<bool> {
+            tx.query_row(
+                &format!("SELECT NOT {MINE_OR_ADOPTABLE} FROM instances WHERE id = ?3"),
+                params![self.owner, now, id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map(|v| v.unwrap_or(false))
+        };
+        let mut lost = Vec::new();
+        for id in plan
+            .delete
+            .iter()
+            .map(|(id, _)| id)
+            .chain(plan.adopt.iter().map(|r| &r.id))
+            .chain(&plan.forget)
+        {
+            if held_by_other(id).map_err(db)? {
+                lost.push(id.clone());
+            }
+        }
         for a in &plan.failed_jobs {
+            if lost.contains(&a.instance_id) {
+                continue;
+            }
             tx.execute("DELETE FROM acquisitions WHERE key = ?1", [&a.key])
                 .map_err(db)?;
         }
-        for id in &plan.forget {
+        for id in plan.forget.iter().filter(|id| !lost.contains(id)) {
             tx.execute("DELETE FROM acquisitions WHERE instance_id = ?1", [id])
                 .map_err(db)?;
             tx.execute("DELETE FROM instances WHERE id = ?1", [id])
@@ -913,7 +950,7 @@ impl StateStore {
             .map_err(db)?;
         }
         tx.commit().map_err(db)?;
-        Ok(())
+        Ok(lost)
     }
 }
 

@@ -114,22 +114,17 @@ impl StaticGroup {
     /// Run the cleanup of lease `id` in the background, unless one already runs here or in
     /// another process sharing the state dir.
     async fn spawn_cleanup(&self, id: &str) {
-        if !lock(&self.shared.cleaning).insert(id.to_owned()) {
+        if lock(&self.shared.cleaning).contains(id) {
             return;
         }
-        let claim = match self.shared.ready() {
-            Ok(ready) => state::lock_cleanup(&ready.config.state_dir, id).await,
-            Err(_) => Ok(None),
+        let Ok(ready) = self.shared.ready() else {
+            return;
         };
-        let claim = match claim {
+        let claim = match state::lock_cleanup(&ready.config.state_dir, id).await {
             Ok(Some(claim)) => claim,
-            Ok(None) => {
-                // Another process cleans it; this one sees the outcome in the state file.
-                lock(&self.shared.cleaning).remove(id);
-                return;
-            }
+            // Another process (or another call here) cleans it; the state file tells the end.
+            Ok(None) => return,
             Err(e) => {
-                lock(&self.shared.cleaning).remove(id);
                 log(
                     Level::ERROR,
                     "cannot claim a cleanup",
@@ -138,6 +133,19 @@ impl StaticGroup {
                 return;
             }
         };
+        // Claimed: clean only if the lease still waits for it on disk. Another process may
+        // have finished it (and the host been leased again) since this one last read the file.
+        if self.refresh().await.is_err()
+            || !lock(&self.shared.state)
+                .leases
+                .get(id)
+                .is_some_and(|l| l.phase != Phase::Leased)
+        {
+            return;
+        }
+        if !lock(&self.shared.cleaning).insert(id.to_owned()) {
+            return;
+        }
         let shared = Arc::clone(&self.shared);
         let cancel = self.cancel.clone();
         let id = id.to_owned();
@@ -152,12 +160,20 @@ impl StaticGroup {
                 _ = clean(&shared, &id) => {}
             }
             lock(&shared.cleaning).remove(&id);
+            // The lease is gone once cleaned: so is its lock (lease ids never repeat).
+            if let Ok(ready) = shared.ready()
+                && !lock(&shared.state).leases.contains_key(&id)
+            {
+                let _ =
+                    std::fs::remove_file(state::cleanup_lock_path(&ready.config.state_dir, &id));
+            }
             drop(claim);
         });
     }
 
-    /// Leases of hosts still configured; drop the others (the operator removed the host).
-    async fn adopt(&self) -> Result<(), GroupError> {
+    /// Leases of hosts still configured; drop the others (the operator removed the host) when
+    /// no other process shares the dir (its config may still list them).
+    async fn adopt(&self, alone: bool) -> Result<(), GroupError> {
         let ready = self.shared.ready()?;
         let orphans: Vec<(String, String)> = self
             .shared
@@ -167,7 +183,7 @@ impl StaticGroup {
             .filter(|(_, l)| !ready.hosts.contains_key(&l.host))
             .map(|(id, l)| (id, l.host))
             .collect();
-        if !orphans.is_empty() {
+        if !orphans.is_empty() && alone {
             for (id, host) in &orphans {
                 log(
                     Level::WARN,
@@ -202,6 +218,9 @@ impl StaticGroup {
     /// given back hosts.
     async fn refresh(&self) -> Result<(), GroupError> {
         let ready = self.shared.ready()?;
+        // Not between another task's load and its write to memory: that would bring back an
+        // older state.
+        let _guard = self.shared.commit.lock().await;
         let fresh = state::load(&ready.state_path).await.map_err(provider)?;
         *lock(&self.shared.state) = fresh;
         Ok(())
@@ -296,7 +315,7 @@ impl InstanceGroup for StaticGroup {
                     config.state_dir.display()
                 ))
             })?;
-        let dir_lock = state::lock_dir(&config.state_dir)
+        let (dir_lock, alone) = state::lock_dir(&config.state_dir)
             .await
             .map_err(|e| match e {
                 e @ state::StateError::InUse { .. } => GroupError::InvalidArgument(e.to_string()),
@@ -335,7 +354,7 @@ impl InstanceGroup for StaticGroup {
         if self.shared.ready.set(ready).is_err() {
             return Err(GroupError::FailedPrecondition("init called twice".into()));
         }
-        self.adopt().await?;
+        self.adopt(alone).await?;
         Ok(info)
     }
 

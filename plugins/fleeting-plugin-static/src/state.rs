@@ -123,20 +123,33 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Debug)]
 pub struct DirLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 
-/// Take `<dir>/lock` shared, waiting up to a few seconds for an exclusive holder to exit.
-pub async fn lock_dir(dir: &Path) -> Result<DirLock, StateError> {
+/// Take `<dir>/lock` shared, waiting up to a few seconds for an exclusive holder to exit; also
+/// whether this process was alone on the dir when it came (no other process held it).
+pub async fn lock_dir(dir: &Path) -> Result<(DirLock, bool), StateError> {
     let path = dir.join("lock");
     let deadline = tokio::time::Instant::now() + LOCK_WAIT;
     loop {
         let p = path.clone();
         let attempt = tokio::task::spawn_blocking(move || {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&p)?;
-            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
-                Ok(lock) => Ok(Some(lock)),
+            let open = || {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&p)
+            };
+            use nix::fcntl::{Flock, FlockArg};
+            // Taken whole for a moment: it tells whether another process holds the dir.
+            let alone = match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
+                Ok(whole) => {
+                    drop(whole);
+                    true
+                }
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => false,
+                Err((_, e)) => return Err(std::io::Error::from(e)),
+            };
+            match Flock::lock(open()?, FlockArg::LockSharedNonblock) {
+                Ok(lock) => Ok(Some((lock, alone))),
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
                 Err((_, e)) => Err(std::io::Error::from(e)),
             }
@@ -151,7 +164,7 @@ pub async fn lock_dir(dir: &Path) -> Result<DirLock, StateError> {
             source,
         })?;
         match attempt {
-            Some(lock) => return Ok(DirLock(lock)),
+            Some((lock, alone)) => return Ok((DirLock(lock), alone)),
             None if tokio::time::Instant::now() >= deadline => {
                 return Err(StateError::InUse {
                     dir: dir.to_owned(),
@@ -209,7 +222,12 @@ pub async fn lock_state(dir: &Path) -> Result<FileLock, StateError> {
 
 /// Hold `<dir>/cleaning-<id>.lock` while cleaning lease `id`; `None` when another process is.
 pub async fn lock_cleanup(dir: &Path, id: &str) -> Result<Option<FileLock>, StateError> {
-    lock_file(dir.join(format!("cleaning-{id}.lock")), false).await
+    lock_file(cleanup_lock_path(dir, id), false).await
+}
+
+/// Where lease `id`'s cleanup lock lives (removed once the lease is gone).
+pub fn cleanup_lock_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("cleaning-{id}.lock"))
 }
 
 /// Load the state at `path`; a missing file is an empty state.

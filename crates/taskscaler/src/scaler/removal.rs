@@ -69,11 +69,13 @@ impl Inner {
             .cfg
             .shutdown_deletion_interval
             .min(Duration::from_millis(250));
+        let keep = self.others_instances().await;
         for _ in 0..=self.cfg.shutdown_deletion_retries {
-            let Some(alive) = self.alive_instances().await else {
+            let Some(mut alive) = self.alive_instances().await else {
                 tokio::time::sleep(poll).await;
                 continue;
             };
+            alive.retain(|id| !keep(id));
             if alive.is_empty() {
                 return;
             }
@@ -84,12 +86,34 @@ impl Inner {
             let until = Instant::now() + self.cfg.shutdown_deletion_interval;
             while Instant::now() < until {
                 tokio::time::sleep(poll).await;
-                if self.alive_instances().await.is_some_and(|a| a.is_empty()) {
+                if self
+                    .alive_instances()
+                    .await
+                    .is_some_and(|a| a.iter().all(|id| keep(id)))
+                {
                     return;
                 }
             }
         }
         tracing::warn!("instances may remain after shutdown deletion retries");
+    }
+
+    /// Which listed instances a shutdown must leave alone: those another manager sharing the
+    /// state store holds and, while one runs, any this manager does not know (its newest).
+    async fn others_instances(&self) -> impl Fn(&str) -> bool + use<> {
+        let (mut foreign, mine, others_live) = {
+            let book = self.lock();
+            let mine: std::collections::HashSet<String> = book.instances.keys().cloned().collect();
+            (book.foreign.clone(), mine, book.others_live)
+        };
+        let mut others_live = others_live;
+        if let Some(store) = &self.store
+            && let Ok(o) = store.call(|s| s.ownership()).await
+        {
+            others_live = !o.others.is_empty();
+            foreign = o.foreign.into_iter().collect();
+        }
+        move |id: &str| foreign.contains(id) || (others_live && !mine.contains(id))
     }
 
     async fn alive_instances(&self) -> Option<Vec<String>> {

@@ -11,11 +11,13 @@ use super::Inner;
 use super::book::{Book, Counted, Instance};
 use crate::store::{InstanceRecord, RestorePlan, Snapshot, plan_restore};
 
-/// Shortest lease a manager holds on its instances in a shared state store.
-const MIN_LEASE: Duration = Duration::from_secs(30);
+/// Shortest lease a manager holds on its instances in a shared state store: well beyond a plugin
+/// call's own limit, so no slow call lets it lapse.
+const MIN_LEASE: Duration = Duration::from_secs(300);
 
 impl Inner {
-    /// How long this manager's instances stay its own without a renewal: three scaling passes.
+    /// How long this manager's instances stay its own without a renewal: three scaling passes,
+    /// five minutes at least.
     pub(super) fn lease(&self) -> Duration {
         (self.cfg.update_interval * 3).max(MIN_LEASE)
     }
@@ -26,10 +28,10 @@ impl Inner {
     /// the book keeps what it knew.
     pub(super) async fn read_ownership(&self) -> Option<Snapshot> {
         let store = self.store.as_ref()?;
-        let until = crate::store::unix_ms(self.wall_now() + self.lease());
+        let lease = self.lease();
         let read = store
             .call(move |s| {
-                s.renew_lease(until)?;
+                s.renew_lease(lease)?;
                 let ownership = s.ownership()?;
                 let adoptable = s.load_adoptable()?;
                 Ok((ownership, adoptable))
@@ -101,6 +103,19 @@ impl Inner {
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .unwrap_or_default();
+        // What another manager adopted since the snapshot was read is not this one's.
+        let snapshot = Snapshot {
+            instances: snapshot
+                .instances
+                .into_iter()
+                .filter(|r| !book.foreign.contains(&r.id))
+                .collect(),
+            acquisitions: snapshot
+                .acquisitions
+                .into_iter()
+                .filter(|a| !book.foreign.contains(&a.instance_id))
+                .collect(),
+        };
         // With another manager running, an instance no one recorded may be its newest: not
         // removed here, but left to the reconcile's wait for a record.
         let live: Vec<(String, State)> = if book.others_live {
@@ -218,13 +233,21 @@ impl Inner {
                 .collect();
             let adopted: Vec<String> = plan.adopt.iter().map(|r| r.id.clone()).collect();
             match store.apply_restore(plan, reports).await {
-                Ok(()) => {
+                Ok(lost) => {
                     let mut book = self.lock();
-                    for id in adopted {
-                        if let Some(inst) = book.instances.get_mut(&id) {
+                    // Another manager adopted these first: they leave this one's book before
+                    // any decision could use or remove them.
+                    for id in &lost {
+                        if book.instances.get(id).is_some_and(|i| i.acquired() == 0) {
+                            tracing::info!(instance = %id, "adopted by another manager first; leaving it to that one");
+                            book.remove_instance(id);
+                        }
+                    }
+                    for id in adopted.iter().filter(|id| !lost.contains(id)) {
+                        if let Some(inst) = book.instances.get_mut(id) {
                             inst.persisted = true;
                         }
-                        book.touch(&id, &self.cfg);
+                        book.touch(id, &self.cfg);
                     }
                 }
                 Err(e) => tracing::error!(error = %e,

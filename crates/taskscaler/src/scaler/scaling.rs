@@ -26,6 +26,12 @@ pub(super) async fn run_loop(inner: Arc<Inner>) {
             }
         }
     }
+    // The lease on this manager's instances is renewed on its own timer, so a slow pass (a
+    // plugin call may take a minute) never lets it lapse; it stops with the loop.
+    let _leases = inner
+        .store
+        .is_some()
+        .then(|| AbortOnDrop(tokio::spawn(renew_leases(inner.clone()))));
     // Ready checks in flight; dropping the set (the loop ends) aborts them.
     let mut checks = ReadyChecks::new();
     let mut preemptions = PreemptionChecks::new();
@@ -72,6 +78,33 @@ pub(super) async fn run_loop(inner: Arc<Inner>) {
                 _ = inner.wake.notified() => break,
                 _ = tokio::time::sleep_until(until) => break,
             }
+        }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Renew this manager's lease in the state store a few times per lease.
+async fn renew_leases(inner: Arc<Inner>) {
+    let Some(store) = inner.store.clone() else {
+        return;
+    };
+    let lease = inner.lease();
+    let every = (lease / 5).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        if let Err(e) = store.call(move |s| s.renew_lease(lease)).await {
+            tracing::warn!(error = %e, "state store: lease not renewed");
+        }
+        tokio::select! {
+            _ = inner.stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
         }
     }
 }
@@ -200,6 +233,11 @@ impl Inner {
     /// One scaling pass: read the plugin's view, reconcile, decide, act.
     async fn pass(&self) {
         let adoptable = self.read_ownership().await;
+        // Until the store has said who holds what, another manager's instances cannot be told
+        // from unknown ones: deciding now could remove them.
+        if self.store.is_some() && adoptable.is_none() && !self.lock().seen_first_update {
+            return;
+        }
         match call(self.group.update()).await {
             Ok(list) => {
                 let work = self.reconcile(list, adoptable);
@@ -316,7 +354,10 @@ impl Inner {
                 Err(e @ GroupError::Capacity(_)) => {
                     tracing::warn!(error = %e, requested = decision.increase, "the provider has no capacity for new instances");
                     self.metrics.capacity_refused();
-                    self.lock().refusals.refused(Instant::now());
+                    // Refusals more than two passes apart are separate runs: one long ago
+                    // does not count towards a fallback now.
+                    let gap = self.cfg.update_interval.max(Duration::from_secs(5)) * 2;
+                    self.lock().refusals.refused(Instant::now(), gap);
                 }
                 Err(e) => tracing::warn!(error = %e, "plugin increase failed"),
             }

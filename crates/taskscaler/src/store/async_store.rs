@@ -179,7 +179,7 @@ impl AsyncStateStore {
         &self,
         plan: RestorePlan,
         reports: Vec<(String, String)>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<String>, StoreError> {
         self.call(move |s| s.apply_restore(&plan, &reports)).await
     }
 }

@@ -243,8 +243,8 @@ fn managers_sharing_a_store_keep_off_each_others_instances_until_released() {
     let path = store_path(&dir);
     let mut a = StateStore::open_as(&path, &ident(), "manager-a").unwrap();
     let mut b = StateStore::open_as(&path, &ident(), "manager-b").unwrap();
-    a.renew_lease(now_ms() + 60_000).unwrap();
-    b.renew_lease(now_ms() + 60_000).unwrap();
+    a.renew_lease(Duration::from_secs(60)).unwrap();
+    b.renew_lease(Duration::from_secs(60)).unwrap();
     a.record_instance(&inst("x")).unwrap();
     b.record_instance(&inst("y")).unwrap();
 
@@ -302,11 +302,12 @@ fn an_owner_whose_lease_ran_out_loses_its_instances_to_the_others() {
     let path = store_path(&dir);
     let mut a = StateStore::open_as(&path, &ident(), "manager-a").unwrap();
     let b = StateStore::open_as(&path, &ident(), "manager-b").unwrap();
-    a.renew_lease(now_ms() + 60_000).unwrap();
+    a.renew_lease(Duration::from_secs(60)).unwrap();
     a.record_instance(&inst("x")).unwrap();
     assert_eq!(b.ownership().unwrap().foreign, vec!["x".to_string()]);
     // a crashed: its lease is not renewed and runs out.
-    a.renew_lease(now_ms() - 1).unwrap();
+    a.renew_lease(Duration::ZERO).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
     assert!(b.ownership().unwrap().foreign.is_empty());
     assert_eq!(b.load().unwrap().instances.len(), 1);
 }
@@ -677,4 +678,41 @@ fn a_restarted_manager_gets_its_owner_name_back_and_one_beside_it_another() {
     drop(first);
     let again = StateStore::open(&path, &ident()).unwrap();
     assert_eq!(again.owner(), name);
+}
+
+#[test]
+fn a_restore_leaves_what_another_manager_adopted_first_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_path(&dir);
+    let mut a = StateStore::open_as(&path, &ident(), "manager-a").unwrap();
+    let mut b = StateStore::open_as(&path, &ident(), "manager-b").unwrap();
+    // Released instances (a drained manager's): both read them as adoptable.
+    a.record_instance(&inst("x")).unwrap();
+    a.record_instance(&inst("gone")).unwrap();
+    a.increment_use("x", "k1", 0, "job-1").unwrap();
+    a.release_ownership().unwrap();
+    let live = vec![("x".to_owned(), State::Running)];
+    let plan_a = plan_restore(&a.load().unwrap(), &live, 0, false);
+    let plan_b = plan_restore(&b.load().unwrap(), &live, 0, false);
+    // b gets there first, and its lease runs.
+    b.renew_lease(Duration::from_secs(60)).unwrap();
+    assert!(b.apply_restore(&plan_b, &[]).unwrap().is_empty());
+    // a's plan now touches only what is still its to touch.
+    let mut lost = a.apply_restore(&plan_a, &[]).unwrap();
+    lost.sort();
+    assert_eq!(lost, vec!["x".to_string()], "x is b's by now");
+    assert_eq!(b.ownership().unwrap().foreign, Vec::<String>::new());
+    let b_sees: Vec<String> = b
+        .load()
+        .unwrap()
+        .instances
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(b_sees, vec!["x"], "not deleted or taken by a");
+    assert!(
+        !a.forget_instance("x").unwrap(),
+        "a cannot forget b's instance"
+    );
+    assert!(!a.mark_removing("x").unwrap(), "nor mark it");
 }
