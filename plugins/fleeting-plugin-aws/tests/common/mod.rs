@@ -27,32 +27,9 @@ pub const WINDOWS_AMI: &str = "ami-12c6146b";
 /// Install moto's server mode once per test process if it is missing (as scripts/deps.sh does).
 fn ensure_moto() -> anyhow::Result<()> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
-    let result = DONE.get_or_init(|| {
-        let importable = || {
-            Command::new("python3")
-                .args(["-c", "import moto.server, flask, flask_cors, boto3"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if importable() {
-            return Ok(());
-        }
-        // Debian's python3 refuses system-wide installs (PEP 668) unless told otherwise.
-        for extra in [&[][..], &["--break-system-packages"][..]] {
-            let _ = Command::new("python3")
-                .args(["-m", "pip", "install", "-q"])
-                .args(extra)
-                .arg("moto[server]")
-                .status();
-            if importable() {
-                return Ok(());
-            }
-        }
-        Err("python3 -m pip install 'moto[server]' failed".into())
-    });
-    result.clone().map_err(anyhow::Error::msg)
+    DONE.get_or_init(|| slipway_testkit::moto::ensure_moto().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(anyhow::Error::msg)
 }
 
 fn free_port() -> anyhow::Result<u16> {
