@@ -77,6 +77,14 @@ pub struct AutoscalerConfig {
     pub shape: Vec<ShapeConfig>,
     /// `[runners.autoscaler.vm_isolation]`.
     pub vm_isolation: Option<VmIsolationConfig>,
+    /// Slipway: what one instance costs per hour (the runner's instance type; each shape may
+    /// set its own): `0.34` in `currency`, or `"0.34 EUR"`.
+    pub price_per_hour: Option<crate::PriceValue>,
+    /// Slipway: the currency of prices written as numbers (default USD).
+    pub currency: Option<String>,
+    /// Slipway: the shortest time an instance is billed for (per-second billing; 60 s on AWS).
+    #[serde(with = "crate::de::duration")]
+    pub billing_minimum: Duration,
 }
 
 impl fmt::Debug for AutoscalerConfig {
@@ -124,6 +132,9 @@ impl Default for AutoscalerConfig {
             state_storage: StateStorageConfig::default(),
             shape: Vec::new(),
             vm_isolation: None,
+            price_per_hour: None,
+            currency: None,
+            billing_minimum: Duration::from_secs(60),
         }
     }
 }
@@ -243,6 +254,18 @@ impl AutoscalerConfig {
             );
         }
         shape::validate(&self.shape, self.instance_acquire_timeout, report);
+        let shape_prices: Vec<(usize, Option<&crate::PriceValue>)> = self
+            .shape
+            .iter()
+            .enumerate()
+            .map(|(j, s)| (j, s.price_per_hour.as_ref()))
+            .collect();
+        crate::price::validate(
+            self.price_per_hour.as_ref(),
+            &shape_prices,
+            self.currency.as_deref(),
+            report,
+        );
     }
 
     /// A warning when the fleeting plugin is not on this machine where `slipway run` would

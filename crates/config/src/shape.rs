@@ -24,6 +24,9 @@ pub struct ShapeConfig {
     pub gpu: u32,
     /// Relative cost of one instance per hour (default 1).
     pub cost: Option<f64>,
+    /// What one instance costs per hour: `0.34` (in the runner's `currency`) or `"0.34 EUR"`.
+    /// Without it the shape's costs are unknown.
+    pub price_per_hour: Option<crate::PriceValue>,
     /// Overrides `capacity_per_instance`.
     pub capacity_per_instance: Option<u32>,
     /// Overrides `max_instances`.
@@ -53,6 +56,7 @@ impl Default for ShapeConfig {
             memory: None,
             gpu: 0,
             cost: None,
+            price_per_hour: None,
             capacity_per_instance: None,
             max_instances: None,
             max_use_count: None,
