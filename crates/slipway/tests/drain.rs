@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Child;
 use std::time::Duration;
 
@@ -43,21 +43,6 @@ shutdown_timeout = {shutdown_timeout}
     )
 }
 
-fn submit(w: &World, cfg: &Path, pipeline: &str) -> Vec<u64> {
-    let file = w.write("pipeline.yml", pipeline);
-    let run = w.run(&[
-        "submit",
-        "-c",
-        cfg.to_str().unwrap(),
-        file.to_str().unwrap(),
-    ]);
-    assert_eq!(run.code, Some(0), "{}", run.explain());
-    run.stdout
-        .lines()
-        .map(|l| l.split('\t').next().unwrap().parse().unwrap())
-        .collect()
-}
-
 /// Wait for the manager to exit by itself after SIGQUIT: exit 0, nothing of this world left.
 fn exits_by_itself(w: &World, child: Child) -> String {
     let out = common::wait_with_timeout(child, Duration::from_secs(120));
@@ -88,9 +73,9 @@ fn sigquit_lets_the_running_queue_job_finish_and_takes_no_other() {
     let w = World::new();
     let cfg = queue_config(&w, 120);
     let queue = Queue::open(w.path().join(".slipway-queue")).unwrap();
-    let ids = submit(
-        &w,
+    let ids = w.submit(
         &cfg,
+        "pipeline.yml",
         "long:\n  script: [\"sleep 4\", \"echo long-finished\"]\nnext:\n  script: [\"echo next-ran\"]\n",
     );
     let manager = w
@@ -118,7 +103,11 @@ fn a_job_still_running_at_shutdown_timeout_is_canceled_and_reported() {
     let w = World::new();
     let cfg = queue_config(&w, 2);
     let queue = Queue::open(w.path().join(".slipway-queue")).unwrap();
-    let ids = submit(&w, &cfg, "forever:\n  script: [\"sleep 600\"]\n");
+    let ids = w.submit(
+        &cfg,
+        "pipeline.yml",
+        "forever:\n  script: [\"sleep 600\"]\n",
+    );
     let manager = w
         .slipway(&["run", "-c", cfg.to_str().unwrap()])
         .spawn()

@@ -614,13 +614,7 @@ if [ ! -e {m} ]; then touch {m}; echo hook-waits; sleep 30; fi
         m = marker.display(),
         state = w.path().join("static-state").display(),
     );
-    for (i, h) in hosts.iter().enumerate() {
-        text.push_str(&format!(
-            "      [runners.autoscaler.plugin_config.instances.web{i}]\n        internal_addr = \"127.0.0.1:{}\"\n        username = \"{user}\"\n        key_path = \"{}\"\n",
-            h.port(),
-            h.key_path().display()
-        ));
-    }
+    text.push_str(&common::static_hosts(&hosts, &user));
     let cfg = w.write("config.toml", &text);
     let file = w.write(
         "p.yml",

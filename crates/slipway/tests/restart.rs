@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::time::Duration;
 
 use common::{World, netns_list, netns_of, plugin_processes, signal, stop_manager, wait_until};
@@ -78,21 +77,6 @@ concurrent = 10
     )
 }
 
-fn submit(w: &World, cfg: &Path, pipeline: &str, file: &str) -> Vec<u64> {
-    let file = w.write(file, pipeline);
-    let run = w.run(&[
-        "submit",
-        "-c",
-        cfg.to_str().unwrap(),
-        file.to_str().unwrap(),
-    ]);
-    assert_eq!(run.code, Some(0), "{}", run.explain());
-    run.stdout
-        .lines()
-        .map(|l| l.split('\t').next().unwrap().parse().unwrap())
-        .collect()
-}
-
 /// Instance ids the plugin has made so far (its state dir keeps one directory per instance).
 fn instance_dirs(w: &World) -> BTreeSet<String> {
     std::fs::read_dir(w.path().join("plugin-state/instances"))
@@ -112,7 +96,7 @@ fn sigkill_and_restart_leaves_nothing_behind_and_reports_every_job() {
     let queue = Queue::open(w.path().join(".slipway-queue")).unwrap();
     let mut seen_instances = BTreeSet::new();
 
-    let first = submit(&w, &cfg, FIRST, "first.yml");
+    let first = w.submit(&cfg, "first.yml", FIRST);
     assert_eq!(first.len(), 8);
     let (long, queued) = first.split_at(6);
     let manager = w
@@ -191,7 +175,7 @@ fn sigkill_and_restart_leaves_nothing_behind_and_reports_every_job() {
     }
 
     // The jobs that waited, and new work after the restart, run on new instances.
-    let short = submit(&w, &cfg, SHORT, "short.yml");
+    let short = w.submit(&cfg, "short.yml", SHORT);
     assert_eq!(short.len(), 4);
     let all_done = wait_until(Duration::from_secs(180), || {
         seen_instances.extend(instance_dirs(&w));
@@ -316,11 +300,10 @@ concurrent = 4
         ),
     );
     let queue = Queue::open(w.path().join(".slipway-queue")).unwrap();
-    let ids = submit(
-        &w,
+    let ids = w.submit(
         &cfg,
-        "a:\n  script: [\"sleep 600\"]\nb:\n  script: [\"sleep 600\"]\n",
         "two.yml",
+        "a:\n  script: [\"sleep 600\"]\nb:\n  script: [\"sleep 600\"]\n",
     );
     let manager = w
         .slipway(&["run", "-c", cfg.to_str().unwrap()])

@@ -28,21 +28,6 @@ fn pipeline(prefix: &str, n: usize, secs: u32) -> String {
     p
 }
 
-fn submit(w: &World, cfg: &Path, name: &str, pipeline: &str) -> Vec<u64> {
-    let file = w.write(name, pipeline);
-    let run = w.run(&[
-        "submit",
-        "-c",
-        cfg.to_str().unwrap(),
-        file.to_str().unwrap(),
-    ]);
-    assert_eq!(run.code, Some(0), "{}", run.explain());
-    run.stdout
-        .lines()
-        .map(|l| l.split('\t').next().unwrap().parse().unwrap())
-        .collect()
-}
-
 fn manager(w: &World, cfg: &Path, log: &str) -> Child {
     let log = std::fs::File::create(w.path().join(log)).unwrap();
     w.slipway(&["run", "-c", cfg.to_str().unwrap()])
@@ -95,13 +80,7 @@ shutdown_timeout = 120
         builds = w.path().join("builds").display(),
         state = w.path().join("static-state").display(),
     );
-    for (i, h) in hosts.iter().enumerate() {
-        text.push_str(&format!(
-            "      [runners.autoscaler.plugin_config.instances.web{i}]\n        internal_addr = \"127.0.0.1:{}\"\n        username = \"{user}\"\n        key_path = \"{}\"\n",
-            h.port(),
-            h.key_path().display()
-        ));
-    }
+    text.push_str(&common::static_hosts(&hosts, &user));
     let cfg = w.write("config.toml", &text);
     let queue = Queue::open(w.path().join(".slipway-queue")).unwrap();
 
@@ -109,7 +88,7 @@ shutdown_timeout = 120
     let ww = w.clone();
     tokio::task::spawn_blocking(move || {
         let w = &*ww;
-        let first_jobs = submit(w, &cfg, "first.yml", &pipeline("first", 8, 8));
+        let first_jobs = w.submit(&cfg, "first.yml", &pipeline("first", 8, 8));
         let old = manager(w, &cfg, "old.log");
         let running = || {
             queue
@@ -138,7 +117,7 @@ shutdown_timeout = 120
             w.read("new.log")
         );
         // Work submitted meanwhile waits for the new manager.
-        let later_jobs = submit(w, &cfg, "later.yml", &pipeline("later", 4, 1));
+        let later_jobs = w.submit(&cfg, "later.yml", &pipeline("later", 4, 1));
         std::thread::sleep(Duration::from_secs(2));
         assert_eq!(
             leases(w),

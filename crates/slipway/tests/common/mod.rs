@@ -73,6 +73,23 @@ impl World {
         p
     }
 
+    /// `slipway submit` the pipeline `text` (written to file `name`) to the queue of config
+    /// `cfg`; the job ids it printed.
+    pub fn submit(&self, cfg: &Path, name: &str, text: &str) -> Vec<u64> {
+        let file = self.write(name, text);
+        let run = self.run(&[
+            "submit",
+            "-c",
+            cfg.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ]);
+        assert_eq!(run.code, Some(0), "{}", run.explain());
+        run.stdout
+            .lines()
+            .map(|l| l.split('\t').next().unwrap().parse().unwrap())
+            .collect()
+    }
+
     /// The text of file `name` in this world (empty when missing).
     pub fn read(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
@@ -482,4 +499,22 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
         .expect("git");
     assert!(out.status.success(), "git {args:?}: {out:?}");
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// `[runners.autoscaler.plugin_config.instances.web<N>]` entries for the static plugin, one per
+/// sshd in `hosts` (on loopback, logging in as `user` with the sshd's key).
+pub fn static_hosts(hosts: &[slipway_testkit::Sshd], user: &str) -> String {
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            format!(
+                "      [runners.autoscaler.plugin_config.instances.web{i}]\n        \
+                 internal_addr = \"127.0.0.1:{}\"\n        username = \"{user}\"\n        \
+                 key_path = \"{}\"\n",
+                h.port(),
+                h.key_path().display()
+            )
+        })
+        .collect()
 }
