@@ -22,7 +22,8 @@ pub struct ShapeConfig {
     pub memory: Option<Amount>,
     /// GPUs of one instance.
     pub gpu: u32,
-    /// Relative cost of one instance per hour (default 1).
+    /// Relative cost of one instance per hour, to place jobs on the cheapest shape that fits
+    /// (default: `price_per_hour`, else 1).
     pub cost: Option<f64>,
     /// What one instance costs per hour: `0.34` (in the runner's `currency`) or `"0.34 EUR"`.
     /// Without it the shape's costs are unknown.

@@ -89,7 +89,18 @@ pub(super) fn group_plans(
                 shape: shape.name.clone(),
                 auto: a,
                 resources: Some(resources),
-                cost: shape.cost.unwrap_or(1.0),
+                // Placement picks the cheapest shape that fits: by the relative `cost` where
+                // given, else by the price.
+                cost: shape
+                    .cost
+                    .or_else(|| {
+                        let price = shape.price_per_hour.as_ref()?;
+                        price
+                            .price(auto.currency.as_deref())
+                            .ok()
+                            .map(|p| p.per_hour)
+                    })
+                    .unwrap_or(1.0),
                 spot: shape.spot,
                 fallback: shape.fallback.as_ref().and_then(|to| {
                     let index = auto.shape.iter().position(|s| s.name == *to)?;
@@ -299,5 +310,56 @@ pub(super) async fn stop_started(shapes: &[Shape], plugins: &[Arc<PluginHost>]) 
     }
     for p in plugins {
         p.stop().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auto(text: &str) -> AutoscalerConfig {
+        let full = format!(
+            "[[runners]]\n  name = \"r\"\n  executor = \"instance\"\n  [runners.autoscaler]\n    plugin = \"local\"\n{text}"
+        );
+        let loaded = slipway_config::parse(&full, "config.toml").expect("valid");
+        loaded.config.runners[0]
+            .autoscaler
+            .clone()
+            .expect("autoscaler")
+    }
+
+    #[test]
+    fn shapes_are_placed_by_price_unless_a_relative_cost_is_given() {
+        let a = auto(
+            r#"    currency = "EUR"
+    [[runners.autoscaler.shape]]
+      name = "spot"
+      cpu = 4
+      price_per_hour = 0.05
+    [[runners.autoscaler.shape]]
+      name = "on-demand"
+      cpu = 4
+      price_per_hour = "0.17 EUR"
+    [[runners.autoscaler.shape]]
+      name = "own"
+      cpu = 4
+      price_per_hour = 0.5
+      cost = 0.01
+    [[runners.autoscaler.shape]]
+      name = "unpriced"
+      cpu = 4
+"#,
+        );
+        let plans = group_plans(&a, &StartOptions::default()).expect("plans");
+        let costs: Vec<(&str, f64)> = plans.iter().map(|p| (p.shape.as_str(), p.cost)).collect();
+        assert_eq!(
+            costs,
+            vec![
+                ("spot", 0.05),
+                ("on-demand", 0.17),
+                ("own", 0.01),
+                ("unpriced", 1.0)
+            ]
+        );
     }
 }
