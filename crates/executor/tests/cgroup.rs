@@ -199,7 +199,7 @@ sys.stdout.flush()
 }
 
 #[tokio::test]
-async fn a_busy_loop_in_a_half_cpu_slot_gets_half_a_cpu() {
+async fn a_busy_loop_in_a_half_cpu_slot_gets_at_most_half_a_cpu() {
     let cg = slots("cpu");
     // Measure the loop's own CPU time over 5 s of wall time, from inside the job.
     let busy = job(
@@ -225,10 +225,10 @@ async fn a_busy_loop_in_a_half_cpu_slot_gets_half_a_cpu() {
         .filter_map(|w| w.parse().ok())
         .collect();
     let share = nums[0] / nums[1];
-    assert!(
-        (0.4..=0.6).contains(&share),
-        "a 0.5-CPU slot gave {share:.2} CPU ({line})"
-    );
+    // The quota is a ceiling: on a loaded machine the loop may get less, never more (that the
+    // kernel throttles it is checked in slipway-cgroups' own tests).
+    assert!(share <= 0.6, "a 0.5-CPU slot gave {share:.2} CPU ({line})");
+    assert!(share > 0.05, "the loop hardly ran: {share:.2} CPU ({line})");
     assert!(parent_gone("cpu"));
 }
 
