@@ -23,20 +23,28 @@
 //! and calls are applied in the order they were made.
 
 mod async_store;
+mod file;
+mod ownership;
 mod restore;
 
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use self::file::{
+    check_existing, create_file, lock_file, migrate, open_lock_file, restrict_permissions,
+};
+use self::ownership::{MINE_OR_ADOPTABLE, owner_slot};
 use serde::{Deserialize, Serialize};
 use slipway_fleeting::{ConnectInfo, ConnectorConfig, State};
 
 pub use async_store::AsyncStateStore;
+pub use ownership::Ownership;
 pub use restore::{DeleteReason, RestorePlan, plan_restore};
 
 /// Schema version this build reads and writes (`PRAGMA user_version`).
@@ -91,11 +99,6 @@ CREATE TABLE owners (
     lease_until_ms INTEGER NOT NULL
 ) STRICT;
 ";
-
-/// An instance row this store's owner may use: its own, released, or of an owner whose lease
-/// ran out (`?1`: this owner, `?2`: now in unix ms).
-const MINE_OR_ADOPTABLE: &str = "(owner IS NULL OR owner = ?1 OR owner NOT IN
-    (SELECT owner FROM owners WHERE lease_until_ms > ?2 AND owner != ?1))";
 
 /// Whose state a store holds. A file written under one identity is refused under another.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -168,47 +171,6 @@ pub struct Snapshot {
     pub instances: Vec<InstanceRecord>,
     /// Acquisitions, oldest first.
     pub acquisitions: Vec<AcquisitionRecord>,
-}
-
-/// Other managers sharing a store, as [`StateStore::ownership`] reads it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ownership {
-    /// Other owners whose leases run.
-    pub others: Vec<String>,
-    /// Instances those owners hold: not to be used, removed or adopted.
-    pub foreign: Vec<String>,
-}
-
-/// Owner names a store's managers take on one host, at most.
-const MAX_OWNER_SLOTS: u32 = 64;
-
-/// The lowest owner name `<host>#<n>` whose lock no other process holds, with that lock.
-fn owner_slot(path: &Path) -> Result<(String, File), StoreError> {
-    let host = fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".into());
-    for n in 0..MAX_OWNER_SLOTS {
-        let lock = sibling(path, &format!(".owner-{n}.lock"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock)
-            .map_err(|source| io_err(&lock, "open owner lock", source))?;
-        match file.try_lock() {
-            Ok(()) => return Ok((format!("{host}#{n}"), file)),
-            Err(fs::TryLockError::WouldBlock) => continue,
-            Err(fs::TryLockError::Error(source)) => {
-                return Err(io_err(&lock, "lock owner name", source));
-            }
-        }
-    }
-    Err(StoreError::Locked {
-        path: path.to_path_buf(),
-        lock: sibling(path, ".owner-N.lock"),
-    })
 }
 
 /// Why a store could not be opened or a record not written.
@@ -449,80 +411,6 @@ impl StateStore {
         })
     }
 
-    /// The manager writing through this handle.
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
-    /// Hold (or renew) this owner's lease for `lease` from now (the wall clock every owner's
-    /// lease is read against): its instances are not adopted by another manager before then.
-    pub fn renew_lease(&mut self, lease: Duration) -> Result<(), StoreError> {
-        let until_ms =
-            now_ms().saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
-        self.conn
-            .execute(
-                "INSERT INTO owners (owner, lease_until_ms) VALUES (?1, ?2)
-                 ON CONFLICT (owner) DO UPDATE SET lease_until_ms = excluded.lease_until_ms",
-                params![self.owner, until_ms],
-            )
-            .map_err(self.db())?;
-        Ok(())
-    }
-
-    /// Give this owner's instances up (a manager that drained and stops): another manager may
-    /// adopt them at once. Returns how many were released.
-    pub fn release_ownership(&mut self) -> Result<usize, StoreError> {
-        let path = self.path.clone();
-        let db = |source| StoreError::Database {
-            path: path.clone(),
-            source,
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(db)?;
-        let n = tx
-            .execute(
-                "UPDATE instances SET owner = NULL WHERE owner = ?1",
-                [&self.owner],
-            )
-            .map_err(db)?;
-        tx.execute("DELETE FROM owners WHERE owner = ?1", [&self.owner])
-            .map_err(db)?;
-        tx.commit().map_err(db)?;
-        Ok(n)
-    }
-
-    /// Who holds what: other owners whose leases run, and the instances they hold.
-    pub fn ownership(&self) -> Result<Ownership, StoreError> {
-        let now = now_ms();
-        let db = self.db();
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT owner FROM owners WHERE lease_until_ms > ?2 AND owner != ?1
-                 ORDER BY owner",
-            )
-            .map_err(&db)?;
-        let others: Vec<String> = stmt
-            .query_map(params![self.owner, now], |r| r.get(0))
-            .map_err(&db)?
-            .collect::<Result<_, _>>()
-            .map_err(&db)?;
-        let mut stmt = self
-            .conn
-            .prepare(&format!(
-                "SELECT id FROM instances WHERE NOT {MINE_OR_ADOPTABLE} ORDER BY id"
-            ))
-            .map_err(&db)?;
-        let foreign = stmt
-            .query_map(params![self.owner, now], |r| r.get(0))
-            .map_err(&db)?
-            .collect::<Result<_, _>>()
-            .map_err(&db)?;
-        Ok(Ownership { others, foreign })
-    }
-
     /// The store's file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -533,11 +421,8 @@ impl StateStore {
         &self.identity
     }
 
-    fn db(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
-        |source| StoreError::Database {
-            path: self.path.clone(),
-            source,
-        }
+    fn db(&self) -> impl Fn(rusqlite::Error) -> StoreError + Copy + '_ {
+        db_error(&self.path)
     }
 
     fn corrupt(&self, detail: String) -> StoreError {
@@ -603,11 +488,7 @@ impl StateStore {
         slot: u32,
         job_ref: &str,
     ) -> Result<u64, StoreError> {
-        let path = self.path.clone();
-        let db = |source| StoreError::Database {
-            path: path.clone(),
-            source,
-        };
+        let db = db_error(&self.path);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -710,11 +591,7 @@ impl StateStore {
     /// Delete an instance and its acquisitions (once the plugin no longer lists it). Returns
     /// whether the instance was recorded.
     pub fn forget_instance(&mut self, id: &str) -> Result<bool, StoreError> {
-        let path = self.path.clone();
-        let db = |source| StoreError::Database {
-            path: path.clone(),
-            source,
-        };
+        let db = db_error(&self.path);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -877,11 +754,7 @@ impl StateStore {
         plan: &RestorePlan,
         reports: &[(String, String)],
     ) -> Result<Vec<String>, StoreError> {
-        let path = self.path.clone();
-        let db = |source| StoreError::Database {
-            path: path.clone(),
-            source,
-        };
+        let db = db_error(&self.path);
         let now = now_ms();
         let tx = self
             .conn
@@ -954,6 +827,14 @@ impl StateStore {
     }
 }
 
+/// A database error on the store at `path`.
+fn db_error(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + Copy + '_ {
+    move |source| StoreError::Database {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 fn io_err(path: &Path, op: &'static str, source: io::Error) -> StoreError {
     StoreError::Io {
         path: path.to_path_buf(),
@@ -992,235 +873,6 @@ pub fn runner_dir_name(runner: &str) -> String {
         .take(48)
         .collect();
     format!("{}-{hash:016x}", prefix.trim_start_matches('.'))
-}
-
-fn lock_file(path: &Path) -> Result<File, StoreError> {
-    let lock = sibling(path, ".lock");
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&lock)
-        .map_err(|source| io_err(&lock, "open lock file", source))?;
-    match file.try_lock_shared() {
-        Ok(()) => Ok(file),
-        Err(fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
-            path: path.to_path_buf(),
-            lock,
-        }),
-        Err(fs::TryLockError::Error(source)) => Err(io_err(&lock, "lock", source)),
-    }
-}
-
-/// Removes a temporary file unless disarmed.
-struct TempGuard(Option<PathBuf>);
-
-impl Drop for TempGuard {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(&p);
-            let _ = fs::remove_file(sibling(&p, "-journal"));
-        }
-    }
-}
-
-/// Build a new store under a temporary name and link it into place (never replacing a file).
-fn create_file(path: &Path, identity: &StoreIdentity) -> Result<(), StoreError> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| FILE_NAME.to_owned());
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_nanos();
-    let tmp = dir.join(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|source| io_err(&tmp, "create", source))?;
-    let mut guard = TempGuard(Some(tmp.clone()));
-    let db = |source| StoreError::Database {
-        path: tmp.clone(),
-        source,
-    };
-    let mut conn = Connection::open_with_flags(
-        &tmp,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(db)?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(db)?;
-    let tx = conn.transaction().map_err(db)?;
-    tx.execute_batch(SCHEMA).map_err(db)?;
-    tx.pragma_update(None, "application_id", APPLICATION_ID)
-        .map_err(db)?;
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-        .map_err(db)?;
-    for (k, v) in [
-        ("runner", &identity.runner),
-        ("plugin", &identity.plugin),
-        ("group_id", &identity.group_id),
-        ("created_at_ms", &now_ms().to_string()),
-    ] {
-        tx.execute("INSERT INTO meta (key, value) VALUES (?1, ?2)", [k, v])
-            .map_err(db)?;
-    }
-    tx.commit().map_err(db)?;
-    conn.close().map_err(|(_, source)| db(source))?;
-    File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|source| io_err(&tmp, "sync", source))?;
-    match fs::hard_link(&tmp, path) {
-        Ok(()) => {}
-        // Someone else created it meanwhile: theirs is checked like any existing file.
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(source) => return Err(io_err(path, "link into place", source)),
-    }
-    drop(guard.0.take());
-    fs::remove_file(&tmp).map_err(|source| io_err(&tmp, "remove", source))?;
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| io_err(&dir, "sync directory", source))?;
-    tracing::info!(path = %path.display(), %identity, "created taskscaler state store");
-    Ok(())
-}
-
-/// Bring a schema-1 file to schema 2 (once, whoever gets there first).
-fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
-    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if version == SCHEMA_VERSION {
-        return Ok(());
-    }
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if version == 1 {
-        tx.execute_batch(MIGRATE_1_TO_2)?;
-        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    }
-    tx.commit()
-}
-
-/// Check an existing file without writing to it, and open it.
-fn check_existing(path: &Path, identity: &StoreIdentity) -> Result<Connection, StoreError> {
-    let mut header = Vec::with_capacity(100);
-    File::open(path)
-        .and_then(|f| f.take(100).read_to_end(&mut header))
-        .map_err(|source| io_err(path, "read", source))?;
-    if !header.starts_with(SQLITE_MAGIC) {
-        let found = if header.is_empty() {
-            "an empty file".to_owned()
-        } else {
-            let hex: Vec<String> = header.iter().take(8).map(|b| format!("{b:02x}")).collect();
-            format!("{} bytes starting with {}", file_len(path), hex.join(" "))
-        };
-        return Err(StoreError::NotSqlite {
-            path: path.to_path_buf(),
-            found,
-        });
-    }
-    let corrupt = |detail: String| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        detail,
-    };
-    if header.len() < 100 {
-        return Err(corrupt(format!(
-            "truncated: {} bytes, shorter than the SQLite header",
-            header.len()
-        )));
-    }
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| corrupt(e.to_string()))?;
-    let read = |sql: &str| -> Result<i64, StoreError> {
-        conn.query_row(sql, [], |r| r.get(0))
-            .map_err(|e| corrupt(e.to_string()))
-    };
-    let app_id = read("PRAGMA application_id")?;
-    let version = read("PRAGMA user_version")?;
-    if app_id != APPLICATION_ID {
-        let tables = read("SELECT count(*) FROM sqlite_schema")?;
-        return Err(StoreError::NotAStateStore {
-            path: path.to_path_buf(),
-            found: format!(
-                "an SQLite database with application_id {app_id:#x}, user_version {version} and {tables} schema objects"
-            ),
-        });
-    }
-    // Schema 1 is migrated once the file is known to be intact.
-    if version != SCHEMA_VERSION && version != 1 {
-        return Err(StoreError::UnknownSchema {
-            path: path.to_path_buf(),
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    let problems: Vec<String> = {
-        let mut stmt = conn
-            .prepare("PRAGMA integrity_check(10)")
-            .map_err(|e| corrupt(e.to_string()))?;
-        stmt.query_map([], |r| r.get::<_, String>(0))
-            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| corrupt(e.to_string()))?
-    };
-    if problems != ["ok"] {
-        let problems = problems.join("; ").replace('\n', " ");
-        return Err(corrupt(format!("integrity check: {problems}")));
-    }
-    let meta = |key: &str| -> Result<String, StoreError> {
-        conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-            .optional()
-            .map_err(|e| corrupt(e.to_string()))?
-            .ok_or_else(|| corrupt(format!("no {key} in the meta table")))
-    };
-    let stored = StoreIdentity {
-        runner: meta("runner")?,
-        plugin: meta("plugin")?,
-        group_id: meta("group_id")?,
-    };
-    if &stored != identity {
-        return Err(StoreError::ForeignIdentity {
-            path: path.to_path_buf(),
-            stored: Box::new(stored),
-            ours: Box::new(identity.clone()),
-        });
-    }
-    Ok(conn)
-}
-
-fn file_len(path: &Path) -> u64 {
-    fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-/// Keep the store (and its WAL files) readable by the owner only: it holds credentials.
-fn restrict_permissions(path: &Path) -> Result<(), StoreError> {
-    for p in [
-        path.to_path_buf(),
-        sibling(path, "-wal"),
-        sibling(path, "-shm"),
-    ] {
-        match fs::metadata(&p) {
-            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
-                tracing::warn!(path = %p.display(), mode = format_args!("{:o}", m.permissions().mode() & 0o777), "state store readable by others; setting mode 0600");
-                fs::set_permissions(&p, fs::Permissions::from_mode(0o600))
-                    .map_err(|source| io_err(&p, "chmod", source))?;
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => return Err(io_err(&p, "stat", source)),
-        }
-    }
-    Ok(())
 }
 
 fn parse_state(s: &str) -> Option<State> {
