@@ -34,7 +34,8 @@ impl Inner {
             self.adopt(&mut book, adoptable, &list, &mut work);
         }
         let reported: HashMap<String, State> = list.into_iter().collect();
-        let reported_ids: std::collections::HashSet<String> = reported.keys().cloned().collect();
+        // Unrecorded instances no longer listed are no longer waited for.
+        book.unclaimed.retain(|id, _| reported.contains_key(id));
         // Remember vanished ids for an hour: long enough for a flapping listing to settle.
         book.vanished.retain(|_, t| t.elapsed() < VANISHED_MEMORY);
         let gone: Vec<String> = book
@@ -193,7 +194,6 @@ impl Inner {
                 });
             }
         }
-        book.unclaimed.retain(|id, _| reported_ids.contains(id));
         book.redelete.extend(book_retry);
         if book.requested == 0 {
             book.requested_at = None;

@@ -22,16 +22,15 @@ impl Inner {
         (self.cfg.update_interval * 3).max(MIN_LEASE)
     }
 
-    /// Renew this manager's lease in the state store and read who holds what: other managers'
+    /// Read who holds what in the state store: other managers'
     /// instances go into the book's `foreign` set; instances another manager gave up (or held
     /// past its lease) are returned for adoption. Without a store, or when it cannot be read,
     /// the book keeps what it knew.
     pub(super) async fn read_ownership(&self) -> Option<Snapshot> {
         let store = self.store.as_ref()?;
-        let lease = self.lease();
+        // The lease itself is renewed on its own timer (`renew_leases`), not every pass.
         let read = store
             .call(move |s| {
-                s.renew_lease(lease)?;
                 let ownership = s.ownership()?;
                 let adoptable = s.load_adoptable()?;
                 Ok((ownership, adoptable))

@@ -17,6 +17,12 @@ const REQUEST_GRACE: Duration = Duration::from_secs(300);
 
 pub(super) async fn run_loop(inner: Arc<Inner>) {
     if let Some(store) = &inner.store {
+        // This manager's instances are its own from the start: no other manager adopts them
+        // while it reads them.
+        let lease = inner.lease();
+        if let Err(e) = store.call(move |s| s.renew_lease(lease)).await {
+            tracing::warn!(error = %e, "state store: lease not taken");
+        }
         match store.load().await {
             Ok(snap) => {
                 *inner.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Some(snap);
@@ -98,13 +104,14 @@ async fn renew_leases(inner: Arc<Inner>) {
     };
     let lease = inner.lease();
     let every = (lease / 5).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    // The first lease is taken at start, before anything is read (`run_loop`).
     loop {
-        if let Err(e) = store.call(move |s| s.renew_lease(lease)).await {
-            tracing::warn!(error = %e, "state store: lease not renewed");
-        }
         tokio::select! {
             _ = inner.stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
+        }
+        if let Err(e) = store.call(move |s| s.renew_lease(lease)).await {
+            tracing::warn!(error = %e, "state store: lease not renewed");
         }
     }
 }
