@@ -81,16 +81,11 @@ async fn run_manager(
     // One manager consumes a queue: a second would report the first one's jobs as orphans.
     // A manager started beside a running one (a rolling upgrade) starts its runners and serves
     // GitLab at once, and takes the queue over once the other one has drained and stopped.
-    let q = queue.clone();
-    let consumer = match queue_source::blocking(move || q.lock_consumer()).await {
-        Ok(lock) => Some(lock),
-        Err(QueueSourceError::Queue(QueueError::Busy { path })) => {
-            tracing::warn!(lock = %path.display(),
-                "another manager consumes the queue: taking it over once that one stops");
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let consumer = take_queue(&queue).await?;
+    if consumer.is_none() {
+        tracing::warn!(queue = %queue.dir().display(),
+            "another manager consumes the queue: taking it over once that one stops");
+    }
     let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
     let job_metrics = slipway_status::JobMetrics::default();
     let opts = runner::StartOptions {
@@ -300,6 +295,18 @@ async fn reload_policies(path: &Path, runners: &[Arc<runner::Runner>]) {
     }
 }
 
+/// Become the queue's consumer; `None` while another manager is.
+async fn take_queue(
+    queue: &Queue,
+) -> Result<Option<slipway_jobs::queue::ConsumerLock>, QueueSourceError> {
+    let q = queue.clone();
+    match queue_source::blocking(move || q.lock_consumer()).await {
+        Ok(lock) => Ok(Some(lock)),
+        Err(QueueSourceError::Queue(QueueError::Busy { .. })) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Serve the queue-fed runners from the embedded queue: take the consumer lock (waiting while
 /// another manager holds it), report what the last consumer left claimed, and dispatch; the
 /// lock is held until every dispatcher has ended.
@@ -313,13 +320,12 @@ async fn feed_from_queue(
     let _consumer = match consumer {
         Some(lock) => lock,
         None => loop {
-            let q = queue.clone();
-            match queue_source::blocking(move || q.lock_consumer()).await {
-                Ok(lock) => {
+            match take_queue(&queue).await {
+                Ok(Some(lock)) => {
                     tracing::info!("the other manager stopped: consuming the queue");
                     break lock;
                 }
-                Err(QueueSourceError::Queue(QueueError::Busy { .. })) => {}
+                Ok(None) => {}
                 // Tried again: a manager that gave up here would never serve the queue.
                 Err(e) => tracing::warn!("taking the queue over: {}; trying again", Chain(&e)),
             }
