@@ -123,46 +123,53 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Debug)]
 pub struct DirLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 
+/// Open (creating it) `path` and `flock` it as `arg`; `None` when another process holds it in a
+/// way that excludes `arg`. Blocking.
+fn flock(
+    path: &Path,
+    arg: nix::fcntl::FlockArg,
+) -> std::io::Result<Option<nix::fcntl::Flock<std::fs::File>>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    match nix::fcntl::Flock::lock(file, arg) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(std::io::Error::from(e)),
+    }
+}
+
+/// Run blocking `f` off the runtime; its error (or the task's) is an error on `path`.
+async fn off_runtime<T: Send + 'static>(
+    path: &Path,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, StateError> {
+    let io = |source| StateError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| io(std::io::Error::other(e)))?
+        .map_err(io)
+}
+
 /// Take `<dir>/lock` shared, waiting up to a few seconds for an exclusive holder to exit; also
 /// whether this process was alone on the dir when it came (no other process held it).
 pub async fn lock_dir(dir: &Path) -> Result<(DirLock, bool), StateError> {
+    use nix::fcntl::FlockArg;
     let path = dir.join("lock");
     let deadline = tokio::time::Instant::now() + LOCK_WAIT;
     loop {
         let p = path.clone();
-        let attempt = tokio::task::spawn_blocking(move || {
-            let open = || {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&p)
-            };
-            use nix::fcntl::{Flock, FlockArg};
+        let attempt = off_runtime(&path, move || {
             // Taken whole for a moment: it tells whether another process holds the dir.
-            let alone = match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
-                Ok(whole) => {
-                    drop(whole);
-                    true
-                }
-                Err((_, nix::errno::Errno::EWOULDBLOCK)) => false,
-                Err((_, e)) => return Err(std::io::Error::from(e)),
-            };
-            match Flock::lock(open()?, FlockArg::LockSharedNonblock) {
-                Ok(lock) => Ok(Some((lock, alone))),
-                Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-                Err((_, e)) => Err(std::io::Error::from(e)),
-            }
+            let alone = flock(&p, FlockArg::LockExclusiveNonblock)?.is_some();
+            Ok(flock(&p, FlockArg::LockSharedNonblock)?.map(|lock| (lock, alone)))
         })
-        .await
-        .map_err(|e| StateError::Io {
-            path: path.clone(),
-            source: std::io::Error::other(e),
-        })?
-        .map_err(|source| StateError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        .await?;
         match attempt {
             Some((lock, alone)) => return Ok((DirLock(lock), alone)),
             None if tokio::time::Instant::now() >= deadline => {
@@ -182,30 +189,13 @@ pub struct FileLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 /// Lock `path` exclusively; `wait`: block until free, else `None` when another process holds
 /// it.
 async fn lock_file(path: PathBuf, wait: bool) -> Result<Option<FileLock>, StateError> {
+    let arg = if wait {
+        nix::fcntl::FlockArg::LockExclusive
+    } else {
+        nix::fcntl::FlockArg::LockExclusiveNonblock
+    };
     let p = path.clone();
-    tokio::task::spawn_blocking(move || {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)?;
-        let arg = if wait {
-            nix::fcntl::FlockArg::LockExclusive
-        } else {
-            nix::fcntl::FlockArg::LockExclusiveNonblock
-        };
-        match nix::fcntl::Flock::lock(file, arg) {
-            Ok(lock) => Ok(Some(FileLock(lock))),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-            Err((_, e)) => Err(std::io::Error::from(e)),
-        }
-    })
-    .await
-    .map_err(|e| StateError::Io {
-        path: path.clone(),
-        source: std::io::Error::other(e),
-    })?
-    .map_err(|source| StateError::Io { path, source })
+    off_runtime(&path, move || Ok(flock(&p, arg)?.map(FileLock))).await
 }
 
 /// Hold `<dir>/state.lock` to read, change and save the state file, waiting for other
