@@ -103,14 +103,19 @@ mod tests {
     use crate::problem::parse;
     use crate::testing::{GOOD, errors};
 
-    #[test]
-    fn prices_are_read_per_runner_and_shape() {
+    /// The valid config with `keys` in `[runners.autoscaler]` (from line 10) and `shapes` after.
+    fn config(keys: &str, shapes: &str) -> String {
         let good = GOOD.replace(
             "    plugin = \"local\"\n",
-            "    plugin = \"local\"\n    price_per_hour = 0.1\n    currency = \"eur\"\n    billing_minimum = \"30s\"\n",
+            &format!("    plugin = \"local\"\n{keys}"),
         );
-        let text = format!(
-            "{good}{}",
+        format!("{good}{shapes}")
+    }
+
+    #[test]
+    fn prices_are_read_per_runner_and_shape() {
+        let text = config(
+            "    price_per_hour = 0.1\n    currency = \"eur\"\n    billing_minimum = \"30s\"\n",
             r#"
     [[runners.autoscaler.shape]]
       name = "small"
@@ -119,7 +124,7 @@ mod tests {
     [[runners.autoscaler.shape]]
       name = "large"
       cpu = 8
-"#
+"#,
         );
         let loaded = parse(&text, "config.toml").expect("valid");
         let a = loaded.config.runners[0]
@@ -149,12 +154,8 @@ mod tests {
 
     #[test]
     fn bad_prices_name_the_key_and_line() {
-        let good = GOOD.replace(
-            "    plugin = \"local\"\n",
-            "    plugin = \"local\"\n    price_per_hour = -0.5\n    currency = \"dollars\"\n",
-        );
-        let text = format!(
-            "{good}{}",
+        let text = config(
+            "    price_per_hour = -0.5\n    currency = \"dollars\"\n",
             r#"
     [[runners.autoscaler.shape]]
       name = "a"
@@ -168,7 +169,7 @@ mod tests {
       name = "c"
       cpu = 2
       price_per_hour = true
-"#
+"#,
         );
         let e = errors(&text);
         let has = |s: &str| e.iter().any(|l| l.contains(s));
@@ -192,18 +193,14 @@ mod tests {
 
     #[test]
     fn a_runners_prices_share_one_currency() {
-        let good = GOOD.replace(
-            "    plugin = \"local\"\n",
-            "    plugin = \"local\"\n    price_per_hour = 0.1\n",
-        );
-        let text = format!(
-            "{good}{}",
+        let text = config(
+            "    price_per_hour = 0.1\n",
             r#"
     [[runners.autoscaler.shape]]
       name = "a"
       cpu = 2
       price_per_hour = "0.34 EUR"
-"#
+"#,
         );
         let e = errors(&text);
         assert!(
