@@ -614,7 +614,7 @@ if [ ! -e {m} ]; then touch {m}; echo hook-waits; sleep 30; fi
         m = marker.display(),
         state = w.path().join("static-state").display(),
     );
-    text.push_str(&common::static_hosts(&hosts, &user));
+    text.push_str(&slipway_testkit::Sshd::static_hosts(&hosts, &user));
     let cfg = w.write("config.toml", &text);
     let file = w.write(
         "p.yml",

@@ -80,7 +80,7 @@ shutdown_timeout = 120
         builds = w.path().join("builds").display(),
         state = w.path().join("static-state").display(),
     );
-    text.push_str(&common::static_hosts(&hosts, &user));
+    text.push_str(&slipway_testkit::Sshd::static_hosts(&hosts, &user));
     let cfg = w.write("config.toml", &text);
     let queue = Queue::open(w.path().join(".slipway-queue")).unwrap();
 

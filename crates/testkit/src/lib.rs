@@ -222,6 +222,24 @@ impl Sshd {
         self.dir.path().join("client")
     }
 
+    /// `[runners.autoscaler.plugin_config.instances.web<N>]` entries of config.toml for the
+    /// static plugin, one per sshd in `hosts` (on loopback, as `user` with the sshd's key).
+    pub fn static_hosts(hosts: &[Sshd], user: &str) -> String {
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                format!(
+                    "      [runners.autoscaler.plugin_config.instances.web{i}]\n        \
+                     internal_addr = \"127.0.0.1:{}\"\n        username = \"{user}\"\n        \
+                     key_path = \"{}\"\n",
+                    h.port(),
+                    h.key_path().display()
+                )
+            })
+            .collect()
+    }
+
     /// Kill it, listener and sessions: the machine gone as far as SSH can tell.
     pub fn kill(&self) {
         kill_tree(self.pid);

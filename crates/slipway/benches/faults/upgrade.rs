@@ -133,15 +133,7 @@ pub fn run(plugins: &Path) -> anyhow::Result<Upgrade> {
         dir.join("builds").display(),
         dir.join("static-state").display()
     );
-    for (i, h) in hosts.iter().enumerate() {
-        text.push_str(&format!(
-            "      [runners.autoscaler.plugin_config.instances.web{i}]\n        \
-             internal_addr = \"127.0.0.1:{}\"\n        username = \"{user}\"\n        \
-             key_path = \"{}\"\n",
-            h.port(),
-            h.key_path().display()
-        ));
-    }
+    text.push_str(&slipway_testkit::Sshd::static_hosts(&hosts, &user));
     std::fs::write(dir.join("config.toml"), text)?;
     let queue = Queue::open(dir.join(".slipway-queue"))?;
 

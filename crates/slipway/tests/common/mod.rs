@@ -500,21 +500,3 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     assert!(out.status.success(), "git {args:?}: {out:?}");
     String::from_utf8(out.stdout).unwrap()
 }
-
-/// `[runners.autoscaler.plugin_config.instances.web<N>]` entries for the static plugin, one per
-/// sshd in `hosts` (on loopback, logging in as `user` with the sshd's key).
-pub fn static_hosts(hosts: &[slipway_testkit::Sshd], user: &str) -> String {
-    hosts
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            format!(
-                "      [runners.autoscaler.plugin_config.instances.web{i}]\n        \
-                 internal_addr = \"127.0.0.1:{}\"\n        username = \"{user}\"\n        \
-                 key_path = \"{}\"\n",
-                h.port(),
-                h.key_path().display()
-            )
-        })
-        .collect()
-}
