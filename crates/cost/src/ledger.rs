@@ -26,6 +26,21 @@ pub struct JobCost {
     pub share: f64,
     /// How long it held its slot.
     pub held: Duration,
+    /// Its instance's shape.
+    pub shape: String,
+    /// The per-project total it went to: its project, or [`OTHER_PROJECTS`] past the bound.
+    pub project: Option<String>,
+}
+
+/// An instance's final bill, once it is gone (priced shapes only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    /// Its shape.
+    pub shape: String,
+    /// What it was billed.
+    pub billed: Money,
+    /// What of that no job used.
+    pub overhead: Money,
 }
 
 /// One shape's costs so far.
@@ -43,6 +58,10 @@ pub struct ShapeCosts {
     pub overhead: f64,
     /// Jobs ended.
     pub jobs_ended: u64,
+    /// Live instances now.
+    pub live: u32,
+    /// What its live instances cost per hour now.
+    pub per_hour: f64,
 }
 
 /// A runner's costs so far, per shape and per project.
@@ -155,8 +174,9 @@ impl Ledger {
         );
     }
 
-    /// Instance `id` is gone at `at`: its bill is final. Jobs still open on it end then.
-    pub fn instance_gone(&mut self, id: &str, at: Instant) {
+    /// Instance `id` is gone at `at`: its bill is final (returned when its shape is priced).
+    /// Jobs still open on it end then.
+    pub fn instance_gone(&mut self, id: &str, at: Instant) -> Option<Settled> {
         let open: Vec<String> = self
             .jobs
             .iter()
@@ -166,17 +186,35 @@ impl Ledger {
         for key in open {
             self.job_ended(&key, at);
         }
-        let Some(inst) = self.live.remove(id) else {
-            return;
-        };
+        let inst = self.live.remove(id)?;
         let billed = bill(
             inst.price.as_ref(),
             at.saturating_duration_since(inst.since),
             self.minimum,
         );
-        let totals = self.closed.entry(inst.shape).or_default();
+        let totals = self.closed.entry(inst.shape.clone()).or_default();
         totals.billed += billed;
         totals.overhead += billed - inst.charged;
+        let price = inst.price?;
+        Some(Settled {
+            shape: inst.shape,
+            billed: Money::new(billed, &price.currency),
+            overhead: Money::new(billed - inst.charged, &price.currency),
+        })
+    }
+
+    /// Whether instance `id` is billed here.
+    pub fn is_live(&self, id: &str) -> bool {
+        self.live.contains_key(id)
+    }
+
+    /// The live instances of `shape`.
+    pub fn live_of(&self, shape: &str) -> Vec<String> {
+        self.live
+            .iter()
+            .filter(|(_, l)| l.shape == shape)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Job `key` holds `share` of instance `id` from `at`, for `project` when the source knows it.
@@ -213,7 +251,7 @@ impl Ledger {
         // when the instance goes (or up to now, while it lives).
         totals.jobs += cost;
         totals.jobs_ended += 1;
-        if let Some(project) = job.project {
+        let project = job.project.map(|project| {
             let name = if self.projects.contains_key(&project) || self.projects.len() < MAX_PROJECTS
             {
                 project
@@ -221,14 +259,17 @@ impl Ledger {
                 OTHER_PROJECTS.to_owned()
             };
             self.projects
-                .entry(name)
+                .entry(name.clone())
                 .or_insert_with(|| Money::new(0.0, &price.currency))
                 .amount += cost;
-        }
+            name
+        });
         Some(JobCost {
             cost: Money::new(cost, &price.currency),
             share: job.share,
             held,
+            shape: inst.shape.clone(),
+            project,
         })
     }
 
@@ -245,6 +286,8 @@ impl Ledger {
             let totals = shapes.entry(inst.shape.clone()).or_default();
             totals.billed += billed;
             totals.overhead += billed - inst.charged;
+            totals.live += 1;
+            totals.per_hour += inst.price.as_ref().map_or(0.0, |p| p.per_hour);
         }
         for job in self.jobs.values() {
             let Some(inst) = self.live.get(&job.instance) else {
@@ -311,6 +354,31 @@ mod tests {
         assert_eq!(big.jobs_ended, 2);
         assert!(close(c.projects["group/app"].amount, 0.05));
         assert_eq!(c.total().unwrap().3, "USD");
+    }
+
+    #[test]
+    fn a_gone_instance_settles_its_bill_and_live_ones_show_their_rate() {
+        let mut l = Ledger::new(
+            [("s".to_string(), usd(3.6)), ("free".to_string(), None)],
+            secs(60),
+        );
+        let t0 = Instant::now();
+        l.instance_started("i", "s", t0);
+        l.instance_started("k", "s", t0);
+        l.instance_started("u", "free", t0);
+        l.job_started("j", "i", 0.5, Some("p"), t0);
+        let j = l.job_ended("j", t0 + secs(100)).unwrap();
+        assert_eq!((j.shape.as_str(), j.project.as_deref()), ("s", Some("p")));
+        let now = l.costs(t0 + secs(100));
+        assert_eq!(now.shapes["s"].live, 2);
+        assert!(close(now.shapes["s"].per_hour, 7.2));
+        let settled = l.instance_gone("i", t0 + secs(200)).unwrap();
+        assert!(close(settled.billed.amount, 0.2), "{settled:?}");
+        assert!(close(settled.overhead.amount, 0.15), "{settled:?}");
+        assert_eq!(settled.billed.currency, "USD");
+        assert!(l.instance_gone("u", t0 + secs(200)).is_none());
+        assert!(l.instance_gone("i", t0 + secs(300)).is_none());
+        assert_eq!(l.live_of("s"), vec!["k".to_string()]);
     }
 
     #[test]
@@ -414,7 +482,7 @@ mod tests {
             let inst = format!("i{}", next(6));
             match next(5) {
                 0 => l.instance_started(&inst, if next(2) == 0 { "a" } else { "b" }, t),
-                1 => l.instance_gone(&inst, t),
+                1 => drop(l.instance_gone(&inst, t)),
                 2 | 3 => {
                     if l.live.contains_key(&inst) {
                         let share = [0.25, 0.5, 1.0][next(3) as usize];

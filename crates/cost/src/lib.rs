@@ -9,6 +9,6 @@ pub mod ledger;
 pub mod price;
 pub mod share;
 
-pub use ledger::{Costs, JobCost, Ledger};
-pub use price::{Price, PriceError};
+pub use ledger::{Costs, JobCost, Ledger, Settled};
+pub use price::{Money, Price, PriceError};
 pub use share::share_of;

@@ -8,6 +8,7 @@
 //!   same for every source.
 //! - [`source`]: where jobs come from: the embedded queue, GitLab, a local pipeline.
 //! - [`limits`]: a runner's `limit` within `concurrent`, for every source.
+//! - [`costs`]: what a runner's instances cost and what its jobs used of them.
 //! - [`request`]: a job's CPU, memory and GPU request from its variables.
 //! - [`shutdown`]: the graceful drain (SIGQUIT) and the stop (SIGTERM, SIGINT).
 //! - [`status`], [`server`]: the live status and the HTTP endpoint (`/metrics`, `/`,
@@ -16,6 +17,7 @@
 //! Nothing here prints to the terminal: the `slipway` binary does.
 
 mod chain;
+pub mod costs;
 pub mod lifecycle;
 pub mod limits;
 pub mod localhost;

@@ -110,7 +110,11 @@ async fn run_manager(
             _ = shutdown.drain.cancelled() => break,
         };
         match started {
-            Ok(r) => runners.push(Arc::new(r)),
+            Ok(r) => {
+                let r = Arc::new(r);
+                r.start_cost_sync();
+                runners.push(r);
+            }
             Err(e) => {
                 for r in &runners {
                     r.shutdown().await;
@@ -195,6 +199,12 @@ async fn run_manager(
             continue;
         }
         queue_fed.push((r.clone(), limits));
+    }
+    // A restarted manager clears what its predecessor's jobs left on their instances; the
+    // drain stops it (the shutdown sweeps again, whole).
+    for r in &runners {
+        let (r, drain) = (r.clone(), shutdown.drain.clone());
+        sources.spawn(async move { r.sweep_after_restart(&drain).await });
     }
     sources.spawn(feed_from_queue(
         queue.clone(),

@@ -274,6 +274,8 @@ pub struct Source<'a> {
     pub placement: &'a slipway_taskscaler::Placement,
     /// Its jobs.
     pub board: &'a slipway_status::JobBoard,
+    /// Its costs (runners on instances).
+    pub costs: Option<&'a crate::costs::CostBook>,
 }
 
 impl<'a> Source<'a> {
@@ -284,6 +286,7 @@ impl<'a> Source<'a> {
             executor: r.executor.as_str(),
             placement: &r.placement,
             board: &r.board,
+            costs: r.costs.as_deref(),
         }
     }
 }
@@ -386,6 +389,7 @@ fn runner_status(
         pending,
         recent: r.board.recent(),
         vm_starts: r.board.vm_starts(),
+        costs: r.costs.map(|c| c.status(std::time::Instant::now())),
     }
 }
 

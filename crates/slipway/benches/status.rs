@@ -67,6 +67,7 @@ impl Fleet {
                 executor: "docker-autoscaler",
                 placement: &self.placement,
                 board: &self.board,
+                costs: None,
             })],
             history: self
                 .history

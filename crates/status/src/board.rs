@@ -49,6 +49,8 @@ struct Tracked {
     /// Instance, slot and when it got them.
     at: Option<(String, u32, Instant)>,
     wait_s: f64,
+    /// What it cost and in which currency, once its charge ended.
+    cost: Option<(f64, String)>,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +95,7 @@ impl JobBoard {
                 since: Instant::now(),
                 at: None,
                 wait_s: 0.0,
+                cost: None,
             },
         );
         // A key seen again (a requeued job) is not counted twice.
@@ -153,6 +156,13 @@ impl JobBoard {
         self.metrics.started(&self.runner);
     }
 
+    /// Job `key` cost `amount` in `currency` (its charge ended with its steps).
+    pub fn cost(&self, key: &str, amount: f64, currency: &str) {
+        if let Some(t) = self.lock().jobs.get_mut(key) {
+            t.cost = Some((amount, currency.to_string()));
+        }
+    }
+
     /// Job `key` ended (whether or not it ever ran); unknown keys are ignored.
     pub fn finished(&self, key: &str, ending: Ending) {
         let mut st = self.lock();
@@ -189,6 +199,8 @@ impl JobBoard {
             wait_s,
             duration_s,
             ended_at_ms: unix_ms(SystemTime::now()),
+            cost: t.cost.as_ref().map(|c| c.0),
+            currency: t.cost.map(|c| c.1),
         };
         let reason = recent.failure_reason.clone();
         let outcome = recent.outcome.clone();

@@ -15,6 +15,16 @@ pub fn duration(secs: f64) -> String {
     }
 }
 
+/// An amount of money: four decimals below 1 (a job's cost is often a fraction of a cent),
+/// two above.
+pub fn money(amount: f64, currency: &str) -> String {
+    if amount.abs() < 1.0 {
+        format!("{amount:.4} {currency}")
+    } else {
+        format!("{amount:.2} {currency}")
+    }
+}
+
 /// `512 B`, `3.2 KiB`, `120 MiB`, `1.5 GiB`.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];

@@ -12,6 +12,10 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
+/// A counter of money (fractions of a currency unit).
+type Amount = Counter<f64, std::sync::atomic::AtomicU64>;
+/// A gauge of money per hour.
+type Rate = Gauge<f64, std::sync::atomic::AtomicU64>;
 type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// GitLab Runner's buckets for `gitlab_runner_job_duration_seconds`: 30 s to 10 h.
@@ -66,6 +70,17 @@ pub struct JobMetrics {
     finished: Family<Labels, Counter>,
     /// `slipway_vm_starts_total{runner, image, start}`: `start` is `warm` or `cold`.
     vm_starts: Family<Labels, Counter>,
+    /// `slipway_job_cost_total{runner, shape, currency}`: jobs' shares of their instances.
+    job_cost: Family<Labels, Amount>,
+    /// `slipway_project_cost_total{runner, project, currency}`: the same by project, bounded.
+    project_cost: Family<Labels, Amount>,
+    /// `slipway_instance_billed_total{runner, shape, currency}`: bills of instances gone.
+    billed: Family<Labels, Amount>,
+    /// `slipway_instance_overhead_total{runner, shape, currency}`: what of those bills no job
+    /// used.
+    overhead: Family<Labels, Amount>,
+    /// `slipway_cost_per_hour{runner, shape, currency}`: what the live instances cost now.
+    per_hour: Family<Labels, Rate>,
 }
 
 impl Default for JobMetrics {
@@ -78,6 +93,11 @@ impl Default for JobMetrics {
             jobs: Family::default(),
             finished: Family::default(),
             vm_starts: Family::default(),
+            job_cost: Family::default(),
+            project_cost: Family::default(),
+            billed: Family::default(),
+            overhead: Family::default(),
+            per_hour: Family::default(),
         }
     }
 }
@@ -128,6 +148,86 @@ impl JobMetrics {
             "VM starts of microvm and vm jobs, by image and start: warm (the slot's VM was started ahead of the job) or cold",
             self.vm_starts.clone(),
         );
+        registry.register(
+            "slipway_job_cost",
+            "Jobs' costs: each job's share of its instance's price over the time it held its slot, by shape and currency",
+            self.job_cost.clone(),
+        );
+        registry.register(
+            "slipway_project_cost",
+            "Jobs' costs by project, where the source knows it (at most 100 projects per runner, the rest as \"(other)\")",
+            self.project_cost.clone(),
+        );
+        registry.register(
+            "slipway_instance_billed",
+            "What instances were billed (per second with the billing minimum), counted when they are gone",
+            self.billed.clone(),
+        );
+        registry.register(
+            "slipway_instance_overhead",
+            "What of the instances' bills no job used (boot, idle, unused capacity, removal, the minimum), counted when they are gone",
+            self.overhead.clone(),
+        );
+        registry.register(
+            "slipway_cost_per_hour",
+            "What the runner's live instances cost per hour now",
+            self.per_hour.clone(),
+        );
+    }
+
+    /// A job of `runner` on a `shape` instance cost `amount` in `currency`, for `project` (the
+    /// ledger's bounded name) when its source knows it.
+    pub fn job_cost(
+        &self,
+        runner: &str,
+        shape: &str,
+        project: Option<&str>,
+        amount: f64,
+        currency: &str,
+    ) {
+        self.job_cost
+            .get_or_create(&labels(&[
+                ("runner", runner),
+                ("shape", shape),
+                ("currency", currency),
+            ]))
+            .inc_by(amount);
+        if let Some(project) = project {
+            self.project_cost
+                .get_or_create(&labels(&[
+                    ("runner", runner),
+                    ("project", project),
+                    ("currency", currency),
+                ]))
+                .inc_by(amount);
+        }
+    }
+
+    /// An instance of `runner`'s `shape` is gone: it was billed `billed`, of which
+    /// `overhead` no job used.
+    pub fn instance_settled(
+        &self,
+        runner: &str,
+        shape: &str,
+        billed: f64,
+        overhead: f64,
+        currency: &str,
+    ) {
+        let l = labels(&[("runner", runner), ("shape", shape), ("currency", currency)]);
+        self.billed.get_or_create(&l).inc_by(billed);
+        // Rounding may leave a hair below zero where jobs used the whole instance.
+        self.overhead.get_or_create(&l).inc_by(overhead.max(0.0));
+    }
+
+    /// `runner`'s live `shape` instances cost `per_hour` in `currency` now.
+    pub fn set_cost_per_hour(&self, runner: &str, shape: &str, per_hour: f64, currency: &str) {
+        self.per_hour
+            .get_or_create(&labels(&[
+                ("runner", runner),
+                ("shape", shape),
+                ("currency", currency),
+            ]))
+            .set(per_hour);
     }
 
     /// A `microvm` or `vm` job of `runner` got its VM of `image`, `warm` when started ahead.
@@ -298,6 +398,41 @@ pub(crate) mod tests {
             (
                 r#"gitlab_runner_job_duration_seconds_bucket{le="7200.0",runner="r1"}"#,
                 3.0,
+            ),
+        ];
+        for (series, want) in cases {
+            assert_eq!(value(&t, series), Some(want), "{series} in\n{t}");
+        }
+    }
+
+    #[test]
+    fn costs_are_counted_per_runner_shape_and_project() {
+        let m = JobMetrics::default();
+        m.job_cost("r1", "big", Some("group/app"), 0.25, "USD");
+        m.job_cost("r1", "big", None, 0.5, "USD");
+        m.instance_settled("r1", "big", 1.0, 0.25, "USD");
+        m.set_cost_per_hour("r1", "big", 3.4, "USD");
+        let t = encoded(&m);
+        let cases = [
+            (
+                r#"slipway_job_cost_total{runner="r1",shape="big",currency="USD"}"#,
+                0.75,
+            ),
+            (
+                r#"slipway_project_cost_total{runner="r1",project="group/app",currency="USD"}"#,
+                0.25,
+            ),
+            (
+                r#"slipway_instance_billed_total{runner="r1",shape="big",currency="USD"}"#,
+                1.0,
+            ),
+            (
+                r#"slipway_instance_overhead_total{runner="r1",shape="big",currency="USD"}"#,
+                0.25,
+            ),
+            (
+                r#"slipway_cost_per_hour{runner="r1",shape="big",currency="USD"}"#,
+                3.4,
             ),
         ];
         for (series, want) in cases {

@@ -51,6 +51,39 @@ pub struct RunnerStatus {
     /// cold.
     #[serde(default)]
     pub vm_starts: Vec<VmStarts>,
+    /// What its instances cost and who used them (runners on instances).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<RunnerCosts>,
+}
+
+/// A runner's costs since the manager started: instances billed, what jobs were charged, and
+/// the overhead no job used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunnerCosts {
+    /// The currency of every amount here (a runner's prices share one).
+    pub currency: String,
+    /// What the live instances cost per hour now.
+    pub per_hour: f64,
+    /// Instances billed so far (the live ones up to now).
+    pub billed: f64,
+    /// Charged to jobs so far (the running ones up to now).
+    pub jobs: f64,
+    /// What no job used: `billed - jobs`.
+    pub overhead: f64,
+    /// Shapes without a price: their costs are unknown, and not in the figures above.
+    #[serde(default)]
+    pub unpriced: Vec<String>,
+}
+
+impl RunnerCosts {
+    /// The overhead's share of what was billed (0 before anything was).
+    pub fn overhead_share(&self) -> f64 {
+        if self.billed > 0.0 {
+            self.overhead / self.billed
+        } else {
+            0.0
+        }
+    }
 }
 
 /// One image's VM starts since the manager started.
@@ -204,6 +237,13 @@ pub struct RecentJob {
     pub duration_s: f64,
     /// When it ended (unix ms).
     pub ended_at_ms: i64,
+    /// What it cost (its share of its instance over the time it held its slot), when its
+    /// shape has a price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// The currency of `cost`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
 }
 
 /// A snapshot a nesting daemon holds.

@@ -23,6 +23,8 @@
     while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
     return (v < 10 ? v.toFixed(1) : v.toFixed(0)) + " " + units[i];
   }
+  // As format.rs's money: four decimals below 1, two above.
+  function money(v, cur) { return (Math.abs(v) < 1 ? v.toFixed(4) : v.toFixed(2)) + " " + cur; }
   function num(v) { return Math.abs(v - Math.round(v)) < 0.05 ? String(Math.round(v)) : v.toFixed(1); }
   function totals(s) {
     var t = { instances: 0, ready: 0, busy_slots: 0, idle_slots: 0, pending: 0 };
@@ -107,6 +109,15 @@
       " <small>" + esc(r.executor) + '</small></h2><p class="totals">' + t.instances + " instances · " +
       t.ready + " ready · " + t.busy_slots + "/" + (t.busy_slots + t.idle_slots) + " slots busy · " +
       t.running + " running · " + t.pending + " pending</p>";
+    var c = r.costs;
+    if (c) {
+      h += '<p class="costs">Cost: <b>' + esc(money(c.per_hour, c.currency)) + "</b> per hour now · " +
+        esc(money(c.billed, c.currency)) + " billed · " + esc(money(c.jobs, c.currency)) + " to jobs · " +
+        esc(money(c.overhead, c.currency)) + " overhead (" +
+        Math.round(c.billed > 0 ? c.overhead / c.billed * 100 : 0) + "%)</p>";
+      if (c.unpriced && c.unpriced.length)
+        h += '<p class="unpriced">Cost unknown for shapes without a price: ' + esc(c.unpriced.join(", ")) + ".</p>";
+    }
     var starts = r.vm_starts || [];
     if (starts.length) {
       h += '<p class="vm-starts">VM starts:';
@@ -125,7 +136,8 @@
     if (!r.recent.length) h += '<p class="empty">None yet.</p>';
     else {
       h += '<table class="recent"><thead><tr><th>job</th><th>name</th><th>stage</th>' +
-        "<th>outcome</th><th>reason</th><th>where</th><th>waited</th><th>ran</th></tr></thead><tbody>";
+        "<th>outcome</th><th>reason</th><th>where</th><th>waited</th><th>ran</th>" +
+        (c ? "<th>cost</th>" : "") + "</tr></thead><tbody>";
       r.recent.forEach(function (j) {
         var reason = j.failure_reason && j.message ? j.failure_reason + ": " + j.message
           : j.failure_reason || j.message || "";
@@ -134,7 +146,9 @@
         h += '<tr data-job="' + j.id + '" data-outcome="' + o + '"><td>#' + j.id + "</td><td>" +
           esc(j.name) + "</td><td>" + esc(j.stage) + '</td><td class="outcome ' + o + '">' + o +
           "</td><td>" + esc(reason) + "</td><td>" + esc(place) + "</td><td>" + dur(j.wait_s) +
-          "</td><td>" + dur(j.duration_s) + "</td></tr>";
+          "</td><td>" + dur(j.duration_s) + "</td>" +
+          (c ? '<td class="cost">' + esc(j.cost != null && j.currency != null ? money(j.cost, j.currency) : "unknown") + "</td>" : "") +
+          "</tr>";
       });
       h += "</tbody></table>";
     }

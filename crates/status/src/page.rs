@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::format::{bytes, duration};
+use crate::format::{bytes, duration, money};
 use crate::model::{
     FleetStatus, HistorySeries, InstanceStatus, PendingJob, RunnerStatus, ShapeStatus,
 };
@@ -92,6 +92,25 @@ fn runner(h: &mut String, r: &RunnerStatus) {
         n = esc(&r.name),
         e = esc(&r.executor),
     );
+    if let Some(c) = &r.costs {
+        let _ = write!(
+            h,
+            "<p class=\"costs\">Cost: <b>{}</b> per hour now · {} billed · {} to jobs · {} overhead \
+             ({}%)</p>",
+            esc(&money(c.per_hour, &c.currency)),
+            esc(&money(c.billed, &c.currency)),
+            esc(&money(c.jobs, &c.currency)),
+            esc(&money(c.overhead, &c.currency)),
+            (c.overhead_share() * 100.0).round(),
+        );
+        if !c.unpriced.is_empty() {
+            let _ = write!(
+                h,
+                "<p class=\"unpriced\">Cost unknown for shapes without a price: {}.</p>",
+                esc(&c.unpriced.join(", "))
+            );
+        }
+    }
     if !r.vm_starts.is_empty() {
         h.push_str("<p class=\"vm-starts\">VM starts:");
         for (i, v) in r.vm_starts.iter().enumerate() {
@@ -123,9 +142,12 @@ fn runner(h: &mut String, r: &RunnerStatus) {
     } else {
         h.push_str(
             "<table class=\"recent\"><thead><tr><th>job</th><th>name</th><th>stage</th>\
-             <th>outcome</th><th>reason</th><th>where</th><th>waited</th><th>ran</th></tr>\
-             </thead><tbody>",
+             <th>outcome</th><th>reason</th><th>where</th><th>waited</th><th>ran</th>",
         );
+        if r.costs.is_some() {
+            h.push_str("<th>cost</th>");
+        }
+        h.push_str("</tr></thead><tbody>");
         for j in &r.recent {
             let reason = match (&j.failure_reason, &j.message) {
                 (Some(r), Some(m)) if !m.is_empty() => format!("{r}: {m}"),
@@ -140,7 +162,7 @@ fn runner(h: &mut String, r: &RunnerStatus) {
             let _ = write!(
                 h,
                 "<tr data-job=\"{}\" data-outcome=\"{o}\"><td>#{}</td><td>{}</td><td>{}</td>\
-                 <td class=\"outcome {o}\">{o}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                 <td class=\"outcome {o}\">{o}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
                 j.id,
                 j.id,
                 esc(&j.name),
@@ -151,6 +173,14 @@ fn runner(h: &mut String, r: &RunnerStatus) {
                 duration(j.duration_s),
                 o = esc(&j.outcome),
             );
+            if r.costs.is_some() {
+                let cost = match (j.cost, &j.currency) {
+                    (Some(c), Some(cur)) => money(c, cur),
+                    _ => "unknown".into(),
+                };
+                let _ = write!(h, "<td class=\"cost\">{}</td>", esc(&cost));
+            }
+            h.push_str("</tr>");
         }
         h.push_str("</tbody></table>");
     }
@@ -395,6 +425,54 @@ mod tests {
             }],
             ..FleetStatus::default()
         }
+    }
+
+    #[test]
+    fn the_page_shows_costs_and_says_when_they_are_unknown() {
+        let mut s = fleet_of_one();
+        let r = &mut s.runners[0];
+        r.costs = Some(crate::model::RunnerCosts {
+            currency: "EUR".into(),
+            per_hour: 0.34,
+            billed: 4.0,
+            jobs: 3.0,
+            overhead: 1.0,
+            unpriced: vec!["gpu".into()],
+        });
+        r.recent = vec![
+            crate::model::RecentJob {
+                id: 1,
+                cost: Some(0.0042),
+                currency: Some("EUR".into()),
+                ..crate::model::RecentJob::default()
+            },
+            crate::model::RecentJob {
+                id: 2,
+                ..crate::model::RecentJob::default()
+            },
+        ];
+        let page = render(&s, 2000);
+        assert!(
+            page.contains(
+                "Cost: <b>0.3400 EUR</b> per hour now · 4.00 EUR billed · 3.00 EUR to jobs · \
+                 1.00 EUR overhead (25%)"
+            ),
+            "{page}"
+        );
+        assert!(
+            page.contains("Cost unknown for shapes without a price: gpu."),
+            "{page}"
+        );
+        assert!(
+            page.contains("<td class=\"cost\">0.0042 EUR</td>"),
+            "{page}"
+        );
+        assert!(page.contains("<td class=\"cost\">unknown</td>"), "{page}");
+        // A runner without costs (local jobs) has no cost column.
+        let mut s = fleet_of_one();
+        s.runners[0].recent = vec![crate::model::RecentJob::default()];
+        let page = render(&s, 2000);
+        assert!(page.contains("<th>ran</th></tr></thead>"), "{page}");
     }
 
     #[test]

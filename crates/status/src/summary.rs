@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::format::{bytes, duration};
+use crate::format::{bytes, duration, money};
 use crate::model::FleetStatus;
 use crate::page::summary_line;
 
@@ -65,6 +65,24 @@ fn render_raw(s: &FleetStatus) -> String {
             t.running,
             t.pending
         );
+        if let Some(c) = &r.costs {
+            let _ = writeln!(
+                o,
+                "  cost: {} per hour now · {} billed · {} to jobs · {} overhead ({:.0}%)",
+                money(c.per_hour, &c.currency),
+                money(c.billed, &c.currency),
+                money(c.jobs, &c.currency),
+                money(c.overhead, &c.currency),
+                c.overhead_share() * 100.0
+            );
+            if !c.unpriced.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "  cost unknown for shapes without price_per_hour: {}",
+                    c.unpriced.join(", ")
+                );
+            }
+        }
         for v in &r.vm_starts {
             let _ = writeln!(
                 o,
@@ -179,6 +197,9 @@ fn render_raw(s: &FleetStatus) -> String {
                 if let Some(m) = j.message.as_deref().filter(|m| !m.is_empty()) {
                     let _ = write!(line, " ({m})");
                 }
+                if let (Some(cost), Some(cur)) = (j.cost, &j.currency) {
+                    let _ = write!(line, " · cost {}", money(cost, cur));
+                }
                 let _ = writeln!(o, "{line}");
             }
         }
@@ -247,6 +268,8 @@ mod tests {
                     stage: "test".into(),
                     outcome: "failed".into(),
                     failure_reason: Some("script_failure".into()),
+                    cost: Some(0.0123),
+                    currency: Some("USD".into()),
                     ..RecentJob::default()
                 }],
                 vm_starts: vec![crate::model::VmStarts {
@@ -254,6 +277,14 @@ mod tests {
                     warm: 5,
                     cold: 2,
                 }],
+                costs: Some(crate::model::RunnerCosts {
+                    currency: "USD".into(),
+                    per_hour: 0.68,
+                    billed: 2.0,
+                    jobs: 1.5,
+                    overhead: 0.5,
+                    unpriced: vec!["gpu".into()],
+                }),
             }],
             ..FleetStatus::default()
         };
@@ -269,7 +300,15 @@ mod tests {
         assert!(text.contains("0:#7 build (cgroup, 5s)  1:free"), "{text}");
         assert!(text.contains("#8 test (test, none) waiting 12s"), "{text}");
         assert!(
-            text.contains("#6 lint (test) failed after 0s: script_failure"),
+            text.contains("#6 lint (test) failed after 0s: script_failure · cost 0.0123 USD"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cost: 0.6800 USD per hour now · 2.00 USD billed · 1.50 USD to jobs · 0.5000 USD overhead (25%)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cost unknown for shapes without price_per_hour: gpu"),
             "{text}"
         );
     }

@@ -111,6 +111,8 @@ struct Inner {
     snapshot: Mutex<Option<Snapshot>>,
     /// Jobs whose acquisitions were found at restart: they cannot resume.
     restored_failures: Mutex<Vec<AcquisitionRecord>>,
+    /// Instances of the restored failures, kept after those are taken.
+    restored_failure_instances: Mutex<Vec<String>>,
     metrics: Arc<Metrics>,
     /// Wall-clock time at `started` (tokio's clock may be paused and advanced in simulation).
     wall_start: SystemTime,
@@ -237,6 +239,7 @@ impl Taskscaler {
             keep_instance_with_acquisitions,
             snapshot: Mutex::new(None),
             restored_failures: Mutex::new(Vec::new()),
+            restored_failure_instances: Mutex::new(Vec::new()),
             metrics: Arc::new(metrics),
             wall_start,
             started: Instant::now(),
@@ -263,6 +266,20 @@ impl Taskscaler {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         )
+    }
+
+    /// The instances [`Taskscaler::take_restored_failures`] names (not yet taken or already
+    /// taken): what a dead manager's jobs ran on, where they may have left containers.
+    pub fn restored_failure_instances(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .inner
+            .restored_failure_instances
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        ids.sort();
+        ids.dedup();
+        ids
     }
 
     /// Resolves once the first successful Update has been reconciled, so that

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use slipway_executor::{
-    CollectedArtifacts, FailureReason, HostSources, JobOutcome, Tarball, Trace,
+    CollectedArtifacts, FailureReason, HostSources, Isolation, JobOutcome, Tarball, Trace,
 };
 use slipway_jobs::JobResponse;
 use slipway_taskscaler::Acquisition;
@@ -150,6 +150,9 @@ pub struct Ran<'a> {
     pub placement: Option<(String, u32)>,
     /// From the acquisition to the end of its steps.
     pub duration: Duration,
+    /// What it cost, when its runner has prices: its share of its instance up to the end of
+    /// its steps (the report after is the runner's overhead).
+    pub cost: Option<slipway_cost::JobCost>,
     /// Its slot, still held: the source releases it when its report is safe (the queue: once
     /// the result is on disk), or lets it go when it is dropped.
     pub slot: Option<Held<'a>>,
@@ -209,6 +212,7 @@ impl Life<'_> {
         let cancel = &self.stops.cancel;
         // The runner's environment counts for everything after: sources, cache, paths, steps.
         let job = runner.defaults.prepare(job);
+        let whole = admission.level == Isolation::Instance;
         let fetch_cancel = cancel.child_token();
         let acquire_cancel = cancel.child_token();
         // 1: the acquisition failed first, 2: the fetch did.
@@ -222,7 +226,10 @@ impl Life<'_> {
                 .map(|a| (a, Instant::now()));
             match &r {
                 // It holds its slot from now on, while its inputs may still be on their way.
-                Ok((a, _)) => runner.board.running(key, &a.instance_id, a.slot),
+                Ok((a, _)) => {
+                    runner.board.running(key, &a.instance_id, a.slot);
+                    runner.charge_started(key, a, whole, &job);
+                }
                 Err(_) => {
                     let _ =
                         first_failure.compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst);
@@ -254,6 +261,7 @@ impl Life<'_> {
             tracked: Arc::default(),
             placement: placement.map(|a| (a.instance_id.clone(), a.slot)),
             duration: Duration::ZERO,
+            cost: placement.and_then(|_| runner.charge_ended(key)),
             slot: placement.map(held),
         };
         // Recorded only for a job whose steps are next.
@@ -364,6 +372,7 @@ impl Life<'_> {
                         break Err((outcome, Some(a)));
                     }
                     runner.board.running(key, &a.instance_id, a.slot);
+                    runner.charge_started(key, &a, whole, &job);
                     trace.message(&format!(
                         "Running on instance {} slot {}",
                         a.instance_id, a.slot
@@ -386,6 +395,7 @@ impl Life<'_> {
         Ok(Ran {
             placement: acq.as_ref().map(|a| (a.instance_id.clone(), a.slot)),
             duration: acquired_at.elapsed(),
+            cost: acq.as_ref().and_then(|_| runner.charge_ended(key)),
             slot: acq.as_ref().map(held),
             job,
             outcome,

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use slipway_config::{AutoscalerConfig, RunnerConfig};
+use slipway_cost::Price;
 use slipway_fleeting::{InstanceGroup as _, PluginHost, PluginOptions};
 use slipway_taskscaler::metrics::{MetricFamilies, Metrics};
 use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreIdentity};
@@ -20,6 +21,8 @@ pub(super) struct GroupPlan {
     auto: AutoscalerConfig,
     resources: Option<Resources>,
     cost: f64,
+    /// What one instance costs per hour: the shape's `price_per_hour`, else the runner's.
+    pub(super) price: Option<Price>,
     /// `spot = true`: shown as spot capacity.
     pub(super) spot: bool,
     /// The shape taking this one's new capacity while its provider has none, and when.
@@ -55,6 +58,7 @@ pub(super) fn group_plans(
             auto: a,
             resources: None,
             cost: 1.0,
+            price: price_of(auto.price_per_hour.as_ref(), auto),
             spot: false,
             fallback: None,
         }]);
@@ -101,6 +105,13 @@ pub(super) fn group_plans(
                             .map(|p| p.per_hour)
                     })
                     .unwrap_or(1.0),
+                price: price_of(
+                    shape
+                        .price_per_hour
+                        .as_ref()
+                        .or(auto.price_per_hour.as_ref()),
+                    auto,
+                ),
                 spot: shape.spot,
                 fallback: shape.fallback.as_ref().and_then(|to| {
                     let index = auto.shape.iter().position(|s| s.name == *to)?;
@@ -116,6 +127,11 @@ pub(super) fn group_plans(
             })
         })
         .collect()
+}
+
+/// A price as written, in the runner's `currency` (verify-config reported a bad one).
+fn price_of(value: Option<&slipway_config::PriceValue>, auto: &AutoscalerConfig) -> Option<Price> {
+    value?.price(auto.currency.as_deref()).ok()
 }
 
 /// Place over `shapes` (started from `plans`, in order) with each plan's fallback.

@@ -103,6 +103,8 @@ pub(super) fn start_local(
         }]),
         board: board_of(cfg, opts),
         defaults: JobDefaults::of(cfg),
+        costs: None,
+        cost_sync: std::sync::Mutex::new(None),
         plugins: Vec::new(),
         pool: Arc::new(Pool::new(DialOptions::default())),
         docker_execs: DockerExecs::default(),

@@ -10,6 +10,7 @@ mod group;
 mod local;
 mod plugin;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,14 +19,16 @@ use slipway_config::{Executor, RunnerConfig};
 use slipway_connector::{Client, DialOptions};
 use slipway_executor::cgroup::SlotCgroups;
 use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError};
-use slipway_executor::{CustomConfig, IsolationPolicy, NestingConfig};
+use slipway_executor::{CustomConfig, Isolation, IsolationPolicy, NestingConfig};
 use slipway_fleeting::PluginHost;
 use slipway_status::{JobBoard, JobMetrics};
 use slipway_taskscaler::metrics::MetricFamilies;
 use slipway_taskscaler::{
     Acquisition, Error as TsError, Placement, Policy, Resources, Shape, Stats,
 };
+use tokio_util::sync::CancellationToken;
 
+use crate::costs::{CostBook, ShapeTerms};
 use crate::lifecycle::JobDefaults;
 use crate::pool::{DockerExecs, Pool, PoolError};
 use crate::subtrees::InstanceSubtrees;
@@ -86,6 +89,10 @@ pub struct Runner {
     /// Where jobs' sources, artifacts and caches wait on this machine's disk on their way
     /// (`<state dir>/tmp`; the system's temporary directory without a state dir).
     pub scratch_dir: Option<PathBuf>,
+    /// What its instances cost and what its jobs used of them (runners on instances).
+    pub costs: Option<Arc<CostBook>>,
+    /// The task keeping `costs` in step with the instances, stopped at shutdown.
+    cost_sync: std::sync::Mutex<Option<(CancellationToken, tokio::task::JoinHandle<()>)>>,
     /// One plugin process per shape, in the placement's order.
     plugins: Vec<Arc<PluginHost>>,
     /// One SSH connection per instance, shared by the jobs on its slots and health checks.
@@ -247,6 +254,21 @@ impl Runner {
                 return Err(e);
             }
         };
+        let costs = Arc::new(CostBook::new(
+            &cfg.name,
+            plans
+                .iter()
+                .zip(&shapes)
+                .map(|(plan, shape)| ShapeTerms {
+                    shape: plan.shape.clone(),
+                    price: plan.price.clone(),
+                    capacity: shape.scaler.config().capacity_per_instance,
+                    offer: shape.scaler.config().instance_resources,
+                })
+                .collect(),
+            auto.billing_minimum,
+            opts.job_metrics.clone().unwrap_or_default(),
+        ));
         Ok(Runner {
             scratch_dir: scratch_dir_of(opts),
             name: cfg.name.clone(),
@@ -268,10 +290,83 @@ impl Runner {
             placement: placement_of(&plans, shapes),
             board: board_of(cfg, opts),
             defaults: JobDefaults::of(cfg),
+            costs: Some(costs),
+            cost_sync: std::sync::Mutex::new(None),
             plugins,
             pool,
             docker_execs,
         })
+    }
+
+    /// Start the task that bills the instances as the taskscalers list them (a runner with
+    /// prices only); [`Runner::shutdown`] stops it.
+    pub fn start_cost_sync(self: &Arc<Self>) {
+        if !self.costs.as_ref().is_some_and(|b| b.is_tracking()) {
+            return;
+        }
+        let mut slot = self.cost_sync.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return;
+        }
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (runner, stop) = (self.clone(), stop.clone());
+            async move {
+                let mut tick = tokio::time::interval(crate::costs::SYNC_INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tick.tick() => {}
+                    }
+                    runner.sync_costs();
+                }
+            }
+        });
+        *slot = Some((stop, task));
+    }
+
+    /// Bill the instances every shape lists now, settle those gone.
+    fn sync_costs(&self) {
+        let Some(book) = &self.costs else { return };
+        let now = std::time::Instant::now();
+        for s in self.placement.shapes() {
+            book.instances_seen(&s.name, &s.scaler.instances(), now);
+        }
+    }
+
+    /// Job `key` holds `acq` from now: its charge starts (a runner with prices).
+    pub fn charge_started(
+        &self,
+        key: &str,
+        acq: &Acquisition,
+        whole: bool,
+        job: &slipway_jobs::JobResponse,
+    ) {
+        let (Some(book), Some(shape)) = (&self.costs, self.placement.shape_of(key)) else {
+            return;
+        };
+        let project = Some(job.job_info.project_full_path.trim_matches('/'))
+            .filter(|p| !p.is_empty())
+            .or_else(|| job.variable("CI_PROJECT_PATH").filter(|p| !p.is_empty()));
+        book.job_started(
+            key,
+            &shape.name,
+            crate::costs::Held::of(acq, whole),
+            project,
+            std::time::Instant::now(),
+        );
+    }
+
+    /// Job `key`'s charge ends now (its steps ended, or it lost its slot): what it cost, once;
+    /// the status board records it.
+    pub fn charge_ended(&self, key: &str) -> Option<slipway_cost::JobCost> {
+        let cost = self
+            .costs
+            .as_ref()?
+            .job_ended(key, std::time::Instant::now())?;
+        self.board.cost(key, cost.cost.amount, &cost.cost.currency);
+        Some(cost)
     }
 
     /// Reserve capacity for a job asking for `request` on the shape that fits it.
@@ -305,6 +400,7 @@ impl Runner {
 
     /// Free a reservation or acquisition.
     pub fn release(&self, key: &str) {
+        self.charge_ended(key);
         self.placement.release(key);
     }
 
@@ -324,6 +420,7 @@ impl Runner {
     /// Free acquisition `key` whose instance failed before its job's script started: the
     /// instance is removed and replaced, the job may reserve and acquire again.
     pub fn release_failed(&self, key: &str, why: &str) {
+        self.charge_ended(key);
         self.placement.release_failed(key, why);
     }
 
@@ -420,6 +517,51 @@ impl Runner {
         Ok(exec)
     }
 
+    /// After a restart: sweep the containers, volumes and slot networks the dead manager's
+    /// jobs left on the instances they ran on (an instance that takes no docker job again
+    /// would keep them until deleted, and the local plugin's instances share this host's
+    /// engine, which outlives them). Returns when done or on `stop`.
+    pub async fn sweep_after_restart(&self, stop: &CancellationToken) {
+        let docker = self.executor == Executor::DockerAutoscaler
+            || self.isolation.allowed.contains(&Isolation::Docker);
+        if self.local || !docker {
+            return;
+        }
+        for shape in self.placement.shapes() {
+            tokio::select! {
+                res = shape.scaler.restored() => if res.is_err() { return },
+                _ = stop.cancelled() => return,
+            }
+            let ids = shape.scaler.restored_failure_instances();
+            if ids.is_empty() {
+                continue;
+            }
+            let infos: HashMap<String, slipway_fleeting::ConnectInfo> = shape
+                .scaler
+                .instances()
+                .into_iter()
+                .filter_map(|i| Some((i.id, i.connect_info?)))
+                .collect();
+            for id in ids {
+                let Some(info) = infos.get(&id) else { continue };
+                let swept = async {
+                    let client = self.pool.client(info).await.map_err(|e| e.to_string())?;
+                    self.docker_executor(Some((&id, client)))
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                };
+                tokio::select! {
+                    res = swept => if let Err(e) = res {
+                        tracing::warn!(runner = %self.name, instance = %id,
+                            "sweeping what the last run's jobs left: {e}");
+                    },
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+
     /// Close connections, stop the taskscalers (deleting instances when configured), stop the
     /// plugins.
     pub async fn shutdown(&self) {
@@ -459,7 +601,18 @@ impl Runner {
             }
         }
         self.pool.close_all().await;
+        let sync = self
+            .cost_sync
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((stop, task)) = sync {
+            stop.cancel();
+            let _ = task.await;
+        }
         self.placement.shutdown().await;
+        // The last bills: instances deleted at shutdown are settled.
+        self.sync_costs();
         // The instances are gone (or idle, kept for the next run): so are their subtrees.
         if let Some(s) = &self.subtrees {
             s.remove_all().await;

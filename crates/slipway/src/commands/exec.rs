@@ -14,6 +14,7 @@ use slipway_config::RunnerConfig;
 use slipway_jobs::{Pipeline, PipelineStatus};
 use slipway_manager::limits::effective_concurrency;
 use slipway_manager::source::local::{self, Event, ExecOptions, JobRow};
+use slipway_status::format::money;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -138,9 +139,9 @@ async fn exec(
     let outcome = local::run(runner_cfg, &read, opts, printer.events(), stop).await;
     printer.stop().await;
     let outcome = outcome?;
-    print_summary(&outcome.rows);
+    print_summary(&outcome.rows, outcome.costs.as_ref());
     if let Some(path) = report {
-        let report = report_json(&outcome.rows, outcome.status);
+        let report = report_json(&outcome.rows, outcome.status, outcome.costs.as_ref());
         tokio::fs::write(path, format!("{report:#}\n"))
             .await
             .with_context(|| format!("writing the report {}", path.display()))?;
@@ -157,9 +158,24 @@ async fn exec(
 }
 
 /// The run as JSON, for tools: the pipeline's status and each job's row.
-fn report_json(rows: &[JobRow], status: PipelineStatus) -> serde_json::Value {
+fn report_json(
+    rows: &[JobRow],
+    status: PipelineStatus,
+    costs: Option<&slipway_status::model::RunnerCosts>,
+) -> serde_json::Value {
+    // Costs only where prices are set: without, they are unknown, not zero.
+    let total = costs.filter(|c| !c.currency.is_empty()).map(|c| {
+        serde_json::json!({
+            "currency": c.currency,
+            "billed": c.billed,
+            "jobs": c.jobs,
+            "overhead": c.overhead,
+            "unpriced_shapes": c.unpriced,
+        })
+    });
     serde_json::json!({
         "status": status.to_string(),
+        "cost": total,
         "jobs": rows.iter().map(|r| serde_json::json!({
             "name": r.name,
             "stage": r.stage,
@@ -169,6 +185,10 @@ fn report_json(rows: &[JobRow], status: PipelineStatus) -> serde_json::Value {
             "attempts": r.attempts,
             "exit_code": r.exit_code,
             "message": r.message,
+            "cost": r.cost.as_ref().map(|c| serde_json::json!({
+                "amount": c.amount,
+                "currency": c.currency,
+            })),
         })).collect::<Vec<_>>(),
     })
 }
@@ -322,11 +342,15 @@ fn write_stdout(bytes: &[u8]) {
     let _ = stdout.flush();
 }
 
-fn print_summary(rows: &[JobRow]) {
+fn print_summary(rows: &[JobRow], costs: Option<&slipway_status::model::RunnerCosts>) {
     let with_coverage = rows.iter().any(|r| r.coverage.is_some());
+    let priced = costs.is_some_and(|c| !c.currency.is_empty());
     let mut header = vec!["JOB", "STAGE", "STATUS", "DURATION", "INSTANCE", "SLOT"];
     if with_coverage {
         header.push("COVERAGE");
+    }
+    if priced {
+        header.push("COST");
     }
     let cells: Vec<Vec<String>> = rows
         .iter()
@@ -357,11 +381,34 @@ fn print_summary(rows: &[JobRow]) {
                         .unwrap_or_else(|| "-".into()),
                 );
             }
+            if priced {
+                row.push(
+                    r.cost
+                        .as_ref()
+                        .map(|c| money(c.amount, &c.currency))
+                        .unwrap_or_else(|| "unknown".into()),
+                );
+            }
             row
         })
         .collect();
     println!();
     print_table(&header, &cells);
+    if let Some(c) = costs.filter(|_| priced) {
+        println!(
+            "Cost: {} billed for instances · {} to jobs · {} overhead ({:.0}%)",
+            money(c.billed, &c.currency),
+            money(c.jobs, &c.currency),
+            money(c.overhead, &c.currency),
+            c.overhead_share() * 100.0
+        );
+    }
+    if let Some(c) = costs.filter(|c| !c.unpriced.is_empty() && !c.currency.is_empty()) {
+        println!(
+            "Cost unknown for shapes without price_per_hour: {}",
+            c.unpriced.join(", ")
+        );
+    }
 }
 
 /// A left-aligned table with a header row.

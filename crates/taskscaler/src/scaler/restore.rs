@@ -196,6 +196,10 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(plan.failed_jobs.iter().cloned());
+        self.restored_failure_instances
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(plan.failed_jobs.iter().map(|j| j.instance_id.clone()));
         work.restore.push(plan);
     }
 

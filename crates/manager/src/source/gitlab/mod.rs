@@ -903,6 +903,7 @@ async fn run_admitted(
         tracked,
         placement,
         slot,
+        cost,
         ..
     } = ran;
     // The slot is free while the artifacts travel: uploading is the manager's work.
@@ -916,6 +917,10 @@ async fn run_admitted(
         if let Some(cache) = source.cache.as_ref().filter(|_| distributed) {
             cache.save(&job, caches, &tracked, trace).await;
         }
+    }
+    // Last before the closing line, where prices are set; nowhere but the trace.
+    if let Some(cost) = &cost {
+        trace.message(&crate::costs::trace_line(cost));
     }
     outcome
 }

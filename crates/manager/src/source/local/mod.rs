@@ -101,6 +101,8 @@ pub struct JobRow {
     pub attempts: u32,
     /// The script's exit code, when it failed with one.
     pub exit_code: Option<i32>,
+    /// What its tries cost, when the runner has prices.
+    pub cost: Option<slipway_cost::Money>,
 }
 
 impl JobRow {
@@ -117,6 +119,7 @@ impl JobRow {
             coverage: None,
             attempts: 0,
             exit_code: None,
+            cost: None,
         }
     }
 }
@@ -154,6 +157,8 @@ pub struct Outcome {
     pub rows: Vec<JobRow>,
     /// The pipeline's status (what GitLab would show).
     pub status: PipelineStatus,
+    /// What the run's instances cost and what its jobs used (the runner on instances).
+    pub costs: Option<slipway_status::model::RunnerCosts>,
 }
 
 impl Outcome {
@@ -224,7 +229,11 @@ pub async fn run(
         concurrent: opts.concurrent,
     };
     let runner = tokio::select! {
-        r = Runner::start(runner_cfg, &start) => Arc::new(r?),
+        r = Runner::start(runner_cfg, &start) => {
+            let r = Arc::new(r?);
+            r.start_cost_sync();
+            r
+        }
         _ = stop.cancelled() => return Err(LocalError::Interrupted),
     };
 
@@ -239,6 +248,10 @@ pub async fn run(
     )
     .await;
     runner.shutdown().await;
+    let costs = runner
+        .costs
+        .as_ref()
+        .map(|c| c.status(std::time::Instant::now()));
     // Removing a directory tree is blocking I/O: keep it off the runtime's threads.
     match tokio::task::spawn_blocking(move || run_dir.close()).await {
         Ok(Ok(())) => {}
@@ -248,6 +261,7 @@ pub async fn run(
     Ok(Outcome {
         rows: result?,
         status: plan.status(),
+        costs,
     })
 }
 
@@ -633,6 +647,12 @@ impl JobTask {
         };
         // Nothing to report before the slot goes back: a local pipeline has no other record.
         drop(ran.slot);
+        if let Some(c) = ran.cost {
+            match &mut row.cost {
+                Some(total) => total.amount += c.cost.amount,
+                None => row.cost = Some(c.cost),
+            }
+        }
         if let Some((instance, slot)) = ran.placement {
             row.instance = instance;
             row.slot = Some(slot);
