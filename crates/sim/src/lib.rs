@@ -248,10 +248,21 @@ pub fn compare(trace: &Trace, seed: u64, opts: &SimOptions) -> Result<Report, Si
 /// `slipway sim`'s table for `trace`: [`mixed::compare_mixed`] for `mixed`, else
 /// [`run_named`].
 pub fn run_named_table(trace: &str, seed: u64, opts: &SimOptions) -> Result<String, SimError> {
+    run_named_table_priced(trace, seed, opts, &std::collections::HashMap::new())
+}
+
+/// [`run_named_table`] with the mixed trace's instance types priced as `prices` says (type
+/// name → price per hour, from config.toml's `price_per_hour`); the others keep the list's.
+pub fn run_named_table_priced(
+    trace: &str,
+    seed: u64,
+    opts: &SimOptions,
+    prices: &std::collections::HashMap<String, f64>,
+) -> Result<String, SimError> {
     if trace == "mixed" {
         let m = mixed::MixedOptions {
             sim: opts.clone(),
-            ..mixed::MixedOptions::default()
+            ways: mixed::Ways::default().with_prices(prices),
         };
         return Ok(mixed::compare_mixed(&trace::mixed(seed), seed, &m)?.table());
     }

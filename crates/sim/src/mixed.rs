@@ -811,6 +811,22 @@ pub struct Ways {
     pub slipway: Vec<ShapeSpec>,
 }
 
+impl Ways {
+    /// These ways with the instance types named in `prices` (type name → price per hour)
+    /// priced as given: what config.toml's `price_per_hour` says of them.
+    pub fn with_prices(mut self, prices: &std::collections::HashMap<String, f64>) -> Ways {
+        let reprice = |s: &mut ShapeSpec| {
+            if let Some(p) = prices.get(s.instance.name) {
+                s.instance.usd_per_hour = *p;
+            }
+        };
+        reprice(&mut self.one_shape);
+        self.tagged.iter_mut().for_each(reprice);
+        self.slipway.iter_mut().for_each(reprice);
+        self
+    }
+}
+
 fn shape(name: &str, capacity: u32) -> ShapeSpec {
     // Names from PRICE_LIST itself; a typo is a bug caught by the tests, not bad input.
     ShapeSpec::of(name, capacity).unwrap_or(ShapeSpec {

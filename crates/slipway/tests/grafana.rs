@@ -49,6 +49,9 @@ fn encoded_registry() -> String {
     jobs.started("r1");
     jobs.finished("r1", "failed", Some("script_failure"), true, 42.0);
     jobs.vm_started("r1", "ci-microvm", true);
+    jobs.job_cost("r1", "default", Some("group/app"), 0.01, "USD");
+    jobs.instance_settled("r1", "default", 0.05, 0.04, "USD");
+    jobs.set_cost_per_hour("r1", "default", 0.34, "USD");
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .unwrap_or_else(|e| panic!("encoding the registry: {e}"));

@@ -4,26 +4,25 @@ use std::time::Duration;
 
 use slipway_docker::Docker;
 
-use super::names::{RunNames, session};
+use super::names::{RunNames, Sweep};
 use super::network::SlotLease;
 use super::{CLEANUP_TIMEOUT, DockerExecutor, LABEL_CACHE, LABEL_RUN, LABEL_RUNNER, LABEL_SESSION};
 use crate::trace::Trace;
 
 impl DockerExecutor {
-    /// Remove the job containers and volumes of `runner` on this engine: those of another
-    /// session (a killed manager's, whose jobs were reported failed), or with `all`, this
-    /// session's too (at shutdown, when no job runs). Cache volumes are kept.
+    /// Remove the job containers and volumes of `runner` on this engine of the sessions
+    /// `sweep` names. Cache volumes are kept.
     pub async fn sweep_job_leftovers(
         docker: &Docker,
         runner: &str,
-        all: bool,
+        sweep: Sweep,
     ) -> slipway_docker::Result<usize> {
         let label = format!("{LABEL_RUNNER}={runner}");
         let stale = |labels: Option<&std::collections::HashMap<String, String>>| {
             labels.is_some_and(|l| {
                 l.contains_key(LABEL_RUN)
                     && !l.contains_key(LABEL_CACHE)
-                    && (all || l.get(LABEL_SESSION).map(String::as_str) != Some(session()))
+                    && sweep.removes(l.get(LABEL_SESSION).map(String::as_str))
             })
         };
         let mut removed = 0;

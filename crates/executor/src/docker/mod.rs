@@ -86,7 +86,7 @@ use crate::trace::Trace;
 
 pub use config::{DockerConfig, PullPolicy, ServiceConfig};
 pub use host::DockerHost;
-pub use names::session;
+pub use names::{Sweep, session};
 pub use services::service_aliases;
 pub use transport::{DIAL_STDIO_SPARES, dial_stdio_transport};
 

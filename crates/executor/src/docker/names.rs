@@ -13,7 +13,18 @@ pub(super) struct RunNames {
     runner: String,
 }
 
-/// This process's session id (its pid and start time), for [`LABEL_SESSION`].
+/// This machine's name, as sessions carry it.
+fn host() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default()
+    })
+}
+
+/// This process's session id (its host, pid and start time: `host:pid-start`), for
+/// [`LABEL_SESSION`].
 pub fn session() -> &'static str {
     static SESSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SESSION.get_or_init(|| {
@@ -21,8 +32,53 @@ pub fn session() -> &'static str {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        format!("{}-{nanos:x}", std::process::id())
+        format!("{}:{}-{nanos:x}", host(), std::process::id())
     })
+}
+
+/// Whether the manager of session `label` is gone: it ran on this machine (or its session
+/// names no machine, as older ones did) and its pid runs no more. A session of another
+/// machine is never judged gone: its manager may run there still.
+fn is_gone(label: &str) -> bool {
+    let (on, rest) = label.split_once(':').unwrap_or(("", label));
+    if !on.is_empty() && on != host() {
+        return false;
+    }
+    rest.split('-')
+        .next()
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// Which of a runner's sessions a sweep of an engine removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// Every session (at shutdown, when no job of this manager runs).
+    All,
+    /// Sessions of managers gone from this machine, and this process's when `ours`: what an
+    /// engine another manager of the runner may share (a rolling upgrade, the local plugin's
+    /// instances on one engine, a static pool) needs, as that manager's jobs must not be
+    /// touched. A session of another machine is left alone.
+    Dead {
+        /// This process's session too.
+        ours: bool,
+    },
+}
+
+impl Sweep {
+    /// Whether a resource labelled with `label` (its session) goes.
+    pub fn removes(self, label: Option<&str>) -> bool {
+        let mine = label == Some(session());
+        match self {
+            Sweep::All => true,
+            Sweep::Dead { ours } => {
+                if mine {
+                    return ours;
+                }
+                label.is_some_and(is_gone)
+            }
+        }
+    }
 }
 
 impl RunNames {
@@ -116,5 +172,27 @@ mod tests {
         let b = RunNames::new("r", 1);
         assert_ne!(a.prefix, b.prefix);
         assert!(a.network().starts_with("r-job1-"));
+    }
+
+    #[test]
+    fn sweeps_judge_sessions_by_machine_and_process() {
+        let me = session();
+        assert!(me.starts_with(&format!("{}:{}-", host(), std::process::id())));
+        // pid 1 runs; a pid beyond pid_max never does.
+        let live = format!("{}:1-abc", host());
+        let gone = format!("{}:4194305-abc", host());
+        let elsewhere = "another-machine:4194305-abc";
+        let old_gone = "4194305-abc";
+        let dead = Sweep::Dead { ours: false };
+        assert!(!dead.removes(Some(me)) && Sweep::Dead { ours: true }.removes(Some(me)));
+        assert!(!dead.removes(Some(&live)));
+        assert!(dead.removes(Some(&gone)));
+        assert!(
+            !dead.removes(Some(elsewhere)),
+            "another machine's manager may run"
+        );
+        assert!(dead.removes(Some(old_gone)));
+        assert!(!dead.removes(None));
+        assert!(Sweep::All.removes(Some(me)));
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use slipway_docker::{Docker, NetworkSpec};
 
-use super::names::{RunNames, session};
+use super::names::{RunNames, Sweep, session};
 use super::prepare::Plan;
 use super::{DockerExecutor, DockerExecutorError, LABEL_RUNNER, LABEL_SESSION, LABEL_SLOT_NETWORK};
 
@@ -120,20 +120,19 @@ impl DockerExecutor {
         }
     }
 
-    /// Remove the slot networks of `runner` another session left (a killed manager's), or with
-    /// `all` this session's too (at shutdown, when no job runs). This session's are kept
-    /// otherwise: instances may share an engine (the local plugin's do), and a job on one of
-    /// them may be about to start in its network.
+    /// Remove the slot networks of `runner` of the sessions `sweep` names. This session's are
+    /// kept but at shutdown: instances may share an engine (the local plugin's do), and a job
+    /// on one of them may be about to start in its network.
     pub async fn sweep_slot_networks(
         docker: &Docker,
         runner: &str,
-        all: bool,
+        sweep: Sweep,
     ) -> slipway_docker::Result<()> {
         let label = format!("{LABEL_RUNNER}={runner}");
         for n in docker.list_networks(Some(&label)).await? {
             let ours = n.labels.as_ref().is_some_and(|l| {
                 l.contains_key(LABEL_SLOT_NETWORK)
-                    && (all || l.get(LABEL_SESSION).map(String::as_str) != Some(session()))
+                    && sweep.removes(l.get(LABEL_SESSION).map(String::as_str))
             });
             if ours {
                 match docker.remove_network(&n.id).await {

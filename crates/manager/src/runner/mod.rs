@@ -18,7 +18,7 @@ use std::time::Duration;
 use slipway_config::{Executor, RunnerConfig};
 use slipway_connector::{Client, DialOptions};
 use slipway_executor::cgroup::SlotCgroups;
-use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError};
+use slipway_executor::docker::{DockerConfig, DockerExecutor, DockerExecutorError, Sweep};
 use slipway_executor::{CustomConfig, Isolation, IsolationPolicy, NestingConfig};
 use slipway_fleeting::PluginHost;
 use slipway_status::{JobBoard, JobMetrics};
@@ -501,7 +501,10 @@ impl Runner {
         };
         exec.runner_name = self.name.clone();
         exec.cache_dir = Some(self.container_cache_dir.clone());
-        match DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, false).await {
+        // A killed manager's leftovers (its jobs were reported failed); not those of another
+        // live manager sharing the engine.
+        let dead = Sweep::Dead { ours: false };
+        match DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, dead).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(runner = %self.name, engine = key, removed = n,
                 "removed containers and volumes an earlier run's jobs left"),
@@ -509,12 +512,42 @@ impl Runner {
                 tracing::warn!(runner = %self.name, engine = key, "sweeping an earlier run's containers: {e}")
             }
         }
-        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, false).await
-        {
+        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, dead).await {
             tracing::warn!(runner = %self.name, engine = key, "sweeping old slot networks: {e}");
         }
         cache.insert(key.to_string(), exec.clone());
         Ok(exec)
+    }
+
+    /// Whether jobs of this runner may run in containers on its instances' engines.
+    fn runs_docker_on_instances(&self) -> bool {
+        !self.local
+            && (self.executor == Executor::DockerAutoscaler
+                || self.isolation.allowed.contains(&Isolation::Docker))
+    }
+
+    /// Sweep this runner's containers, volumes and slot networks of the sessions `sweep`
+    /// names off this machine's engine, when one answers at once.
+    async fn sweep_local_engine(&self, sweep: Sweep) {
+        let Ok(exec) = DockerExecutor::connect_local(self.docker.clone()).await else {
+            return;
+        };
+        if !matches!(
+            tokio::time::timeout(ENGINE_PING_TIMEOUT, exec.docker().ping()).await,
+            Ok(Ok(()))
+        ) {
+            return;
+        }
+        match DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, sweep).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(runner = %self.name, removed = n,
+                "removed containers and volumes jobs of a stopped manager left on this machine's engine"),
+            Err(e) => tracing::warn!(runner = %self.name, "sweeping this machine's engine: {e}"),
+        }
+        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, sweep).await
+        {
+            tracing::warn!(runner = %self.name, "sweeping slot networks off this machine's engine: {e}");
+        }
     }
 
     /// After a restart: sweep the containers, volumes and slot networks the dead manager's
@@ -522,10 +555,14 @@ impl Runner {
     /// would keep them until deleted, and the local plugin's instances share this host's
     /// engine, which outlives them). Returns when done or on `stop`.
     pub async fn sweep_after_restart(&self, stop: &CancellationToken) {
-        let docker = self.executor == Executor::DockerAutoscaler
-            || self.isolation.allowed.contains(&Isolation::Docker);
-        if self.local || !docker {
+        if !self.runs_docker_on_instances() {
             return;
+        }
+        // The local plugin's instances (and any on this machine) share its engine, which
+        // outlives them: swept whole, as no instance may answer.
+        tokio::select! {
+            () = self.sweep_local_engine(Sweep::Dead { ours: false }) => {}
+            _ = stop.cancelled() => return,
         }
         for shape in self.placement.shapes() {
             tokio::select! {
@@ -545,11 +582,15 @@ impl Runner {
             for id in ids {
                 let Some(info) = infos.get(&id) else { continue };
                 let swept = async {
-                    let client = self.pool.client(info).await.map_err(|e| e.to_string())?;
+                    let client = self
+                        .pool
+                        .client(info)
+                        .await
+                        .map_err(|e| crate::chain::Chain(&e).to_string())?;
                     self.docker_executor(Some((&id, client)))
                         .await
                         .map(drop)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| crate::chain::Chain(&e).to_string())
                 };
                 tokio::select! {
                     res = swept => if let Err(e) = res {
@@ -585,20 +626,23 @@ impl Runner {
             // Every job has ended: what a job whose cleanup failed (its instance's connection
             // lost, say) left on a still reachable engine goes now.
             if let Err(e) =
-                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, true).await
+                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, ENDING).await
             {
                 tracing::warn!(runner = %self.name, engine = %engine, "removing jobs' leftovers: {e}");
             }
             // Slot networks of executors whose instance is gone, on an engine they shared
             // with this one (the local plugin's instances share this host's).
             if let Err(e) =
-                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, true).await
+                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, ENDING).await
             {
                 tracing::warn!(runner = %self.name, engine = %engine, "removing old slot networks: {e}");
             }
             if let Err(e) = exec.shutdown().await {
                 tracing::warn!(runner = %self.name, engine = %engine, "removing slot networks: {e}");
             }
+        }
+        if self.runs_docker_on_instances() {
+            self.sweep_local_engine(ENDING).await;
         }
         self.pool.close_all().await;
         let sync = self
@@ -628,6 +672,10 @@ impl Runner {
 
 /// How long a shutdown waits for a Docker Engine to answer before cleaning it.
 const ENGINE_PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a stopping manager sweeps off an engine: its own jobs' leftovers and those of managers
+/// gone, never another live manager's.
+const ENDING: Sweep = Sweep::Dead { ours: true };
 
 /// The runner's job board, writing the process's job metrics.
 fn board_of(cfg: &RunnerConfig, opts: &StartOptions) -> Arc<JobBoard> {
