@@ -644,3 +644,50 @@ async fn a_broken_dependency_is_tried_artifact_download_attempts_times() {
     assert!(left.is_empty(), "left in {}: {left:?}", scratch.display());
     common::stop_manager(&w, child.take().unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priced_runner_closes_each_trace_with_the_jobs_cost() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let mut payload = job_payload_with_vars(
+        "priced",
+        &["echo working", "sleep 1"],
+        &[("GIT_STRATEGY", "none")],
+    );
+    payload["job_info"]["project_full_path"] = json!("group/app");
+    let id = gl.enqueue(payload);
+    let cfg = instance_config(&w, &gl, "");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "    plugin = \"local\"\n",
+        "    plugin = \"local\"\n    price_per_hour = \"0.36 EUR\"\n",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let mut child = Some(common::start_manager(&w, &cfg));
+    finished(&gl, id, "success", &w, &mut child).await;
+    let trace = gl.job(id).unwrap().trace_text();
+    let lines: Vec<&str> = trace.lines().map(str::trim).collect();
+    let last = lines
+        .iter()
+        .rposition(|l| l.contains("Job succeeded"))
+        .unwrap_or_else(|| panic!("no closing line:\n{trace}"));
+    let cost = lines[..last]
+        .iter()
+        .rev()
+        .find(|l| !l.is_empty())
+        .copied()
+        .unwrap_or_default();
+    // Half the instance (one slot of two) for at least its second of sleep, at 0.0001 EUR/s.
+    assert!(
+        cost.contains("Job cost: 0.0") && cost.contains(" EUR (50% of a default instance for "),
+        "the line before the closing one: {cost:?}\n{trace}"
+    );
+    let amount: f64 = cost
+        .split("Job cost: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{cost:?}"));
+    assert!((0.00005..0.01).contains(&amount), "{cost:?}");
+    assert_eq!(trace.matches("Job cost:").count(), 1, "{trace}");
+    common::stop_manager(&w, child.take().unwrap());
+}
