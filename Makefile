@@ -14,7 +14,7 @@ demo:
 
 ## The VM levels: examples/vm-pipeline.yml with a local nesting daemon (QEMU; KVM when it works).
 demo-vm:
-	@scripts/deps.sh demo
+	@scripts/deps.sh demo-vm
 	$(CARGO) build $(DEMO_PKGS) --bins
 	scripts/demo-vm.sh
 
@@ -43,6 +43,7 @@ bench:
 	$(CARGO) build --release --workspace --bins
 	$(CARGO) bench -p slipway --bench dispatch
 	$(CARGO) bench -p slipway --bench status
+	$(CARGO) bench -p slipway --bench cost
 
 ## Instance start-up per fleeting plugin (local, static, aws on moto, qemu beside a bare boot).
 bench-plugins:

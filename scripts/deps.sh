@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Installs what Slipway's demo (`deps.sh demo`) or test suite (`deps.sh test`) needs on Debian,
-# or says exactly what is missing when not run as root.
+# Installs what Slipway's demo (`deps.sh demo`), VM demo (`deps.sh demo-vm`) or test suite
+# (`deps.sh test`) needs on Debian, or says exactly what is missing when not run as root.
 set -euo pipefail
 what=${1:-test}
+case "$what" in
+  demo | demo-vm | test) ;;
+  *) echo "deps: unknown set \"$what\": expected demo, demo-vm or test" >&2; exit 2 ;;
+esac
 
 missing=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
@@ -32,7 +36,7 @@ fi
 
 # microvm / vm isolation: QEMU, the guest kernel and the image tools (`slipway image build`).
 vm_missing=()
-if [ "$what" = test ]; then
+if [ "$what" = test ] || [ "$what" = demo-vm ]; then
   have qemu-system-x86_64 || vm_missing+=(qemu-system-x86)
   have qemu-img || vm_missing+=(qemu-utils)
   # The guest needs a static busybox (no libc in its initramfs).
