@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{exec, plugin_check, queue, register, run, sim, status, verify_config, vm};
+use crate::commands::{
+    exec, plugin_check, queue, register, run, runners, sim, status, verify_config, vm,
+};
 
 /// `slipway`'s arguments.
 #[derive(Debug, Parser)]
@@ -57,6 +59,16 @@ pub enum Command {
     /// Either `--token glrt-…` (a runner created in GitLab's UI) or the legacy
     /// `--registration-token`. The file is created if absent, written with mode 0600.
     Register(register::Args),
+    /// List the runners config.toml names: name, executor, URL, token (short form).
+    List(runners::ListArgs),
+    /// Remove a runner (`--name`) or every runner (`--all`) from GitLab and from config.toml.
+    ///
+    /// A runner created in GitLab's UI (glrt- token) loses this manager; delete the runner in
+    /// the UI. One registered with a registration token is deleted.
+    Unregister(runners::UnregisterArgs),
+    /// Check each runner's token with GitLab; `--delete` removes the runners GitLab no longer
+    /// knows from config.toml.
+    Verify(runners::VerifyArgs),
     /// The nesting daemon (one VM per slot on an instance) and calls to it.
     Nesting(vm::NestingArgs),
     /// Guest images for the microvm and vm isolation levels.

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 use cli::{Cli, Command};
-use commands::{exec, plugin_check, queue, register, run, sim, status, verify_config, vm};
+use commands::{exec, plugin_check, queue, register, run, runners, sim, status, verify_config, vm};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -70,6 +70,9 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
         Command::Sim(args) => Ok(sim::run(&args)),
         Command::VerifyConfig(args) => verify_config::run(args).await,
         Command::Register(args) => register::run(args).await,
+        Command::List(args) => runners::list(args).await,
+        Command::Unregister(args) => runners::unregister(args).await,
+        Command::Verify(args) => runners::verify(args).await,
         Command::Nesting(args) => vm::nesting(args).await,
         Command::Image(args) => vm::image(args).await,
         Command::Debug(args) => vm::debug_command(args).await,

@@ -186,7 +186,10 @@ async fn runner_registration_and_verify() {
     .await;
     assert_eq!(reg.status, 201);
     let new_token = reg.json()["token"].as_str().unwrap().to_owned();
-    assert!(new_token.starts_with("glrt-"));
+    assert!(
+        !new_token.starts_with("glrt-"),
+        "a registered runner's token has no prefix"
+    );
     assert_ne!(new_token, gl.runner_token());
     let v = post_json(&gl, "/api/v4/runners/verify", json!({"token": new_token})).await;
     assert_eq!(v.status, 200);
@@ -204,6 +207,9 @@ async fn runner_registration_and_verify() {
     .await
     .unwrap();
     assert_eq!(del.status, 204);
+    // A deleted runner's token is refused from then on.
+    let gone = post_json(&gl, "/api/v4/runners/verify", json!({"token": new_token})).await;
+    assert_eq!(gone.status, 403);
 }
 
 #[tokio::test]

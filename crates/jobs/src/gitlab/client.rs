@@ -500,6 +500,30 @@ impl GitlabClient {
             _ => Err(resp.unexpected(endpoint(&Method::DELETE, path), &[token.expose()])),
         }
     }
+
+    /// `DELETE /api/v4/runners/managers`: removes this `system_id` from a runner created in
+    /// GitLab's UI (the runner itself is deleted there).
+    pub async fn unregister_manager(
+        &self,
+        token: &Secret,
+        system_id: &SystemId,
+    ) -> Result<(), GitlabError> {
+        let path = "runners/managers";
+        let body = serde_json::json!({ "token": token.expose(), "system_id": system_id.as_str() });
+        let resp = self
+            .call_json(
+                Method::DELETE,
+                path,
+                &[],
+                &body,
+                self.config.request_timeout,
+            )
+            .await?;
+        match resp.status.as_u16() {
+            200 | 204 => Ok(()),
+            _ => Err(resp.unexpected(endpoint(&Method::DELETE, path), &[token.expose()])),
+        }
+    }
 }
 
 /// `METHOD /api/v4/path` (paths never contain tokens).

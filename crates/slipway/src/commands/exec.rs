@@ -412,7 +412,7 @@ fn print_summary(rows: &[JobRow], costs: Option<&slipway_status::model::RunnerCo
 }
 
 /// A left-aligned table with a header row.
-fn print_table<R: AsRef<[String]>>(header: &[&str], rows: &[R]) {
+pub(crate) fn print_table<R: AsRef<[String]>>(header: &[&str], rows: &[R]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, c) in widths.iter_mut().zip(row.as_ref()) {

@@ -5,6 +5,7 @@ pub mod plugin_check;
 pub mod queue;
 pub mod register;
 pub mod run;
+pub mod runners;
 pub mod signals;
 pub mod sim;
 pub mod status;

@@ -31,13 +31,21 @@ pub(super) fn route(st: &mut State, req: &Req) -> Resp {
     match (req.method.as_str(), segs.as_slice()) {
         ("POST", ["runners", "verify"]) => verify(st, req),
         ("POST", ["runners"]) => register(st, req),
-        ("DELETE", ["runners"] | ["runners", "managers"]) => {
+        ("DELETE", ["runners", "managers"]) => {
             if runner_id(st, req).is_some() {
                 reply(204, &[], "")
             } else {
                 reply(403, &[], "403 Forbidden")
             }
         }
+        // The runner is gone: its token is refused from now on.
+        ("DELETE", ["runners"]) => match runner_id(st, req) {
+            Some(id) => {
+                st.runners.retain(|(_, r)| *r != id);
+                reply(204, &[], "")
+            }
+            None => reply(403, &[], "403 Forbidden"),
+        },
         ("POST", ["jobs", "request"]) => request_job(st, req),
         (method, ["jobs", id, tail @ ..]) => {
             let Ok(id) = id.parse::<u64>() else {
@@ -89,7 +97,9 @@ pub(super) fn register(st: &mut State, req: &Req) -> Resp {
     }
     let id = st.next_runner_id;
     st.next_runner_id += 1;
-    let token = format!("glrt-t1_fAkEnEwToKeN{id:06}");
+    // GitLab prefixes only the tokens of runners created in its UI (`glrt-`); those of runners
+    // registered with a registration token have none, and GitLab Runner tells them apart so.
+    let token = format!("t1_fAkEnEwToKeN{id:06}");
     st.runners.push((token.clone(), id));
     json_reply(
         201,
