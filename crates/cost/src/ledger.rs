@@ -174,16 +174,20 @@ impl Ledger {
         );
     }
 
-    /// Instance `id` is gone at `at`: its bill is final (returned when its shape is priced).
-    /// Jobs still open on it end then.
-    pub fn instance_gone(&mut self, id: &str, at: Instant) -> Option<Settled> {
-        let open: Vec<String> = self
-            .jobs
+    /// The jobs open on instance `id`.
+    pub fn jobs_on(&self, id: &str) -> Vec<String> {
+        self.jobs
             .iter()
             .filter(|(_, j)| j.instance == id)
             .map(|(k, _)| k.clone())
-            .collect();
-        for key in open {
+            .collect()
+    }
+
+    /// Instance `id` is gone at `at`: its bill is final (returned when its shape is priced).
+    /// Jobs still open on it end then (end them with [`Ledger::job_ended`] first to learn
+    /// what they cost).
+    pub fn instance_gone(&mut self, id: &str, at: Instant) -> Option<Settled> {
+        for key in self.jobs_on(id) {
             self.job_ended(&key, at);
         }
         let inst = self.live.remove(id)?;
@@ -218,6 +222,10 @@ impl Ledger {
     }
 
     /// Job `key` holds `share` of instance `id` from `at`, for `project` when the source knows it.
+    ///
+    /// Shares are the larger of CPU and memory fractions, so jobs packed on one instance may
+    /// ask for more than all of it (3 CPUs of 4 and 12 GiB of 16 beside each other): a job is
+    /// charged at most what the instance has left, and jobs never pay more than its bill.
     pub fn job_started(
         &mut self,
         key: &str,
@@ -226,11 +234,18 @@ impl Ledger {
         project: Option<&str>,
         at: Instant,
     ) {
+        self.jobs.remove(key);
+        let taken: f64 = self
+            .jobs
+            .values()
+            .filter(|j| j.instance == id)
+            .map(|j| j.share)
+            .sum();
         self.jobs.insert(
             key.to_owned(),
             OpenJob {
                 instance: id.to_owned(),
-                share: share.clamp(0.0, 1.0),
+                share: share.min(1.0 - taken).clamp(0.0, 1.0),
                 since: at,
                 project: project.map(str::to_owned),
             },
@@ -379,6 +394,22 @@ mod tests {
         assert!(l.instance_gone("u", t0 + secs(200)).is_none());
         assert!(l.instance_gone("i", t0 + secs(300)).is_none());
         assert_eq!(l.live_of("s"), vec!["k".to_string()]);
+    }
+
+    #[test]
+    fn packed_jobs_never_pay_more_than_the_instance() {
+        let mut l = Ledger::new([("s".to_string(), usd(3.6))], secs(0));
+        let t0 = Instant::now();
+        l.instance_started("i", "s", t0);
+        // 3 CPUs of 4 and 2 GiB of 16 (0.75), beside 1 CPU and 12 GiB (0.75): the second gets
+        // what is left.
+        l.job_started("a", "i", 0.75, None, t0);
+        l.job_started("b", "i", 0.75, None, t0);
+        let b = l.job_ended("b", t0 + secs(100)).unwrap();
+        assert!(close(b.share, 0.25), "{b:?}");
+        l.job_ended("a", t0 + secs(100)).unwrap();
+        let settled = l.instance_gone("i", t0 + secs(100)).unwrap();
+        assert!(close(settled.overhead.amount, 0.0), "{settled:?}");
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub struct CostBook {
     runner: String,
     terms: HashMap<String, ShapeTerms>,
     ledger: Mutex<Ledger>,
+    /// What each job's charges came to so far (a job tried again on another instance is
+    /// charged per try), until its source takes it.
+    totals: Mutex<HashMap<String, JobCost>>,
     metrics: JobMetrics,
     /// Whether any shape has a price (else nothing is tracked).
     tracking: bool,
@@ -82,6 +85,7 @@ impl CostBook {
             runner: runner.to_string(),
             terms: shapes.into_iter().map(|s| (s.shape.clone(), s)).collect(),
             ledger: Mutex::new(ledger),
+            totals: Mutex::new(HashMap::new()),
             metrics,
             tracking,
         }
@@ -103,6 +107,7 @@ impl CostBook {
             return;
         }
         let mut settled = Vec::new();
+        let mut cut = Vec::new();
         let per_hour = {
             let mut l = self.lock();
             for i in listed {
@@ -112,11 +117,18 @@ impl CostBook {
             }
             for id in l.live_of(shape) {
                 if !listed.iter().any(|i| i.id == id) {
+                    // Jobs still on it (its instance vanished under them) end with it.
+                    for key in l.jobs_on(&id) {
+                        cut.extend(l.job_ended(&key, now).map(|c| (key, c)));
+                    }
                     settled.extend(l.instance_gone(&id, now));
                 }
             }
             l.costs(now).shapes.get(shape).map(|s| s.per_hour)
         };
+        for (key, cost) in cut {
+            self.record(&key, cost);
+        }
         for s in settled {
             self.metrics.instance_settled(
                 &self.runner,
@@ -168,6 +180,12 @@ impl CostBook {
             return None;
         }
         let cost = self.lock().job_ended(key, now)?;
+        self.record(key, cost.clone());
+        Some(cost)
+    }
+
+    /// Count a charge that ended: in the metrics and in its job's total.
+    fn record(&self, key: &str, cost: JobCost) {
         self.metrics.job_cost(
             &self.runner,
             &cost.shape,
@@ -175,11 +193,32 @@ impl CostBook {
             cost.cost.amount,
             &cost.cost.currency,
         );
-        Some(cost)
+        let mut totals = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        match totals.get_mut(key) {
+            Some(t) => {
+                t.cost.amount += cost.cost.amount;
+                t.held += cost.held;
+                t.share = cost.share;
+                t.shape = cost.shape;
+            }
+            None => {
+                totals.insert(key.to_string(), cost);
+            }
+        }
     }
 
-    /// The runner's costs up to `now`, as the status page shows them.
-    pub fn status(&self, now: Instant) -> RunnerCosts {
+    /// What job `key`'s charges came to (every try), once: its charge ends now if it runs.
+    pub fn take_total(&self, key: &str, now: Instant) -> Option<JobCost> {
+        self.job_ended(key, now);
+        self.totals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    }
+
+    /// The runner's costs up to `now`, as the status page shows them; `None` without a
+    /// price (nothing is tracked).
+    pub fn status(&self, now: Instant) -> Option<RunnerCosts> {
         let mut unpriced: Vec<String> = self
             .terms
             .values()
@@ -192,7 +231,7 @@ impl CostBook {
             ..RunnerCosts::default()
         };
         if !self.tracking {
-            return out;
+            return None;
         }
         let costs = self.lock().costs(now);
         if let Some((billed, jobs, overhead, currency)) = costs.total() {
@@ -207,7 +246,7 @@ impl CostBook {
                 .map(|s| s.per_hour)
                 .sum();
         }
-        out
+        Some(out)
     }
 
     /// Jobs' costs by project so far (ended jobs), at most [`slipway_cost::ledger::MAX_PROJECTS`]
@@ -297,13 +336,27 @@ mod tests {
         // Half the CPUs for 100 s at 0.001 per second.
         assert!((cost.cost.amount - 0.05).abs() < 1e-9, "{cost:?}");
         assert!(book.job_ended("job-1", t0).is_none(), "charged once");
+        let total = book
+            .take_total("job-1", t0)
+            .unwrap_or_else(|| panic!("a total"));
+        assert_eq!(total, cost);
+        assert!(book.take_total("job-1", t0).is_none(), "taken once");
         assert_eq!(
             trace_line(&cost),
             "Job cost: 0.0500 USD (50% of a big instance for 1m40s)"
         );
+        // A job the instance vanished under is charged to its end and counted.
+        book.job_started("job-2", "big", held, None, t0 + Duration::from_secs(150));
         book.instances_seen("big", &[], t0 + Duration::from_secs(190));
-        let s = book.status(t0 + Duration::from_secs(200));
+        let cut = book
+            .take_total("job-2", t0 + Duration::from_secs(300))
+            .unwrap_or_else(|| panic!("the cut job's cost"));
+        assert!((cut.cost.amount - 0.02).abs() < 1e-9, "{cut:?}");
+        let s = book
+            .status(t0 + Duration::from_secs(200))
+            .unwrap_or_else(|| panic!("a priced runner has costs"));
         assert!((s.billed - 0.2).abs() < 1e-9, "{s:?}");
+        assert!((s.jobs - 0.07).abs() < 1e-9, "{s:?}");
         assert!((s.jobs + s.overhead - s.billed).abs() < 1e-9, "{s:?}");
         assert_eq!(s.unpriced, vec!["gpu".to_string()]);
         assert!((book.projects(t0)["group/app"] - 0.05).abs() < 1e-9);
@@ -331,9 +384,6 @@ mod tests {
         assert!(!book.is_tracking());
         let t0 = Instant::now();
         book.instances_seen("default", &[listed("i-1", Duration::ZERO)], t0);
-        let s = book.status(t0);
-        assert_eq!(s.unpriced, vec!["default".to_string()]);
-        assert_eq!(s.billed, 0.0);
-        assert!(s.currency.is_empty());
+        assert_eq!(book.status(t0), None, "nothing shown: costs are opt-in");
     }
 }

@@ -389,7 +389,7 @@ fn runner_status(
         pending,
         recent: r.board.recent(),
         vm_starts: r.board.vm_starts(),
-        costs: r.costs.map(|c| c.status(std::time::Instant::now())),
+        costs: r.costs.and_then(|c| c.status(std::time::Instant::now())),
     }
 }
 

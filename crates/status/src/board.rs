@@ -156,10 +156,13 @@ impl JobBoard {
         self.metrics.started(&self.runner);
     }
 
-    /// Job `key` cost `amount` in `currency` (its charge ended with its steps).
+    /// Job `key` was charged `amount` in `currency` (a try's charge ended): added to its cost.
     pub fn cost(&self, key: &str, amount: f64, currency: &str) {
         if let Some(t) = self.lock().jobs.get_mut(key) {
-            t.cost = Some((amount, currency.to_string()));
+            match &mut t.cost {
+                Some((sum, _)) => *sum += amount,
+                None => t.cost = Some((amount, currency.to_string())),
+            }
         }
     }
 

@@ -37,17 +37,46 @@ pub fn session() -> &'static str {
 }
 
 /// Whether the manager of session `label` is gone: it ran on this machine (or its session
-/// names no machine, as older ones did) and its pid runs no more. A session of another
-/// machine is never judged gone: its manager may run there still.
+/// names no machine, as older ones did) and its pid runs no more, or runs a process started
+/// after the session began (the pid was reused: a restarted manager in a container is pid 1
+/// again). A session of another machine is never judged gone: its manager may run there still.
 fn is_gone(label: &str) -> bool {
     let (on, rest) = label.split_once(':').unwrap_or(("", label));
     if !on.is_empty() && on != host() {
         return false;
     }
-    rest.split('-')
-        .next()
-        .and_then(|p| p.parse::<u32>().ok())
-        .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    let Some((pid, began)) = rest.split_once('-') else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    match started_at_s(pid) {
+        None => true,
+        // A session begins after its process: one started later holds a reused pid.
+        Some(started) => {
+            u128::from_str_radix(began, 16).is_ok_and(|ns| started > ns as f64 / 1e9 + 2.0)
+        }
+    }
+}
+
+/// When process `pid` started, in seconds since the epoch; `None` when it does not run.
+fn started_at_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime, clock ticks since boot), counted after the command's ")".
+    let ticks: f64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let boot: f64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())?;
+    // USER_HZ is 100 on every architecture Slipway builds for.
+    Some(boot + ticks / 100.0)
 }
 
 /// Which of a runner's sessions a sweep of an engine removes.
@@ -72,10 +101,12 @@ impl Sweep {
         match self {
             Sweep::All => true,
             Sweep::Dead { ours } => {
-                if mine {
-                    return ours;
+                match label {
+                    _ if mine => ours,
+                    // Unlabelled: an older version's, removed when this manager is done.
+                    None => ours,
+                    Some(l) => is_gone(l),
                 }
-                label.is_some_and(is_gone)
             }
         }
     }
@@ -178,9 +209,16 @@ mod tests {
     fn sweeps_judge_sessions_by_machine_and_process() {
         let me = session();
         assert!(me.starts_with(&format!("{}:{}-", host(), std::process::id())));
-        // pid 1 runs; a pid beyond pid_max never does.
-        let live = format!("{}:1-abc", host());
+        // pid 1 runs, started before this session; a pid beyond pid_max never runs; this
+        // process under a session older than itself is a reused pid.
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let live = format!("{}:1-{now_ns:x}", host());
         let gone = format!("{}:4194305-abc", host());
+        let reused = format!("{}:{}-1", host(), std::process::id());
+        assert!(Sweep::Dead { ours: false }.removes(Some(&reused)));
         let elsewhere = "another-machine:4194305-abc";
         let old_gone = "4194305-abc";
         let dead = Sweep::Dead { ours: false };
@@ -192,7 +230,7 @@ mod tests {
             "another machine's manager may run"
         );
         assert!(dead.removes(Some(old_gone)));
-        assert!(!dead.removes(None));
+        assert!(!dead.removes(None) && Sweep::Dead { ours: true }.removes(None));
         assert!(Sweep::All.removes(Some(me)));
     }
 }

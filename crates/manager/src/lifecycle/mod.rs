@@ -261,7 +261,7 @@ impl Life<'_> {
             tracked: Arc::default(),
             placement: placement.map(|a| (a.instance_id.clone(), a.slot)),
             duration: Duration::ZERO,
-            cost: placement.and_then(|_| runner.charge_ended(key)),
+            cost: runner.charge_total(key),
             slot: placement.map(held),
         };
         // Recorded only for a job whose steps are next.
@@ -381,7 +381,10 @@ impl Life<'_> {
                 }
                 // No working slot came of it: to its source the job never got one (a queue
                 // gives a job the manager's stop caught here back to its queue).
-                Err(no) => return Err(no),
+                Err(no) => {
+                    runner.charge_total(key);
+                    return Err(no);
+                }
             }
         };
         let tracked = match &inputs.sources {
@@ -395,7 +398,7 @@ impl Life<'_> {
         Ok(Ran {
             placement: acq.as_ref().map(|a| (a.instance_id.clone(), a.slot)),
             duration: acquired_at.elapsed(),
-            cost: acq.as_ref().and_then(|_| runner.charge_ended(key)),
+            cost: runner.charge_total(key),
             slot: acq.as_ref().map(held),
             job,
             outcome,

@@ -369,6 +369,14 @@ impl Runner {
         Some(cost)
     }
 
+    /// What job `key` cost over every try, once (its charge ends now if it still runs).
+    pub fn charge_total(&self, key: &str) -> Option<slipway_cost::JobCost> {
+        self.charge_ended(key);
+        self.costs
+            .as_ref()?
+            .take_total(key, std::time::Instant::now())
+    }
+
     /// Reserve capacity for a job asking for `request` on the shape that fits it.
     pub fn reserve(&self, key: &str, request: &Resources) -> Result<(), TsError> {
         self.placement.reserve(key, request)
@@ -591,6 +599,13 @@ impl Runner {
                         .await
                         .map(drop)
                         .map_err(|e| crate::chain::Chain(&e).to_string())
+                };
+                // Bounded: the executors' lock is held while an engine is reached, and an
+                // instance on its way out must not hold up new docker jobs.
+                let swept = async {
+                    tokio::time::timeout(ENGINE_PING_TIMEOUT, swept)
+                        .await
+                        .unwrap_or_else(|_| Err("no answer in time".into()))
                 };
                 tokio::select! {
                     res = swept => if let Err(e) = res {

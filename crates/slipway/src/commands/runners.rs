@@ -123,14 +123,18 @@ pub async fn unregister(args: UnregisterArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        removed.push(r.name.clone());
+        removed.push((r.name.clone(), r.token.trim().to_string()));
     }
     if !removed.is_empty() {
         remove_runners(&args.config, &removed).await?;
         println!(
             "Removed from {}: {}",
             args.config.display(),
-            removed.join(", ")
+            removed
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(if failed {
@@ -152,7 +156,7 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             Ok(_) => println!("Verifying runner... is valid runner={}", r.name),
             Err(GitlabError::Forbidden { .. }) => {
                 println!("Verifying runner... is removed runner={}", r.name);
-                dead.push(r.name.clone());
+                dead.push((r.name.clone(), r.token.trim().to_string()));
             }
             Err(e) => {
                 eprintln!("error: verifying runner {}: {e}", r.name);
@@ -166,7 +170,10 @@ pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             println!(
                 "Removed from {}: {}",
                 args.config.display(),
-                dead.join(", ")
+                dead.iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         } else {
             println!(
@@ -221,8 +228,9 @@ async fn unregister_one(r: &RunnerConfig, config: &Path) -> anyhow::Result<&'sta
     }
 }
 
-/// Remove the `[[runners]]` entries named `names` from `path`, keeping the rest as written.
-async fn remove_runners(path: &Path, names: &[String]) -> anyhow::Result<()> {
+/// Remove the `[[runners]]` entries with these (name, token) pairs from `path`, keeping the
+/// rest as written: names may repeat (the default is the host name), tokens tell them apart.
+async fn remove_runners(path: &Path, gone: &[(String, String)]) -> anyhow::Result<()> {
     let text = tokio::fs::read_to_string(path)
         .await
         .with_context(|| format!("reading {}", path.display()))?;
@@ -235,10 +243,16 @@ async fn remove_runners(path: &Path, names: &[String]) -> anyhow::Result<()> {
     else {
         bail!("{}: [[runners]] is not an array of tables", path.display());
     };
-    runners.retain(|t| {
-        t.get("name")
+    let field = |t: &toml_edit::Table, key: &str| {
+        t.get(key)
             .and_then(toml_edit::Item::as_str)
-            .is_none_or(|n| !names.iter().any(|x| x == n))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    runners.retain(|t| {
+        let (name, token) = (field(t, "name"), field(t, "token"));
+        !gone.iter().any(|(n, k)| *n == name && *k == token)
     });
     crate::commands::register::write_private(path, &doc.to_string())
         .await

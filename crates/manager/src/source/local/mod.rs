@@ -251,7 +251,7 @@ pub async fn run(
     let costs = runner
         .costs
         .as_ref()
-        .map(|c| c.status(std::time::Instant::now()));
+        .and_then(|c| c.status(std::time::Instant::now()));
     // Removing a directory tree is blocking I/O: keep it off the runtime's threads.
     match tokio::task::spawn_blocking(move || run_dir.close()).await {
         Ok(Ok(())) => {}
