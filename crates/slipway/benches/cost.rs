@@ -199,6 +199,10 @@ fn run(plugins: &Path, priced: bool) -> anyhow::Result<Run> {
     let lives = lives
         .lock()
         .map_err(|_| anyhow::anyhow!("watcher panicked"))?;
+    for (id, (shape, from, to)) in lives.iter() {
+        let life = to.map(|t| t.duration_since(*from).as_secs_f64());
+        println!("instance {id} ({shape}): {life:?} s");
+    }
     run.instances = lives.len();
     run.billed_independently = lives
         .values()
@@ -226,10 +230,12 @@ fn watch(root: &Path, lives: &Lives) {
             continue;
         };
         for e in entries.flatten() {
-            seen.push((
-                shape.to_string(),
-                e.file_name().to_string_lossy().into_owned(),
-            ));
+            let name = e.file_name().to_string_lossy().into_owned();
+            // `.trash-<id>`: an instance being deleted, renamed out of the way; its life ends
+            // at the rename.
+            if !name.starts_with('.') {
+                seen.push((shape.to_string(), name));
+            }
         }
     }
     let Ok(mut lives) = lives.lock() else { return };
