@@ -484,21 +484,12 @@ impl GitlabClient {
 
     /// `DELETE /api/v4/runners`: removes the runner from GitLab.
     pub async fn unregister(&self, token: &Secret) -> Result<(), GitlabError> {
-        let path = "runners";
-        let body = serde_json::json!({ "token": token.expose() });
-        let resp = self
-            .call_json(
-                Method::DELETE,
-                path,
-                &[],
-                &body,
-                self.config.request_timeout,
-            )
-            .await?;
-        match resp.status.as_u16() {
-            200 | 204 => Ok(()),
-            _ => Err(resp.unexpected(endpoint(&Method::DELETE, path), &[token.expose()])),
-        }
+        self.delete(
+            "runners",
+            serde_json::json!({ "token": token.expose() }),
+            token,
+        )
+        .await
     }
 
     /// `DELETE /api/v4/runners/managers`: removes this `system_id` from a runner created in
@@ -508,8 +499,17 @@ impl GitlabClient {
         token: &Secret,
         system_id: &SystemId,
     ) -> Result<(), GitlabError> {
-        let path = "runners/managers";
         let body = serde_json::json!({ "token": token.expose(), "system_id": system_id.as_str() });
+        self.delete("runners/managers", body, token).await
+    }
+
+    /// `DELETE /api/v4/path` with a JSON `body` authenticated by `token`: 200 or 204.
+    async fn delete(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+        token: &Secret,
+    ) -> Result<(), GitlabError> {
         let resp = self
             .call_json(
                 Method::DELETE,
