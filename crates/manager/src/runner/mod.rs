@@ -511,18 +511,8 @@ impl Runner {
         exec.cache_dir = Some(self.container_cache_dir.clone());
         // A killed manager's leftovers (its jobs were reported failed); not those of another
         // live manager sharing the engine.
-        let dead = Sweep::Dead { ours: false };
-        match DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, dead).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(runner = %self.name, engine = key, removed = n,
-                "removed containers and volumes an earlier run's jobs left"),
-            Err(e) => {
-                tracing::warn!(runner = %self.name, engine = key, "sweeping an earlier run's containers: {e}")
-            }
-        }
-        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, dead).await {
-            tracing::warn!(runner = %self.name, engine = key, "sweeping old slot networks: {e}");
-        }
+        self.sweep_engine(&exec, key, Sweep::Dead { ours: false })
+            .await;
         cache.insert(key.to_string(), exec.clone());
         Ok(exec)
     }
@@ -546,15 +536,21 @@ impl Runner {
         ) {
             return;
         }
-        match DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, sweep).await {
+        self.sweep_engine(&exec, "this machine", sweep).await;
+    }
+
+    /// Remove this runner's job containers, volumes and slot networks of the sessions `sweep`
+    /// names from `engine`; what fails is logged (the next sweep tries again).
+    async fn sweep_engine(&self, exec: &DockerExecutor, engine: &str, sweep: Sweep) {
+        let docker = exec.docker();
+        match DockerExecutor::sweep_job_leftovers(docker, &self.name, sweep).await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(runner = %self.name, removed = n,
-                "removed containers and volumes jobs of a stopped manager left on this machine's engine"),
-            Err(e) => tracing::warn!(runner = %self.name, "sweeping this machine's engine: {e}"),
+            Ok(n) => tracing::info!(runner = %self.name, engine, removed = n,
+                "removed containers and volumes of jobs whose manager is done"),
+            Err(e) => tracing::warn!(runner = %self.name, engine, "removing jobs' leftovers: {e}"),
         }
-        if let Err(e) = DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, sweep).await
-        {
-            tracing::warn!(runner = %self.name, "sweeping slot networks off this machine's engine: {e}");
+        if let Err(e) = DockerExecutor::sweep_slot_networks(docker, &self.name, sweep).await {
+            tracing::warn!(runner = %self.name, engine, "removing old slot networks: {e}");
         }
     }
 
@@ -639,19 +635,10 @@ impl Runner {
                 }
             }
             // Every job has ended: what a job whose cleanup failed (its instance's connection
-            // lost, say) left on a still reachable engine goes now.
-            if let Err(e) =
-                DockerExecutor::sweep_job_leftovers(exec.docker(), &self.name, ENDING).await
-            {
-                tracing::warn!(runner = %self.name, engine = %engine, "removing jobs' leftovers: {e}");
-            }
-            // Slot networks of executors whose instance is gone, on an engine they shared
-            // with this one (the local plugin's instances share this host's).
-            if let Err(e) =
-                DockerExecutor::sweep_slot_networks(exec.docker(), &self.name, ENDING).await
-            {
-                tracing::warn!(runner = %self.name, engine = %engine, "removing old slot networks: {e}");
-            }
+            // lost, say) left on a still reachable engine goes now, and the slot networks of
+            // executors whose instance is gone, on an engine they shared with this one (the
+            // local plugin's instances share this host's).
+            self.sweep_engine(&exec, &engine, ENDING).await;
             if let Err(e) = exec.shutdown().await {
                 tracing::warn!(runner = %self.name, engine = %engine, "removing slot networks: {e}");
             }
