@@ -212,6 +212,15 @@ impl Ledger {
         self.live.contains_key(id)
     }
 
+    /// What the live instances of `shape` cost per hour now.
+    pub fn per_hour(&self, shape: &str) -> f64 {
+        self.live
+            .values()
+            .filter(|l| l.shape == shape)
+            .filter_map(|l| l.price.as_ref().map(|p| p.per_hour))
+            .sum()
+    }
+
     /// The live instances of `shape`.
     pub fn live_of(&self, shape: &str) -> Vec<String> {
         self.live

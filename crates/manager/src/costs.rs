@@ -124,7 +124,7 @@ impl CostBook {
                     settled.extend(l.instance_gone(&id, now));
                 }
             }
-            l.costs(now).shapes.get(shape).map(|s| s.per_hour)
+            l.per_hour(shape)
         };
         for (key, cost) in cut {
             self.record(&key, cost);
@@ -138,9 +138,7 @@ impl CostBook {
                 &s.billed.currency,
             );
         }
-        if let (Some(per_hour), Some(Some(price))) =
-            (per_hour, self.terms.get(shape).map(|t| &t.price))
-        {
+        if let Some(Some(price)) = self.terms.get(shape).map(|t| &t.price) {
             self.metrics
                 .set_cost_per_hour(&self.runner, shape, per_hour, &price.currency);
         }
