@@ -25,30 +25,8 @@ c:
 /// 3.6 per hour: 0.001 per second.
 const PER_SECOND: f64 = 0.001;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut out = String::new();
-    conn.read_to_string(&mut out).expect("read");
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
-}
-
 fn status(port: u16) -> FleetStatus {
-    let body = get(port, "/api/v1/status");
+    let body = common::http_body(port, "/api/v1/status");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
@@ -66,7 +44,7 @@ fn close(a: f64, b: f64) -> bool {
 #[test]
 fn jobs_and_overhead_add_up_to_the_bill_on_every_surface() {
     let w = World::new();
-    let port = free_port();
+    let port = common::free_port();
     // One instance, removed 2 s after its last job: its bill settles during the test.
     let auto = common::local_autoscaler_of(&w, "cost", 1)
         .replace(
@@ -108,7 +86,7 @@ fn jobs_and_overhead_add_up_to_the_bill_on_every_surface() {
 
     // /metrics counts the same jobs.
     let labels = r#"{runner="fleet",shape="default",currency="USD"}"#;
-    let metrics = get(port, "/metrics");
+    let metrics = common::http_body(port, "/metrics");
     let counted = sample(&metrics, &format!("slipway_job_cost_total{labels}"))
         .unwrap_or_else(|| panic!("no job cost in\n{metrics}"));
     assert!(close(counted, jobs), "{counted} vs {jobs}");
@@ -118,7 +96,7 @@ fn jobs_and_overhead_add_up_to_the_bill_on_every_surface() {
     let mut metrics = String::new();
     assert!(
         wait_until(Duration::from_secs(60), || {
-            metrics = get(port, "/metrics");
+            metrics = common::http_body(port, "/metrics");
             sample(&metrics, &format!("slipway_instance_billed_total{labels}")).is_some()
         }),
         "the instance's bill never settled:\n{metrics}"

@@ -955,7 +955,7 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
         serde_json::json!([{"image": "test-microvm", "warm": 0, "cold": 3}]),
         "{starts}"
     );
-    let metrics = http_get(port, "/metrics");
+    let metrics = common::http_body(port, "/metrics");
     assert!(
         metrics.contains(
             r#"slipway_vm_starts_total{runner="vms",image="test-microvm",start="cold"} 3"#
@@ -1001,24 +1001,7 @@ async fn gitlab_jobs_run_in_vms_and_a_cancel_from_gitlab_removes_the_vm() {
 
 /// `GET /api/v1/status` of a manager on `port`, as JSON (`null` until it answers).
 fn status_json(port: u16) -> serde_json::Value {
-    serde_json::from_str(&http_get(port, "/api/v1/status")).unwrap_or_default()
-}
-
-/// The body of `GET path` from a manager on `port` (empty until it answers).
-fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    );
-    let mut out = String::new();
-    let _ = conn.read_to_string(&mut out);
-    out.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
+    serde_json::from_str(&common::http_body(port, "/api/v1/status")).unwrap_or_default()
 }
 
 /// The nesting executor plugin SIGKILLed while its job runs in a VM: that job fails as a

@@ -43,13 +43,6 @@ queued-2:
   script: ["sleep 600"]
 "#;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 fn config(w: &World, port: u16, name: &str, extra: &str) -> PathBuf {
     w.write(
         "config.toml",
@@ -251,7 +244,7 @@ fn screenshot_path() -> PathBuf {
 #[test]
 fn the_page_in_a_browser_shows_what_the_api_reports_and_refreshes() {
     let w = World::new();
-    let port = free_port();
+    let port = common::free_port();
     let cfg = config(&w, port, "page", "");
     let child = fleet_in_flight(&w, &cfg, port, "");
     let url = format!("http://127.0.0.1:{port}/");
@@ -357,7 +350,7 @@ fn the_page_in_a_browser_shows_what_the_api_reports_and_refreshes() {
 #[test]
 fn a_token_guards_the_page_and_its_json_but_not_metrics() {
     let w = World::new();
-    let port = free_port();
+    let port = common::free_port();
     let token = format!("st-{}-secret", std::process::id());
     let cfg = config(&w, port, "token", &format!("  token = \"{token}\""));
     let child = w
