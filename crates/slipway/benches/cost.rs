@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use support::slipway;
+
+mod support;
 
 const COMMAND: &str = "cargo bench -p slipway --bench cost";
 /// Jobs per run.
@@ -26,7 +29,7 @@ const SHAPES: [(&str, u32, &str, f64); 2] =
 
 fn main() -> anyhow::Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let plugins = build_plugin(&repo)?;
+    let plugins = support::build_plugins(&repo, &["fleeting-plugin-local"])?;
     let priced = run(&plugins, true)?;
     println!("priced: {priced:?}");
     let unpriced = run(&plugins, false)?;
@@ -361,32 +364,4 @@ fn get(port: u16, path: &str) -> anyhow::Result<String> {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default())
-}
-
-fn slipway(dir: &Path, plugins: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_slipway"));
-    c.args(args)
-        .current_dir(dir)
-        .env("TMPDIR", dir.join("tmp"))
-        .env("SLIPWAY_PLUGIN_DIR", plugins)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null());
-    c
-}
-
-fn build_plugin(repo: &Path) -> anyhow::Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
-        .args(["build", "--release", "-p", "fleeting-plugin-local"])
-        .current_dir(repo)
-        .status()?;
-    if !st.success() {
-        bail!("building fleeting-plugin-local failed");
-    }
-    let slipway = PathBuf::from(env!("CARGO_BIN_EXE_slipway"));
-    let dir = slipway.parent().context("the binaries' directory")?;
-    if !dir.join("fleeting-plugin-local").exists() {
-        bail!("no fleeting-plugin-local in {}", dir.display());
-    }
-    Ok(dir.to_path_buf())
 }

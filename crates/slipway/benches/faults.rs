@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
+mod support;
 #[path = "faults/upgrade.rs"]
 mod upgrade;
 
@@ -52,7 +53,14 @@ struct Run {
 
 fn main() -> anyhow::Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let plugins = build_plugin(&repo)?;
+    let plugins = support::build_plugins(
+        &repo,
+        &[
+            "fleeting-plugin-local",
+            "fleeting-plugin-aws",
+            "fleeting-plugin-static",
+        ],
+    )?;
     let spot = tokio::runtime::Runtime::new()?.block_on(spot_fallback(&plugins))?;
     println!("spot: {spot:?}");
     let upgraded = upgrade::run(&plugins)?;
@@ -212,33 +220,6 @@ async fn spot_fallback(plugins: &Path) -> anyhow::Result<Spot> {
 
 fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
-}
-
-/// Build `fleeting-plugin-local`, `-aws` and `-static` beside this bench's `slipway`; their directory.
-fn build_plugin(repo: &Path) -> anyhow::Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "fleeting-plugin-local",
-            "-p",
-            "fleeting-plugin-aws",
-            "-p",
-            "fleeting-plugin-static",
-        ])
-        .current_dir(repo)
-        .status()?;
-    if !st.success() {
-        bail!("building the fleeting plugins (local, aws, static) failed");
-    }
-    let slipway = PathBuf::from(env!("CARGO_BIN_EXE_slipway"));
-    let dir = slipway.parent().context("the binaries' directory")?;
-    if !dir.join("fleeting-plugin-local").exists() {
-        bail!("no fleeting-plugin-local in {}", dir.display());
-    }
-    Ok(dir.to_path_buf())
 }
 
 fn config(run_dir: &Path) -> String {

@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+
+use crate::support::slipway;
 use slipway_jobs::queue::{JobState, Queue, ResultStatus};
 
 /// Hosts in the pool (two slots each).
@@ -38,17 +40,6 @@ fn pipeline(prefix: &str, n: usize, secs: u32) -> String {
         ));
     }
     p
-}
-
-fn slipway(dir: &Path, plugins: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_slipway"));
-    c.args(args)
-        .current_dir(dir)
-        .env("TMPDIR", dir.join("tmp"))
-        .env("SLIPWAY_PLUGIN_DIR", plugins)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null());
-    c
 }
 
 fn submit(dir: &Path, plugins: &Path, name: &str, text: &str) -> anyhow::Result<Vec<u64>> {
