@@ -2,7 +2,7 @@
 CARGO ?= cargo
 PIPELINE ?= examples/pipeline.yml
 
-.PHONY: demo demo-vm test build lint bench bench-plugins bench-pipelines fuzz soak
+.PHONY: demo demo-vm test build lint deb image bench bench-plugins bench-pipelines fuzz soak
 # What the demos run: the manager, the local plugin, the guest agent (not the AWS SDK's build).
 DEMO_PKGS = -p slipway -p fleeting-plugin-local -p slipway-guest-agent
 
@@ -30,6 +30,16 @@ test:
 
 build:
 	$(CARGO) build --workspace --all-targets
+
+## The Debian package (release build, cargo-deb): target/debian/slipway_VERSION_amd64.deb.
+deb:
+	@scripts/deps.sh package
+	scripts/package.sh deb
+
+## The container image slipway:VERSION (and :latest): the package in a Debian root made here.
+image:
+	@scripts/deps.sh package
+	scripts/package.sh image
 
 ## What CI checks besides the tests.
 lint:

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs what Slipway's demo (`deps.sh demo`), VM demo (`deps.sh demo-vm`) or test suite
-# (`deps.sh test`) needs on Debian, or says exactly what is missing when not run as root.
+# Installs what Slipway's demo (`deps.sh demo`), VM demo (`deps.sh demo-vm`), package and image
+# (`deps.sh package`) or test suite (`deps.sh test`) needs on Debian, or says exactly what is
+# missing when not run as root.
 set -euo pipefail
 what=${1:-test}
 case "$what" in
-  demo | demo-vm | test) ;;
-  *) echo "deps: unknown set \"$what\": expected demo, demo-vm or test" >&2; exit 2 ;;
+  demo | demo-vm | package | test) ;;
+  *) echo "deps: unknown set \"$what\": expected demo, demo-vm, package or test" >&2; exit 2 ;;
 esac
 
 missing=()
@@ -45,6 +46,11 @@ if [ "$what" = test ] || [ "$what" = demo-vm ]; then
   have debootstrap || vm_missing+=(debootstrap)
   have mke2fs || vm_missing+=(e2fsprogs)
   ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || vm_missing+=(linux-image-cloud-amd64)
+fi
+
+# The Debian package's root and the image's base are debootstrapped here.
+if [ "$what" = package ]; then
+  have debootstrap || missing+=(debootstrap)
 fi
 
 if [ ${#missing[@]} -gt 0 ]; then
@@ -112,3 +118,10 @@ if [ "$what" = test ]; then
   fi
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
+if [ "$what" = test ] || [ "$what" = package ]; then
+  # `make deb` and the package tests build the .deb with cargo-deb.
+  if ! cargo deb --version >/dev/null 2>&1; then
+    echo "deps: installing cargo-deb (cargo install)"
+    cargo install -q --locked cargo-deb --no-default-features
+  fi
+fi

@@ -23,6 +23,9 @@ pub struct Config {
     pub listen_address: Option<String>,
     /// Seconds to wait for jobs at shutdown.
     pub shutdown_timeout: u64,
+    /// Where the manager keeps its state and the embedded queue (Slipway's own key; relative
+    /// to the file's directory). Unset: `.slipway-state` and `.slipway-queue` beside the file.
+    pub state_dir: Option<PathBuf>,
     /// Seconds between job requests that found no job (GitLab Runner's default: 3; 0 = 3).
     pub check_interval: u64,
     /// GitLab Runner's HTTP keep-alive bound (`15m0s`); accepted, Slipway's client has its own.
@@ -45,6 +48,7 @@ impl Default for Config {
             log_format: None,
             listen_address: None,
             shutdown_timeout: 30,
+            state_dir: None,
             check_interval: 3,
             connection_max_age: None,
             sentry_dsn: None,
@@ -99,6 +103,16 @@ impl Config {
                 );
             }
         }
+        if self
+            .state_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            report.error(
+                &["state_dir"],
+                "empty: expected a directory, e.g. \"/var/lib/slipway\"",
+            );
+        }
         if let Some(d) = &self.connection_max_age {
             report.duration_text(&["connection_max_age"], d);
         }
@@ -143,19 +157,110 @@ impl Config {
 /// GitLab Runner's directory of well-known TLS files: `certs/` beside `config`
 /// (`/etc/gitlab-runner/certs` for `/etc/gitlab-runner/config.toml`).
 pub fn certs_dir(config: &Path) -> PathBuf {
-    config
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .join("certs")
+    config_dir(config).join("certs")
 }
 
-/// The manager's state directory: `.slipway-state` beside `config` (the taskscaler stores,
-/// the `system_id`, the GitLab sources' outboxes).
-pub fn state_dir(config: &Path) -> PathBuf {
+/// The manager's state directory (the taskscaler stores, the `system_id`, the GitLab sources'
+/// outboxes): the file's `state_dir`, relative to its directory, or `.slipway-state` beside it.
+pub fn state_dir(config: &Path, configured: Option<&Path>) -> PathBuf {
+    match configured {
+        Some(dir) => config_dir(config).join(dir),
+        None => config_dir(config).join(".slipway-state"),
+    }
+}
+
+/// The embedded queue's directory: `queue` in the configured `state_dir`, or `.slipway-queue`
+/// beside the file.
+pub fn queue_dir(config: &Path, configured: Option<&Path>) -> PathBuf {
+    match configured {
+        Some(dir) => config_dir(config).join(dir).join("queue"),
+        None => config_dir(config).join(".slipway-queue"),
+    }
+}
+
+/// Only the `state_dir` key of the file at `config`, for commands that use the queue without
+/// the whole config (`submit`, `jobs`, `cancel`): `None` when the file or the key is absent.
+pub async fn state_dir_setting(config: &Path) -> Result<Option<PathBuf>, crate::ConfigError> {
+    let file = config.display().to_string();
+    let text = match tokio::fs::read_to_string(config).await {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(crate::ConfigError::Read { file, source }),
+    };
+    // Only this key: a file without runners yet (`register` adds them) is still fine here.
+    let problem = |message: String| {
+        crate::ConfigError::Invalid(vec![crate::Problem {
+            file: file.clone(),
+            line: None,
+            key: "state_dir".into(),
+            message,
+        }])
+    };
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        problem(format!("the file is not valid TOML: {}", e.message()))
+    })?;
+    match table.get("state_dir") {
+        None => Ok(None),
+        Some(toml::Value::String(d)) if !d.is_empty() => Ok(Some(PathBuf::from(d))),
+        Some(other) => Err(problem(format!(
+            "expected a directory, e.g. \"/var/lib/slipway\", got {other}"
+        ))),
+    }
+}
+
+/// The directory holding `config` (`.` for a bare file name).
+fn config_dir(config: &Path) -> &Path {
     config
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
-        .join(".slipway-state")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_and_queue_sit_beside_the_file_unless_state_dir_says() {
+        let cfg = Path::new("/etc/slipway/config.toml");
+        assert_eq!(
+            state_dir(cfg, None),
+            Path::new("/etc/slipway/.slipway-state")
+        );
+        assert_eq!(
+            queue_dir(cfg, None),
+            Path::new("/etc/slipway/.slipway-queue")
+        );
+        let set = Some(Path::new("/var/lib/slipway"));
+        assert_eq!(state_dir(cfg, set), Path::new("/var/lib/slipway"));
+        assert_eq!(queue_dir(cfg, set), Path::new("/var/lib/slipway/queue"));
+        // Relative to the file's directory, as every path in it.
+        let rel = Some(Path::new("state"));
+        assert_eq!(
+            state_dir(Path::new("config.toml"), rel),
+            Path::new("./state")
+        );
+    }
+
+    #[tokio::test]
+    async fn state_dir_setting_reads_the_key_alone_and_names_it_when_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.toml");
+        assert_eq!(state_dir_setting(&cfg).await.unwrap(), None, "no file");
+        // No runners yet (before `register`): still read.
+        std::fs::write(&cfg, "state_dir = \"/srv/slipway\"\n").unwrap();
+        assert_eq!(
+            state_dir_setting(&cfg).await.unwrap(),
+            Some(PathBuf::from("/srv/slipway"))
+        );
+        std::fs::write(&cfg, "state_dir = 3\n").unwrap();
+        let e = state_dir_setting(&cfg).await.unwrap_err().to_string();
+        assert!(
+            e.contains("state_dir") && e.contains("expected a directory"),
+            "{e}"
+        );
+        std::fs::write(&cfg, "state_dir = [\n").unwrap();
+        let e = state_dir_setting(&cfg).await.unwrap_err().to_string();
+        assert!(e.contains("not valid TOML"), "{e}");
+    }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    exec, plugin_check, queue, register, run, runners, sim, status, verify_config, vm,
+    exec, plugin_check, queue, register, run, runners, service, sim, status, verify_config, vm,
 };
 
 /// `slipway`'s arguments.
@@ -44,7 +44,9 @@ pub enum Command {
     /// by its manager (its `after_script` does not run), both reported `canceled`.
     Cancel(queue::CancelArgs),
     /// Print the fleet as the status page shows it, from a running `slipway run`'s
-    /// `/api/v1/status` (its `listen_address`, with `[status_page] token` when set).
+    /// `/api/v1/status` (its `listen_address`, with `[status_page] token` when set); with
+    /// `--service`, whether the systemd service runs (exit 0) or not (exit 1), as
+    /// `gitlab-runner status`.
     Status(status::Args),
     /// List the embedded queue's jobs: pending, running, and finished with their results.
     Jobs(queue::JobsArgs),
@@ -69,6 +71,15 @@ pub enum Command {
     /// Check each runner's token with GitLab; `--delete` removes the runners GitLab no longer
     /// knows from config.toml.
     Verify(runners::VerifyArgs),
+    /// Write and enable a systemd unit running `slipway run` as a service (or print it where
+    /// systemd does not run).
+    Install(service::InstallArgs),
+    /// Start the service.
+    Start(service::ServiceArgs),
+    /// Stop the service: a drain (SIGQUIT), so running jobs finish within shutdown_timeout.
+    Stop(service::ServiceArgs),
+    /// Drain and stop the service, disable it and remove the unit `install` wrote.
+    Uninstall(service::ServiceArgs),
     /// The nesting daemon (one VM per slot on an instance) and calls to it.
     Nesting(vm::NestingArgs),
     /// Guest images for the microvm and vm isolation levels.

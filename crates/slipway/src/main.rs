@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 use cli::{Cli, Command};
-use commands::{exec, plugin_check, queue, register, run, runners, sim, status, verify_config, vm};
+use commands::{
+    exec, plugin_check, queue, register, run, runners, service, sim, status, verify_config, vm,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -73,6 +75,10 @@ async fn dispatch(command: Command, queue: Option<PathBuf>) -> anyhow::Result<Ex
         Command::List(args) => runners::list(args).await,
         Command::Unregister(args) => runners::unregister(args).await,
         Command::Verify(args) => runners::verify(args).await,
+        Command::Install(args) => service::install(args).await,
+        Command::Start(args) => service::start(args).await,
+        Command::Stop(args) => service::stop(args).await,
+        Command::Uninstall(args) => service::uninstall(args).await,
         Command::Nesting(args) => vm::nesting(args).await,
         Command::Image(args) => vm::image(args).await,
         Command::Debug(args) => vm::debug_command(args).await,

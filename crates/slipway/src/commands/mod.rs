@@ -6,6 +6,7 @@ pub mod queue;
 pub mod register;
 pub mod run;
 pub mod runners;
+pub mod service;
 pub mod signals;
 pub mod sim;
 pub mod status;

@@ -81,16 +81,16 @@ pub async fn jobs(args: JobsArgs, queue: Option<PathBuf>) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-fn config_dir(config: &Path) -> &Path {
-    config
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-}
-
-/// The queue named by `--queue`, or the one beside config.toml.
+/// The queue named by `--queue`, else `queue` in config.toml's `state_dir`, else the one
+/// beside config.toml.
 pub async fn open(flag: Option<PathBuf>, config: &Path) -> anyhow::Result<Queue> {
-    let dir = flag.unwrap_or_else(|| config_dir(config).join(".slipway-queue"));
+    let dir = match flag {
+        Some(dir) => dir,
+        None => {
+            let setting = slipway_config::state_dir_setting(config).await?;
+            slipway_config::queue_dir(config, setting.as_deref())
+        }
+    };
     let queue = blocking(move || Queue::open(dir))
         .await
         .context("opening the job queue")?;

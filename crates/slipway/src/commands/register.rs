@@ -364,11 +364,14 @@ pub async fn register(args: &RegisterArgs) -> Result<Registered, RegisterError> 
                     refused.join(", ")
                 )));
             }
-            let system_id = SystemId::load_or_create(
-                &slipway_manager::source::gitlab::system_id_path(&config::state_dir(&args.config)),
-            )
-            .await
-            .map_err(RegisterError::SystemId)?;
+            let setting = config::state_dir_setting(&args.config)
+                .await
+                .map_err(|e| RegisterError::Usage(e.to_string()))?;
+            let state = config::state_dir(&args.config, setting.as_deref());
+            let system_id =
+                SystemId::load_or_create(&slipway_manager::source::gitlab::system_id_path(&state))
+                    .await
+                    .map_err(RegisterError::SystemId)?;
             let mut creds = client
                 .verify(token, &system_id)
                 .await

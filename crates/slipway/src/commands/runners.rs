@@ -208,7 +208,8 @@ fn client_of(r: &RunnerConfig, config: &Path) -> anyhow::Result<GitlabClient> {
 }
 
 async fn system_id_of(config: &Path) -> anyhow::Result<SystemId> {
-    let path = system_id_path(&slipway_config::state_dir(config));
+    let setting = slipway_config::state_dir_setting(config).await?;
+    let path = system_id_path(&slipway_config::state_dir(config, setting.as_deref()));
     SystemId::load_or_create(&path)
         .await
         .with_context(|| format!("system id {}", path.display()))

@@ -14,11 +14,21 @@ pub struct Args {
     /// Print the JSON answer instead of the summary.
     #[arg(long)]
     pub json: bool,
+    /// Whether the systemd service NAME (default: slipway) runs, instead of the fleet.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "slipway")]
+    pub service: Option<String>,
 }
 
 /// Ask the manager the config names and print its answer.
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let Args { config, json } = args;
+    let Args {
+        config,
+        json,
+        service,
+    } = args;
+    if let Some(service) = service {
+        return super::service::status(super::service::ServiceArgs { service }).await;
+    }
     let loaded = slipway_config::load(&config).await?;
     let Some(addr) = loaded.config.listen_address.as_deref() else {
         anyhow::bail!(

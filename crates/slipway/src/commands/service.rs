@@ -1,0 +1,377 @@
+//! Service commands, as GitLab Runner's: `install` writes and enables a systemd unit that runs
+//! `slipway run` (or prints it where systemd does not run), `start`, `stop` (a drain: SIGQUIT),
+//! `status` and `uninstall`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+/// Where `install` writes units (the administrator's directory, above packaged units).
+const UNIT_DIR: &str = "/etc/systemd/system";
+/// What a unit gives the manager past `shutdown_timeout` to report jobs and remove instances.
+const STOP_MARGIN: Duration = Duration::from_secs(300);
+
+/// What `slipway install` takes.
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// The service's name (`NAME.service`).
+    #[arg(long, default_value = "slipway")]
+    pub service: String,
+    /// The user the manager runs as (default: the one running this command).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// config.toml the service runs with.
+    #[arg(short, long, default_value = "/etc/slipway/config.toml")]
+    pub config: PathBuf,
+    /// The manager's working directory (default: the user's home).
+    #[arg(long)]
+    pub working_directory: Option<PathBuf>,
+    /// Print the unit instead of installing it.
+    #[arg(long)]
+    pub print: bool,
+}
+
+/// What `start`, `stop`, `status` and `uninstall` take.
+#[derive(Debug, clap::Args)]
+pub struct ServiceArgs {
+    /// The service's name (`NAME.service`).
+    #[arg(long, default_value = "slipway")]
+    pub service: String,
+}
+
+/// A systemd unit running `slipway run`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    /// The `slipway` binary.
+    pub exe: PathBuf,
+    /// The user it runs as.
+    pub user: String,
+    /// Its config.toml.
+    pub config: PathBuf,
+    /// Its working directory.
+    pub working_directory: PathBuf,
+    /// How long `systemctl stop` waits for the drain before killing.
+    pub stop_timeout: Duration,
+}
+
+impl Unit {
+    /// The unit the Debian package ships (`/lib/systemd/system/slipway.service`).
+    #[cfg(test)]
+    pub fn packaged() -> Unit {
+        Unit {
+            exe: "/usr/bin/slipway".into(),
+            user: "slipway".into(),
+            config: "/etc/slipway/config.toml".into(),
+            working_directory: "/var/lib/slipway".into(),
+            stop_timeout: Duration::from_secs(30) + STOP_MARGIN,
+        }
+    }
+
+    /// The unit file's text.
+    pub fn render(&self) -> String {
+        format!(
+            "\
+# Slipway's manager as a service: `slipway install` writes this unit, `slipway uninstall`
+# removes it. `systemctl stop` drains the manager (SIGQUIT): it takes no new jobs and the
+# running ones finish, within shutdown_timeout, before it stops.
+[Unit]
+Description=Slipway CI job runner
+After=network-online.target docker.service
+Wants=network-online.target
+
+[Service]
+Type=simple
+User={user}
+WorkingDirectory={wd}
+ExecStart={exe} run --config {config}
+KillSignal=SIGQUIT
+# The drain signal goes to the manager only; its plugins stop when it says so.
+KillMode=mixed
+TimeoutStopSec={stop}
+Restart=always
+RestartSec=5
+# Slots (cgroup isolation) make their cgroups below the service's own.
+Delegate=yes
+
+[Install]
+WantedBy=multi-user.target
+",
+            user = self.user,
+            wd = self.working_directory.display(),
+            exe = self.exe.display(),
+            config = self.config.display(),
+            stop = self.stop_timeout.as_secs(),
+        )
+    }
+}
+
+/// Refuse what a unit line cannot hold unquoted (whitespace, quotes, `%` specifiers, `\`).
+fn plain(flag: &str, value: &str) -> anyhow::Result<()> {
+    if value.is_empty()
+        || value
+            .chars()
+            .any(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '%' | '\\' | ';'))
+    {
+        bail!(
+            "{flag}: {value:?} cannot go into a systemd unit: expected no spaces, quotes, \
+             '%', '\\' or ';'"
+        );
+    }
+    Ok(())
+}
+
+/// `path` made absolute against the current directory.
+fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
+}
+
+/// Whether systemd manages this machine (`sd_booted`: `/run/systemd/system` exists).
+fn systemd_runs() -> bool {
+    Path::new("/run/systemd/system").is_dir()
+}
+
+fn no_systemd(what: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "cannot {what}: systemd is not running on this machine (no /run/systemd/system); run \
+         `slipway run -c CONFIG` under your own supervisor, and send it SIGQUIT to drain it"
+    )
+}
+
+/// The unit `args` describe, checked.
+async fn unit_of(args: &InstallArgs) -> anyhow::Result<Unit> {
+    plain("--service", &args.service)?;
+    let user = match &args.user {
+        Some(u) => u.clone(),
+        None => nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .context("this process's user has no passwd entry: give --user")?,
+    };
+    plain("--user", &user)?;
+    let entry = nix::unistd::User::from_name(&user)
+        .with_context(|| format!("--user: looking up {user:?}"))?
+        .with_context(|| format!("--user: no user {user:?} on this machine"))?;
+    let config = absolute(&args.config)?;
+    plain("--config", &config.display().to_string())?;
+    let working_directory = match &args.working_directory {
+        Some(d) => absolute(d)?,
+        None => entry.dir,
+    };
+    plain(
+        "--working-directory",
+        &working_directory.display().to_string(),
+    )?;
+    let exe = std::env::current_exe().context("locating this binary")?;
+    plain("the slipway binary's path", &exe.display().to_string())?;
+    // The drain may take shutdown_timeout; the config may not exist yet (`register` makes it).
+    let shutdown = match slipway_config::load(&config).await {
+        Ok(loaded) => Duration::from_secs(loaded.config.shutdown_timeout),
+        Err(e) => {
+            eprintln!(
+                "warning: {e}\nwarning: the service will not start until {} is a valid \
+                 config (`slipway register -c {}` makes one)",
+                config.display(),
+                config.display()
+            );
+            Duration::from_secs(30)
+        }
+    };
+    Ok(Unit {
+        exe,
+        user,
+        config,
+        working_directory,
+        stop_timeout: shutdown + STOP_MARGIN,
+    })
+}
+
+/// `slipway install`.
+pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
+    let unit = unit_of(&args).await?;
+    let text = unit.render();
+    if args.print || !systemd_runs() {
+        if !args.print {
+            eprintln!(
+                "systemd is not running on this machine: here is the unit; on a systemd host \
+                 it goes to {UNIT_DIR}/{}.service",
+                args.service
+            );
+        }
+        print!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = Path::new(UNIT_DIR).join(format!("{}.service", args.service));
+    if tokio::fs::try_exists(&path).await.unwrap_or(false) {
+        bail!(
+            "{} exists: `slipway uninstall --service {}` first",
+            path.display(),
+            args.service
+        );
+    }
+    let tmp = path.with_extension("service.tmp");
+    tokio::fs::write(&tmp, &text)
+        .await
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    tokio::fs::rename(&tmp, &path)
+        .await
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    systemctl(&["daemon-reload"]).await?;
+    systemctl(&["enable", &unit_name(&args.service)]).await?;
+    println!(
+        "installed and enabled {} (runs as {} with {}); start it with `slipway start`",
+        path.display(),
+        unit.user,
+        unit.config.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `slipway start`.
+pub async fn start(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    if !systemd_runs() {
+        return Err(no_systemd("start the service"));
+    }
+    systemctl(&["start", &unit_name(&args.service)]).await?;
+    println!("{}: started", args.service);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `slipway stop`: a drain (the unit's stop signal is SIGQUIT).
+pub async fn stop(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    if !systemd_runs() {
+        return Err(no_systemd("stop the service"));
+    }
+    println!(
+        "{}: draining (no new jobs; running jobs finish within shutdown_timeout)",
+        args.service
+    );
+    systemctl(&["stop", &unit_name(&args.service)]).await?;
+    println!("{}: stopped", args.service);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `slipway status`: exit 0 when the service runs, 1 otherwise.
+pub async fn status(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    if !systemd_runs() {
+        return Err(no_systemd("read the service's status"));
+    }
+    let out = systemctl(&[
+        "show",
+        &unit_name(&args.service),
+        "--property=LoadState,ActiveState,SubState,MainPID",
+    ])
+    .await?;
+    let prop = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+            .unwrap_or("")
+            .to_string()
+    };
+    let name = &args.service;
+    if prop("LoadState") == "not-found" {
+        println!("{name}: not installed (`slipway install` installs it)");
+        return Ok(ExitCode::FAILURE);
+    }
+    match prop("ActiveState").as_str() {
+        "active" => {
+            println!("{name}: Service is running (pid {})", prop("MainPID"));
+            Ok(ExitCode::SUCCESS)
+        }
+        "deactivating" => {
+            println!("{name}: Service is draining (pid {})", prop("MainPID"));
+            Ok(ExitCode::FAILURE)
+        }
+        state => {
+            println!(
+                "{name}: Service is not running ({state}, {})",
+                prop("SubState")
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// `slipway uninstall`: drain and stop the service, disable it, remove the unit `install` wrote.
+pub async fn uninstall(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    if !systemd_runs() {
+        return Err(no_systemd("uninstall the service"));
+    }
+    let path = Path::new(UNIT_DIR).join(format!("{}.service", args.service));
+    if !tokio::fs::try_exists(&path).await.unwrap_or(false) {
+        bail!(
+            "{} does not exist: the service was not installed by `slipway install` (a packaged \
+             unit goes with the package: apt-get remove slipway)",
+            path.display()
+        );
+    }
+    let unit = unit_name(&args.service);
+    systemctl(&["stop", &unit]).await?;
+    systemctl(&["disable", &unit]).await?;
+    tokio::fs::remove_file(&path)
+        .await
+        .with_context(|| format!("removing {}", path.display()))?;
+    systemctl(&["daemon-reload"]).await?;
+    println!("{}: stopped, disabled and removed", args.service);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn unit_name(service: &str) -> String {
+    format!("{service}.service")
+}
+
+/// Run `systemctl ARGS`; its stdout, or an error with its stderr.
+async fn systemctl(args: &[&str]) -> anyhow::Result<String> {
+    let out = tokio::process::Command::new("systemctl")
+        .args(args)
+        .output()
+        .await
+        .context("running systemctl")?;
+    if !out.status.success() {
+        bail!(
+            "systemctl {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The unit the package ships is the one `slipway install` writes for its defaults.
+    #[test]
+    fn the_packaged_unit_is_the_rendered_default() {
+        let shipped = include_str!("../../../../packaging/slipway.service");
+        assert_eq!(shipped, Unit::packaged().render());
+    }
+
+    #[test]
+    fn the_unit_drains_the_manager_alone_and_waits_for_it() {
+        let text = Unit::packaged().render();
+        for line in [
+            "ExecStart=/usr/bin/slipway run --config /etc/slipway/config.toml",
+            "User=slipway",
+            "WorkingDirectory=/var/lib/slipway",
+            "KillSignal=SIGQUIT",
+            "KillMode=mixed",
+            "TimeoutStopSec=330",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn values_a_unit_cannot_hold_are_refused_naming_the_flag() {
+        for bad in ["a b", "x%i", "it's", ""] {
+            let e = plain("--user", bad).unwrap_err().to_string();
+            assert!(e.starts_with("--user: "), "{e}");
+        }
+        plain("--config", "/etc/slipway/config.toml").unwrap();
+    }
+}

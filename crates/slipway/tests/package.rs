@@ -1,0 +1,315 @@
+//! The Debian package and the container image, as an operator meets them: the package installed
+//! with dpkg into a fresh Debian root made by debootstrap (its files, its user, its unit checked
+//! by that root's `systemd-analyze verify`, then `slipway run` from the installed paths taking a
+//! job from the embedded queue and draining on SIGQUIT), and the image made from such a root
+//! running the manager against the GitLab test server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use slipway_testkit::gitlab::{FakeGitlab, job_payload_with_vars};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `scripts/package.sh ARGS` with this test build's target directory; its output.
+fn package(args: &[&str]) -> Output {
+    let target = common::slipway()
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/package.sh"))
+        .args(args)
+        .env("CARGO_TARGET_DIR", target)
+        .output()
+        .expect("running scripts/package.sh");
+    assert!(
+        out.status.success(),
+        "scripts/package.sh {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The package of this build (debug binaries), at `dir/slipway.deb`.
+fn deb_in(dir: &Path) -> PathBuf {
+    let deb = dir.join("slipway.deb");
+    package(&["deb", "--dev", deb.to_str().unwrap()]);
+    assert!(deb.is_file(), "no package at {}", deb.display());
+    deb
+}
+
+/// A root (a few hundred MB) removed with its test, mounts or not.
+struct Root(PathBuf);
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The scenario run inside the root: the manager as the slipway user from the installed paths,
+/// one job through the embedded queue, then a drain, then what is left running.
+const SCENARIO: &str = r#"
+set -e
+cd /tmp/project
+setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway \
+  slipway run -c /etc/slipway/config.toml > /tmp/manager.log 2>&1 &
+mgr=$!
+as_slipway() { setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway "$@"; }
+as_slipway slipway submit -c /etc/slipway/config.toml .gitlab-ci.yml
+for i in $(seq 1 180); do
+  jobs=$(as_slipway slipway jobs -c /etc/slipway/config.toml)
+  case "$jobs" in *success*|*failed*|*canceled*) break ;; esac
+  sleep 1
+done
+echo "$jobs"
+kill -QUIT $mgr
+wait $mgr && echo "manager exit=0" || echo "manager exit=$?"
+echo "--- processes"
+ps -eo user=,comm= | grep -v '^root ' || true
+echo "--- end"
+"#;
+
+#[test]
+fn the_package_installs_into_a_fresh_debian_root_and_runs_a_job() {
+    let w = common::World::new();
+    let deb = deb_in(w.path());
+    let root = Root(w.path().join("root"));
+    package(&["root", deb.to_str().unwrap(), root.0.to_str().unwrap()]);
+    let r = &root.0;
+
+    // The files where an operator looks for them.
+    for bin in [
+        "slipway",
+        "fleeting-plugin-local",
+        "fleeting-plugin-static",
+        "fleeting-plugin-qemu",
+        "fleeting-plugin-aws",
+        "slipway-guest-agent",
+    ] {
+        let p = r.join("usr/bin").join(bin);
+        let mode = std::fs::metadata(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o755, 0o755, "{} mode {mode:o}", p.display());
+    }
+    let passwd = std::fs::read_to_string(r.join("etc/passwd")).unwrap();
+    let user = passwd
+        .lines()
+        .find(|l| l.starts_with("slipway:"))
+        .unwrap_or_else(|| panic!("no slipway user:\n{passwd}"));
+    let fields: Vec<&str> = user.split(':').collect();
+    assert_eq!(fields[5], "/var/lib/slipway", "{user}");
+    let uid: u32 = fields[2].parse().unwrap();
+    assert!(uid < 1000, "not a system user: {user}");
+    let config = std::fs::metadata(r.join("etc/slipway/config.toml")).unwrap();
+    assert_eq!(config.uid(), uid, "config.toml's owner");
+    assert_eq!(config.mode() & 0o777, 0o600, "config.toml holds tokens");
+    let state = std::fs::metadata(r.join("var/lib/slipway")).unwrap();
+    assert_eq!(state.uid(), uid, "/var/lib/slipway's owner");
+    let shipped = std::fs::read_to_string(r.join("lib/systemd/system/slipway.service")).unwrap();
+    assert!(
+        shipped.contains("ExecStart=/usr/bin/slipway run --config /etc/slipway/config.toml"),
+        "{shipped}"
+    );
+    assert!(
+        // A link to /lib/systemd/system/slipway.service inside the root: not followed here.
+        std::fs::symlink_metadata(
+            r.join("etc/systemd/system/multi-user.target.wants/slipway.service")
+        )
+        .is_ok(),
+        "the unit is not enabled"
+    );
+
+    // The root's own systemd checks the unit: directives, the user, the binary it starts.
+    let verify = package(&[
+        "in-root",
+        r.to_str().unwrap(),
+        "systemd-analyze verify /lib/systemd/system/slipway.service 2>&1; echo verified",
+    ]);
+    let said = stdout(&verify);
+    assert_eq!(
+        said.trim(),
+        "verified",
+        "systemd-analyze verify said:\n{said}"
+    );
+
+    // The packaged config, as installed, runs a job from the embedded queue.
+    let project = r.join("tmp/project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(
+        project.join(".gitlab-ci.yml"),
+        "hello:\n  script:\n    - echo \"hello from $(id -un) in $HOME\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&project, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Another port than the packaged one: tests run side by side on this machine.
+    let cfg_path = r.join("etc/slipway/config.toml");
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+    assert!(cfg.contains("state_dir = \"/var/lib/slipway\""), "{cfg}");
+    let port = common::free_port();
+    std::fs::write(&cfg_path, cfg.replace(":9252", &format!(":{port}"))).unwrap();
+    std::fs::write(r.join("tmp/scenario.sh"), SCENARIO).unwrap();
+    let run = package(&["in-root", r.to_str().unwrap(), "sh /tmp/scenario.sh"]);
+    let said = stdout(&run);
+    let log = std::fs::read_to_string(r.join("tmp/manager.log")).unwrap_or_default();
+    let job = said
+        .lines()
+        // `slipway jobs`' row (submit printed "1\thello" before it).
+        .find(|l| l.contains("hello") && l.contains("test"))
+        .unwrap_or_else(|| panic!("no job listed:\n{said}\nmanager:\n{log}"));
+    assert!(job.contains("success"), "{said}\nmanager:\n{log}");
+    let trace = std::fs::read_to_string(r.join("var/lib/slipway/queue/logs/1.log")).unwrap();
+    assert!(
+        trace.contains("hello from slipway in /var/lib/slipway"),
+        "{trace}"
+    );
+    assert!(said.contains("manager exit=0"), "{said}\nmanager:\n{log}");
+    assert!(log.contains("SIGQUIT"), "the drain was not logged:\n{log}");
+    let left = said
+        .split("--- processes")
+        .nth(1)
+        .and_then(|s| s.split("--- end").next())
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    assert!(
+        left.is_empty(),
+        "processes left after the drain:\n{left}\nmanager:\n{log}"
+    );
+}
+
+/// The image's uid for the slipway user.
+fn image_uid(tag: &str) -> u32 {
+    let out = Command::new("docker")
+        .args(["run", "--rm", "--entrypoint", "id", tag, "-u"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    stdout(&out).trim().parse().unwrap()
+}
+
+/// A container removed with its test.
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", "-v", &self.0])
+            .output();
+    }
+}
+
+fn docker(args: &[&str]) -> Output {
+    Command::new("docker").args(args).output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_runs_the_manager_against_gitlab() {
+    slipway_testkit::ensure_docker_engine().unwrap();
+    let w = common::World::new();
+    let deb = deb_in(w.path());
+    let built = package(&["image", deb.to_str().unwrap()]);
+    let tag = stdout(&built).trim().to_string();
+    assert!(tag.starts_with("slipway:"), "image tag {tag:?}");
+
+    let gl = FakeGitlab::start().await;
+    let id = gl.enqueue(job_payload_with_vars(
+        "in-the-image",
+        &["echo \"job on $(cat /etc/debian_version) as $(id -un)\""],
+        &[("GIT_STRATEGY", "none")],
+    ));
+    // Config and state as volumes, owned by the image's slipway user.
+    let etc = w.path().join("etc-slipway");
+    let state = w.path().join("var-lib-slipway");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    let port = common::free_port();
+    std::fs::write(
+        etc.join("config.toml"),
+        format!(
+            r#"concurrent = 2
+check_interval = 1
+state_dir = "/var/lib/slipway"
+listen_address = "127.0.0.1:{port}"
+shutdown_timeout = 30
+[[runners]]
+  name = "image"
+  url = "{url}"
+  token = "{token}"
+  executor = "instance"
+  [runners.autoscaler]
+    plugin = "local"
+    capacity_per_instance = 1
+    max_instances = 1
+    delete_instances_on_shutdown = true
+    [runners.autoscaler.plugin_config]
+      dir = "/var/lib/slipway/fleeting-local"
+      provisioning_delay = "0s"
+    [[runners.autoscaler.policy]]
+      idle_count = 0
+"#,
+            url = gl.url(),
+            token = gl.runner_token(),
+        ),
+    )
+    .unwrap();
+    let uid = image_uid(&tag);
+    for p in [&etc, &state, &etc.join("config.toml")] {
+        std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+    }
+    let name = format!("slipway-image-test-{}", std::process::id());
+    let container = Container(name.clone());
+    let started = docker(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        // The GitLab test server listens on this machine's loopback.
+        "--network",
+        "host",
+        "-v",
+        &format!("{}:/etc/slipway", etc.display()),
+        "-v",
+        &format!("{}:/var/lib/slipway", state.display()),
+        &tag,
+    ]);
+    assert!(started.status.success(), "{started:?}");
+    let logs = || {
+        stdout(&docker(&["logs", &name]))
+            + &String::from_utf8_lossy(&docker(&["logs", &name]).stderr)
+    };
+    let done = common::wait_until(Duration::from_secs(180), || {
+        gl.job(id)
+            .is_some_and(|j| matches!(j.state.as_str(), "success" | "failed"))
+    });
+    let job = gl.job(id).unwrap();
+    assert!(done, "job not finished: {}\n{}", job.state, logs());
+    assert_eq!(job.state, "success", "{}\n{}", job.trace_text(), logs());
+    let trace = job.trace_text();
+    assert!(trace.contains("as slipway"), "{trace}");
+
+    // `docker stop` drains (STOPSIGNAL SIGQUIT): the manager exits 0 and says so.
+    let stopped = docker(&["stop", "-t", "120", &name]);
+    assert!(stopped.status.success(), "{stopped:?}");
+    let inspect = docker(&["inspect", "-f", "{{.State.ExitCode}}", &name]);
+    assert_eq!(stdout(&inspect).trim(), "0", "{}", logs());
+    assert!(logs().contains("SIGQUIT"), "{}", logs());
+    drop(container);
+}
