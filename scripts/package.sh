@@ -114,6 +114,9 @@ cmd_image() {
   [ -n "$deb" ] || deb=$(cmd_deb)
   # Installs and starts a Docker Engine where none answers (quick when one does).
   scripts/docker-engine.sh >&2
+  # One build at a time: the tag is shared.
+  exec 8>/var/tmp/slipway-image.lock
+  flock 8
   # Global: the EXIT trap runs after this function's locals are gone.
   IMAGE_WORK=$(mktemp -d /var/tmp/slipway-image.XXXXXX)
   trap 'rm -rf "$IMAGE_WORK"' EXIT

@@ -220,14 +220,25 @@ fn docker(args: &[&str]) -> Output {
     Command::new("docker").args(args).output().unwrap()
 }
 
+/// The image of this build, made once per test process; its tag.
+fn image() -> String {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        slipway_testkit::ensure_docker_engine().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let deb = deb_in(dir.path());
+        let built = package(&["image", deb.to_str().unwrap()]);
+        let tag = stdout(&built).trim().to_string();
+        assert!(tag.starts_with("slipway:"), "image tag {tag:?}");
+        tag
+    })
+    .clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_the_manager_against_gitlab() {
-    slipway_testkit::ensure_docker_engine().unwrap();
     let w = common::World::new();
-    let deb = deb_in(w.path());
-    let built = package(&["image", deb.to_str().unwrap()]);
-    let tag = stdout(&built).trim().to_string();
-    assert!(tag.starts_with("slipway:"), "image tag {tag:?}");
+    let tag = image();
 
     let gl = FakeGitlab::start().await;
     let id = gl.enqueue(job_payload_with_vars(
@@ -312,4 +323,205 @@ shutdown_timeout = 30
     assert_eq!(stdout(&inspect).trim(), "0", "{}", logs());
     assert!(logs().contains("SIGQUIT"), "{}", logs());
     drop(container);
+}
+
+/// `docker exec C sh -c SCRIPT`: exit code and output (stdout and stderr).
+fn exec(container: &str, script: &str) -> (i32, String) {
+    let out = docker(&["exec", container, "sh", "-c", script]);
+    let text = stdout(&out) + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// A job that takes a while, submitted to the embedded queue as the slipway user.
+const SUBMIT_SLOW_JOB: &str = r#"
+set -e
+mkdir -p /tmp/project && cd /tmp/project
+printf 'slow:\n  script:\n    - echo slow-job-started\n    - sleep 6\n    - echo slow-job-finished\n' > .gitlab-ci.yml
+chmod -R a+rX /tmp/project
+setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway \
+  slipway submit -c /etc/slipway/config.toml .gitlab-ci.yml
+"#;
+
+fn jobs(container: &str) -> String {
+    exec(
+        container,
+        "setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway \
+         slipway jobs -c /etc/slipway/config.toml",
+    )
+    .1
+}
+
+/// The service commands under a real systemd (PID 1 of a container made from the image, whose
+/// root is the package installed in Debian): the packaged unit runs at boot; `install` writes
+/// and enables another; `start`; `stop` drains a running job to its end; `status --service`;
+/// `uninstall`.
+#[test]
+fn service_commands_drive_systemd() {
+    let tag = image();
+    let name = format!("slipway-systemd-test-{}", std::process::id());
+    let _container = Container(name.clone());
+    let booted = docker(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--user",
+        "root",
+        "--entrypoint",
+        "/lib/systemd/systemd",
+        // What systemd needs as a container's init (no --privileged on this machine).
+        "--cap-add",
+        "SYS_ADMIN",
+        "--security-opt",
+        "seccomp=unconfined",
+        "--cgroupns",
+        "host",
+        "-v",
+        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "--tmpfs",
+        "/run",
+        "--tmpfs",
+        "/run/lock",
+        &tag,
+    ]);
+    assert!(booted.status.success(), "{booted:?}");
+    // Until systemd's bus is up, systemctl cannot even ask.
+    let mut state = String::new();
+    common::wait_until(Duration::from_secs(60), || {
+        state = exec(&name, "systemctl is-system-running --wait").1;
+        !state.contains("Failed to connect")
+    });
+    assert!(
+        state.trim() == "running" || state.trim() == "degraded",
+        "systemd: {state}"
+    );
+    let failed = exec(&name, "systemctl --failed --no-legend --plain").1;
+    assert!(!failed.contains("slipway"), "{failed}");
+
+    // The packaged unit, enabled by the package, runs.
+    let (code, said) = exec(&name, "slipway status --service");
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("slipway: Service is running"), "{said}");
+    let (code, said) = exec(&name, "slipway stop");
+    assert_eq!(code, 0, "{said}");
+    let (code, said) = exec(&name, "slipway status --service");
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("not running"), "{said}");
+
+    // `install` writes and enables a unit of its own; `start` starts it.
+    let (code, said) = exec(
+        &name,
+        "slipway install --service runner2 --user slipway --config /etc/slipway/config.toml \
+         --working-directory /var/lib/slipway",
+    );
+    assert_eq!(code, 0, "{said}");
+    let unit = exec(&name, "cat /etc/systemd/system/runner2.service").1;
+    assert!(unit.contains("User=slipway"), "{unit}");
+    assert!(
+        unit.contains("ExecStart=/usr/bin/slipway run --config /etc/slipway/config.toml"),
+        "{unit}"
+    );
+    let (_, enabled) = exec(&name, "systemctl is-enabled runner2.service");
+    assert_eq!(enabled.trim(), "enabled");
+    let (code, said) = exec(&name, "slipway install --service runner2 --user slipway");
+    assert_ne!(code, 0, "a second install must not overwrite: {said}");
+    assert!(said.contains("uninstall"), "{said}");
+    let (code, said) = exec(&name, "slipway start --service runner2");
+    assert_eq!(code, 0, "{said}");
+    let (code, said) = exec(&name, "slipway status --service runner2");
+    assert_eq!(code, 0, "{said}");
+
+    // `stop` while a job runs: the job finishes and is reported, then the service stops.
+    let (code, said) = exec(&name, SUBMIT_SLOW_JOB);
+    assert_eq!(code, 0, "{said}");
+    let running = common::wait_until(Duration::from_secs(120), || {
+        exec(
+            &name,
+            "cat /var/lib/slipway/queue/logs/1.log 2>/dev/null || true",
+        )
+        .1
+        .contains("slow-job-started")
+    });
+    assert!(running, "the job never started: {}", jobs(&name));
+    let (code, said) = exec(&name, "slipway stop --service runner2");
+    assert_eq!(code, 0, "{said}");
+    let listed = jobs(&name);
+    let row = listed
+        .lines()
+        .find(|l| l.contains("slow") && l.contains("test"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        row.contains("success"),
+        "the drain did not let the job finish: {listed}"
+    );
+    let trace = exec(&name, "cat /var/lib/slipway/queue/logs/1.log").1;
+    assert!(trace.contains("slow-job-finished"), "{trace}");
+    let journal = exec(&name, "journalctl -u runner2 --no-pager").1;
+    assert!(journal.contains("SIGQUIT"), "{journal}");
+
+    // `uninstall` takes the unit away.
+    let (code, said) = exec(&name, "slipway uninstall --service runner2");
+    assert_eq!(code, 0, "{said}");
+    let (code, _) = exec(&name, "test -e /etc/systemd/system/runner2.service");
+    assert_ne!(code, 0, "the unit file is still there");
+    let (code, said) = exec(&name, "slipway status --service runner2");
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("not installed"), "{said}");
+}
+
+/// `install --print` gives the unit for the flags; where systemd does not run (this machine),
+/// `install` prints it too and the other service commands say what to do instead.
+#[test]
+fn install_prints_the_unit_and_without_systemd_the_rest_say_why_not() {
+    let w = common::World::new();
+    let cfg = w.write(
+        "config.toml",
+        "concurrent = 1\nshutdown_timeout = 60\n[[runners]]\n  name = \"x\"\n  executor = \"shell\"\n",
+    );
+    let cfg = cfg.to_str().unwrap();
+    let out = w.run(&["install", "--print", "--user", "root", "--config", cfg]);
+    assert_eq!(out.code, Some(0), "{}", out.explain());
+    let unit = &out.stdout;
+    assert!(unit.contains(&format!("--config {cfg}")), "{unit}");
+    assert!(unit.contains("User=root"), "{unit}");
+    assert!(
+        unit.contains("TimeoutStopSec=360"),
+        "shutdown_timeout 60 s + 300 s to report and remove: {unit}"
+    );
+    let out = w.run(&["install", "--print", "--user", "no-such-user-here"]);
+    assert!(out.stderr.contains("--user: no user"), "{}", out.explain());
+    let out = w.run(&[
+        "install",
+        "--print",
+        "--user",
+        "root",
+        "--config",
+        "/a b/config.toml",
+    ]);
+    assert!(out.stderr.contains("--config: "), "{}", out.explain());
+    if Path::new("/run/systemd/system").exists() {
+        // A systemd host: the commands would act on it (service_commands_drive_systemd covers
+        // them in a container).
+        return;
+    }
+    let out = w.run(&["install", "--user", "root", "--config", cfg]);
+    assert_eq!(out.code, Some(0), "{}", out.explain());
+    assert_eq!(
+        &out.stdout, unit,
+        "without systemd, install prints the unit"
+    );
+    assert!(
+        out.stderr.contains("systemd is not running"),
+        "{}",
+        out.explain()
+    );
+    for cmd in ["start", "stop", "uninstall"] {
+        let out = w.run(&[cmd]);
+        assert_ne!(out.code, Some(0), "{cmd}: {}", out.explain());
+        assert!(
+            out.stderr.contains("systemd is not running"),
+            "{cmd}: {}",
+            out.explain()
+        );
+    }
 }
