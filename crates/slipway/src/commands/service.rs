@@ -92,8 +92,6 @@ KillMode=mixed
 TimeoutStopSec={stop}
 Restart=always
 RestartSec=5
-# Slots (cgroup isolation) make their cgroups below the service's own.
-Delegate=yes
 
 [Install]
 WantedBy=multi-user.target
