@@ -31,9 +31,9 @@ test:
 build:
 	$(CARGO) build --workspace --all-targets
 
-## The Debian package (release build, cargo-deb): target/debian/slipway_VERSION_amd64.deb.
+## The Debian package (release build, cargo-deb): target/dist/slipway_VERSION_amd64.deb.
 deb:
-	@scripts/deps.sh package
+	@scripts/deps.sh deb
 	scripts/package.sh deb
 
 ## The container image slipway:VERSION (and :latest): the package in a Debian root made here.

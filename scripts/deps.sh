@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# Installs what Slipway's demo (`deps.sh demo`), VM demo (`deps.sh demo-vm`), package and image
-# (`deps.sh package`) or test suite (`deps.sh test`) needs on Debian, or says exactly what is
+# Installs what Slipway's demo (`deps.sh demo`), VM demo (`deps.sh demo-vm`), Debian package
+# (`deps.sh deb`), image (`deps.sh package`) or test suite (`deps.sh test`) needs on Debian, or says exactly what is
 # missing when not run as root.
 set -euo pipefail
 what=${1:-test}
 case "$what" in
-  demo | demo-vm | package | test) ;;
-  *) echo "deps: unknown set \"$what\": expected demo, demo-vm, package or test" >&2; exit 2 ;;
+  demo | demo-vm | deb | package | test) ;;
+  *) echo "deps: unknown set \"$what\": expected demo, demo-vm, deb, package or test" >&2; exit 2 ;;
 esac
 
 missing=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
-have sshd || missing+=(openssh-server)
-have ssh-keygen || missing+=(openssh-client)
-have ip || missing+=(iproute2)
-have nsenter || missing+=(util-linux)
-have tar || missing+=(tar)
-# GitLab jobs' repositories are fetched on the manager.
-have git || missing+=(git)
-# Repositories with LFS objects (GitLab jobs; the git test server serves an LFS endpoint).
-git lfs version >/dev/null 2>&1 || missing+=(git-lfs)
-have gzip || missing+=(gzip)
+if [ "$what" != deb ]; then
+  have sshd || missing+=(openssh-server)
+  have ssh-keygen || missing+=(openssh-client)
+  have ip || missing+=(iproute2)
+  have nsenter || missing+=(util-linux)
+  have tar || missing+=(tar)
+  # GitLab jobs' repositories are fetched on the manager.
+  have git || missing+=(git)
+  # Repositories with LFS objects (GitLab jobs; the git test server serves an LFS endpoint).
+  git lfs version >/dev/null 2>&1 || missing+=(git-lfs)
+  have gzip || missing+=(gzip)
+fi
 if [ "$what" = test ]; then
   have python3 || missing+=(python3)
   have pgrep || missing+=(procps)
@@ -118,7 +120,7 @@ if [ "$what" = test ]; then
   fi
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }
-if [ "$what" = test ] || [ "$what" = package ]; then
+if [ "$what" = test ] || [ "$what" = package ] || [ "$what" = deb ]; then
   # `make deb` and the package tests build the .deb with cargo-deb.
   if ! cargo deb --version >/dev/null 2>&1; then
     echo "deps: installing cargo-deb (cargo install)"

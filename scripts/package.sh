@@ -2,13 +2,16 @@
 # Slipway's Debian package, a Debian root with it installed, and the container image made from
 # that root (no registry is reachable: the base is debootstrapped here).
 #
-#   scripts/package.sh deb [--dev [OUT]]  build target/debian/slipway_VERSION_amd64.deb (cargo-deb);
+#   scripts/package.sh deb [--dev [OUT]]  build target/dist/slipway_VERSION_amd64.deb (cargo-deb);
 #                                       --dev packages the debug build already made (tests), at OUT
 #   scripts/package.sh root DEB DIR     a Debian bookworm root at DIR with DEB installed
 #   scripts/package.sh in-root DIR CMD  run CMD in DIR (chroot with /proc, /dev, /sys; a private
 #                                       mount and pid namespace: nothing outlives CMD)
 #   scripts/package.sh image [DEB]      the image slipway:VERSION (and :latest) from such a root
+#                                       (SLIPWAY_IMAGE_TAG=NAME:TAG: that tag alone)
 set -euo pipefail
+# A failing command inside $(...) stops the script too (a failed build must not be packaged).
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 SUITE=bookworm
@@ -49,15 +52,21 @@ cmd_deb() {
     local deb=${2:-$out/slipway_$(version)_amd64-dev.deb}
     (
       flock 9
-      cargo deb -q -p slipway --no-build --profile dev --fast --output "$deb" 2>&1 \
-        | grep -v 'dev profile\|debug symbols set\|Cargo also supports\|^target/debian/' >&2 || true
-      [ -f "$deb" ] || die "cargo deb made no $deb"
+      rm -f "$deb"
+      local log
+      # cargo-deb warns that a dev profile is unusual; only its errors are worth showing.
+      log=$(cargo deb -q -p slipway --no-build --profile dev --fast --output "$deb" 2>&1) \
+        || die "cargo deb failed: $log"
+      [ -f "$deb" ] || die "cargo deb made no $deb: $log"
     ) 9>"$out/.dev.lock"
     echo "$deb"
   else
     cargo build --release "${bins[@]}" --bins >&2
-    cargo deb -p slipway --no-build --output "$out/slipway_$(version)_amd64.deb" >&2
-    echo "$out/slipway_$(version)_amd64.deb"
+    # Not in target/debian: cargo-deb deletes earlier slipway_*.deb there on every run, the
+    # tests' included.
+    mkdir -p target/dist
+    cargo deb -p slipway --no-build --output "target/dist/slipway_$(version)_amd64.deb" >&2
+    echo "target/dist/slipway_$(version)_amd64.deb"
   fi
 }
 
@@ -125,7 +134,8 @@ cmd_image() {
   # The image's own files only: no host resolver, apt lists or logs.
   rm -rf "$work/root/etc/resolv.conf" "$work/root/var/lib/apt/lists/"* "$work/root/var/log/"*
   local tag old
-  tag=slipway:$(version)
+  # SLIPWAY_IMAGE_TAG: the tests' own tag, so that they never replace an operator's image.
+  tag=${SLIPWAY_IMAGE_TAG:-slipway:$(version)}
   old=$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
   tar -C "$work/root" --numeric-owner -c . | docker import - slipway-rootfs:build >/dev/null
   # `docker import --change` takes no STOPSIGNAL: the image's settings come from a build on it.
@@ -144,7 +154,7 @@ DOCKERFILE
   DOCKER_BUILDKIT=0 docker build -q -t "$tag" "$work/context" >/dev/null 2>"$work/build.err" \
     || { cat "$work/build.err" >&2; docker rmi slipway-rootfs:build >/dev/null 2>&1 || true; die "docker build failed"; }
   docker rmi slipway-rootfs:build >/dev/null
-  docker tag "$tag" slipway:latest
+  [ -n "${SLIPWAY_IMAGE_TAG:-}" ] || docker tag "$tag" slipway:latest
   # The image this one replaces (same version, an earlier build) goes, unless a container uses it.
   if [ -n "$old" ] && [ "$old" != "$(docker image inspect -f '{{.Id}}' "$tag")" ]; then
     docker rmi "$old" >/dev/null 2>&1 || true

@@ -145,7 +145,8 @@ impl Default for AutoscalerConfig {
 pub struct StateStorageConfig {
     /// Keep instances, use counts and acquisitions across restarts.
     pub enabled: bool,
-    /// Directory of the store (default: `.slipway-state` beside config.toml).
+    /// Directory of the store (default: the global `state_dir`, else `.slipway-state` beside
+    /// config.toml).
     pub dir: Option<String>,
     /// Keep a restored instance that still had acquisitions.
     pub keep_instance_with_acquisitions: bool,

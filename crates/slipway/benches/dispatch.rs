@@ -57,6 +57,7 @@ async fn bench() -> anyhow::Result<()> {
             handshake_timeout: None,
             delete_instances_on_shutdown: true,
             state_dir: Some(run_dir.path().join("state")),
+            work_dir: None,
             metrics: None,
             job_metrics: None,
             concurrent: 1,

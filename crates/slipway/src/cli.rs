@@ -20,7 +20,8 @@ pub struct Cli {
     /// Log level for the manager's own messages (error, warn, info, debug, trace).
     #[arg(long, global = true, env = "SLIPWAY_LOG")]
     pub log_level: Option<String>,
-    /// The embedded job queue's directory (default: `.slipway-queue` beside config.toml).
+    /// The embedded job queue's directory (default: `queue` in config.toml's `state_dir`, else
+    /// `.slipway-queue` beside config.toml).
     #[arg(long, global = true, env = "SLIPWAY_QUEUE")]
     pub queue: Option<PathBuf>,
     #[command(subcommand)]

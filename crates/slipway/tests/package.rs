@@ -19,6 +19,9 @@ fn repo() -> PathBuf {
 }
 
 /// `scripts/package.sh ARGS` with this test build's target directory; its output.
+/// The tests' image tag (never an operator's `slipway:VERSION` or `slipway:latest`).
+const TEST_IMAGE: &str = "slipway-test:latest";
+
 fn package(args: &[&str]) -> Output {
     let target = common::slipway()
         .parent()
@@ -29,6 +32,7 @@ fn package(args: &[&str]) -> Output {
         .arg(repo().join("scripts/package.sh"))
         .args(args)
         .env("CARGO_TARGET_DIR", target)
+        .env("SLIPWAY_IMAGE_TAG", TEST_IMAGE)
         .output()
         .expect("running scripts/package.sh");
     assert!(
@@ -229,7 +233,7 @@ fn image() -> String {
         let deb = deb_in(dir.path());
         let built = package(&["image", deb.to_str().unwrap()]);
         let tag = stdout(&built).trim().to_string();
-        assert!(tag.starts_with("slipway:"), "image tag {tag:?}");
+        assert_eq!(tag, TEST_IMAGE);
         tag
     })
     .clone()
@@ -408,6 +412,13 @@ fn service_commands_drive_systemd() {
     assert_eq!(code, 1, "{said}");
     assert!(said.contains("not running"), "{said}");
 
+    // The package's unit is not shadowed by one `install` would write in /etc.
+    let (code, said) = exec(&name, "slipway install --user root");
+    assert_ne!(code, 0, "{said}");
+    assert!(
+        said.contains("already installed at /lib/systemd/system/slipway.service"),
+        "{said}"
+    );
     // `install` writes and enables a unit of its own; `start` starts it.
     let (code, said) = exec(
         &name,

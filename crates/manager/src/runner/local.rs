@@ -67,10 +67,14 @@ pub(super) fn start_local(
     })?;
     let builds_dir = cfg.builds_dir.clone().unwrap_or_else(|| {
         let base = opts
-            .state_dir
-            .as_deref()
-            .and_then(Path::parent)
-            .map(Path::to_path_buf)
+            .work_dir
+            .clone()
+            .or_else(|| {
+                opts.state_dir
+                    .as_deref()
+                    .and_then(Path::parent)
+                    .map(Path::to_path_buf)
+            })
             .or_else(|| std::env::current_dir().ok())
             .unwrap_or_else(std::env::temp_dir);
         base.join("builds").display().to_string()

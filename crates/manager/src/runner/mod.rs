@@ -119,6 +119,10 @@ pub struct StartOptions {
     pub delete_instances_on_shutdown: bool,
     /// `state_storage.dir` when the config names none (`run`: beside config.toml).
     pub state_dir: Option<PathBuf>,
+    /// Where a runner on this machine (shell, docker, custom) keeps `builds/` and `cache/` when
+    /// the config names none (`run`: the config's `state_dir`, else beside config.toml);
+    /// unset: beside `state_dir`.
+    pub work_dir: Option<PathBuf>,
     /// Metric families shared by every runner of the process (default: the runner's own).
     pub metrics: Option<Arc<MetricFamilies>>,
     /// Job metric families shared by every runner of the process (default: the runner's own).

@@ -14,7 +14,7 @@ pub struct SubmitArgs {
     /// Pipeline file.
     #[arg(default_value = ".gitlab-ci.yml")]
     pub file: PathBuf,
-    /// config.toml whose queue to use (the queue lives beside it).
+    /// config.toml whose queue to use (its `state_dir`, else beside it, holds the queue).
     #[arg(short, long, default_value = "config.toml")]
     pub config: PathBuf,
     /// Warn about pipeline keys this version does not support instead of failing.
@@ -28,7 +28,7 @@ pub struct CancelArgs {
     /// Job ids (as `slipway submit` and `slipway jobs` print them).
     #[arg(required = true)]
     pub ids: Vec<u64>,
-    /// config.toml whose queue to use (the queue lives beside it).
+    /// config.toml whose queue to use (its `state_dir`, else beside it, holds the queue).
     #[arg(short, long, default_value = "config.toml")]
     pub config: PathBuf,
 }
@@ -36,7 +36,7 @@ pub struct CancelArgs {
 /// What `slipway jobs` takes.
 #[derive(Debug, clap::Args)]
 pub struct JobsArgs {
-    /// config.toml whose queue to list (the queue lives beside it).
+    /// config.toml whose queue to list (its `state_dir`, else beside it, holds the queue).
     #[arg(short, long, default_value = "config.toml")]
     pub config: PathBuf,
 }

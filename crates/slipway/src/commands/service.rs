@@ -90,7 +90,8 @@ KillSignal=SIGQUIT
 # The drain signal goes to the manager only; its plugins stop when it says so.
 KillMode=mixed
 TimeoutStopSec={stop}
-Restart=always
+# A drained manager exits 0 and stays stopped; a crash restarts it.
+Restart=on-failure
 RestartSec=5
 
 [Install]
@@ -137,21 +138,42 @@ fn no_systemd(what: &str) -> anyhow::Error {
     )
 }
 
-/// The unit `args` describe, checked.
-async fn unit_of(args: &InstallArgs) -> anyhow::Result<Unit> {
-    plain("--service", &args.service)?;
-    let user = match &args.user {
-        Some(u) => u.clone(),
+/// A service name: what systemd accepts in a unit name, and no path.
+fn service_name(name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'));
+    if !ok {
+        bail!("--service: {name:?}: expected letters, digits, '-', '_', '.' or '@'");
+    }
+    Ok(())
+}
+
+/// The passwd entry of `user`, or of this process's user (NSS lookups block: off the runtime).
+async fn passwd_entry(user: Option<String>) -> anyhow::Result<nix::unistd::User> {
+    tokio::task::spawn_blocking(move || match user {
+        Some(u) => {
+            plain("--user", &u)?;
+            nix::unistd::User::from_name(&u)
+                .with_context(|| format!("--user: looking up {u:?}"))?
+                .with_context(|| format!("--user: no user {u:?} on this machine"))
+        }
         None => nix::unistd::User::from_uid(nix::unistd::geteuid())
             .ok()
             .flatten()
-            .map(|u| u.name)
-            .context("this process's user has no passwd entry: give --user")?,
-    };
+            .context("this process's user has no passwd entry: give --user"),
+    })
+    .await
+    .context("looking up the user")?
+}
+
+/// The unit `args` describe, checked.
+async fn unit_of(args: &InstallArgs) -> anyhow::Result<Unit> {
+    service_name(&args.service)?;
+    let entry = passwd_entry(args.user.clone()).await?;
+    let user = entry.name.clone();
     plain("--user", &user)?;
-    let entry = nix::unistd::User::from_name(&user)
-        .with_context(|| format!("--user: looking up {user:?}"))?
-        .with_context(|| format!("--user: no user {user:?} on this machine"))?;
     let config = absolute(&args.config)?;
     plain("--config", &config.display().to_string())?;
     let working_directory = match &args.working_directory {
@@ -209,13 +231,39 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
             args.service
         );
     }
+    // A unit of this name elsewhere (the package's, in /lib/systemd/system) would be shadowed
+    // while it keeps running as it was: change that one instead.
+    let loaded = systemctl(&[
+        "show",
+        &unit_name(&args.service),
+        "--property=LoadState,FragmentPath",
+    ])
+    .await?;
+    if let Some(fragment) = loaded
+        .lines()
+        .find_map(|l| l.strip_prefix("FragmentPath="))
+        .filter(|f| !f.is_empty())
+    {
+        bail!(
+            "{}.service is already installed at {fragment}: change it with `systemctl edit {}` \
+             (e.g. [Service] User=root), or give another --service",
+            args.service,
+            args.service
+        );
+    }
     let tmp = path.with_extension("service.tmp");
-    tokio::fs::write(&tmp, &text)
-        .await
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    tokio::fs::rename(&tmp, &path)
-        .await
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    if let Err(e) = tokio::fs::write(&tmp, &text).await {
+        let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+            " (installing a service needs root)"
+        } else {
+            ""
+        };
+        bail!("writing {}: {e}{hint}", tmp.display());
+    }
+    if let Err(e) = tokio::fs::rename(&tmp, &path).await {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        bail!("renaming {} to {}: {e}", tmp.display(), path.display());
+    }
     systemctl(&["daemon-reload"]).await?;
     systemctl(&["enable", &unit_name(&args.service)]).await?;
     println!(
@@ -229,6 +277,7 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
 
 /// `slipway start`.
 pub async fn start(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    service_name(&args.service)?;
     if !systemd_runs() {
         return Err(no_systemd("start the service"));
     }
@@ -239,6 +288,7 @@ pub async fn start(args: ServiceArgs) -> anyhow::Result<ExitCode> {
 
 /// `slipway stop`: a drain (the unit's stop signal is SIGQUIT).
 pub async fn stop(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    service_name(&args.service)?;
     if !systemd_runs() {
         return Err(no_systemd("stop the service"));
     }
@@ -253,6 +303,7 @@ pub async fn stop(args: ServiceArgs) -> anyhow::Result<ExitCode> {
 
 /// `slipway status`: exit 0 when the service runs, 1 otherwise.
 pub async fn status(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    service_name(&args.service)?;
     if !systemd_runs() {
         return Err(no_systemd("read the service's status"));
     }
@@ -294,6 +345,7 @@ pub async fn status(args: ServiceArgs) -> anyhow::Result<ExitCode> {
 
 /// `slipway uninstall`: drain and stop the service, disable it, remove the unit `install` wrote.
 pub async fn uninstall(args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    service_name(&args.service)?;
     if !systemd_runs() {
         return Err(no_systemd("uninstall the service"));
     }
@@ -371,5 +423,10 @@ mod tests {
             assert!(e.starts_with("--user: "), "{e}");
         }
         plain("--config", "/etc/slipway/config.toml").unwrap();
+        for bad in ["../x", "a/b", "", "a b"] {
+            let e = service_name(bad).unwrap_err().to_string();
+            assert!(e.starts_with("--service: "), "{e}");
+        }
+        service_name("slipway-2@x.y_z").unwrap();
     }
 }

@@ -224,6 +224,7 @@ pub async fn run(
         handshake_timeout: opts.plugin_start_timeout,
         delete_instances_on_shutdown: true,
         state_dir: Some(run_dir.path().join("state")),
+        work_dir: None,
         metrics: None,
         job_metrics: None,
         concurrent: opts.concurrent,
