@@ -65,7 +65,8 @@ cmd_deb() {
     # Not in target/debian: cargo-deb deletes earlier slipway_*.deb there on every run, the
     # tests' included.
     mkdir -p target/dist
-    cargo deb -p slipway --no-build --output "target/dist/slipway_$(version)_amd64.deb" >&2
+    # --strip: the release profile keeps line tables for backtraces, which cargo-deb would ship.
+    cargo deb -p slipway --no-build --strip --output "target/dist/slipway_$(version)_amd64.deb" >&2
     echo "target/dist/slipway_$(version)_amd64.deb"
   fi
 }

@@ -99,3 +99,48 @@ fn a_queued_job_gets_the_runners_environment_and_build_scripts() {
         ],
     );
 }
+
+/// With `state_dir` set (as the Debian package sets /var/lib/slipway), the queue, the state and
+/// a local runner's default builds directory live in it, not beside config.toml or above it.
+#[test]
+fn state_dir_holds_the_queue_the_state_and_the_default_builds() {
+    let w = World::new();
+    std::fs::create_dir_all(w.path().join("etc")).unwrap();
+    let cfg = w.write(
+        "etc/config.toml",
+        "concurrent = 1\nstate_dir = \"../var\"\n[[runners]]\n  name = \"here\"\n  executor = \"shell\"\n",
+    );
+    let file = w.write("pipeline.yml", "job:\n  script:\n    - pwd\n");
+    let submitted = w.run(&[
+        "submit",
+        "-c",
+        cfg.to_str().unwrap(),
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(submitted.code, Some(0), "{}", submitted.explain());
+    let state = w.path().join("etc/../var");
+    let queue = Queue::open(state.join("queue")).unwrap();
+    assert_eq!(
+        queue.list().unwrap().len(),
+        1,
+        "the job is not in state_dir/queue"
+    );
+    let manager = w
+        .slipway(&["run", "-c", cfg.to_str().unwrap()])
+        .spawn()
+        .expect("spawn manager");
+    let done = wait_until(Duration::from_secs(60), || {
+        queue.result(1).unwrap().is_some()
+    });
+    stop_manager(&w, manager);
+    assert!(done, "{:?}", queue.list().unwrap());
+    let log = std::fs::read_to_string(queue.log_path(1)).unwrap();
+    let builds = std::fs::canonicalize(w.path().join("var/builds")).unwrap();
+    assert!(log.contains(&builds.display().to_string()), "{log}");
+    assert!(!w.path().join("etc/.slipway-queue").exists());
+    assert!(!w.path().join("etc/.slipway-state").exists());
+    assert!(
+        !w.path().join("builds").exists(),
+        "builds/ landed above state_dir"
+    );
+}
