@@ -58,11 +58,14 @@ fn a_local_pipeline_gets_the_runners_environment_and_build_scripts() {
     );
 }
 
-#[test]
-fn a_queued_job_gets_the_runners_environment_and_build_scripts() {
-    let w = World::new();
-    let cfg = w.write("config.toml", CONFIG);
-    let file = w.write("pipeline.yml", PIPELINE);
+/// Submit `file` to the queue of `cfg`, run the manager until job `id`'s result is in `queue`,
+/// stop it; the job's trace.
+fn run_queued(
+    w: &World,
+    cfg: &std::path::Path,
+    file: &std::path::Path,
+    queue_dir: &std::path::Path,
+) -> String {
     let submitted = w.run(&[
         "submit",
         "-c",
@@ -77,7 +80,12 @@ fn a_queued_job_gets_the_runners_environment_and_build_scripts() {
         .unwrap()
         .parse()
         .unwrap();
-    let queue = Queue::open(w.path().join(".slipway-queue")).unwrap();
+    let queue = Queue::open(queue_dir).unwrap();
+    assert!(
+        queue.list().unwrap().iter().any(|e| e.id == id),
+        "job {id} is not in {}",
+        queue_dir.display()
+    );
     let manager = w
         .slipway(&["run", "-c", cfg.to_str().unwrap()])
         .spawn()
@@ -85,11 +93,19 @@ fn a_queued_job_gets_the_runners_environment_and_build_scripts() {
     let done = wait_until(Duration::from_secs(60), || {
         queue.result(id).unwrap().is_some()
     });
-    stop_manager(&w, manager);
+    stop_manager(w, manager);
     assert!(done, "{:?}", queue.list().unwrap());
     let r = queue.result(id).unwrap().unwrap();
     assert_eq!(r.status, ResultStatus::Success, "{r:?}");
-    let log = std::fs::read_to_string(queue.log_path(id)).unwrap();
+    std::fs::read_to_string(queue.log_path(id)).unwrap()
+}
+
+#[test]
+fn a_queued_job_gets_the_runners_environment_and_build_scripts() {
+    let w = World::new();
+    let cfg = w.write("config.toml", CONFIG);
+    let file = w.write("pipeline.yml", PIPELINE);
+    let log = run_queued(&w, &cfg, &file, &w.path().join(".slipway-queue"));
     in_order(
         &log,
         &[
@@ -111,30 +127,7 @@ fn state_dir_holds_the_queue_the_state_and_the_default_builds() {
         "concurrent = 1\nstate_dir = \"../var\"\n[[runners]]\n  name = \"here\"\n  executor = \"shell\"\n",
     );
     let file = w.write("pipeline.yml", "job:\n  script:\n    - pwd\n");
-    let submitted = w.run(&[
-        "submit",
-        "-c",
-        cfg.to_str().unwrap(),
-        file.to_str().unwrap(),
-    ]);
-    assert_eq!(submitted.code, Some(0), "{}", submitted.explain());
-    let state = w.path().join("etc/../var");
-    let queue = Queue::open(state.join("queue")).unwrap();
-    assert_eq!(
-        queue.list().unwrap().len(),
-        1,
-        "the job is not in state_dir/queue"
-    );
-    let manager = w
-        .slipway(&["run", "-c", cfg.to_str().unwrap()])
-        .spawn()
-        .expect("spawn manager");
-    let done = wait_until(Duration::from_secs(60), || {
-        queue.result(1).unwrap().is_some()
-    });
-    stop_manager(&w, manager);
-    assert!(done, "{:?}", queue.list().unwrap());
-    let log = std::fs::read_to_string(queue.log_path(1)).unwrap();
+    let log = run_queued(&w, &cfg, &file, &w.path().join("var/queue"));
     let builds = std::fs::canonicalize(w.path().join("var/builds")).unwrap();
     assert!(log.contains(&builds.display().to_string()), "{log}");
     assert!(!w.path().join("etc/.slipway-queue").exists());
