@@ -178,6 +178,15 @@ pub fn queue_dir(config: &Path, configured: Option<&Path>) -> PathBuf {
     }
 }
 
+/// Where runners on this machine keep `builds/` and `cache/` by default: in the configured
+/// `state_dir`, else beside the file.
+pub fn work_dir(config: &Path, configured: Option<&Path>) -> PathBuf {
+    match configured {
+        Some(dir) => config_dir(config).join(dir),
+        None => config_dir(config).to_path_buf(),
+    }
+}
+
 /// Only the `state_dir` key of the file at `config`, for commands that use the queue without
 /// the whole config (`submit`, `jobs`, `cancel`): `None` when the file or the key is absent.
 pub async fn state_dir_setting(config: &Path) -> Result<Option<PathBuf>, crate::ConfigError> {
@@ -223,6 +232,7 @@ mod tests {
     #[test]
     fn state_and_queue_sit_beside_the_file_unless_state_dir_says() {
         let cfg = Path::new("/etc/slipway/config.toml");
+        assert_eq!(work_dir(cfg, None), Path::new("/etc/slipway"));
         assert_eq!(
             state_dir(cfg, None),
             Path::new("/etc/slipway/.slipway-state")
@@ -234,6 +244,7 @@ mod tests {
         let set = Some(Path::new("/var/lib/slipway"));
         assert_eq!(state_dir(cfg, set), Path::new("/var/lib/slipway"));
         assert_eq!(queue_dir(cfg, set), Path::new("/var/lib/slipway/queue"));
+        assert_eq!(work_dir(cfg, set), Path::new("/var/lib/slipway"));
         // Relative to the file's directory, as every path in it.
         let rel = Some(Path::new("state"));
         assert_eq!(

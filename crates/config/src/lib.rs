@@ -34,7 +34,7 @@ pub use connector::{ConnectorConfigError, ConnectorConfigToml};
 pub use custom::CustomBuildDirConfig;
 pub use embedded::EMBEDDED;
 pub use executor::{Executor, UnknownExecutor};
-pub use global::{Config, certs_dir, queue_dir, state_dir, state_dir_setting};
+pub use global::{Config, certs_dir, queue_dir, state_dir, state_dir_setting, work_dir};
 pub use instance::InstanceConfig;
 pub use plugin::ExecutorPluginConfig;
 pub use policy::PolicyConfig;

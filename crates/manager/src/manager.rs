@@ -89,19 +89,13 @@ async fn run_manager(
     let families = std::sync::Arc::new(slipway_taskscaler::metrics::MetricFamilies::default());
     let job_metrics = slipway_status::JobMetrics::default();
     let state_dir = config::state_dir(config_path, loaded.config.state_dir.as_deref());
-    // builds/ and cache/ of runners on this machine: in state_dir when the config sets one
-    // (/var/lib/slipway), else beside config.toml as before.
-    let work_dir = match loaded.config.state_dir {
-        Some(_) => state_dir.clone(),
-        None => state_dir
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default(),
-    };
     let opts = runner::StartOptions {
         plugin_dir,
-        state_dir: Some(state_dir),
-        work_dir: Some(work_dir),
+        state_dir: Some(state_dir.clone()),
+        work_dir: Some(config::work_dir(
+            config_path,
+            loaded.config.state_dir.as_deref(),
+        )),
         metrics: Some(families.clone()),
         job_metrics: Some(job_metrics.clone()),
         concurrent: loaded.config.concurrent,
@@ -190,7 +184,7 @@ async fn run_manager(
         };
         if gitlab::serves_gitlab(cfg) {
             let opts = gitlab::SourceOptions {
-                state_dir: config::state_dir(config_path, loaded.config.state_dir.as_deref()),
+                state_dir: state_dir.clone(),
                 certs_dir: config::certs_dir(config_path),
                 check_interval: std::time::Duration::from_secs(
                     match loaded.config.check_interval {

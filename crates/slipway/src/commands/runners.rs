@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
-use slipway_config::RunnerConfig;
+use slipway_config::{Loaded, RunnerConfig};
 use slipway_jobs::gitlab::{ClientConfig, GitlabClient, GitlabError, Secret, SystemId};
 use slipway_manager::source::gitlab::{serves_gitlab, system_id_path, version_info};
 
@@ -107,7 +107,7 @@ pub async fn unregister(args: UnregisterArgs) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     for r in chosen {
         if serves_gitlab(r) {
-            match unregister_one(r, &args.config).await {
+            match unregister_one(r, &args.config, &loaded).await {
                 Ok(what) => println!(
                     "Unregistering runner from GitLab succeeded runner={} ({what})",
                     r.name
@@ -147,7 +147,7 @@ pub async fn unregister(args: UnregisterArgs) -> anyhow::Result<ExitCode> {
 /// Check each runner's token with GitLab; with `delete`, drop the dead ones from the file.
 pub async fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let loaded = slipway_config::load(&args.config).await?;
-    let system_id = system_id_of(&args.config).await?;
+    let system_id = system_id_of(&args.config, &loaded).await?;
     let mut dead = Vec::new();
     let mut failed = false;
     for r in loaded.config.runners.iter().filter(|r| serves_gitlab(r)) {
@@ -207,20 +207,25 @@ fn client_of(r: &RunnerConfig, config: &Path) -> anyhow::Result<GitlabClient> {
         .with_context(|| format!("runner {}: GitLab client for {}", r.name, r.url.trim()))
 }
 
-async fn system_id_of(config: &Path) -> anyhow::Result<SystemId> {
-    let setting = slipway_config::state_dir_setting(config).await?;
-    let path = system_id_path(&slipway_config::state_dir(config, setting.as_deref()));
+/// This manager's system id, in the state directory of `loaded` (read from `config`).
+async fn system_id_of(config: &Path, loaded: &Loaded) -> anyhow::Result<SystemId> {
+    let state = slipway_config::state_dir(config, loaded.config.state_dir.as_deref());
+    let path = system_id_path(&state);
     SystemId::load_or_create(&path)
         .await
         .with_context(|| format!("system id {}", path.display()))
 }
 
 /// Unregister one runner as GitLab Runner does; what was removed.
-async fn unregister_one(r: &RunnerConfig, config: &Path) -> anyhow::Result<&'static str> {
+async fn unregister_one(
+    r: &RunnerConfig,
+    config: &Path,
+    loaded: &Loaded,
+) -> anyhow::Result<&'static str> {
     let token = Secret::new(r.token.trim());
     let client = client_of(r, config)?;
     if token.expose().starts_with("glrt-") {
-        let system_id = system_id_of(config).await?;
+        let system_id = system_id_of(config, loaded).await?;
         client.unregister_manager(&token, &system_id).await?;
         Ok("this manager removed; delete the runner itself in GitLab's UI")
     } else {
