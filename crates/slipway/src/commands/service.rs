@@ -153,12 +153,9 @@ fn service_name(name: &str) -> anyhow::Result<()> {
 /// The passwd entry of `user`, or of this process's user (NSS lookups block: off the runtime).
 async fn passwd_entry(user: Option<String>) -> anyhow::Result<nix::unistd::User> {
     tokio::task::spawn_blocking(move || match user {
-        Some(u) => {
-            plain("--user", &u)?;
-            nix::unistd::User::from_name(&u)
-                .with_context(|| format!("--user: looking up {u:?}"))?
-                .with_context(|| format!("--user: no user {u:?} on this machine"))
-        }
+        Some(u) => nix::unistd::User::from_name(&u)
+            .with_context(|| format!("--user: looking up {u:?}"))?
+            .with_context(|| format!("--user: no user {u:?} on this machine")),
         None => nix::unistd::User::from_uid(nix::unistd::geteuid())
             .ok()
             .flatten()
@@ -223,7 +220,7 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
         print!("{text}");
         return Ok(ExitCode::SUCCESS);
     }
-    let path = Path::new(UNIT_DIR).join(format!("{}.service", args.service));
+    let path = Path::new(UNIT_DIR).join(unit_name(&args.service));
     if tokio::fs::try_exists(&path).await.unwrap_or(false) {
         bail!(
             "{} exists: `slipway uninstall --service {}` first",
@@ -233,17 +230,9 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
     }
     // A unit of this name elsewhere (the package's, in /lib/systemd/system) would be shadowed
     // while it keeps running as it was: change that one instead.
-    let loaded = systemctl(&[
-        "show",
-        &unit_name(&args.service),
-        "--property=LoadState,FragmentPath",
-    ])
-    .await?;
-    if let Some(fragment) = loaded
-        .lines()
-        .find_map(|l| l.strip_prefix("FragmentPath="))
-        .filter(|f| !f.is_empty())
-    {
+    let shown = properties(&unit_name(&args.service), "FragmentPath").await?;
+    let fragment = shown.get("FragmentPath");
+    if !fragment.is_empty() {
         bail!(
             "{}.service is already installed at {fragment}: change it with `systemctl edit {}` \
              (e.g. [Service] User=root), or give another --service",
@@ -277,54 +266,35 @@ pub async fn install(args: InstallArgs) -> anyhow::Result<ExitCode> {
 
 /// `slipway start`.
 pub async fn start(args: ServiceArgs) -> anyhow::Result<ExitCode> {
-    service_name(&args.service)?;
-    if !systemd_runs() {
-        return Err(no_systemd("start the service"));
-    }
-    systemctl(&["start", &unit_name(&args.service)]).await?;
+    let unit = service_unit(&args, "start the service")?;
+    systemctl(&["start", &unit]).await?;
     println!("{}: started", args.service);
     Ok(ExitCode::SUCCESS)
 }
 
 /// `slipway stop`: a drain (the unit's stop signal is SIGQUIT).
 pub async fn stop(args: ServiceArgs) -> anyhow::Result<ExitCode> {
-    service_name(&args.service)?;
-    if !systemd_runs() {
-        return Err(no_systemd("stop the service"));
-    }
+    let unit = service_unit(&args, "stop the service")?;
     println!(
         "{}: draining (no new jobs; running jobs finish within shutdown_timeout)",
         args.service
     );
-    systemctl(&["stop", &unit_name(&args.service)]).await?;
+    systemctl(&["stop", &unit]).await?;
     println!("{}: stopped", args.service);
     Ok(ExitCode::SUCCESS)
 }
 
 /// `slipway status`: exit 0 when the service runs, 1 otherwise.
 pub async fn status(args: ServiceArgs) -> anyhow::Result<ExitCode> {
-    service_name(&args.service)?;
-    if !systemd_runs() {
-        return Err(no_systemd("read the service's status"));
-    }
-    let out = systemctl(&[
-        "show",
-        &unit_name(&args.service),
-        "--property=LoadState,ActiveState,SubState,MainPID",
-    ])
-    .await?;
-    let prop = |k: &str| {
-        out.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
-            .unwrap_or("")
-            .to_string()
-    };
+    let unit = service_unit(&args, "read the service's status")?;
+    let shown = properties(&unit, "LoadState,ActiveState,SubState,MainPID").await?;
+    let prop = |k: &str| shown.get(k);
     let name = &args.service;
     if prop("LoadState") == "not-found" {
         println!("{name}: not installed (`slipway install` installs it)");
         return Ok(ExitCode::FAILURE);
     }
-    match prop("ActiveState").as_str() {
+    match prop("ActiveState") {
         "active" => {
             println!("{name}: Service is running (pid {})", prop("MainPID"));
             Ok(ExitCode::SUCCESS)
@@ -345,11 +315,8 @@ pub async fn status(args: ServiceArgs) -> anyhow::Result<ExitCode> {
 
 /// `slipway uninstall`: drain and stop the service, disable it, remove the unit `install` wrote.
 pub async fn uninstall(args: ServiceArgs) -> anyhow::Result<ExitCode> {
-    service_name(&args.service)?;
-    if !systemd_runs() {
-        return Err(no_systemd("uninstall the service"));
-    }
-    let path = Path::new(UNIT_DIR).join(format!("{}.service", args.service));
+    let unit = service_unit(&args, "uninstall the service")?;
+    let path = Path::new(UNIT_DIR).join(&unit);
     if !tokio::fs::try_exists(&path).await.unwrap_or(false) {
         bail!(
             "{} does not exist: the service was not installed by `slipway install` (a packaged \
@@ -357,7 +324,6 @@ pub async fn uninstall(args: ServiceArgs) -> anyhow::Result<ExitCode> {
             path.display()
         );
     }
-    let unit = unit_name(&args.service);
     systemctl(&["stop", &unit]).await?;
     systemctl(&["disable", &unit]).await?;
     tokio::fs::remove_file(&path)
@@ -370,6 +336,34 @@ pub async fn uninstall(args: ServiceArgs) -> anyhow::Result<ExitCode> {
 
 fn unit_name(service: &str) -> String {
     format!("{service}.service")
+}
+
+/// The unit `args` name, once its name is checked and systemd is known to run (`what`: for the
+/// message when it does not).
+fn service_unit(args: &ServiceArgs, what: &str) -> anyhow::Result<String> {
+    service_name(&args.service)?;
+    if !systemd_runs() {
+        return Err(no_systemd(what));
+    }
+    Ok(unit_name(&args.service))
+}
+
+/// `systemctl show UNIT --property=PROPS`, as `key=value` lines.
+struct Properties(String);
+
+impl Properties {
+    /// The value of `key` ("" when absent).
+    fn get(&self, key: &str) -> &str {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or("")
+    }
+}
+
+async fn properties(unit: &str, props: &str) -> anyhow::Result<Properties> {
+    let out = systemctl(&["show", unit, &format!("--property={props}")]).await?;
+    Ok(Properties(out))
 }
 
 /// Run `systemctl ARGS`; its stdout, or an error with its stderr.
