@@ -37,16 +37,16 @@ ensure_cargo_deb() {
 
 cmd_deb() {
   ensure_cargo_deb
-  local bins=(-p slipway -p fleeting-plugin-local -p fleeting-plugin-static -p fleeting-plugin-qemu
-    -p fleeting-plugin-aws -p slipway-guest-agent)
+  # The package's binaries (the assets of [package.metadata.deb]), each its crate's name.
+  local bins=(slipway fleeting-plugin-local fleeting-plugin-static fleeting-plugin-qemu
+    fleeting-plugin-aws slipway-guest-agent)
   local out=target/debian
   mkdir -p "$out"
   if [ "${1:-}" = --dev ]; then
     # The debug binaries a test build already made (no build here: tests run beside it), fast
     # compression (the file is thrown away). One build at a time: tests share the file.
     local b
-    for b in slipway fleeting-plugin-local fleeting-plugin-static fleeting-plugin-qemu \
-      fleeting-plugin-aws slipway-guest-agent; do
+    for b in "${bins[@]}"; do
       [ -x "${CARGO_TARGET_DIR:-target}/debug/$b" ] || die "${CARGO_TARGET_DIR:-target}/debug/$b is missing: cargo build --workspace --bins first"
     done
     local deb=${2:-$out/slipway_$(version)_amd64-dev.deb}
@@ -61,7 +61,7 @@ cmd_deb() {
     ) 9>"$out/.dev.lock"
     echo "$deb"
   else
-    cargo build --release "${bins[@]}" --bins >&2
+    cargo build --release "${bins[@]/#/--package=}" --bins >&2
     # Not in target/debian: cargo-deb deletes earlier slipway_*.deb there on every run, the
     # tests' included.
     mkdir -p target/dist

@@ -212,6 +212,24 @@ fn image_uid(tag: &str) -> u32 {
 /// A container removed with its test.
 struct Container(String);
 
+impl Container {
+    /// `docker run -d` of `tag` with `args`, named `<kind>-<pid>`.
+    fn run(kind: &str, args: &[&str], tag: &str) -> Container {
+        let c = Container(format!("{kind}-{}", std::process::id()));
+        let mut all = vec!["run", "-d", "--name", &c.0];
+        all.extend_from_slice(args);
+        all.push(tag);
+        let started = docker(&all);
+        assert!(started.status.success(), "{started:?}");
+        c
+    }
+
+    /// What it printed, stdout then stderr.
+    fn logs(&self) -> String {
+        output_text(&docker(&["logs", &self.0]))
+    }
+}
+
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = Command::new("docker")
@@ -222,6 +240,11 @@ impl Drop for Container {
 
 fn docker(args: &[&str]) -> Output {
     Command::new("docker").args(args).output().unwrap()
+}
+
+/// stdout then stderr.
+fn output_text(out: &Output) -> String {
+    stdout(out) + &String::from_utf8_lossy(&out.stderr)
 }
 
 /// The image of this build, made once per test process; its tag.
@@ -289,27 +312,21 @@ shutdown_timeout = 30
     for p in [&etc, &state, &etc.join("config.toml")] {
         std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
     }
-    let name = format!("slipway-image-test-{}", std::process::id());
-    let container = Container(name.clone());
-    let started = docker(&[
-        "run",
-        "-d",
-        "--name",
-        &name,
-        // The GitLab test server listens on this machine's loopback.
-        "--network",
-        "host",
-        "-v",
-        &format!("{}:/etc/slipway", etc.display()),
-        "-v",
-        &format!("{}:/var/lib/slipway", state.display()),
+    let container = Container::run(
+        "slipway-image-test",
+        &[
+            // The GitLab test server listens on this machine's loopback.
+            "--network",
+            "host",
+            "-v",
+            &format!("{}:/etc/slipway", etc.display()),
+            "-v",
+            &format!("{}:/var/lib/slipway", state.display()),
+        ],
         &tag,
-    ]);
-    assert!(started.status.success(), "{started:?}");
-    let logs = || {
-        stdout(&docker(&["logs", &name]))
-            + &String::from_utf8_lossy(&docker(&["logs", &name]).stderr)
-    };
+    );
+    let name = container.0.clone();
+    let logs = || container.logs();
     let done = common::wait_until(Duration::from_secs(180), || {
         gl.job(id)
             .is_some_and(|j| matches!(j.state.as_str(), "success" | "failed"))
@@ -332,8 +349,7 @@ shutdown_timeout = 30
 /// `docker exec C sh -c SCRIPT`: exit code and output (stdout and stderr).
 fn exec(container: &str, script: &str) -> (i32, String) {
     let out = docker(&["exec", container, "sh", "-c", script]);
-    let text = stdout(&out) + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text)
+    (out.status.code().unwrap_or(-1), output_text(&out))
 }
 
 /// A job that takes a while, submitted to the embedded queue as the slipway user.
@@ -362,33 +378,30 @@ fn jobs(container: &str) -> String {
 #[test]
 fn service_commands_drive_systemd() {
     let tag = image();
-    let name = format!("slipway-systemd-test-{}", std::process::id());
-    let _container = Container(name.clone());
-    let booted = docker(&[
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "--user",
-        "root",
-        "--entrypoint",
-        "/lib/systemd/systemd",
-        // What systemd needs as a container's init (no --privileged on this machine).
-        "--cap-add",
-        "SYS_ADMIN",
-        "--security-opt",
-        "seccomp=unconfined",
-        "--cgroupns",
-        "host",
-        "-v",
-        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-        "--tmpfs",
-        "/run",
-        "--tmpfs",
-        "/run/lock",
+    let container = Container::run(
+        "slipway-systemd-test",
+        &[
+            "--user",
+            "root",
+            "--entrypoint",
+            "/lib/systemd/systemd",
+            // What systemd needs as a container's init (no --privileged on this machine).
+            "--cap-add",
+            "SYS_ADMIN",
+            "--security-opt",
+            "seccomp=unconfined",
+            "--cgroupns",
+            "host",
+            "-v",
+            "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+            "--tmpfs",
+            "/run",
+            "--tmpfs",
+            "/run/lock",
+        ],
         &tag,
-    ]);
-    assert!(booted.status.success(), "{booted:?}");
+    );
+    let name = container.0.clone();
     // Until systemd's bus is up, systemctl cannot even ask.
     let mut state = String::new();
     common::wait_until(Duration::from_secs(60), || {
