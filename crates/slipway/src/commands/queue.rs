@@ -82,7 +82,7 @@ pub async fn jobs(args: JobsArgs, queue: Option<PathBuf>) -> anyhow::Result<Exit
 }
 
 /// The queue named by `--queue`, else `queue` in config.toml's `state_dir`, else the one
-/// beside config.toml.
+/// beside config.toml (read for its `state_dir` alone: these commands need nothing else).
 pub async fn open(flag: Option<PathBuf>, config: &Path) -> anyhow::Result<Queue> {
     let dir = match flag {
         Some(dir) => dir,
@@ -91,6 +91,11 @@ pub async fn open(flag: Option<PathBuf>, config: &Path) -> anyhow::Result<Queue>
             slipway_config::queue_dir(config, setting.as_deref())
         }
     };
+    open_dir(dir).await
+}
+
+/// The queue in `dir`.
+pub async fn open_dir(dir: PathBuf) -> anyhow::Result<Queue> {
     let queue = blocking(move || Queue::open(dir))
         .await
         .context("opening the job queue")?;

@@ -23,7 +23,11 @@ pub async fn run(args: Args, queue_flag: Option<PathBuf>) -> anyhow::Result<Exit
     let loaded = slipway_config::load(&args.config).await?;
     print_warnings(&loaded);
     let shutdown = signals::manager_signals()?;
-    let queue = queue::open(queue_flag, &args.config).await?;
+    // The config is loaded already: its state_dir names the queue.
+    let dir = queue_flag.unwrap_or_else(|| {
+        slipway_config::queue_dir(&args.config, loaded.config.state_dir.as_deref())
+    });
+    let queue = queue::open_dir(dir).await?;
     Manager {
         loaded: &loaded,
         config_path: &args.config,
