@@ -1,7 +1,7 @@
 //! One `[[runners]]` entry: the keys GitLab Runner writes for it, what its jobs may ask for
 //! (isolation, slot cgroups), and the checks that join its sections.
 
-use slipway_jobs::gitlab::TlsFiles;
+use slipway_gitlab::TlsFiles;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -401,12 +401,12 @@ impl RunnerConfig {
             && let Err(e) = tls.client_config(self.url.trim())
         {
             let key = match &e {
-                slipway_jobs::gitlab::GitlabError::TlsFile { file, .. }
+                slipway_gitlab::GitlabError::TlsFile { file, .. }
                     if Some(file) == tls.key_file.as_ref() =>
                 {
                     "tls-key-file"
                 }
-                slipway_jobs::gitlab::GitlabError::TlsFile { file, .. }
+                slipway_gitlab::GitlabError::TlsFile { file, .. }
                     if Some(file) == tls.cert_file.as_ref() =>
                 {
                     "tls-cert-file"

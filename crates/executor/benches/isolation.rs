@@ -40,9 +40,10 @@ use slipway_docker::Docker;
 use slipway_executor::cgroup::SlotCgroups;
 use slipway_executor::docker::LABEL_RUNNER;
 use slipway_executor::{
-    DockerConfig, DockerExecutor, Executor, JobRunner, JobSlot, PullPolicy, SshHost, Steps, Trace,
+    DockerConfig, DockerExecutor, Executor, JobRunner, JobSlot, PullPolicy, SshHost, Steps,
 };
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
+use slipway_job::Trace;
 use slipway_testkit::Sshd;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::sync::mpsc;
@@ -650,7 +651,7 @@ fn write(levels: &[Level], ssh_exec: Stats) -> anyhow::Result<()> {
     );
 
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (path, text) = slipway_sim::bench::write(
+    let (path, text) = slipway_testkit::bench::write(
         &repo,
         "isolation",
         COMMAND,

@@ -3,7 +3,7 @@
 //! an absolute path inside the project directory name project files; anything else outside it
 //! is skipped with a warning, never collected.
 
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 
 use crate::script::JobDirs;
 
@@ -23,41 +23,15 @@ pub fn expand(value: &str, job: &JobResponse) -> String {
     if !value.contains('$') {
         return value.to_string();
     }
-    let vars = slipway_jobs::expand_variables(&job.variables);
-    let lookup = |name: &str| -> String {
-        match vars.iter().rev().find(|v| v.key == name) {
-            Some(v) => v.value.clone(),
-            None if DIR_VARIABLES.contains(&name) => format!("${{{name}}}"),
-            None => String::new(),
-        }
-    };
-    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    let mut out = String::with_capacity(value.len());
-    let mut rest = value;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        let (name, len) = match after.strip_prefix('{') {
-            Some(inner) => match inner.find('}') {
-                Some(end) if end > 0 && inner[..end].chars().all(is_name) => {
-                    (&inner[..end], end + 2)
-                }
-                _ => ("", 0),
-            },
-            None => {
-                let end = after.find(|c: char| !is_name(c)).unwrap_or(after.len());
-                (&after[..end], end)
-            }
-        };
-        if name.is_empty() {
-            out.push('$');
-        } else {
-            out.push_str(&lookup(name));
-        }
-        rest = &after[len..];
-    }
-    out.push_str(rest);
-    out
+    let vars = slipway_job::expand_variables(&job.variables);
+    slipway_job::variables::expand(
+        value,
+        &|name| match vars.iter().rev().find(|v| v.key == name) {
+            Some(v) => Some(v.value.clone()),
+            None if DIR_VARIABLES.contains(&name) => Some(format!("${{{name}}}")),
+            None => None,
+        },
+    )
 }
 
 /// `path` (expanded by [`expand`]) relative to the project directory, `.` and `..` resolved
@@ -120,7 +94,7 @@ fn clean(path: &str) -> Option<Vec<&str>> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use slipway_jobs::Variable;
+    use slipway_job::Variable;
 
     fn job(vars: &[(&str, &str)]) -> JobResponse {
         JobResponse {

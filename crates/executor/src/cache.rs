@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 
-use slipway_jobs::model::{CacheSpec, JobResponse};
+use slipway_job::model::{CacheSpec, JobResponse};
 
 use crate::script::{JobDirs, glob_word, quote};
 
@@ -41,35 +41,10 @@ pub fn project_root(cache_dir: &str, job: &JobResponse) -> String {
     format!("{base}/{}", quote(&project))
 }
 
-/// `$VAR` and `${VAR}` replaced by the job's variables (unknown ones by nothing), as GitLab
-/// Runner expands cache keys.
+/// `$VAR` and `${VAR}` replaced by the job's variables (unknown ones by nothing, `$$` a literal
+/// `$`), as GitLab Runner expands cache keys: the house's one expander.
 pub fn expand(value: &str, job: &JobResponse) -> String {
-    let mut out = String::new();
-    let mut rest = value;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        let (name, len) = if let Some(inner) = after.strip_prefix('{') {
-            match inner.find('}') {
-                Some(end) => (&inner[..end], end + 2),
-                None => ("", 0),
-            }
-        } else {
-            let end = after
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(after.len());
-            (&after[..end], end)
-        };
-        if name.is_empty() {
-            out.push('$');
-            rest = after;
-        } else {
-            out.push_str(job.variable(name).unwrap_or(""));
-            rest = &after[len..];
-        }
-    }
-    out.push_str(rest);
-    out
+    slipway_job::variables::expand(value, &|name| job.variable(name).map(str::to_string))
 }
 
 /// A key GitLab accepts: not empty, no `/` (or `%2F`), not only dots.
@@ -282,7 +257,7 @@ pub fn archive_script(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slipway_jobs::Variable;
+    use slipway_job::Variable;
 
     fn job() -> JobResponse {
         let mut job = JobResponse {

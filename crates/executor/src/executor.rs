@@ -6,14 +6,14 @@
 //! `docker-autoscaler`) and [`CustomExecutor`] (GitLab's custom executor protocol).
 
 use async_trait::async_trait;
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
 use tokio_util::sync::CancellationToken;
 
 use crate::custom::{CustomContext, CustomExecutor};
 use crate::docker::{DockerExecutor, DockerRunContext};
 use crate::host::Host;
 use crate::job::{JobContext, JobRunner, RunResult};
-use crate::trace::Trace;
+use slipway_job::trace::Trace;
 
 /// What a job gets besides its payload.
 #[derive(Debug)]

@@ -2,12 +2,12 @@
 //! under the slot.
 
 use slipway_connector::Client;
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 use tokio_util::sync::CancellationToken;
 
 use crate::host::SshHost;
 use crate::job::{JobContext, JobRunner, RunResult};
-use crate::trace::Trace;
+use slipway_job::trace::Trace;
 
 /// Settings of the instance executor.
 #[derive(Debug, Clone)]

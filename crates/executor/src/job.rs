@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slipway_connector::Output;
-use slipway_jobs::model::{JobResponse, StepName};
+use slipway_job::model::{JobResponse, StepName};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -13,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 use crate::artifact_paths;
 use crate::cache;
 use crate::host::Host;
-use crate::outcome::{FailureReason, JobOutcome};
 use crate::script::{self, JobDirs};
 use crate::sources::{HostSources, NO_GIT, UNREACHABLE};
 use crate::tarball::Tarball;
-use crate::trace::Trace;
+use slipway_job::outcome::{FailureReason, JobOutcome};
+use slipway_job::trace::Trace;
 
 /// Job timeout when the job names none (GitLab's project default).
 pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -419,7 +419,7 @@ impl JobRunner {
             let mut with_status = job.clone();
             with_status
                 .variables
-                .push(slipway_jobs::Variable::new("CI_JOB_STATUS", status));
+                .push(slipway_job::Variable::new("CI_JOB_STATUS", status));
             match self
                 .step(
                     host,

@@ -17,8 +17,6 @@
 //! - [`isolation`]: the isolation level a job gets, within what its runner allows.
 //! - [`sources`]: a job's sources fetched on the host its steps run on.
 //! - [`tarball`]: tar streams into and out of a job's directory, in memory or in a file.
-//! - [`trace`]: job output with masked variables removed, also across chunk boundaries.
-//! - [`outcome`]: how a job ended, in GitLab's failure-reason vocabulary.
 
 pub mod artifact_paths;
 pub mod cache;
@@ -31,12 +29,10 @@ pub mod instance;
 pub mod isolation;
 pub mod job;
 pub mod nesting;
-pub mod outcome;
 pub mod plugin;
 pub mod script;
 pub mod sources;
 pub mod tarball;
-pub mod trace;
 
 pub use custom::{ConfigExecOutput, CustomConfig, CustomContext, CustomError, CustomExecutor};
 pub use docker::{
@@ -49,8 +45,6 @@ pub use instance::{InstanceExecutor, RunContext};
 pub use isolation::{Isolation, IsolationPolicy};
 pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor, VmStartSink};
-pub use outcome::{FailureReason, JobOutcome};
 pub use plugin::PluginExecutor;
 pub use sources::HostSources;
 pub use tarball::{Tarball, scratch_file};
-pub use trace::{Masker, Trace};

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use slipway_connector::{Client, ExitStatus, Output};
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
 use slipway_nesting::agent::{AgentClient, Exec, ExecEvent};
 use slipway_nesting::client::{AgentAddr, NestingClient};
 use slipway_nesting::hypervisor::vsock;
@@ -21,8 +21,8 @@ use crate::executor::{Executor, JobSlot};
 use crate::host::Host;
 use crate::isolation::Isolation;
 use crate::job::{JobContext, JobRunner, RunResult};
-use crate::outcome::{FailureReason, JobOutcome};
-use crate::trace::Trace;
+use slipway_job::outcome::{FailureReason, JobOutcome};
+use slipway_job::trace::Trace;
 
 /// The job variable asking to keep the VM: `on_failure`.
 pub const SNAPSHOT_VARIABLE: &str = "SLIPWAY_SNAPSHOT";
@@ -461,7 +461,7 @@ impl NestingExecutor {
         vm: &str,
         slot_no: Option<i32>,
         mut result: RunResult,
-        trace: &mut crate::trace::Trace,
+        trace: &mut slipway_job::trace::Trace,
     ) -> RunResult {
         let failed = !matches!(result.outcome, JobOutcome::Success);
         let canceled = matches!(

@@ -13,14 +13,14 @@ use slipway_connector::{ExitStatus, Output};
 use slipway_executor_plugin::{
     Chunk, CleanupJob, ExecutorHost, Failure, Instance, JobStatus, PrepareJob, Resources, Stage,
 };
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::{Executor, JobSlot};
 use crate::host::Host;
 use crate::job::{DEFAULT_JOB_TIMEOUT, JobContext, JobRunner, RunResult, fmt_secs};
-use crate::outcome::{FailureReason, JobOutcome};
+use slipway_job::outcome::{FailureReason, JobOutcome};
 
 /// How long a plugin may take to answer `Prepare` unless configured.
 pub const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(300);

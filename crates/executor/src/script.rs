@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 
 /// Quote a string for bash as one single-quoted word.
 pub fn quote(s: &str) -> String {
@@ -136,7 +136,7 @@ pub fn step_script_with(
     let _ = writeln!(s, "export CI_PROJECT_DIR={}", dirs.project_dir());
     let files_dir = format!("{}/.job-{}.vars", dirs.slot_dir(), job.id);
     // References between variables are resolved here, as GitLab Runner does; raw ones stay.
-    for v in &slipway_jobs::expand_variables(&job.variables) {
+    for v in &slipway_job::expand_variables(&job.variables) {
         if !valid_name(&v.key) {
             continue;
         }
@@ -327,7 +327,7 @@ mod tests {
         let with = |v: &str| {
             let mut job = JobResponse::default();
             for (k, val) in [("GIT_CLONE_PATH", v), ("CI_PROJECT_NAME", "proj")] {
-                job.variables.push(slipway_jobs::Variable {
+                job.variables.push(slipway_job::Variable {
                     key: k.into(),
                     value: val.into(),
                     ..Default::default()

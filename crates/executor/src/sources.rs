@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::script::JobDirs;
 use crate::tarball::Tarball;
-use crate::trace::Trace;
+use slipway_job::trace::Trace;
 
 /// The exit status of a fetch script that found no git on the host: the manager fetches
 /// instead.

@@ -7,10 +7,9 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-use slipway_executor::{
-    CustomConfig, CustomContext, CustomExecutor, FailureReason, JobOutcome, Trace,
-};
-use slipway_jobs::JobResponse;
+use slipway_executor::{CustomConfig, CustomContext, CustomExecutor};
+use slipway_job::JobResponse;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -14,11 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_docker::{Docker, ExecSpec, Transport};
 use slipway_executor::docker::{LABEL_RUNNER, LABEL_SLOT_NETWORK, service_aliases};
-use slipway_executor::{
-    DockerConfig, DockerExecutor, DockerRunContext, FailureReason, JobOutcome, PullPolicy, Trace,
-};
-use slipway_jobs::JobResponse;
-use slipway_jobs::model::Image;
+use slipway_executor::{DockerConfig, DockerExecutor, DockerRunContext, PullPolicy};
+use slipway_job::JobResponse;
+use slipway_job::model::Image;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
-use slipway_executor::{FailureReason, JobContext, JobOutcome, JobRunner, LocalHost, Trace};
-use slipway_jobs::JobResponse;
+use slipway_executor::{JobContext, JobRunner, LocalHost};
+use slipway_job::JobResponse;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -167,7 +167,7 @@ fn main() {
         "seed": seed,
     });
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (path, _) = slipway_sim::bench::write(&repo, "fuzz", "make fuzz", doc).unwrap();
+    let (path, _) = slipway_testkit::bench::write(&repo, "fuzz", "make fuzz", doc).unwrap();
     eprintln!("fuzz: wrote {}", path.display());
     if results.values().any(|o| !o.crashes.is_empty()) {
         std::process::exit(1);

@@ -1,7 +1,7 @@
 //! `Content-Range` / `Range` headers: the client's reading of a 416 reply's `Range: 0-N`
-//! (`slipway_jobs::gitlab::range_end`).
+//! (`slipway_gitlab::range_end`).
 
-use slipway_jobs::gitlab::range_end;
+use slipway_gitlab::range_end;
 
 /// The input: a header value, or numbers formatted the way GitLab sends them.
 #[derive(Debug, Clone, bolero::generator::TypeGenerator)]

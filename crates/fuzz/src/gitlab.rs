@@ -2,8 +2,8 @@
 //! the runner credentials of `runners/verify` and `runners`, and the reply headers (`Job-Status`,
 //! `X-GitLab-Trace-Update-Interval`, `Location` of an artifacts download redirect).
 
-use slipway_jobs::JobResponse;
-use slipway_jobs::gitlab::{RemoteJobState, RunnerCredentials, resolve_redirect, update_interval};
+use slipway_gitlab::{RemoteJobState, RunnerCredentials, resolve_redirect, update_interval};
+use slipway_job::JobResponse;
 
 use crate::mutate::{self, Mutated};
 

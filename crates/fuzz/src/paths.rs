@@ -7,8 +7,8 @@
 use slipway_executor::artifact_paths;
 use slipway_executor::cache::{archive_script, expand, project_root, restore_script};
 use slipway_executor::script::JobDirs;
-use slipway_jobs::JobResponse;
-use slipway_jobs::{CacheSpec, Variable};
+use slipway_job::JobResponse;
+use slipway_job::{CacheSpec, Variable};
 
 /// The input: a cache entry, a project path and variables.
 #[derive(Debug, Clone, bolero::generator::TypeGenerator)]

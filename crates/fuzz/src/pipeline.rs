@@ -1,11 +1,11 @@
 //! Pipeline YAML (`.gitlab-ci.yml`), includes too: the corpus cases of
-//! `crates/jobs/tests/pipelines` mutated, each parsed in its own case directory so
+//! `crates/pipeline/tests/pipelines` mutated, each parsed in its own case directory so
 //! `include:local` finds the case's real included files.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use slipway_jobs::pipeline::{Pipeline, PipelineError, PipelineOptions};
+use slipway_pipeline::{Pipeline, PipelineError, PipelineOptions};
 
 use crate::mutate::{self, Mutated};
 
@@ -20,7 +20,7 @@ struct Seeds {
 fn seeds() -> &'static Seeds {
     static SEEDS: OnceLock<Seeds> = OnceLock::new();
     SEEDS.get_or_init(|| {
-        let root = mutate::workspace_root().join("crates/jobs/tests/pipelines");
+        let root = mutate::workspace_root().join("crates/pipeline/tests/pipelines");
         let mut cases: Vec<(PathBuf, Vec<u8>)> = Vec::new();
         for (path, text) in mutate::read_seeds(&root, &|n| n.ends_with(".yml")) {
             let dir = path.parent().map(PathBuf::from).unwrap_or_default();
@@ -172,7 +172,7 @@ pub fn check_text(text: &str, dir: PathBuf, allow_unsupported: bool) {
     let opts = PipelineOptions {
         allow_unsupported,
         project_dir: Some(dir),
-        include_root: Some(mutate::workspace_root().join("crates/jobs/tests/pipelines")),
+        include_root: Some(mutate::workspace_root().join("crates/pipeline/tests/pipelines")),
         // Mutated URLs must not reach the network.
         offline: true,
         ..Default::default()

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::source::queue::spool::{Queue, QueueError};
 use slipway_config::{self as config, Loaded};
-use slipway_jobs::queue::{Queue, QueueError};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -313,7 +313,7 @@ async fn reload_policies(path: &Path, runners: &[Arc<runner::Runner>]) {
 /// Become the queue's consumer; `None` while another manager is.
 async fn take_queue(
     queue: &Queue,
-) -> Result<Option<slipway_jobs::queue::ConsumerLock>, QueueSourceError> {
+) -> Result<Option<crate::source::queue::spool::ConsumerLock>, QueueSourceError> {
     let q = queue.clone();
     match queue_source::blocking(move || q.lock_consumer()).await {
         Ok(lock) => Ok(Some(lock)),
@@ -327,7 +327,7 @@ async fn take_queue(
 /// lock is held until every dispatcher has ended.
 async fn feed_from_queue(
     queue: Queue,
-    consumer: Option<slipway_jobs::queue::ConsumerLock>,
+    consumer: Option<crate::source::queue::spool::ConsumerLock>,
     runners: Vec<Arc<runner::Runner>>,
     fed: Vec<(Arc<runner::Runner>, Limits)>,
     shutdown: Shutdown,

@@ -1,6 +1,6 @@
 //! What a job asks for: `SLIPWAY_CPU`, `SLIPWAY_MEMORY` and `SLIPWAY_GPU` job variables.
 
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
 use slipway_taskscaler::Resources;
 
 /// Variable asking for CPUs (`2`, `1.5`, `500m`).

@@ -48,9 +48,9 @@ pub struct StatusService {
     /// Snapshots by instance id, from the last listing.
     snapshots: Mutex<HashMap<String, Vec<HeldSnapshot>>>,
     /// The embedded queue `slipway run` consumes, if any.
-    queue: Option<slipway_jobs::queue::Queue>,
+    queue: Option<crate::source::queue::spool::Queue>,
     /// Its pending jobs as last listed.
-    queued: Mutex<Option<(usize, Vec<slipway_jobs::queue::Waiting>)>>,
+    queued: Mutex<Option<(usize, Vec<crate::source::queue::spool::Waiting>)>>,
 }
 
 impl StatusService {
@@ -67,12 +67,12 @@ impl StatusService {
     }
 
     /// Also show the pending jobs of the embedded queue the manager consumes.
-    pub fn with_queue(mut self, queue: slipway_jobs::queue::Queue) -> StatusService {
+    pub fn with_queue(mut self, queue: crate::source::queue::spool::Queue) -> StatusService {
         self.queue = Some(queue);
         self
     }
 
-    fn queued(&self) -> MutexGuard<'_, Option<(usize, Vec<slipway_jobs::queue::Waiting>)>> {
+    fn queued(&self) -> MutexGuard<'_, Option<(usize, Vec<crate::source::queue::spool::Waiting>)>> {
         self.queued.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -593,9 +593,9 @@ fn main() -> anyhow::Result<()> {
     if memory_choice() == "auto" {
         // Comparisons measured by other runs (each says how and when) stay beside the new figures.
         let kept = kept_comparisons(&repo);
-        let (path, _) = slipway_sim::bench::write(&repo, "vm", COMMAND, results)?;
+        let (path, _) = slipway_testkit::bench::write(&repo, "vm", COMMAND, results)?;
         if !kept.is_empty() {
-            slipway_sim::bench::merge(&repo, "vm", kept)?;
+            slipway_testkit::bench::merge(&repo, "vm", kept)?;
         }
         println!("wrote {}", path.display());
     } else {
@@ -609,7 +609,7 @@ fn main() -> anyhow::Result<()> {
             .into();
         let mut entry = serde_json::Map::new();
         entry.insert(format!("{}_comparison", memory_choice()), results);
-        let (path, _) = slipway_sim::bench::merge(&repo, "vm", entry)?;
+        let (path, _) = slipway_testkit::bench::merge(&repo, "vm", entry)?;
         println!("merged into {}", path.display());
     }
     Ok(())

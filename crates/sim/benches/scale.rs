@@ -264,7 +264,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "goals": {"reserve_acquire_release_us_p99": 100, "bytes_per_slot": 1024, "scale_pass_ms": 50},
     });
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (_, text) = slipway_sim::bench::write(
+    let (_, text) = slipway_testkit::bench::write(
         &repo,
         "scale",
         "cargo bench -p slipway-sim --bench scale",

@@ -203,7 +203,7 @@ fn main() {
     ran.sort_unstable();
     if ran != all {
         let (path, text) =
-            slipway_sim::bench::merge(&repo, "sim", results).expect("merge into sim.json");
+            slipway_testkit::bench::merge(&repo, "sim", results).expect("merge into sim.json");
         println!("{text}");
         eprintln!("updated {} ({traces} only)", path.display());
         return;
@@ -216,7 +216,7 @@ fn main() {
         "total_wall_s".into(),
         json!(round(started.elapsed().as_secs_f64(), 1)),
     );
-    let (path, text) = slipway_sim::bench::write(
+    let (path, text) = slipway_testkit::bench::write(
         &repo,
         "sim",
         "cargo bench -p slipway-sim --bench sim",
@@ -274,7 +274,7 @@ fn mixed_results(seed: u64, threads: usize) -> Value {
         "command".into(),
         json!("SIM_TRACES=mixed cargo bench -p slipway-sim --bench sim"),
     );
-    m.insert("machine".into(), json!(slipway_sim::bench::machine()));
+    m.insert("machine".into(), json!(slipway_testkit::bench::machine()));
     m.insert(
         "date".into(),
         json!(chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()),

@@ -11,7 +11,6 @@
 //!
 //! [`compare`] / [`run_named`] put it together for `slipway sim`.
 
-pub mod bench;
 pub mod fleet;
 pub mod mixed;
 pub mod oracle;

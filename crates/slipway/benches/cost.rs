@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
     if conservation_error > 0.005 {
         eprintln!("warning: conservation error {conservation_error:.4} is above the 0.5 % goal");
     }
-    let (path, text) = slipway_sim::bench::write(&repo, "cost", COMMAND, results)?;
+    let (path, text) = slipway_testkit::bench::write(&repo, "cost", COMMAND, results)?;
     println!("{}\n{text}", path.display());
     Ok(())
 }

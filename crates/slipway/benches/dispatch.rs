@@ -10,12 +10,13 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use slipway_config as config;
-use slipway_executor::{InstanceExecutor, RunContext, Trace};
-use slipway_jobs::{Pipeline, PipelineOptions};
+use slipway_executor::{InstanceExecutor, RunContext};
+use slipway_job::Trace;
 use slipway_manager::lifecycle::{Life, NoInputs, Start, Stops};
 use slipway_manager::runner::{Runner, StartOptions};
-use slipway_sim::bench::{ms, percentile, round3 as round};
+use slipway_pipeline::{Pipeline, PipelineOptions};
 use slipway_taskscaler::Resources;
+use slipway_testkit::bench::{ms, percentile, round3 as round};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -105,7 +106,7 @@ async fn bench() -> anyhow::Result<()> {
         "lifecycle_over_dispatch_p50": round(l50 / d50),
     });
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (_, text) = slipway_sim::bench::write(&repo, "dispatch", COMMAND, results)?;
+    let (_, text) = slipway_testkit::bench::write(&repo, "dispatch", COMMAND, results)?;
     println!("{text}");
     Ok(())
 }
@@ -164,7 +165,7 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64
 /// the lifecycle's "Running on instance" line.
 async fn lifecycle_job(
     runner: &Runner,
-    job: &slipway_jobs::PipelineJob,
+    job: &slipway_pipeline::PipelineJob,
     id: u64,
 ) -> anyhow::Result<f64> {
     let payload = job.to_job_response(id + 1, 1, &[]);
@@ -208,7 +209,7 @@ async fn lifecycle_job(
 async fn runner_job(
     runner: &Runner,
     exec: &InstanceExecutor,
-    job: &slipway_jobs::PipelineJob,
+    job: &slipway_pipeline::PipelineJob,
     id: u64,
 ) -> anyhow::Result<Option<(f64, f64)>> {
     let payload = job.to_job_response(id + 1, 1, &[]);

@@ -114,7 +114,7 @@ fn main() -> anyhow::Result<()> {
             upgrade::LATER
         ),
     });
-    let (path, text) = slipway_sim::bench::write(&repo, "faults", COMMAND, results)?;
+    let (path, text) = slipway_testkit::bench::write(&repo, "faults", COMMAND, results)?;
     println!("{}\n{text}", path.display());
     Ok(())
 }

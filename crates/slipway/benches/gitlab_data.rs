@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use slipway_cache::{Credentials, S3, S3Config, transfer};
-use slipway_sim::bench::{ms, percentile, round3 as round};
+use slipway_testkit::bench::{ms, percentile, round3 as round};
 use slipway_testkit::s3::{ACCESS_KEY, LocalStack, SECRET_KEY};
 
 const COMMAND: &str = "cargo bench -p slipway --bench gitlab_data";
@@ -60,9 +60,9 @@ fn main() -> anyhow::Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     // Some parts only: their keys replace those of the file, the others stay.
     let (_, text) = if all {
-        slipway_sim::bench::write(&repo, "gitlab-data", COMMAND, results.into())?
+        slipway_testkit::bench::write(&repo, "gitlab-data", COMMAND, results.into())?
     } else {
-        slipway_sim::bench::merge(&repo, "gitlab-data", results)?
+        slipway_testkit::bench::merge(&repo, "gitlab-data", results)?
     };
     println!("{text}");
     Ok(())
@@ -278,7 +278,7 @@ check_interval = 1
 
 /// The upload part: one archive, our client against curl, same file, same server, same run.
 async fn upload() -> anyhow::Result<serde_json::Value> {
-    use slipway_jobs::gitlab::{
+    use slipway_gitlab::{
         ClientConfig, GitlabClient, Secret, SystemId, UploadOptions, VersionInfo,
     };
     let size_mib = env_u64("SLIPWAY_BENCH_UPLOAD_MIB", 512)?;

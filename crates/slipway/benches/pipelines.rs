@@ -14,7 +14,7 @@ const COMMAND: &str = "make bench-pipelines";
 
 fn main() -> anyhow::Result<()> {
     peer::ensure_peer()?;
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../jobs/tests/pipelines");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pipeline/tests/pipelines");
     let slipway = slipway_testkit::plugin_check::slipway_binary()?;
     let cases = peer::cases(&root)?;
     let (mut ours, mut theirs) = (Duration::ZERO, Duration::ZERO);
@@ -52,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         "setup": "each case in its own git checkout (main pushed to a bare origin, branch/tag/changes per case.json); slipway exec with a shell runner (release build); wall time from start to exit of each tool",
     });
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (path, text) = slipway_sim::bench::write(&repo, "pipelines", COMMAND, results)?;
+    let (path, text) = slipway_testkit::bench::write(&repo, "pipelines", COMMAND, results)?;
     println!("{text}");
     eprintln!("wrote {}", path.display());
     Ok(())

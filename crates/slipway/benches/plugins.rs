@@ -13,7 +13,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_fleeting::{ConnectInfo, InstanceGroup, PluginHost, PluginOptions, State};
-use slipway_sim::bench::percentile;
+use slipway_testkit::bench::percentile;
 
 use slipway_testkit::moto::Moto;
 
@@ -455,7 +455,7 @@ async fn static_case(hosts: &PluginHost, dir: &std::path::Path) -> anyhow::Resul
 fn write(results: &BTreeMap<String, Value>) -> anyhow::Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (path, text) =
-        slipway_sim::bench::write(&repo, "plugins", COMMAND, serde_json::to_value(results)?)?;
+        slipway_testkit::bench::write(&repo, "plugins", COMMAND, serde_json::to_value(results)?)?;
     println!("{text}");
     eprintln!("wrote {}", path.display());
     Ok(())

@@ -61,7 +61,7 @@ fn main() -> anyhow::Result<()> {
         "dispatch_from": "queue: the slot acquired (the queue's start record); gitlab: the job handed out by jobs/request; to the job's first script line",
     });
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (path, text) = slipway_sim::bench::write(&repo, "soak", COMMAND, results)?;
+    let (path, text) = slipway_testkit::bench::write(&repo, "soak", COMMAND, results)?;
     println!("{text}");
     eprintln!("wrote {}", path.display());
     if !failures.is_empty() {

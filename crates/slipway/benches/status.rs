@@ -16,13 +16,13 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use slipway_manager::server::{Server, StatusRoutes};
 use slipway_manager::status::{Source, runner_status_of};
-use slipway_sim::bench::{ms, percentile, round3 as round};
 use slipway_sim::fleet::{FleetSpec, SimFleet};
 use slipway_sim::rng::Dist;
 use slipway_status::{Ending, FleetStatus, History, JobBoard, JobInfo, JobMetrics, Sample};
 use slipway_taskscaler::metrics::{MetricFamilies, Metrics};
 use slipway_taskscaler::store::unix_ms;
 use slipway_taskscaler::{Config, Options, Placement, Policy, Resources, ScaleThrottle, Shape};
+use slipway_testkit::bench::{ms, percentile, round3 as round};
 
 const COMMAND: &str = "cargo bench -p slipway --bench status";
 /// Requests measured per endpoint, after [`WARMUP`] unmeasured ones.
@@ -427,7 +427,7 @@ async fn bench() -> anyhow::Result<()> {
         "meets_goal_gzip": percentile(&m.api_gzip.0, 95.0) < GOAL_MS,
     });
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (_, text) = slipway_sim::bench::write(&repo, "status", COMMAND, results)?;
+    let (_, text) = slipway_testkit::bench::write(&repo, "status", COMMAND, results)?;
     println!("{text}");
     Ok(())
 }

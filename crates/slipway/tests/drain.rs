@@ -12,7 +12,8 @@ use std::process::Child;
 use std::time::Duration;
 
 use common::{World, plugin_processes, signal, wait_until};
-use slipway_jobs::queue::{JobState, Queue, ResultStatus};
+use slipway_job::JobStatus as ResultStatus;
+use slipway_manager::source::queue::spool::{JobState, Queue};
 use slipway_testkit::gitlab::{FakeGitlab, job_payload_with_vars};
 
 /// One runner on `fleeting-plugin-local` with a single slot, so a second job must wait.

@@ -262,7 +262,7 @@ check_interval = 1
     assert_eq!(update["output"]["bytesize"], log.len() as u64, "{update}");
     assert_eq!(
         update["checksum"],
-        format!("crc32:{:08x}", slipway_jobs::gitlab::crc32(&log))
+        format!("crc32:{:08x}", slipway_gitlab::crc32(&log))
     );
     assert!(
         !String::from_utf8_lossy(&seen_bodies(&seen)).contains("hunter22"),

@@ -241,7 +241,7 @@ async fn sources_artifacts_dependencies_and_cache_flow_between_jobs() {
         assert!(trace.contains(want), "{want:?} missing:\n{trace}");
     }
     // The artifacts came through GitLab's redirect to object storage (same host here, so the
-    // token may follow; a redirect to another host drops it: crates/jobs gitlab_artifacts).
+    // token may follow; a redirect to another host drops it: crates/gitlab gitlab_artifacts).
     let downloads = gl.object_downloads();
     assert!(
         downloads

@@ -1,4 +1,4 @@
-//! The pipeline corpus (`crates/jobs/tests/pipelines/`, over 60 projects) run by `slipway exec`
+//! The pipeline corpus (`crates/pipeline/tests/pipelines/`, over 60 projects) run by `slipway exec`
 //! on a shell runner and by gitlab-ci-local, the peer: every case must agree on which jobs run,
 //! with what status, printing what; where the peer departs from GitLab's documented behaviour
 //! (the case names it), Slipway must give GitLab's outcome instead.
@@ -14,7 +14,7 @@ use slipway_testkit::peer;
 #[test]
 fn the_corpus_agrees_with_gitlab_ci_local() {
     peer::ensure_peer().unwrap();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../jobs/tests/pipelines");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pipeline/tests/pipelines");
     let slipway = slipway_testkit::plugin_check::slipway_binary().unwrap();
     let mut cases = peer::cases(&root).unwrap();
     // SLIPWAY_CORPUS=NAME runs the cases whose name contains NAME (while writing one).

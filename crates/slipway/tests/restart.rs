@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::{World, netns_list, netns_of, plugin_processes, signal, stop_manager, wait_until};
-use slipway_jobs::queue::{JobState, Queue, ResultStatus};
+use slipway_job::JobStatus as ResultStatus;
+use slipway_manager::source::queue::spool::{JobState, Queue};
 
 const MAX_USE_COUNT: usize = 2;
 

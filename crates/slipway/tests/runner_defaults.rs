@@ -10,7 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::{World, stop_manager, wait_until};
-use slipway_jobs::queue::{Queue, ResultStatus};
+use slipway_job::JobStatus as ResultStatus;
+use slipway_manager::source::queue::spool::Queue;
 
 /// A shell runner on this machine with all three defaults.
 const CONFIG: &str = r#"

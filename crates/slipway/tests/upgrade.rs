@@ -14,7 +14,8 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use common::{World, signal, wait_until, wait_with_timeout};
-use slipway_jobs::queue::{JobState, Queue, ResultStatus};
+use slipway_job::JobStatus as ResultStatus;
+use slipway_manager::source::queue::spool::{JobState, Queue};
 
 const HOSTS: usize = 4;
 

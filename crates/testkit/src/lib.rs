@@ -14,9 +14,11 @@
 //! - [`tls::TestCa`]: a private CA with server and client certificates as PEM files.
 //! - [`moto::Moto`]: a real moto server (AWS APIs) with Auto Scaling groups, and
 //!   [`aws_faults::FaultProxy`] in front of it answering chosen actions with errors.
+//! - [`bench`]: the `bench/results/NAME.json` file every bench writes, and its statistics.
 //! - [`git_http`]: git over smart HTTP (`git http-backend`) and an LFS endpoint for [`gitlab::FakeGitlab`].
 
 pub mod aws_faults;
+pub mod bench;
 pub mod git_http;
 pub mod gitlab;
 pub mod guest;

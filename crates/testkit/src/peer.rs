@@ -1,7 +1,7 @@
 //! Local pipelines run by `slipway exec` and by the peer, `gitlab-ci-local`, on the same
 //! project, compared as a user would: which jobs ran, with what status, printing what.
 //!
-//! A case is a directory of `crates/jobs/tests/pipelines/`: a `.gitlab-ci.yml` and the files
+//! A case is a directory of `crates/pipeline/tests/pipelines/`: a `.gitlab-ci.yml` and the files
 //! around it, and an optional `case.json`:
 //!
 //! - `variables`: `{KEY: VALUE}` given to both tools (`--variable`);

@@ -16,13 +16,14 @@ use async_trait::async_trait;
 use slipway_connector::{Client, DialOptions, HostKeyStore, Output};
 use slipway_executor::nesting::{GuestHost, NestingConfig, NestingExecutor};
 use slipway_executor::script::{JobDirs, kill_script};
-use slipway_executor::{FailureReason, Host as _, Isolation, JobOutcome, RunResult, Trace};
+use slipway_executor::{Host as _, Isolation, RunResult};
 use slipway_executor_plugin::{
     Capabilities, Chunk, CleanupJob, ExecutorProvider, Exit, Failure, Instance, JobStatus,
     Placement, PrepareJob, Prepared, ProviderError, Stage,
 };
 use slipway_fleeting::{ConnectInfo, ConnectorConfig};
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use slipway_nesting::agent::AgentClient;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

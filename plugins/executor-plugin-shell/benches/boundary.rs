@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use slipway_executor::{Executor, JobRunner, JobSlot, LocalHost, PluginExecutor, Steps, Trace};
+use slipway_executor::{Executor, JobRunner, JobSlot, LocalHost, PluginExecutor, Steps};
 use slipway_executor_plugin::{ExecutorHost, Resources};
 use slipway_goplugin::ProcessOptions;
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
+use slipway_job::Trace;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -253,7 +254,7 @@ fn write(m: &Measured) -> anyhow::Result<()> {
         thop / tin
     );
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (path, text) = slipway_sim::bench::write(&repo, "executor-plugin", COMMAND, results)?;
+    let (path, text) = slipway_testkit::bench::write(&repo, "executor-plugin", COMMAND, results)?;
     println!("{}\n{text}", path.display());
     Ok(())
 }

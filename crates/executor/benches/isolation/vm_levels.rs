@@ -24,7 +24,7 @@ use anyhow::{Context as _, bail, ensure};
 use slipway_connector::Client;
 use slipway_executor::nesting::NestingConfig;
 use slipway_executor::{Isolation, NestingExecutor};
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
 use slipway_nesting::Level as ImageLevel;
 use slipway_nesting::client::{AgentAddr, NestingClient};
 use slipway_nesting::daemon::{Daemon, DaemonOptions};

@@ -2,7 +2,7 @@
 
 use tokio::time::Instant;
 
-use crate::trace::{Masker, Trace};
+use slipway_job::trace::{Masker, Trace};
 
 use super::driver::{Limits, Stream, capture};
 use super::session::Session;

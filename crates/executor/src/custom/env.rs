@@ -1,7 +1,7 @@
 //! The environment of a driver call: the protocol's variables, the job's and predefined CI
 //! variables prefixed with `CUSTOM_ENV_`, and `config_exec`'s `job_env`.
 
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 
 use super::session::Session;
 use super::{BUILD_FAILURE_EXIT_CODE, SYSTEM_FAILURE_EXIT_CODE};

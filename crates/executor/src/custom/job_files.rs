@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 use tokio::io::AsyncWriteExt as _;
 
 use super::CustomError;

@@ -34,13 +34,13 @@ mod stages;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::job::{DEFAULT_JOB_TIMEOUT, RunResult};
-use crate::outcome::{FailureReason, JobOutcome};
-use crate::trace::Trace;
+use slipway_job::outcome::{FailureReason, JobOutcome};
+use slipway_job::trace::Trace;
 
 pub use config::CustomConfig;
 pub use config_exec::{ConfigExecOutput, DriverInfo};

@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::outcome::{FailureReason, JobOutcome};
 use crate::script::{self, JobDirs};
-use crate::trace::Trace;
+use slipway_job::outcome::{FailureReason, JobOutcome};
+use slipway_job::trace::Trace;
 
 use super::driver::{Driver, Limits};
 use super::job_files::JobFiles;

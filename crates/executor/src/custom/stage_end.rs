@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::job::fmt_secs;
-use crate::outcome::{FailureReason, JobOutcome};
-use crate::trace::Trace;
+use slipway_job::outcome::{FailureReason, JobOutcome};
+use slipway_job::trace::Trace;
 
 use super::driver::{DriverEnd, Stop};
 use super::session::Session;

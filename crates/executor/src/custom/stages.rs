@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use slipway_jobs::model::StepName;
+use slipway_job::model::StepName;
 use tokio::time::Instant;
 
 use crate::job::AFTER_SCRIPT_TIMEOUT;
-use crate::outcome::JobOutcome;
 use crate::script;
-use crate::trace::Trace;
+use slipway_job::outcome::JobOutcome;
+use slipway_job::trace::Trace;
 
 use super::BUILD_FAILURE_EXIT_CODE;
 use super::driver::Limits;

@@ -7,7 +7,7 @@ use slipway_docker::Docker;
 use super::names::{RunNames, Sweep};
 use super::network::SlotLease;
 use super::{CLEANUP_TIMEOUT, DockerExecutor, LABEL_CACHE, LABEL_RUN, LABEL_RUNNER, LABEL_SESSION};
-use crate::trace::Trace;
+use slipway_job::trace::Trace;
 
 impl DockerExecutor {
     /// Remove the job containers and volumes of `runner` on this engine of the sessions

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Deserializer};
-use slipway_jobs::model::Image;
+use slipway_job::model::Image;
 
 use super::DockerExecutorError;
 
@@ -109,7 +109,7 @@ impl ServiceConfig {
             .environment
             .iter()
             .filter_map(|kv| kv.split_once('='))
-            .map(|(k, v)| slipway_jobs::model::Variable::new(k, v))
+            .map(|(k, v)| slipway_job::model::Variable::new(k, v))
             .collect();
         image
     }

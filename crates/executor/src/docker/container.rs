@@ -3,14 +3,14 @@
 use std::collections::BTreeMap;
 
 use slipway_docker::{AttachOptions, ContainerSpec, VolumeSpec};
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 
 use super::host::{FIRST_STEP_SHELL, FirstStep};
 use super::names::{RunNames, fnv1a, sanitize};
 use super::prepare::{Plan, system_failure};
 use super::{BUILDS_DIR, DockerExecutor, LABEL_CACHE, LABEL_RUNNER};
-use crate::outcome::JobOutcome;
-use crate::trace::Trace;
+use slipway_job::outcome::JobOutcome;
+use slipway_job::trace::Trace;
 
 /// What every container of a job gets: its limits and cgroup parent.
 #[derive(Debug)]

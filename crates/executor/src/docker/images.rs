@@ -2,7 +2,7 @@
 
 use super::DockerExecutor;
 use super::config::{PullPolicy, join};
-use crate::trace::Trace;
+use slipway_job::trace::Trace;
 
 impl DockerExecutor {
     /// Each image (the build's, then the services') as its policies say, in order; the message

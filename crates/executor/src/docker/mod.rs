@@ -77,12 +77,12 @@ use std::time::Duration;
 
 use slipway_connector::Client;
 use slipway_docker::{Docker, Transport};
-use slipway_jobs::model::JobResponse;
+use slipway_job::model::JobResponse;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::job::{DEFAULT_JOB_TIMEOUT, JobContext, JobRunner, RunResult};
-use crate::trace::Trace;
+use slipway_job::trace::Trace;
 
 pub use config::{DockerConfig, PullPolicy, ServiceConfig};
 pub use host::DockerHost;
@@ -155,7 +155,7 @@ fn diagnosis(stderr: &str) -> String {
 }
 
 /// Errors of the docker executors' setup (a job's own failures are
-/// [`JobOutcome`](crate::outcome::JobOutcome)s).
+/// [`JobOutcome`](slipway_job::outcome::JobOutcome)s).
 #[derive(Debug, thiserror::Error)]
 pub enum DockerExecutorError {
     /// The engine could not be reached or refused a request.

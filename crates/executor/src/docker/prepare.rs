@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use slipway_jobs::model::{Image, JobResponse};
+use slipway_job::model::{Image, JobResponse};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -15,8 +15,8 @@ use super::host::FirstStep;
 use super::names::RunNames;
 use super::network::SlotLease;
 use crate::job::DEFAULT_JOB_TIMEOUT;
-use crate::outcome::{FailureReason, JobOutcome};
-use crate::trace::Trace;
+use slipway_job::outcome::{FailureReason, JobOutcome};
+use slipway_job::trace::Trace;
 
 /// Where and when a run is prepared: its names, its slot, the slot's cgroup, the job's cancel
 /// and when the job started.

@@ -2,12 +2,12 @@
 //! network.
 
 use slipway_docker::{ContainerSpec, LogsOptions, split_reference};
-use slipway_jobs::model::{Image, JobResponse};
+use slipway_job::model::{Image, JobResponse};
 
 use super::DockerExecutor;
 use super::prepare::{Plan, Stop, system_failure};
-use crate::outcome::JobOutcome;
-use crate::trace::Trace;
+use slipway_job::outcome::JobOutcome;
+use slipway_job::trace::Trace;
 
 /// The DNS aliases of a service: its `alias` (several may be given, separated by spaces or
 /// commas) and the two GitLab derives from the image name (`group/app:1` gives `group-app` and

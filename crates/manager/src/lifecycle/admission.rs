@@ -1,8 +1,9 @@
 //! Before a job holds a slot: what it may have (isolation level, resources), capacity reserved
 //! for it, and the slot acquired. A job refused at any of these steps ends with a [`NoSlot`].
 
-use slipway_executor::{FailureReason, Isolation, Trace, isolation};
-use slipway_jobs::{JobResponse, JobStatus};
+use slipway_executor::{Isolation, isolation};
+use slipway_job::{FailureReason, Trace};
+use slipway_job::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
 use tokio_util::sync::CancellationToken;
 

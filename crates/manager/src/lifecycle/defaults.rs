@@ -1,7 +1,7 @@
 //! What a runner's config adds to every job: `environment`, `pre_get_sources_script`,
 //! `post_get_sources_script`, `pre_build_script` and `post_build_script`.
 
-use slipway_jobs::{JobResponse, Step, StepName, Variable};
+use slipway_job::{JobResponse, Step, StepName, Variable};
 
 use slipway_config::RunnerConfig;
 use slipway_executor::job::{POST_GET_SOURCES, PRE_GET_SOURCES};

@@ -1,23 +1,12 @@
 //! How a job's end is told: its status, the trace's closing line, and what the status board
 //! records.
 
-use slipway_executor::{FailureReason, JobOutcome, isolation};
-use slipway_jobs::{JobResponse, JobStatus};
+use slipway_executor::isolation;
+use slipway_job::{FailureReason, JobOutcome};
+use slipway_job::{JobResponse, JobStatus};
 
 use super::admission::{NoSlot, plugin_level};
 use crate::runner::Runner;
-
-/// A job's status from its outcome.
-pub fn status_of(outcome: &JobOutcome) -> JobStatus {
-    match outcome {
-        JobOutcome::Success => JobStatus::Success,
-        JobOutcome::Failed {
-            reason: FailureReason::JobCanceled,
-            ..
-        } => JobStatus::Canceled,
-        JobOutcome::Failed { .. } => JobStatus::Failed,
-    }
-}
 
 /// The trace's closing line.
 pub fn closing_line(outcome: &JobOutcome) -> String {
@@ -52,7 +41,7 @@ pub fn board_info(runner: &Runner, job: &JobResponse) -> slipway_status::JobInfo
 
 /// How the status board records `outcome`.
 pub fn ending_of(outcome: &JobOutcome) -> slipway_status::Ending {
-    let outcome_name = match status_of(outcome) {
+    let outcome_name = match outcome.status() {
         JobStatus::Success => "success",
         JobStatus::Canceled => "canceled",
         _ => "failed",

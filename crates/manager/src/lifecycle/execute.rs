@@ -3,11 +3,11 @@
 //! ends, is canceled, or loses its instance.
 
 use slipway_executor::{
-    CollectedArtifacts, CustomExecutor, Executor, FailureReason, Isolation, JobOutcome, JobRunner,
-    JobSlot, LocalHost, NestingExecutor, PluginExecutor, RunResult, SshHost, Steps, Tarball, Trace,
-    cgroup,
+    CollectedArtifacts, CustomExecutor, Executor, Isolation, JobRunner, JobSlot, LocalHost,
+    NestingExecutor, PluginExecutor, RunResult, SshHost, Steps, Tarball, cgroup,
 };
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use slipway_taskscaler::Acquisition;
 use tokio_util::sync::CancellationToken;
 

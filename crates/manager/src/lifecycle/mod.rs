@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use slipway_executor::{
-    CollectedArtifacts, FailureReason, HostSources, Isolation, JobOutcome, Tarball, Trace,
-};
-use slipway_jobs::JobResponse;
+use slipway_executor::{CollectedArtifacts, HostSources, Isolation, Tarball};
+use slipway_job::JobResponse;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use slipway_taskscaler::Acquisition;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -30,7 +29,7 @@ pub use admission::{
     Admission, NoSlot, acquire, admit, isolation_of, plugin_level, request_of, reserve,
 };
 pub use defaults::JobDefaults;
-pub use ending::{board_info, closing_line, ending_of, ending_of_refusal, status_of};
+pub use ending::{board_info, closing_line, ending_of, ending_of_refusal};
 
 use crate::runner::Runner;
 

@@ -345,7 +345,7 @@ impl Runner {
         key: &str,
         acq: &Acquisition,
         whole: bool,
-        job: &slipway_jobs::JobResponse,
+        job: &slipway_job::JobResponse,
     ) {
         let (Some(book), Some(shape)) = (&self.costs, self.placement.shape_of(key)) else {
             return;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::support::slipway;
-use slipway_jobs::queue::{JobState, Queue, ResultStatus};
+use slipway_job::JobStatus;
+use slipway_manager::source::queue::spool::{JobState, Queue};
 
 /// Hosts in the pool (two slots each).
 const HOSTS: usize = 4;
@@ -161,7 +162,7 @@ pub fn run(plugins: &Path) -> anyhow::Result<Upgrade> {
     for id in &first {
         let ok = queue
             .result(*id)?
-            .is_some_and(|r| r.status == ResultStatus::Success);
+            .is_some_and(|r| r.status == JobStatus::Success);
         result.killed_by_upgrade += usize::from(!ok);
     }
     for id in &later {

@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use slipway_config::RunnerConfig;
-use slipway_jobs::{Pipeline, PipelineStatus};
 use slipway_manager::limits::effective_concurrency;
 use slipway_manager::source::local::{self, Event, ExecOptions, JobRow};
+use slipway_pipeline::{Pipeline, PipelineStatus};
 use slipway_status::format::money;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

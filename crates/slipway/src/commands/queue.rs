@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use slipway_jobs::queue::{Cancel, Entry, JobState, Queue};
 use slipway_manager::source::queue::blocking;
+use slipway_manager::source::queue::spool::{Cancel, Entry, JobState, Queue};
 
 /// What `slipway submit` takes.
 #[derive(Debug, clap::Args)]
@@ -110,10 +110,10 @@ async fn submit_jobs(queue: &Queue, file: &Path, allow_unsupported: bool) -> any
     let name = file.display().to_string();
     // Included files are read, and `include:remote` fetched, blocking: not on a worker.
     let pipeline = tokio::task::spawn_blocking(move || {
-        slipway_jobs::Pipeline::parse(
+        slipway_pipeline::Pipeline::parse(
             &text,
             &name,
-            slipway_jobs::PipelineOptions {
+            slipway_pipeline::PipelineOptions {
                 allow_unsupported,
                 ..Default::default()
             },

@@ -14,7 +14,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use slipway_jobs::gitlab::{
+use slipway_gitlab::{
     ClientConfig, GitlabClient, GitlabError, RegisterOptions, RunnerCredentials, Secret, SystemId,
     TlsFiles,
 };
@@ -239,13 +239,13 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     let args = RegisterArgs {
         config,
         url,
-        registration_token: registration_token.map(slipway_jobs::gitlab::Secret::new),
-        token: token.map(slipway_jobs::gitlab::Secret::new),
+        registration_token: registration_token.map(slipway_gitlab::Secret::new),
+        token: token.map(slipway_gitlab::Secret::new),
         name,
         // Unknown names too: `register` refuses them with the names it takes.
         executor: executor.into(),
         docker_image,
-        options: slipway_jobs::gitlab::RegisterOptions {
+        options: slipway_gitlab::RegisterOptions {
             description: description.unwrap_or_default(),
             maintenance_note: maintenance_note.unwrap_or_default(),
             tag_list: tag_list

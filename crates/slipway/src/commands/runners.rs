@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use slipway_config::{Loaded, RunnerConfig};
-use slipway_jobs::gitlab::{ClientConfig, GitlabClient, GitlabError, Secret, SystemId};
+use slipway_gitlab::{ClientConfig, GitlabClient, GitlabError, Secret, SystemId};
 use slipway_manager::source::gitlab::{serves_gitlab, system_id_path, version_info};
 
 /// `slipway list`.

@@ -20,7 +20,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use slipway_jobs::queue::Queue;
+use slipway_manager::source::queue::spool::Queue;
 use slipway_testkit::gitlab::{FakeGitlab, Outage};
 
 use crate::common::{World, plugin_processes, sshd_instances};
@@ -801,12 +801,12 @@ fn inject(
             true
         }
         Fault::KillManager => {
-            let sent = slipway_jobs::queue::unix_ms(std::time::SystemTime::now());
+            let sent = slipway_manager::source::queue::spool::unix_ms(std::time::SystemTime::now());
             faults::kill(manager.child.id(), "KILL");
             let _ = manager.child.wait();
             kills_ms.push((
                 sent,
-                slipway_jobs::queue::unix_ms(std::time::SystemTime::now()),
+                slipway_manager::source::queue::spool::unix_ms(std::time::SystemTime::now()),
             ));
             *manager = Manager::start(w, cfg, manager.incarnation + 1);
             true

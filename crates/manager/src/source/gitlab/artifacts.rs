@@ -5,9 +5,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use slipway_artifacts::{Format, Globs};
-use slipway_executor::{CollectedArtifacts, FailureReason, JobOutcome, Trace};
-use slipway_jobs::JobResponse;
-use slipway_jobs::gitlab::{Secret, UploadOptions};
+use slipway_executor::CollectedArtifacts;
+use slipway_gitlab::{Secret, UploadOptions};
+use slipway_job::JobResponse;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio_util::sync::CancellationToken;
 
 use super::Source;

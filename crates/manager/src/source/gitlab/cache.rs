@@ -18,9 +18,10 @@ use slipway_artifacts::{Compression, Format, Globs};
 use slipway_cache::{S3, object_name, transfer};
 use slipway_config::CacheConfig;
 use slipway_executor::cache::{key_to_save, keys_to_restore};
-use slipway_executor::{CollectedArtifacts, Tarball, Trace};
-use slipway_jobs::JobResponse;
-use slipway_jobs::model::ArtifactSpec;
+use slipway_executor::{CollectedArtifacts, Tarball};
+use slipway_job::JobResponse;
+use slipway_job::Trace;
+use slipway_job::model::ArtifactSpec;
 use tokio_util::sync::CancellationToken;
 
 use super::artifacts::keeps;
@@ -343,7 +344,7 @@ fn request_timeout(job: &JobResponse) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slipway_jobs::model::CacheSpec;
+    use slipway_job::model::CacheSpec;
 
     #[test]
     fn caches_to_save_become_artifact_entries_and_leave_the_local_cache() {
@@ -363,7 +364,7 @@ mod tests {
             ],
             ..JobResponse::default()
         };
-        job.variables.push(slipway_jobs::Variable {
+        job.variables.push(slipway_job::Variable {
             key: "CI_JOB_NAME".into(),
             value: "build".into(),
             ..Default::default()

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use slipway_executor::{FailureReason, JobOutcome, Tarball, Trace};
-use slipway_jobs::JobResponse;
-use slipway_jobs::gitlab::Secret;
+use slipway_executor::Tarball;
+use slipway_gitlab::Secret;
+use slipway_job::JobResponse;
+use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio_util::sync::CancellationToken;
 
 use super::Source;

@@ -1,5 +1,5 @@
 //! `slipway run`'s GitLab job source: a `[[runners]]` entry with an `http(s)://` `url` and a
-//! `token` takes its jobs from GitLab's runner API ([`slipway_jobs::gitlab`]).
+//! `token` takes its jobs from GitLab's runner API ([`slipway_gitlab`]).
 //!
 //! On start the token is verified (`POST /runners/verify`) with the manager's `system_id`, kept
 //! in the state directory. Then `request_concurrency` loops per runner each, under the runner's
@@ -30,13 +30,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use slipway_executor::{JobOutcome, Trace};
-use slipway_jobs::JobResponse;
-use slipway_jobs::gitlab::{
-    Backoff, ClientConfig, FailureReason as GlReason, FinishOutcome, GitlabClient, GitlabError,
-    INTERRUPTED_MESSAGE, JobState, Outbox, Owed, PatchOutcome, PendingUpdate, Secret, SystemId,
-    TlsFiles, TraceConfig, TraceSender, UpdateRetryPolicy, VersionInfo,
+use slipway_gitlab::{
+    Backoff, ClientConfig, FinishOutcome, GitlabClient, GitlabError, INTERRUPTED_MESSAGE, JobState,
+    Outbox, Owed, PatchOutcome, PendingUpdate, Secret, SystemId, TlsFiles, TraceConfig,
+    TraceSender, UpdateRetryPolicy, VersionInfo,
 };
+use slipway_job::{FailureReason, JobOutcome, JobResponse, Trace};
 use slipway_taskscaler::{Error as TsError, Resources};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -151,17 +150,17 @@ struct Source {
     outbox: Outbox,
     git: Arc<GitSources>,
     /// `CI_SERVER_TLS_CA_FILE` and friends, given to every job as file variables.
-    tls_variables: Vec<slipway_jobs::Variable>,
+    tls_variables: Vec<slipway_job::Variable>,
     /// The S3 cache, when `[runners.cache]` sets one up.
     cache: Option<DistributedCache>,
     /// The `cache:` entries of jobs whose inputs are on their way (the executor gets the job
     /// without them: [`DistributedCache::for_executor`]).
-    cache_specs: std::sync::Mutex<HashMap<u64, Vec<slipway_jobs::model::CacheSpec>>>,
+    cache_specs: std::sync::Mutex<HashMap<u64, Vec<slipway_job::model::CacheSpec>>>,
 }
 
 /// GitLab Runner's TLS variables: the files of `tls` as file variables of every job, so its
 /// own git, curl or LFS calls trust the same CA and present the same certificate.
-async fn tls_variables(tls: &TlsFiles) -> Vec<slipway_jobs::Variable> {
+async fn tls_variables(tls: &TlsFiles) -> Vec<slipway_job::Variable> {
     let mut out = Vec::new();
     for (key, file) in [
         ("CI_SERVER_TLS_CA_FILE", &tls.ca_file),
@@ -170,7 +169,7 @@ async fn tls_variables(tls: &TlsFiles) -> Vec<slipway_jobs::Variable> {
     ] {
         let Some(path) = file else { continue };
         if let Ok(value) = tokio::fs::read_to_string(path).await {
-            out.push(slipway_jobs::Variable {
+            out.push(slipway_job::Variable {
                 key: key.into(),
                 value,
                 file: true,
@@ -655,12 +654,12 @@ impl Source {
 }
 
 /// The final state for `outcome`: state, reason and exit code.
-pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<GlReason>, Option<i32>) {
+pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<FailureReason>, Option<i32>) {
     match outcome {
         JobOutcome::Success => (JobState::Success, None, None),
         JobOutcome::Failed {
             reason, exit_code, ..
-        } => (JobState::Failed, Some(GlReason::from(*reason)), *exit_code),
+        } => (JobState::Failed, Some(*reason), *exit_code),
     }
 }
 
@@ -669,34 +668,34 @@ pub fn final_state(outcome: &JobOutcome) -> (JobState, Option<GlReason>, Option<
 /// before now: while GitLab was unreachable, only with the final trace).
 fn reported_reason(
     outcome: &JobOutcome,
-    reason: Option<GlReason>,
+    reason: Option<FailureReason>,
     stopping: bool,
     gitlab_canceled: bool,
-) -> Option<GlReason> {
-    use slipway_executor::FailureReason as R;
+) -> Option<FailureReason> {
+    use slipway_job::FailureReason as R;
     match outcome {
         // Canceled by the manager's shutdown, not by GitLab: the runner was interrupted.
         JobOutcome::Failed {
             reason: R::JobCanceled,
             ..
-        } if stopping && !gitlab_canceled => Some(GlReason::RunnerInterrupted),
+        } if stopping && !gitlab_canceled => Some(FailureReason::RunnerInterrupted),
         // The script's shell killed by a signal the runner did not send, in a job GitLab had
         // canceled: the cancel, not the script's failure.
         JobOutcome::Failed {
             reason: R::ScriptFailure,
             exit_code: None,
             ..
-        } if gitlab_canceled => Some(GlReason::JobCanceled),
+        } if gitlab_canceled => Some(FailureReason::JobCanceled),
         _ => reason,
     }
 }
 
 /// A job that did not get to run: its reason.
 fn refused(no: &NoSlot, stop: &CancellationToken) -> JobOutcome {
-    use slipway_executor::FailureReason as R;
+    use slipway_job::FailureReason as R;
     let reason = match no.failure_reason {
         R::RunnerUnsupported | R::RunnerConfigurationError => R::RunnerConfigurationError,
-        _ if no.status == slipway_jobs::JobStatus::Canceled && !stop.is_cancelled() => {
+        _ if no.status == slipway_job::JobStatus::Canceled && !stop.is_cancelled() => {
             R::JobCanceled
         }
         _ => R::RunnerSystemFailure,
@@ -826,7 +825,7 @@ async fn run_job(
     // manager's shutdown interrupted failed.
     let mut ending = lifecycle::ending_of(&outcome);
     match reason.as_ref() {
-        Some(GlReason::JobCanceled) => {
+        Some(FailureReason::JobCanceled) => {
             ending.outcome = "canceled".into();
             ending.failure_reason = None;
         }
@@ -929,7 +928,7 @@ impl Source {
     /// The `cache:` entries of jobs on their way (a poisoned lock is still usable: plain data).
     fn cache_specs_of(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<slipway_jobs::model::CacheSpec>>> {
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<slipway_job::model::CacheSpec>>> {
         self.cache_specs
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -953,7 +952,7 @@ impl JobSource for Source {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slipway_executor::FailureReason as R;
+    use slipway_job::FailureReason as R;
 
     #[test]
     fn gitlab_runners_need_an_http_url_and_a_token() {
@@ -973,31 +972,31 @@ mod tests {
     #[test]
     fn a_signal_death_in_a_job_gitlab_canceled_is_the_cancel() {
         let killed = JobOutcome::failed(R::ScriptFailure, None, "killed by signal TERM");
-        let script = Some(GlReason::ScriptFailure);
+        let script = Some(FailureReason::ScriptFailure);
         assert_eq!(
-            reported_reason(&killed, script.clone(), false, true),
-            Some(GlReason::JobCanceled)
+            reported_reason(&killed, script, false, true),
+            Some(FailureReason::JobCanceled)
         );
         // Not canceled by GitLab: the script's own signal stays its failure.
         assert_eq!(
-            reported_reason(&killed, script.clone(), false, false),
+            reported_reason(&killed, script, false, false),
             script
         );
         // An exit code is the script's answer, whatever GitLab did meanwhile.
         let exited = JobOutcome::failed(R::ScriptFailure, Some(3), "exit code 3");
         assert_eq!(
-            reported_reason(&exited, script.clone(), false, true),
+            reported_reason(&exited, script, false, true),
             script
         );
         // The manager's shutdown cancels the job: the runner was interrupted.
         let canceled = JobOutcome::failed(R::JobCanceled, None, "job canceled");
         assert_eq!(
-            reported_reason(&canceled, Some(GlReason::JobCanceled), true, false),
-            Some(GlReason::RunnerInterrupted)
+            reported_reason(&canceled, Some(FailureReason::JobCanceled), true, false),
+            Some(FailureReason::RunnerInterrupted)
         );
         assert_eq!(
-            reported_reason(&canceled, Some(GlReason::JobCanceled), true, true),
-            Some(GlReason::JobCanceled)
+            reported_reason(&canceled, Some(FailureReason::JobCanceled), true, true),
+            Some(FailureReason::JobCanceled)
         );
     }
 
@@ -1010,17 +1009,7 @@ mod tests {
         let (state, reason, code) =
             final_state(&JobOutcome::failed(R::ScriptFailure, Some(3), "x"));
         assert_eq!(state, JobState::Failed);
-        assert_eq!(reason, Some(GlReason::ScriptFailure));
+        assert_eq!(reason, Some(FailureReason::ScriptFailure));
         assert_eq!(code, Some(3));
-        for r in [
-            R::ScriptFailure,
-            R::RunnerSystemFailure,
-            R::JobExecutionTimeout,
-            R::JobCanceled,
-            R::RunnerConfigurationError,
-            R::ImagePullFailure,
-        ] {
-            assert_eq!(GlReason::from(r).as_str(), r.as_str());
-        }
     }
 }

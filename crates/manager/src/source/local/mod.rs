@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use slipway_executor::{JobOutcome, Tarball, Trace};
-use slipway_jobs::{JobStatus, PipelineRun, PipelineStatus, Retry, RunError, Selection, Variable};
+use slipway_executor::Tarball;
+use slipway_job::Variable;
+use slipway_job::{JobOutcome, Trace};
+use slipway_pipeline::{JobStatus, PipelineRun, PipelineStatus, Retry, RunError, Selection};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -514,7 +516,7 @@ struct JobTask {
     index: usize,
     name: String,
     stage: String,
-    payload: slipway_jobs::JobResponse,
+    payload: slipway_job::JobResponse,
     /// The project's files, unpacked first into the job's directory.
     sources: Arc<Vec<u8>>,
     inputs: Vec<PathBuf>,
@@ -586,7 +588,7 @@ impl JobTask {
             if let Some((outcome, collected, job)) = outcome {
                 self.store(&job, &collected, &mut trace, &mut artifacts, &mut dotenv)
                     .await;
-                row.status = lifecycle::status_of(&outcome);
+                row.status = outcome.status().into();
                 row.exit_code = None;
                 if let JobOutcome::Failed {
                     message,
@@ -622,7 +624,7 @@ impl JobTask {
     ) -> Option<(
         JobOutcome,
         Vec<slipway_executor::CollectedArtifacts>,
-        slipway_jobs::JobResponse,
+        slipway_job::JobResponse,
     )> {
         let life = Life {
             runner: &self.runner,
@@ -640,7 +642,7 @@ impl JobTask {
             .await
         {
             Err(no) => {
-                row.status = no.status;
+                row.status = no.status.into();
                 row.message = no.message;
                 return None;
             }
@@ -668,7 +670,7 @@ impl JobTask {
     /// the collected files).
     async fn store(
         &self,
-        job: &slipway_jobs::JobResponse,
+        job: &slipway_job::JobResponse,
         collected: &[slipway_executor::CollectedArtifacts],
         trace: &mut Trace,
         artifacts: &mut Vec<PathBuf>,
@@ -740,7 +742,7 @@ impl JobTask {
 impl JobSource for JobTask {
     async fn inputs(
         &self,
-        _job: &slipway_jobs::JobResponse,
+        _job: &slipway_job::JobResponse,
         _at: SourcesAt,
         trace: &mut Trace,
         _cancel: &CancellationToken,

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use slipway_artifacts::Globs;
-use slipway_jobs::{Checkout, JobResponse, Pipeline, PipelineError, PipelineOptions, Variable};
+use slipway_job::{JobResponse, Variable};
+use slipway_pipeline::{Checkout, Pipeline, PipelineError, PipelineOptions};
 
 use super::ExecOptions;
 
@@ -101,7 +102,7 @@ pub fn read(
                 path: path.clone(),
                 cause,
             })?;
-        user = slipway_jobs::read_variables_file(&text, &path.display().to_string())
+        user = slipway_pipeline::read_variables_file(&text, &path.display().to_string())
             .map_err(ReadError::VariablesFile)?;
         if !named {
             notify(format!("Variables from {}", path.display()));
@@ -237,7 +238,7 @@ pub fn dotenv_of(tar: &[u8], files: &[String]) -> Result<Vec<Variable>, String> 
         entry
             .read_to_string(&mut text)
             .map_err(|e| format!("{path}: {e}"))?;
-        let (found, problems) = slipway_jobs::parse_dotenv(&text);
+        let (found, problems) = slipway_pipeline::parse_dotenv(&text);
         if let Some(p) = problems.first() {
             return Err(format!("{path}: {p}"));
         }

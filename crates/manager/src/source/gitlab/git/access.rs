@@ -3,8 +3,8 @@
 //! (`GIT_CONFIG_COUNT`), so they never reach argv (`ps`) or `.git/config` (the job's files).
 
 use base64::Engine as _;
-use slipway_jobs::JobResponse;
-use slipway_jobs::gitlab::{TlsFiles, host_of};
+use slipway_gitlab::{TlsFiles, host_of};
+use slipway_job::JobResponse;
 use tokio::process::Command;
 
 /// The repository to fetch and the git settings that reach it.

@@ -4,8 +4,9 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use slipway_executor::{Tarball, Trace};
-use slipway_jobs::JobResponse;
+use slipway_executor::Tarball;
+use slipway_job::JobResponse;
+use slipway_job::Trace;
 use tokio::process::Command;
 
 use super::Sources;

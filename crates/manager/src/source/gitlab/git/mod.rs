@@ -24,9 +24,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use slipway_executor::{Tarball, Trace};
-use slipway_jobs::gitlab::TlsFiles;
-use slipway_jobs::{GitStrategy as Strategy, JobResponse};
+use slipway_executor::Tarball;
+use slipway_gitlab::TlsFiles;
+use slipway_job::Trace;
+use slipway_job::{GitStrategy as Strategy, JobResponse};
 use tokio_util::sync::CancellationToken;
 
 use access::Remote;

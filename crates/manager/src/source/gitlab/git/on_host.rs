@@ -15,8 +15,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use slipway_executor::script::{JobDirs, quote};
 use slipway_executor::sources::{NO_GIT, UNREACHABLE};
-use slipway_executor::{HostSources, Tarball, Trace};
-use slipway_jobs::JobResponse;
+use slipway_executor::{HostSources, Tarball};
+use slipway_job::JobResponse;
+use slipway_job::Trace;
 use tokio_util::sync::CancellationToken;
 
 use super::GitSources;
@@ -448,7 +449,7 @@ impl HostSources for HostFetch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slipway_jobs::gitlab::TlsFiles;
+    use slipway_gitlab::TlsFiles;
     use std::path::Path;
     use std::process::Command;
 
@@ -497,7 +498,7 @@ mod tests {
         job.git_info.sha = sha.into();
         job.git_info.git_ref = "main".into();
         for (k, v) in vars {
-            job.variables.push(slipway_jobs::Variable {
+            job.variables.push(slipway_job::Variable {
                 key: (*k).into(),
                 value: (*v).into(),
                 ..Default::default()

@@ -3,7 +3,7 @@
 //! and the `GIT_SUBMODULE_*` family. Flags run git on the manager, so those that could run a
 //! command or read its files (`--upload-pack`, `--reference`) are refused.
 
-use slipway_jobs::JobResponse;
+use slipway_job::JobResponse;
 
 /// `refs` to fetch: the payload's refspecs, else the job's branch or tag.
 pub(super) fn refspecs(job: &JobResponse) -> Vec<String> {
@@ -184,7 +184,7 @@ mod tests {
     fn with(vars: &[(&str, &str)]) -> JobResponse {
         let mut job = JobResponse::default();
         for (k, v) in vars {
-            job.variables.push(slipway_jobs::Variable {
+            job.variables.push(slipway_job::Variable {
                 key: (*k).into(),
                 value: (*v).into(),
                 ..Default::default()
@@ -197,7 +197,7 @@ mod tests {
     fn clean_flags_default_to_gitlabs_and_take_only_options() {
         let mut job = JobResponse::default();
         assert_eq!(clean_flags(&job).unwrap(), vec!["-ffdx", "-q"]);
-        job.variables.push(slipway_jobs::Variable {
+        job.variables.push(slipway_job::Variable {
             key: "GIT_CLEAN_FLAGS".into(),
             value: "-ffdx -e cache/".into(),
             ..Default::default()
