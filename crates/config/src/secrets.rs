@@ -92,13 +92,7 @@ pub(crate) fn secrets_of(table: &toml::Table) -> Vec<String> {
 
 /// `message` with every one of `secrets` replaced by `[MASKED]`.
 pub(crate) fn mask(message: &str, secrets: &[String]) -> String {
-    let mut m = message.to_string();
-    for s in secrets {
-        if m.contains(s.as_str()) {
-            m = m.replace(s.as_str(), "[MASKED]");
-        }
-    }
-    m
+    slipway_job::mask_text(message, secrets)
 }
 
 /// A type error's message without the value it quotes.

@@ -38,7 +38,7 @@ impl fmt::Debug for StatusPageConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StatusPageConfig")
             .field("enabled", &self.enabled)
-            .field("token", &self.token.as_ref().map(|_| "[MASKED]"))
+            .field("token", &self.token.as_ref().map(|_| slipway_job::MASK))
             .field("history_interval", &self.history_interval)
             .field("history", &self.history)
             .finish()

@@ -44,7 +44,7 @@ pub use system_id::SystemId;
 pub use tls::{TlsFiles, host_of};
 pub use trace::{
     DEFAULT_OUTPUT_LIMIT_KIB, PatchOutcome, RemoteJobState, TraceConfig, TraceSender,
-    limit_exceeded_message, mask_token_prefixes, range_end, update_interval,
+    limit_exceeded_message, range_end, update_interval,
 };
 pub use update::{
     FinishOutcome, JobState, OutputInfo, PendingUpdate, UpdateOutcome, UpdateRetryPolicy, crc32,

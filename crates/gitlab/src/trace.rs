@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::endpoint;
 use super::update::{OutputInfo, crc32};
-use super::{Backoff, GitlabClient, GitlabError, MASK, Secret, sleep_or_cancel};
+use super::{Backoff, GitlabClient, GitlabError, Secret, sleep_or_cancel};
 
 /// Silence after which a job is touched when GitLab has not asked for an update interval
 /// (GitLab Runner's force-send interval).
@@ -155,9 +155,6 @@ pub struct TraceConfig {
     pub max_patch_size: usize,
     /// Interval between uploads until GitLab sends `X-GitLab-Trace-Update-Interval`.
     pub update_interval: Duration,
-    /// Extra masking pass: text following one of these prefixes (the job's
-    /// `features.token_mask_prefixes`, e.g. `glpat-`) is replaced by `[MASKED]`.
-    pub token_mask_prefixes: Vec<String>,
     /// Delays between retries of the final upload.
     pub backoff: Backoff,
     /// How many times [`TraceSender::finish`] tries before giving up.
@@ -172,7 +169,6 @@ impl Default for TraceConfig {
             output_limit_kib: DEFAULT_OUTPUT_LIMIT_KIB,
             max_patch_size: 256 * 1024,
             update_interval: Duration::from_secs(3),
-            token_mask_prefixes: Vec::new(),
             backoff: Backoff::default(),
             finish_attempts: 10,
             debug_trace: false,
@@ -188,43 +184,10 @@ pub fn limit_exceeded_message(limit: u64) -> String {
     )
 }
 
-/// Replaces what follows each of `prefixes` (letters, digits, `-`, `_`, `.`, `=`) by `[MASKED]`,
-/// keeping the prefix, as GitLab Runner's token masking does.
-pub fn mask_token_prefixes(data: &[u8], prefixes: &[String]) -> Vec<u8> {
-    let is_token = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'=');
-    let prefixes: Vec<&[u8]> = prefixes
-        .iter()
-        .map(|p| p.as_bytes())
-        .filter(|p| !p.is_empty())
-        .collect();
-    let mut out = Vec::with_capacity(data.len());
-    let mut i = 0;
-    while i < data.len() {
-        if let Some(p) = prefixes.iter().find(|p| data[i..].starts_with(p)) {
-            let start = i + p.len();
-            let mut end = start;
-            while end < data.len() && is_token(data[end]) {
-                end += 1;
-            }
-            out.extend_from_slice(p);
-            if end > start {
-                out.extend_from_slice(MASK.as_bytes());
-            }
-            i = end;
-        } else {
-            out.push(data[i]);
-            i += 1;
-        }
-    }
-    out
-}
-
 /// The trace kept for one job: everything accepted so far (bounded by `output_limit`).
 #[derive(Debug, Default)]
 struct Buffer {
     data: Vec<u8>,
-    /// Bytes waiting for a line end before the prefix-masking pass.
-    partial: Vec<u8>,
     limit: u64,
     truncated: bool,
 }
@@ -322,28 +285,7 @@ impl TraceSender {
         let Ok(mut buf) = self.buffer.lock() else {
             return;
         };
-        if self.config.token_mask_prefixes.is_empty() {
-            buf.push_limited(bytes);
-            return;
-        }
-        buf.partial.extend_from_slice(bytes);
-        if let Some(nl) = buf.partial.iter().rposition(|b| *b == b'\n') {
-            let rest = buf.partial.split_off(nl + 1);
-            let lines = std::mem::replace(&mut buf.partial, rest);
-            let masked = mask_token_prefixes(&lines, &self.config.token_mask_prefixes);
-            buf.push_limited(&masked);
-        }
-    }
-
-    /// Moves a pending partial line into the trace (masked), so it can be sent.
-    fn commit_partial(&self) {
-        if let Ok(mut buf) = self.buffer.lock()
-            && !buf.partial.is_empty()
-        {
-            let partial = std::mem::take(&mut buf.partial);
-            let masked = mask_token_prefixes(&partial, &self.config.token_mask_prefixes);
-            buf.push_limited(&masked);
-        }
+        buf.push_limited(bytes);
     }
 
     /// Total bytes of the trace so far (as GitLab will have them).
@@ -358,7 +300,6 @@ impl TraceSender {
 
     /// Checksum (`crc32:<hex>`) and size of the trace, for the final job update.
     pub fn output_info(&self) -> OutputInfo {
-        self.commit_partial();
         let (checksum, bytesize) = self
             .buffer
             .lock()
@@ -497,8 +438,7 @@ impl TraceSender {
                 () = self.abort.cancelled() => return,
                 () = tokio::time::sleep(self.update_interval()) => {}
             }
-            self.commit_partial();
-            if let Err(e) = self.flush().await {
+                if let Err(e) = self.flush().await {
                 tracing::warn!(job = self.job_id, error = %e, "trace upload failed, will retry");
             } else if self.quiet_for() >= self.keepalive_after() {
                 // Nothing new to send: a keep-alive, which also brings GitLab's Job-Status.
@@ -538,7 +478,6 @@ impl TraceSender {
     /// Sends the rest of the trace, retrying with backoff (up to `finish_attempts`, or until
     /// `cancel`), and returns the checksum and size for the final update.
     pub async fn finish(&self, cancel: &CancellationToken) -> Result<OutputInfo, GitlabError> {
-        self.commit_partial();
         let mut attempt = 0;
         loop {
             match self.flush().await {
@@ -562,22 +501,6 @@ impl TraceSender {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn masks_text_after_prefixes() {
-        let p = vec!["glpat-".to_string()];
-        let cases = [
-            ("ex glpat-imperdiet in", "ex glpat-[MASKED] in"),
-            ("esseglpat-imperdiet", "esseglpat-[MASKED]"),
-            ("esseglpat-imperdiet=_-. end", "esseglpat-[MASKED] end"),
-            ("glpat-impglpat-erdiet Lorem", "glpat-[MASKED] Lorem"),
-            ("glpat- alone", "glpat- alone"),
-        ];
-        for (input, want) in cases {
-            let got = mask_token_prefixes(input.as_bytes(), &p);
-            assert_eq!(String::from_utf8(got).unwrap(), want);
-        }
-    }
 
     #[test]
     fn job_status_parses() {

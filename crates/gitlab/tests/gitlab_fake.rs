@@ -302,7 +302,7 @@ async fn forbidden_trace_aborts() {
 }
 
 #[tokio::test]
-async fn output_limit_truncates_with_gitlab_message_and_prefixes_are_masked() {
+async fn output_limit_truncates_masked_output_with_gitlab_message() {
     let fake = Fake::start(trace_server(b"", "running")).await;
     let sender = TraceSender::new(
         fake.client(),
@@ -310,14 +310,16 @@ async fn output_limit_truncates_with_gitlab_message_and_prefixes_are_masked() {
         Secret::new("glcbt-job-secret"),
         TraceConfig {
             output_limit_kib: 1,
-            token_mask_prefixes: vec!["glpat-".into()],
             ..TraceConfig::default()
         },
     );
-    sender.append(b"token: glpat-");
-    sender.append(b"abcdef123 end\n");
-    sender.append(&[b'x'; 2000]);
-    sender.append(b"dropped\n");
+    // The job's trace masks before the sender sees a byte, across writes.
+    let mut masker = slipway_job::Masker::with_prefixes(["glcbt-job-secret"], ["glpat-"]);
+    sender.append(&masker.push(b"token: glpat-"));
+    sender.append(&masker.push(b"abcdef123 end\n"));
+    sender.append(&masker.push(&[b'x'; 2000]));
+    sender.append(&masker.push(b"dropped\n"));
+    sender.append(&masker.finish());
     let out = sender.finish(&CancellationToken::new()).await.unwrap();
     let got = received_trace(&fake);
     let head = b"token: glpat-[MASKED] end\n";

@@ -18,5 +18,5 @@ pub use model::{
     Image, JobInfo, JobResponse, Port, RunnerInfo, Step, StepName, Variable, When,
 };
 pub use outcome::{FailureReason, JobOutcome, JobStatus};
-pub use trace::{MASK, Masker, Trace};
+pub use trace::{MASK, Masker, Trace, mask_text};
 pub use variables::expand_variables;

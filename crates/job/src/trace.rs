@@ -5,79 +5,296 @@ use tokio::sync::mpsc;
 /// Text that stands in for a masked value, everywhere Slipway hides one.
 pub const MASK: &str = "[MASKED]";
 
-/// Replaces secrets in a byte stream, also when one is split across chunks.
-#[derive(Default)]
+/// GitLab's token prefixes, masked in every trace whatever the job payload lists: what follows
+/// one of them (letters, digits, `-`, `_`, `.`, `=`) is a token.
+pub const DEFAULT_TOKEN_PREFIXES: [&str; 17] = [
+    "glpat-", "gloas-", "gldt-", "glrt-", "glrtr-", "glcbt-", "glptt-", "glft-", "glimt-",
+    "glagent-", "glsoat-", "glffct-", "gltok-", "glwt-", "glsa-", "glcc-", "GR1348941",
+];
+
+/// URL query parameters whose values are credentials, as GitLab Runner's URL sanitizer masks
+/// them (matched after `?` or `&`, names without regard to case).
+pub const URL_PARAMETERS: [&str; 11] = [
+    "private_token",
+    "authenticity_token",
+    "rss_token",
+    "feed_token",
+    "job_token",
+    "X-Amz-Signature",
+    "X-Amz-Credential",
+    "X-Amz-Security-Token",
+    "X-Goog-Signature",
+    "X-Goog-Credential",
+    "sig",
+];
+
+/// A byte of a token after its prefix (GitLab Runner's token sanitizer).
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'=')
+}
+
+/// A byte of a URL parameter's value: up to `&`, a quote, a bracket or white space.
+fn is_param_byte(b: u8) -> bool {
+    b.is_ascii_graphic() && !matches!(b, b'&' | b'"' | b'\'' | b'<' | b'>' | b'#' | b'`' | b'\\' | b')' | b']' | b'}')
+}
+
+/// What the masker is inside of when a write ends in the middle of a masked value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    /// Nothing: plain output.
+    Nothing,
+    /// A token after one of the prefixes; `masked` once `[MASKED]` stands for it.
+    Token { masked: bool },
+    /// A URL parameter's value.
+    Param { masked: bool },
+}
+
+/// The one masker of the house: replaces masked values, tokens after GitLab's prefixes and
+/// credential URL parameters in a byte stream, whatever the chunks it arrives in.
+///
+/// State is kept across [`Masker::push`]es: a chunk that ends inside what may become a secret
+/// is held back (at most the longest pattern's length), and a chunk that ends inside a token
+/// or a parameter's value goes on masking it in the next one. So no split point reveals a
+/// secret, and clear output comes out unchanged.
+#[derive(Clone)]
 pub struct Masker {
+    /// Masked values, longest first.
     secrets: Vec<Vec<u8>>,
+    /// Token prefixes, longest first.
+    prefixes: Vec<Vec<u8>>,
+    /// `name=` of the URL parameters, lower case.
+    params: Vec<Vec<u8>>,
+    /// Whether a pattern may start with this pair of bytes (65,536 bits).
+    pairs: Vec<u64>,
+    /// Whether a pattern may start with this byte.
+    first: [bool; 256],
+    /// The longest pattern, in bytes (a parameter counts its `?` or `&`).
+    longest: usize,
     pending: Vec<u8>,
+    skip: Skip,
 }
 
 impl std::fmt::Debug for Masker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Masker")
             .field("secrets", &self.secrets.len())
+            .field("prefixes", &self.prefixes.len())
             .finish_non_exhaustive()
     }
 }
 
+impl Default for Masker {
+    fn default() -> Self {
+        Masker::new(Vec::<Vec<u8>>::new())
+    }
+}
+
 impl Masker {
-    /// A masker for these values; empty values are ignored.
+    /// A masker for these values (empty ones are ignored), GitLab's default token prefixes and
+    /// the credential URL parameters.
     pub fn new<I, S>(secrets: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: AsRef<[u8]>,
     {
-        let mut secrets: Vec<Vec<u8>> = secrets
-            .into_iter()
-            .map(|s| s.as_ref().to_vec())
-            .filter(|s| !s.is_empty())
-            .collect();
-        // Longest first, so a secret containing another is masked whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
-        Masker {
-            secrets,
-            pending: Vec::new(),
+        Masker::with_prefixes(secrets, DEFAULT_TOKEN_PREFIXES)
+    }
+
+    /// The masker for `job`'s trace: its masked variables and token, GitLab's default token
+    /// prefixes and those the job's payload lists (`features.token_mask_prefixes`).
+    pub fn for_job(job: &crate::JobResponse) -> Self {
+        let prefixes = DEFAULT_TOKEN_PREFIXES
+            .iter()
+            .map(|p| p.as_bytes().to_vec())
+            .chain(job.features.token_mask_prefixes.iter().map(|p| p.as_bytes().to_vec()));
+        Masker::with_prefixes(job.masked_values(), prefixes)
+    }
+
+    /// A masker for `secrets` and these token `prefixes` (no default ones added).
+    pub fn with_prefixes<I, S, P, Q>(secrets: I, prefixes: P) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<[u8]>,
+        P: IntoIterator<Item = Q>,
+        Q: AsRef<[u8]>,
+    {
+        fn sorted(mut v: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+            v.retain(|s| !s.is_empty());
+            // Longest first, so a secret containing another is masked whole.
+            v.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+            v.dedup();
+            v
         }
+        let secrets = sorted(secrets.into_iter().map(|s| s.as_ref().to_vec()).collect());
+        let prefixes = sorted(prefixes.into_iter().map(|s| s.as_ref().to_vec()).collect());
+        let params: Vec<Vec<u8>> = URL_PARAMETERS
+            .iter()
+            .map(|p| format!("{}=", p.to_ascii_lowercase()).into_bytes())
+            .collect();
+        let mut m = Masker {
+            secrets,
+            prefixes,
+            params,
+            pairs: vec![0; 1024],
+            first: [false; 256],
+            longest: 0,
+            pending: Vec::new(),
+            skip: Skip::Nothing,
+        };
+        let mut starts: Vec<Vec<u8>> = m.secrets.iter().chain(&m.prefixes).cloned().collect();
+        for p in &m.params {
+            for sep in [b'?', b'&'] {
+                for first in [p[0].to_ascii_lowercase(), p[0].to_ascii_uppercase()] {
+                    let mut pat = vec![sep, first];
+                    pat.extend_from_slice(&p[1..]);
+                    starts.push(pat);
+                }
+            }
+        }
+        for pat in &starts {
+            m.longest = m.longest.max(pat.len());
+            m.first[usize::from(pat[0])] = true;
+            if let Some(&second) = pat.get(1) {
+                let bit = usize::from(pat[0]) << 8 | usize::from(second);
+                m.pairs[bit / 64] |= 1 << (bit % 64);
+            }
+        }
+        m
     }
 
     /// Feed a chunk; returns what is safe to emit now.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        if self.secrets.is_empty() {
-            return chunk.to_vec();
+        if self.pending.is_empty() {
+            self.scan(chunk, false)
+        } else {
+            let mut buf = std::mem::take(&mut self.pending);
+            buf.extend_from_slice(chunk);
+            self.scan(&buf, false)
         }
-        self.pending.extend_from_slice(chunk);
-        self.drain(false)
     }
 
-    /// End of stream: emit whatever is held back.
+    /// End of stream: emit whatever is held back, masked.
     pub fn finish(&mut self) -> Vec<u8> {
-        self.drain(true)
+        let buf = std::mem::take(&mut self.pending);
+        let out = self.scan(&buf, true);
+        self.skip = Skip::Nothing;
+        out
     }
 
-    fn drain(&mut self, last: bool) -> Vec<u8> {
-        let buf = std::mem::take(&mut self.pending);
+    /// Bytes held back until the next chunk shows whether they start a secret.
+    pub fn held(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether a pattern may start at `i` (a cheap test before the exact ones).
+    fn may_start(&self, buf: &[u8], i: usize) -> bool {
+        match buf.get(i + 1) {
+            Some(&second) => {
+                let bit = usize::from(buf[i]) << 8 | usize::from(second);
+                self.pairs[bit / 64] & (1 << (bit % 64)) != 0
+            }
+            None => self.first[usize::from(buf[i])],
+        }
+    }
+
+    /// Whether `rest` is the unfinished start of a pattern: more bytes could make it one.
+    fn could_grow(&self, rest: &[u8]) -> bool {
+        let grows = |p: &[u8]| p.len() > rest.len() && p.starts_with(rest);
+        if self.secrets.iter().any(|s| grows(s)) || self.prefixes.iter().any(|p| grows(p)) {
+            return true;
+        }
+        match rest.split_first() {
+            Some((b'?' | b'&', name)) => self
+                .params
+                .iter()
+                .any(|p| p.len() > name.len() && p[..name.len()].eq_ignore_ascii_case(name)),
+            _ => false,
+        }
+    }
+
+    /// The credential parameter `?name=` or `&name=` at the start of `rest`: its length.
+    fn param_at(&self, rest: &[u8]) -> Option<usize> {
+        let (sep, name) = rest.split_first()?;
+        if !matches!(sep, b'?' | b'&') {
+            return None;
+        }
+        self.params
+            .iter()
+            .find(|p| name.len() >= p.len() && name[..p.len()].eq_ignore_ascii_case(p))
+            .map(|p| p.len() + 1)
+    }
+
+    fn scan(&mut self, buf: &[u8], last: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(buf.len());
         let mut i = 0;
-        'scan: while i < buf.len() {
-            let rest = &buf[i..];
-            for s in &self.secrets {
-                if rest.starts_with(s) {
-                    out.extend_from_slice(MASK.as_bytes());
-                    i += s.len();
-                    continue 'scan;
+        while i < buf.len() {
+            // Inside a token or a parameter's value: drop it, `[MASKED]` once in its place.
+            match self.skip {
+                Skip::Nothing => {}
+                Skip::Token { masked } | Skip::Param { masked } => {
+                    let inside = match self.skip {
+                        Skip::Token { .. } => is_token_byte,
+                        _ => is_param_byte,
+                    };
+                    let end = buf[i..]
+                        .iter()
+                        .position(|b| !inside(*b))
+                        .map_or(buf.len(), |n| i + n);
+                    if end > i && !masked {
+                        out.extend_from_slice(MASK.as_bytes());
+                        self.skip = match self.skip {
+                            Skip::Token { .. } => Skip::Token { masked: true },
+                            _ => Skip::Param { masked: true },
+                        };
+                    }
+                    i = end;
+                    if i < buf.len() {
+                        self.skip = Skip::Nothing;
+                    }
+                    continue;
                 }
             }
-            // The tail might be the start of a secret whose end has not arrived yet: hold it.
-            if !last && self.secrets.iter().any(|s| s.starts_with(rest)) {
+            // Plain bytes up to where a pattern may start, copied at once.
+            let next = (i..buf.len())
+                .find(|&j| self.may_start(buf, j))
+                .unwrap_or(buf.len());
+            out.extend_from_slice(&buf[i..next]);
+            i = next;
+            if i == buf.len() {
+                break;
+            }
+            let rest = &buf[i..];
+            if !last && rest.len() < self.longest && self.could_grow(rest) {
                 self.pending = rest.to_vec();
                 return out;
             }
-            out.push(buf[i]);
-            i += 1;
+            if let Some(s) = self.secrets.iter().find(|s| rest.starts_with(s)) {
+                out.extend_from_slice(MASK.as_bytes());
+                i += s.len();
+            } else if let Some(p) = self.prefixes.iter().find(|p| rest.starts_with(p)) {
+                out.extend_from_slice(p);
+                i += p.len();
+                self.skip = Skip::Token { masked: false };
+            } else if let Some(n) = self.param_at(rest) {
+                out.extend_from_slice(&rest[..n]);
+                i += n;
+                self.skip = Skip::Param { masked: false };
+            } else {
+                out.push(buf[i]);
+                i += 1;
+            }
         }
         out
     }
+}
+
+/// `text` with every one of `secrets` replaced by [`MASK`], longest first, as a trace masks
+/// them: for messages and pages that show a whole string at once.
+pub fn mask_text<S: AsRef<[u8]>>(text: &str, secrets: &[S]) -> String {
+    let mut m = Masker::new(secrets.iter().map(AsRef::as_ref));
+    let mut out = m.push(text.as_bytes());
+    out.extend(m.finish());
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Where a job's output goes: masked chunks on a channel the job source reads.
@@ -90,14 +307,25 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// A trace that masks `secrets` and sends chunks on `tx`.
+    /// A trace that masks `secrets` (and GitLab's default token prefixes) and sends chunks on
+    /// `tx`.
     pub fn new<I, S>(secrets: I, tx: mpsc::UnboundedSender<Vec<u8>>) -> Self
     where
         I: IntoIterator<Item = S>,
         S: AsRef<[u8]>,
     {
+        Trace::with_masker(Masker::new(secrets), tx)
+    }
+
+    /// `job`'s trace: masked with [`Masker::for_job`], sent on `tx`.
+    pub fn for_job(job: &crate::JobResponse, tx: mpsc::UnboundedSender<Vec<u8>>) -> Self {
+        Trace::with_masker(Masker::for_job(job), tx)
+    }
+
+    /// A trace that masks with `masker` and sends chunks on `tx`.
+    pub fn with_masker(masker: Masker, tx: mpsc::UnboundedSender<Vec<u8>>) -> Self {
         Trace {
-            masker: Masker::new(secrets),
+            masker,
             tx,
             script_started: false,
         }
@@ -186,5 +414,104 @@ mod tests {
     #[test]
     fn passes_through_without_secrets() {
         assert_eq!(run(&[], &["a", "b"]), "ab");
+    }
+
+    /// Every way of cutting `text` in two and in three gives `want`.
+    fn every_split(secrets: &[&str], prefixes: &[&str], text: &str, want: &str) {
+        let bytes = text.as_bytes();
+        for a in 0..=bytes.len() {
+            for b in a..=bytes.len() {
+                let mut m = Masker::with_prefixes(secrets.iter(), prefixes.iter());
+                let mut out = m.push(&bytes[..a]);
+                out.extend(m.push(&bytes[a..b]));
+                out.extend(m.push(&bytes[b..]));
+                out.extend(m.finish());
+                assert_eq!(String::from_utf8_lossy(&out), want, "split at {a} and {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_token_split_by_a_write_is_masked_whole() {
+        every_split(
+            &[],
+            &["glpat-"],
+            "t=glpat-SECRETTOKENVALUE done",
+            "t=glpat-[MASKED] done",
+        );
+        // The issue's case: `glpat-SECRET`, a pause, then `TOKENVALUE`.
+        let mut m = Masker::new(Vec::<&str>::new());
+        let mut out = m.push(b"glpat-SECRET");
+        out.extend(m.push(b"TOKENVALUE\n"));
+        out.extend(m.finish());
+        assert_eq!(String::from_utf8_lossy(&out), "glpat-[MASKED]\n");
+    }
+
+    #[test]
+    fn a_short_secret_that_starts_a_long_one_does_not_reveal_its_tail() {
+        every_split(
+            &["XYZsecret", "XYZsecretTail"],
+            &[],
+            "split=XYZsecretTail and XYZsecret.",
+            "split=[MASKED] and [MASKED].",
+        );
+    }
+
+    #[test]
+    fn default_prefixes_are_masked_without_a_payload() {
+        assert_eq!(
+            run(&[], &["a glrt-t2_abc b gldt-x"]),
+            "a glrt-[MASKED] b gldt-[MASKED]"
+        );
+    }
+
+    #[test]
+    fn credential_url_parameters_are_masked() {
+        every_split(
+            &[],
+            &[],
+            "GET https://s3/b/k?X-Amz-Credential=AKIA%2F1&x-amz-signature=abc123&ok=1 done",
+            "GET https://s3/b/k?X-Amz-Credential=[MASKED]&x-amz-signature=[MASKED]&ok=1 done",
+        );
+        assert_eq!(
+            run(&[], &["/api/v4/projects?private_token=tok&page=2"]),
+            "/api/v4/projects?private_token=[MASKED]&page=2"
+        );
+    }
+
+    #[test]
+    fn clear_text_near_patterns_is_unchanged() {
+        every_split(
+            &["hunter22"],
+            &["glpat-"],
+            "hunt glpat hunter2 ?sig &x=1 gl",
+            "hunt glpat hunter2 ?sig &x=1 gl",
+        );
+    }
+
+    #[test]
+    fn held_bytes_are_bounded_by_the_longest_pattern() {
+        let mut m = Masker::new(["0123456789"]);
+        for _ in 0..1000 {
+            let _ = m.push(b"012345678");
+            assert!(m.held() < 32, "held {}", m.held());
+        }
+    }
+
+    #[test]
+    fn a_job_masks_its_payload_prefixes_and_variables() {
+        let job: crate::JobResponse = serde_json::from_value(serde_json::json!({
+            "id": 1, "token": "job-token-123",
+            "variables": [{"key": "PW", "value": "pa55word", "masked": true}],
+            "features": {"token_mask_prefixes": ["mytok_"]}
+        }))
+        .unwrap_or_default();
+        let mut m = Masker::for_job(&job);
+        let mut out = m.push(b"pa55word mytok_abc job-token-123 glpat-q");
+        out.extend(m.finish());
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "[MASKED] mytok_[MASKED] [MASKED] glpat-[MASKED]"
+        );
     }
 }

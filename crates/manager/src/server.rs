@@ -47,7 +47,7 @@ pub struct StatusRoutes {
 impl std::fmt::Debug for StatusRoutes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StatusRoutes")
-            .field("token", &self.token.as_ref().map(|_| "[MASKED]"))
+            .field("token", &self.token.as_ref().map(|_| slipway_job::MASK))
             .finish_non_exhaustive()
     }
 }

@@ -335,14 +335,7 @@ impl Drop for BoardGuard<'_> {
 /// `text` with every secret replaced by `[MASKED]`, longest first so a secret that contains
 /// another is masked whole (as traces mask them).
 fn mask(text: &str, secrets: &[String]) -> String {
-    let mut sorted: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
-    sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    sorted.dedup();
-    let mut out = text.to_string();
-    for s in sorted {
-        out = out.replace(s.as_str(), "[MASKED]");
-    }
-    out
+    slipway_job::mask_text(text, secrets)
 }
 
 /// Milliseconds since the Unix epoch (as the taskscaler's store and the queue write them; this

@@ -218,7 +218,7 @@ impl Life<'_> {
         let first_failure = AtomicU8::new(0);
         // The inputs' trace lines follow the slot's.
         let (side_tx, mut side_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        let mut side = Trace::new(job.masked_values(), side_tx);
+        let mut side = Trace::for_job(&job, side_tx);
         let acquiring = async {
             let r = acquire(runner, key, trace, &acquire_cancel)
                 .await

@@ -738,14 +738,13 @@ async fn run_job(
     // A task that ends without recording its job (a panic) still takes it off the board.
     let _on_board = runner.board.guard(&board_key);
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let trace = Trace::new(job.masked_values(), tx);
+    let trace = Trace::for_job(&job, tx);
     let sender = TraceSender::new(
         source.client.clone(),
         job.id,
         Secret::new(job.token.clone()),
         TraceConfig {
             output_limit_kib: source.output_limit_kib,
-            token_mask_prefixes: job.features.token_mask_prefixes.clone(),
             debug_trace: job
                 .variable("CI_DEBUG_TRACE")
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),

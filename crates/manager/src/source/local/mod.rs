@@ -532,13 +532,7 @@ struct JobTask {
 
 impl JobTask {
     async fn run(self) -> Finished {
-        let secrets: Vec<String> = self
-            .payload
-            .masked_values()
-            .into_iter()
-            .map(String::from)
-            .collect();
-        let mut trace = Trace::new(secrets, self.trace.clone());
+        let mut trace = Trace::for_job(&self.payload, self.trace.clone());
         let mut row = JobRow::new(&self.name, &self.stage, JobStatus::Failed);
         let mut artifacts = Vec::new();
         let mut dotenv = Vec::new();

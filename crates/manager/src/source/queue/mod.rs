@@ -187,7 +187,7 @@ pub async fn serve(runner: Arc<Runner>, queue: Queue, limits: Limits, shutdown: 
         // The job goes on the board once claimed: until then it is the queue's (several
         // dispatchers may reserve for the same oldest job; one claims it).
         let board_entry = (lifecycle::board_info(&runner, &payload), secrets.clone());
-        let mut trace = Trace::new(secrets, tx);
+        let mut trace = Trace::for_job(&payload, tx);
         let reserved = match lifecycle::admit(&runner, &payload, &mut trace) {
             Ok(admission) => {
                 lifecycle::reserve(&runner, &key, &admission, &mut trace, &shutdown.drain)
