@@ -73,36 +73,8 @@ pub struct Stage {
     pub instance: Option<Instance>,
 }
 
-/// How a job ended, for [`ExecutorProvider::cleanup`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JobStatus {
-    /// Every stage it needed succeeded.
-    Success,
-    /// It failed.
-    Failed,
-    /// It was canceled.
-    Canceled,
-}
-
-impl JobStatus {
-    /// GitLab's name (`CI_JOB_STATUS`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobStatus::Success => "success",
-            JobStatus::Failed => "failed",
-            JobStatus::Canceled => "canceled",
-        }
-    }
-
-    /// From GitLab's name; anything else is a failure.
-    pub fn parse(s: &str) -> JobStatus {
-        match s {
-            "success" => JobStatus::Success,
-            "canceled" => JobStatus::Canceled,
-            _ => JobStatus::Failed,
-        }
-    }
-}
+/// How a job ended, for [`ExecutorProvider::cleanup`]: the house's one final status.
+pub use slipway_job::JobStatus;
 
 /// A job whose environment is to be removed.
 #[derive(Debug, Clone)]

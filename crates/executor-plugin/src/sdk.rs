@@ -250,7 +250,7 @@ impl<P: ExecutorProvider> ExecutorRpc for Service<P> {
             .cleanup(CleanupJob {
                 state: req.state,
                 instance: req.instance,
-                status: JobStatus::parse(&req.job_status),
+                status: JobStatus::from_ci_name(&req.job_status),
             })
             .await
             .map_err(error_to_status)?;

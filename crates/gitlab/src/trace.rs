@@ -438,7 +438,7 @@ impl TraceSender {
                 () = self.abort.cancelled() => return,
                 () = tokio::time::sleep(self.update_interval()) => {}
             }
-                if let Err(e) = self.flush().await {
+            if let Err(e) = self.flush().await {
                 tracing::warn!(job = self.job_id, error = %e, "trace upload failed, will retry");
             } else if self.quiet_for() >= self.keepalive_after() {
                 // Nothing new to send: a keep-alive, which also brings GitLab's Job-Status.

@@ -152,6 +152,15 @@ impl JobStatus {
             JobStatus::Canceled => "canceled",
         }
     }
+
+    /// From GitLab's name (`CI_JOB_STATUS`); anything else is a failure.
+    pub fn from_ci_name(s: &str) -> JobStatus {
+        match s {
+            "success" => JobStatus::Success,
+            "canceled" => JobStatus::Canceled,
+            _ => JobStatus::Failed,
+        }
+    }
 }
 
 impl fmt::Display for JobStatus {

@@ -8,8 +8,23 @@ pub const MASK: &str = "[MASKED]";
 /// GitLab's token prefixes, masked in every trace whatever the job payload lists: what follows
 /// one of them (letters, digits, `-`, `_`, `.`, `=`) is a token.
 pub const DEFAULT_TOKEN_PREFIXES: [&str; 17] = [
-    "glpat-", "gloas-", "gldt-", "glrt-", "glrtr-", "glcbt-", "glptt-", "glft-", "glimt-",
-    "glagent-", "glsoat-", "glffct-", "gltok-", "glwt-", "glsa-", "glcc-", "GR1348941",
+    "glpat-",
+    "gloas-",
+    "gldt-",
+    "glrt-",
+    "glrtr-",
+    "glcbt-",
+    "glptt-",
+    "glft-",
+    "glimt-",
+    "glagent-",
+    "glsoat-",
+    "glffct-",
+    "gltok-",
+    "glwt-",
+    "glsa-",
+    "glcc-",
+    "GR1348941",
 ];
 
 /// URL query parameters whose values are credentials, as GitLab Runner's URL sanitizer masks
@@ -35,7 +50,11 @@ fn is_token_byte(b: u8) -> bool {
 
 /// A byte of a URL parameter's value: up to `&`, a quote, a bracket or white space.
 fn is_param_byte(b: u8) -> bool {
-    b.is_ascii_graphic() && !matches!(b, b'&' | b'"' | b'\'' | b'<' | b'>' | b'#' | b'`' | b'\\' | b')' | b']' | b'}')
+    b.is_ascii_graphic()
+        && !matches!(
+            b,
+            b'&' | b'"' | b'\'' | b'<' | b'>' | b'#' | b'`' | b'\\' | b')' | b']' | b'}'
+        )
 }
 
 /// What the masker is inside of when a write ends in the middle of a masked value.
@@ -106,7 +125,12 @@ impl Masker {
         let prefixes = DEFAULT_TOKEN_PREFIXES
             .iter()
             .map(|p| p.as_bytes().to_vec())
-            .chain(job.features.token_mask_prefixes.iter().map(|p| p.as_bytes().to_vec()));
+            .chain(
+                job.features
+                    .token_mask_prefixes
+                    .iter()
+                    .map(|p| p.as_bytes().to_vec()),
+            );
         Masker::with_prefixes(job.masked_values(), prefixes)
     }
 

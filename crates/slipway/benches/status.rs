@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use slipway_job::{FailureReason, JobOutcome};
 use slipway_manager::server::{Server, StatusRoutes};
 use slipway_manager::status::{Source, runner_status_of};
 use slipway_sim::fleet::{FleetSpec, SimFleet};
@@ -202,12 +203,15 @@ async fn fill(fleet: &Fleet, instances: u32, running: usize, waiting: usize) -> 
             let failed = n % 7 == 3;
             board.finished(
                 &key,
-                Ending {
-                    outcome: if failed { "failed" } else { "success" }.into(),
-                    failure_reason: failed.then(|| "script_failure".into()),
-                    message: failed.then(|| "exit status 1: cargo test --workspace".into()),
-                    exit_code: Some(i32::from(failed)),
-                },
+                Ending::of(&if failed {
+                    JobOutcome::failed(
+                        FailureReason::ScriptFailure,
+                        Some(1),
+                        "exit status 1: cargo test --workspace",
+                    )
+                } else {
+                    JobOutcome::Success
+                }),
             );
             placement.release(&key);
         }

@@ -8,6 +8,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
 
+use slipway_job::{FailureReason, JobOutcome, JobStatus};
+
 use crate::metrics::JobMetrics;
 use crate::model::{PendingJob, RecentJob, SlotJob};
 
@@ -27,17 +29,73 @@ pub struct JobInfo {
     pub level: String,
 }
 
-/// How a job ended.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How a job ended, as the board records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ending {
     /// `success`, `failed` or `canceled`.
-    pub outcome: String,
-    /// GitLab's failure reason when it failed.
-    pub failure_reason: Option<String>,
+    pub outcome: JobStatus,
+    /// Why it failed (never with `success` or `canceled`).
+    pub failure_reason: Option<FailureReason>,
     /// What went wrong.
     pub message: Option<String>,
     /// The script's exit code.
     pub exit_code: Option<i32>,
+}
+
+impl Ending {
+    /// How `outcome` ends: a `job_canceled` failure is `canceled`, without a reason.
+    pub fn of(outcome: &JobOutcome) -> Ending {
+        match outcome {
+            JobOutcome::Success => Ending::status(JobStatus::Success),
+            JobOutcome::Failed {
+                reason,
+                exit_code,
+                message,
+            } => Ending {
+                message: (!message.is_empty()).then(|| message.clone()),
+                exit_code: *exit_code,
+                ..Ending::failed(*reason)
+            },
+        }
+    }
+
+    /// An ending with `status` and nothing else to say.
+    pub fn status(status: JobStatus) -> Ending {
+        Ending {
+            outcome: status,
+            failure_reason: None,
+            message: None,
+            exit_code: None,
+        }
+    }
+
+    /// A failure for `reason` (`job_canceled`: canceled).
+    pub fn failed(reason: FailureReason) -> Ending {
+        match reason {
+            FailureReason::JobCanceled => Ending::status(JobStatus::Canceled),
+            r => Ending {
+                failure_reason: Some(r),
+                ..Ending::status(JobStatus::Failed)
+            },
+        }
+    }
+
+    /// The same ending, told as a source reported it: with `reason` (a failure, or canceled).
+    pub fn reported_as(self, reason: FailureReason) -> Ending {
+        Ending {
+            message: self.message,
+            exit_code: self.exit_code,
+            ..Ending::failed(reason)
+        }
+    }
+
+    /// The same ending with `message`.
+    pub fn with_message(self, message: impl Into<String>) -> Ending {
+        Ending {
+            message: Some(message.into()),
+            ..self
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -192,8 +250,8 @@ impl JobBoard {
             id: t.info.id,
             name: t.info.name,
             stage: t.info.stage,
-            outcome: ending.outcome,
-            failure_reason: ending.failure_reason,
+            outcome: ending.outcome.as_str().to_string(),
+            failure_reason: ending.failure_reason.map(|r| r.as_str().to_string()),
             message,
             exit_code: ending.exit_code,
             instance,
@@ -322,12 +380,8 @@ impl Drop for BoardGuard<'_> {
         // A no-op when the job was finished or given back, as it normally is.
         self.board.finished(
             &self.key,
-            Ending {
-                outcome: "failed".into(),
-                failure_reason: Some("runner_system_failure".into()),
-                message: Some("the job's task ended without a result".into()),
-                exit_code: None,
-            },
+            Ending::failed(FailureReason::RunnerSystemFailure)
+                .with_message("the job's task ended without a result"),
         );
     }
 }
@@ -374,12 +428,11 @@ mod tests {
         assert_eq!(b.take_waits().len(), 2, "one started, one still waiting");
         b.finished(
             "job-1",
-            Ending {
-                outcome: "failed".into(),
-                failure_reason: Some("script_failure".into()),
-                message: Some("exit code 2".into()),
-                exit_code: Some(2),
-            },
+            Ending::of(&JobOutcome::failed(
+                FailureReason::ScriptFailure,
+                Some(2),
+                "exit code 2",
+            )),
         );
         let recent = b.recent();
         assert_eq!(recent.len(), 1);
@@ -397,11 +450,7 @@ mod tests {
             b.waiting(&key, info(i, "x"), vec!["hunter22".into()]);
             b.finished(
                 &key,
-                Ending {
-                    outcome: "failed".into(),
-                    message: Some("bad token hunter22 given".into()),
-                    ..Ending::default()
-                },
+                Ending::status(JobStatus::Failed).with_message("bad token hunter22 given"),
             );
         }
         let recent = b.recent();
@@ -421,13 +470,7 @@ mod tests {
         b.running("job-1", "i", 0);
         b.forget("job-1");
         b.waiting("job-2", info(2, "y"), Vec::new());
-        b.finished(
-            "job-2",
-            Ending {
-                outcome: "canceled".into(),
-                ..Ending::default()
-            },
-        );
+        b.finished("job-2", Ending::status(JobStatus::Canceled));
         let text = crate::metrics::tests::encoded(&m);
         for (series, value) in [
             (r#"slipway_jobs{runner="r",state="running"} 0"#, true),
@@ -469,13 +512,7 @@ mod tests {
         b.waiting("job-2", info(2, "y"), Vec::new());
         {
             let _g = b.guard("job-2");
-            b.finished(
-                "job-2",
-                Ending {
-                    outcome: "success".into(),
-                    ..Ending::default()
-                },
-            );
+            b.finished("job-2", Ending::status(JobStatus::Success));
         }
         assert_eq!(b.recent().len(), 2);
         assert_eq!(b.recent()[0].outcome, "success");
@@ -518,13 +555,7 @@ mod tests {
         b.waiting("job-1", info(1, "x"), Vec::new());
         b.running("job-1", "dead", 0);
         b.running("job-1", "alive", 1);
-        b.finished(
-            "job-1",
-            Ending {
-                outcome: "success".into(),
-                ..Ending::default()
-            },
-        );
+        b.finished("job-1", Ending::status(JobStatus::Success));
         let recent = b.recent();
         assert_eq!(recent[0].instance.as_deref(), Some("alive"));
         assert_eq!(recent[0].slot, Some(1));
@@ -534,7 +565,7 @@ mod tests {
     fn unknown_keys_are_ignored() {
         let b = JobBoard::new("r", JobMetrics::default());
         b.running("nope", "i", 0);
-        b.finished("nope", Ending::default());
+        b.finished("nope", Ending::status(JobStatus::Success));
         assert!(b.recent().is_empty());
     }
 }

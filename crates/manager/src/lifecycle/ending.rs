@@ -2,8 +2,7 @@
 //! records.
 
 use slipway_executor::isolation;
-use slipway_job::{FailureReason, JobOutcome};
-use slipway_job::{JobResponse, JobStatus};
+use slipway_job::{JobOutcome, JobResponse, JobStatus};
 
 use super::admission::{NoSlot, plugin_level};
 use crate::runner::Runner;
@@ -39,39 +38,11 @@ pub fn board_info(runner: &Runner, job: &JobResponse) -> slipway_status::JobInfo
     }
 }
 
-/// How the status board records `outcome`.
-pub fn ending_of(outcome: &JobOutcome) -> slipway_status::Ending {
-    let outcome_name = match outcome.status() {
-        JobStatus::Success => "success",
-        JobStatus::Canceled => "canceled",
-        _ => "failed",
-    };
-    match outcome {
-        JobOutcome::Success => slipway_status::Ending {
-            outcome: outcome_name.into(),
-            ..slipway_status::Ending::default()
-        },
-        JobOutcome::Failed {
-            reason,
-            exit_code,
-            message,
-        } => slipway_status::Ending {
-            outcome: outcome_name.into(),
-            failure_reason: (*reason != FailureReason::JobCanceled)
-                .then(|| reason.as_str().to_string()),
-            message: (!message.is_empty()).then(|| message.clone()),
-            exit_code: *exit_code,
-        },
-    }
-}
-
 /// How the status board records a job that never got a slot.
 pub fn ending_of_refusal(no: &NoSlot) -> slipway_status::Ending {
-    let canceled = no.status == JobStatus::Canceled;
-    slipway_status::Ending {
-        outcome: if canceled { "canceled" } else { "failed" }.into(),
-        failure_reason: (!canceled).then(|| no.failure_reason.to_string()),
-        message: Some(no.message.clone()),
-        exit_code: None,
-    }
+    let ending = match no.status {
+        JobStatus::Canceled => slipway_status::Ending::status(JobStatus::Canceled),
+        _ => slipway_status::Ending::failed(no.failure_reason),
+    };
+    ending.with_message(no.message.clone())
 }

@@ -29,7 +29,7 @@ pub use admission::{
     Admission, NoSlot, acquire, admit, isolation_of, plugin_level, request_of, reserve,
 };
 pub use defaults::JobDefaults;
-pub use ending::{board_info, closing_line, ending_of, ending_of_refusal};
+pub use ending::{board_info, closing_line, ending_of_refusal};
 
 use crate::runner::Runner;
 

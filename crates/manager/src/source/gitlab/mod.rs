@@ -36,6 +36,7 @@ use slipway_gitlab::{
     TraceSender, UpdateRetryPolicy, VersionInfo,
 };
 use slipway_job::{FailureReason, JobOutcome, JobResponse, Trace};
+use slipway_status::Ending;
 use slipway_taskscaler::{Error as TsError, Resources};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -822,18 +823,10 @@ async fn run_job(
     );
     // What GitLab is told is what the board shows: a job GitLab canceled is canceled, one the
     // manager's shutdown interrupted failed.
-    let mut ending = lifecycle::ending_of(&outcome);
-    match reason.as_ref() {
-        Some(FailureReason::JobCanceled) => {
-            ending.outcome = "canceled".into();
-            ending.failure_reason = None;
-        }
-        Some(r) => {
-            ending.outcome = "failed".into();
-            ending.failure_reason = Some(r.as_str().to_string());
-        }
-        None => {}
-    }
+    let ending = match reason {
+        Some(r) => Ending::of(&outcome).reported_as(r),
+        None => Ending::of(&outcome),
+    };
     runner.board.finished(&board_key, ending);
     let update = PendingUpdate::new(&job, state, reason, exit_code, output);
     tracing::info!(runner = %runner.name, job = job.id, ?state,
@@ -977,16 +970,10 @@ mod tests {
             Some(FailureReason::JobCanceled)
         );
         // Not canceled by GitLab: the script's own signal stays its failure.
-        assert_eq!(
-            reported_reason(&killed, script, false, false),
-            script
-        );
+        assert_eq!(reported_reason(&killed, script, false, false), script);
         // An exit code is the script's answer, whatever GitLab did meanwhile.
         let exited = JobOutcome::failed(R::ScriptFailure, Some(3), "exit code 3");
-        assert_eq!(
-            reported_reason(&exited, script, false, true),
-            script
-        );
+        assert_eq!(reported_reason(&exited, script, false, true), script);
         // The manager's shutdown cancels the job: the runner was interrupted.
         let canceled = JobOutcome::failed(R::JobCanceled, None, "job canceled");
         assert_eq!(

@@ -501,7 +501,7 @@ impl JobTask {
                     result.exit_code = *exit_code;
                     result.message = message.clone();
                 }
-                ended = Some((result, lifecycle::ending_of(&outcome)));
+                ended = Some((result, slipway_status::Ending::of(&outcome)));
             }
         }
         watcher.abort();
