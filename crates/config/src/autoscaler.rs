@@ -295,8 +295,8 @@ impl AutoscalerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::parse;
     use crate::executor::Executor;
-    use crate::problem::parse;
     use crate::testing::{GOOD, errors};
 
     /// Whether a runner with `executor` and `[runners.autoscaler]` runs its jobs on instances.

@@ -219,7 +219,7 @@ impl S3Toml {
 
 #[cfg(test)]
 mod tests {
-    use crate::problem::parse;
+    use crate::check::parse;
     use crate::testing::{GITLAB_WRITTEN, errors};
 
     #[test]

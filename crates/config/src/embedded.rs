@@ -6,7 +6,7 @@ pub const EMBEDDED: &str = include_str!("embedded.toml");
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::parse;
+    use crate::check::parse;
 
     #[test]
     fn embedded_config_is_valid() {

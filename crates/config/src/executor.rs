@@ -215,7 +215,7 @@ impl Serialize for Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::parse;
+    use crate::check::parse;
     use crate::testing::{GOOD, errors};
 
     #[test]

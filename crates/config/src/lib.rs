@@ -6,9 +6,21 @@
 //! file, line and key; an unknown key, or a key Slipway reads but does not act on, is a
 //! warning. Secrets (`token`, `password`, `[runners.cache.s3]` and the like) never appear in a
 //! message.
+//!
+//! Modules, a section each, leaves first:
+//! - `problem`: [`Problem`]s located by line and key, the report each section writes to.
+//! - `check`: the driver: [`check`], [`parse`], [`load`]; it imports the sections, none of
+//!   them imports it.
+//! - `global` ([`Config`]): the top level; `runner` ([`RunnerConfig`]): one `[[runners]]`;
+//!   `executor` ([`Executor`]); `instance`, `custom`, `plugin`, `cache`: their sections.
+//! - `autoscaler`, `connector`, `policy`, `shape`, `price`, `vm_isolation`: the
+//!   `[runners.autoscaler]` family.
+//! - `status_page`, `embedded` (the config `slipway exec` uses without `-c`), `secrets` (which
+//!   keys hold secrets, masked out of messages), `de` (Go durations and TOML datetimes).
 
 mod autoscaler;
 mod cache;
+mod check;
 mod connector;
 mod custom;
 mod de;
@@ -30,6 +42,7 @@ mod vm_isolation;
 
 pub use autoscaler::{AutoscalerConfig, ScaleThrottleConfig, StateStorageConfig};
 pub use cache::CacheConfig;
+pub use check::{CheckOptions, Checked, ConfigError, Loaded, check, load, parse};
 pub use connector::{ConnectorConfigError, ConnectorConfigToml};
 pub use custom::CustomBuildDirConfig;
 pub use embedded::EMBEDDED;
@@ -39,7 +52,7 @@ pub use instance::InstanceConfig;
 pub use plugin::ExecutorPluginConfig;
 pub use policy::PolicyConfig;
 pub use price::PriceValue;
-pub use problem::{CheckOptions, Checked, ConfigError, Loaded, Problem, Seg, check, load, parse};
+pub use problem::{Problem, Seg};
 pub use runner::{FetchSources, RunnerConfig};
 pub use shape::{Amount, ShapeConfig};
 pub use status_page::{MAX_HISTORY_SAMPLES, StatusPageConfig};

@@ -100,7 +100,7 @@ pub(crate) fn validate(
 
 #[cfg(test)]
 mod tests {
-    use crate::problem::parse;
+    use crate::check::parse;
     use crate::testing::{GOOD, errors};
 
     /// The valid config with `keys` in `[runners.autoscaler]` (from line 10) and `shapes` after.

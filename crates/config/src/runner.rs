@@ -453,8 +453,8 @@ const SHELLS: &[&str] = &["bash", "sh"];
 
 #[cfg(test)]
 mod tests {
+    use crate::check::parse;
     use crate::global::Config;
-    use crate::problem::parse;
     use crate::testing::{GITLAB_WRITTEN, errors};
 
     #[test]

@@ -194,7 +194,7 @@ pub(crate) fn validate(shapes: &[ShapeConfig], acquire_timeout: Duration, report
 
 #[cfg(test)]
 mod tests {
-    use crate::problem::parse;
+    use crate::check::parse;
     use crate::testing::{GOOD, errors};
 
     #[test]

@@ -124,7 +124,7 @@ fn checked_duration(report: &mut Report<'_>, name: &str, text: &str) -> Option<D
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::problem::parse;
+    use crate::check::parse;
     use crate::testing::{GOOD, errors};
 
     #[test]

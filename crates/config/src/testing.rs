@@ -1,6 +1,6 @@
 //! Config texts and helpers the modules' tests share.
 
-use crate::problem::{ConfigError, parse};
+use crate::check::{ConfigError, parse};
 
 /// Every error `text` gives, as printed.
 pub(crate) fn errors(text: &str) -> Vec<String> {

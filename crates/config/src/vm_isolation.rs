@@ -166,7 +166,7 @@ impl VmIsolationConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::problem::parse;
+    use crate::check::parse;
     use crate::testing::GOOD;
 
     #[test]
