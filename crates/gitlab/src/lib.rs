@@ -24,6 +24,7 @@ mod error;
 mod outbox;
 pub mod remote;
 mod request;
+mod response;
 mod system_id;
 mod tls;
 mod trace;
@@ -40,15 +41,14 @@ pub use client::{ClientConfig, GitlabClient, RegisterOptions, RunnerCredentials}
 pub use error::GitlabError;
 pub use outbox::{INTERRUPTED_MESSAGE, Outbox, Owed};
 pub use request::{JobRequestOutcome, Poller, PollerConfig};
+pub use response::{OutputInfo, RemoteJobState, crc32, range_end, update_interval};
 pub use system_id::SystemId;
 pub use tls::{TlsFiles, host_of};
 pub use trace::{
-    DEFAULT_OUTPUT_LIMIT_KIB, PatchOutcome, RemoteJobState, TraceConfig, TraceSender,
-    limit_exceeded_message, range_end, update_interval,
+    DEFAULT_OUTPUT_LIMIT_KIB, PatchOutcome, TraceConfig, TraceSender, limit_exceeded_message,
 };
 pub use update::{
-    FinishOutcome, JobState, OutputInfo, PendingUpdate, UpdateOutcome, UpdateRetryPolicy, crc32,
-    wire_reason,
+    FinishOutcome, JobState, PendingUpdate, UpdateOutcome, UpdateRetryPolicy, wire_reason,
 };
 
 pub(crate) use slipway_job::MASK;

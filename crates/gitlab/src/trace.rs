@@ -8,7 +8,7 @@ use http::Method;
 use tokio_util::sync::CancellationToken;
 
 use super::client::endpoint;
-use super::update::{OutputInfo, crc32};
+use super::response::{OutputInfo, RemoteJobState, crc32, range_end, update_interval};
 use super::{Backoff, GitlabClient, GitlabError, Secret, sleep_or_cancel};
 
 /// Silence after which a job is touched when GitLab has not asked for an update interval
@@ -17,57 +17,6 @@ const KEEPALIVE_AFTER: Duration = Duration::from_secs(30);
 
 /// GitLab Runner's default `output_limit`, in KiB.
 pub const DEFAULT_OUTPUT_LIMIT_KIB: u64 = 4096;
-
-/// The job's state as GitLab reports it in the `Job-Status` response header.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RemoteJobState {
-    /// No `Job-Status` header.
-    Unknown,
-    /// `running`.
-    Running,
-    /// `canceling`: cancel gracefully (run `after_script`, then stop).
-    Canceling,
-    /// `canceled`: stop now.
-    Canceled,
-    /// `failed`: stop now.
-    Failed,
-    /// Any other value, as sent.
-    Other(String),
-}
-
-impl RemoteJobState {
-    /// Reads a `Job-Status` header value.
-    pub fn parse(value: Option<&str>) -> Self {
-        match value.map(str::trim) {
-            None | Some("") => Self::Unknown,
-            Some("running") => Self::Running,
-            Some("canceling") => Self::Canceling,
-            Some("canceled") => Self::Canceled,
-            Some("failed") => Self::Failed,
-            Some(other) => Self::Other(other.to_string()),
-        }
-    }
-
-    /// Whether the job must stop at once (`canceled`, `failed`).
-    pub fn is_abort(&self) -> bool {
-        matches!(self, Self::Canceled | Self::Failed)
-    }
-}
-
-/// The end `N` of a 416 reply's `Range: 0-N` header (the bytes the server holds), if readable.
-pub fn range_end(value: &str) -> Option<u64> {
-    value.trim().rsplit('-').next()?.trim().parse::<u64>().ok()
-}
-
-/// An `X-GitLab-Trace-Update-Interval` header: whole seconds above 0.
-pub fn update_interval(value: &str) -> Option<Duration> {
-    value
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs)
-}
 
 /// GitLab's answer to one trace PATCH.
 #[derive(Clone, Debug, PartialEq, Eq)]

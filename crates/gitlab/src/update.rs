@@ -7,37 +7,9 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::client::endpoint;
-use super::trace::RemoteJobState;
+use super::response::{OutputInfo, RemoteJobState};
 use super::{Backoff, GitlabClient, GitlabError, Secret, VersionInfo, sleep_or_cancel};
 use slipway_job::{FailureReason, JobResponse};
-
-/// CRC-32 (IEEE, as Go's `hash/crc32.ChecksumIEEE`) of `data`.
-pub fn crc32(data: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut table = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            table[i] = c;
-            i += 1;
-        }
-        table
-    };
-    let mut crc = !0u32;
-    for b in data {
-        crc = TABLE[((crc ^ u32::from(*b)) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
-}
 
 /// A job state as sent in `PUT jobs/:id`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,15 +52,6 @@ pub fn wire_reason(reason: FailureReason, supported: &[String]) -> Option<String
         FailureReason::RunnerConfigurationError => Some("script_failure".into()),
         _ => Some("unknown_failure".into()),
     }
-}
-
-/// The trace's checksum and size, sent with the final update (`output`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputInfo {
-    /// `crc32:<8 hex digits>`.
-    pub checksum: String,
-    /// Trace size in bytes.
-    pub bytesize: u64,
 }
 
 /// A job update not yet accepted by GitLab. Serializable (job token included, in clear) so the
@@ -228,7 +191,7 @@ impl GitlabClient {
             202 => Ok(UpdateOutcome::Retry {
                 after: resp
                     .header("x-gitlab-trace-update-interval")
-                    .and_then(super::trace::update_interval)
+                    .and_then(super::response::update_interval)
                     .or_else(|| resp.retry_after()),
             }),
             status @ (403 | 404) => Ok(UpdateOutcome::JobGone {
@@ -317,6 +280,7 @@ impl GitlabClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::response::crc32;
 
     #[test]
     fn crc32_matches_ieee() {

@@ -3,14 +3,16 @@
 //! - [`manager`]: [`Manager::run`], what `slipway run` runs: runners, sources, status server,
 //!   policy reloads, drain and stop.
 //! - [`runner`]: one `[[runners]]` entry started — plugin process, taskscaler, SSH connections
-//!   ([`pool`], [`localhost`] for runners whose jobs run on this machine).
+//!   ([`runner::pool`]; [`runner::localhost`] for runners whose jobs run on this machine), slot
+//!   subtrees ([`runner::subtrees`]), spot notices ([`runner::preemption`]) and the job defaults
+//!   it adds ([`runner::JobDefaults`]).
 //! - [`lifecycle`]: one job's life on a runner — admit, reserve, acquire, execute, release — the
-//!   same for every source.
+//!   same for every source ([`lifecycle::request`]: a job's CPU, memory and GPU request).
 //! - [`source`]: where jobs come from: the embedded queue, GitLab, a local pipeline.
 //! - [`limits`]: a runner's `limit` within `concurrent`, for every source.
 //! - [`costs`]: what a runner's instances cost and what its jobs used of them.
-//! - [`request`]: a job's CPU, memory and GPU request from its variables.
 //! - [`shutdown`]: the graceful drain (SIGQUIT) and the stop (SIGTERM, SIGINT).
+//! - `chain`: an error and its causes on one line, as logs and traces show them.
 //! - [`status`], [`server`]: the live status and the HTTP endpoint (`/metrics`, `/`,
 //!   `/api/v1/status`).
 //!
@@ -20,16 +22,11 @@ mod chain;
 pub mod costs;
 pub mod lifecycle;
 pub mod limits;
-pub mod localhost;
 pub mod manager;
-pub mod pool;
-pub mod preemption;
-pub mod request;
 pub mod runner;
 pub mod server;
 pub mod shutdown;
 pub mod source;
 pub mod status;
-pub mod subtrees;
 
 pub use manager::Manager;

@@ -74,7 +74,7 @@ pub fn admit(runner: &Runner, job: &JobResponse, trace: &mut Trace) -> Result<Ad
 
 /// The job's resource request from its variables; an unusable one fails the job.
 pub fn request_of(job: &JobResponse, trace: &mut Trace) -> Result<Resources, NoSlot> {
-    crate::request::of_job(job).map_err(|e| NoSlot {
+    crate::lifecycle::request::of_job(job).map_err(|e| NoSlot {
         unsupported: true,
         failure_reason: FailureReason::RunnerUnsupported,
         ..NoSlot::failed(trace, &e)

@@ -4,13 +4,14 @@
 //! the final state go, and its retry rules — through [`JobSource`] and what it does with the
 //! [`Ran`] it gets back.
 //!
-//! The runner's `environment`, `pre_build_script` and `post_build_script` ([`JobDefaults`])
+//! The runner's `environment`, `pre_build_script` and `post_build_script`
+//! ([`JobDefaults`](crate::runner::JobDefaults))
 //! apply here, so they count for every source alike.
 
 mod admission;
-mod defaults;
 mod ending;
 mod execute;
+pub mod request;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -28,7 +29,6 @@ use tokio_util::sync::CancellationToken;
 pub use admission::{
     Admission, NoSlot, acquire, admit, isolation_of, plugin_level, request_of, reserve,
 };
-pub use defaults::JobDefaults;
 pub use ending::{board_info, closing_line, ending_of_refusal};
 
 use crate::runner::Runner;

@@ -9,7 +9,7 @@ use slipway_goplugin::HostError;
 use slipway_taskscaler::Error as TsError;
 use slipway_taskscaler::store::StoreError;
 
-use crate::pool::PoolError;
+use crate::runner::pool::PoolError;
 
 /// Why a runner, or a `plugin` runner's executor plugin, could not be started. Each error
 /// names the runner (or the shape) and the setting or step that failed.

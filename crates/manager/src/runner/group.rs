@@ -12,8 +12,8 @@ use slipway_taskscaler::store::{AsyncStateStore, StateStore, StoreIdentity};
 use slipway_taskscaler::{Fallback, Options, Placement, Resources, Shape, Taskscaler};
 
 use super::{GroupName, StartError, StartOptions};
-use crate::pool::{Checks, DockerExecs, Pool};
-use crate::subtrees::InstanceSubtrees;
+use crate::runner::pool::{Checks, DockerExecs, Pool};
+use crate::runner::subtrees::InstanceSubtrees;
 
 /// One instance group of a runner as configured: the section itself, or one of its shapes.
 pub(super) struct GroupPlan {

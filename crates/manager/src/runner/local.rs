@@ -13,9 +13,9 @@ use slipway_taskscaler::metrics::Metrics;
 use slipway_taskscaler::{Options, Placement, Policy, Shape, Taskscaler};
 
 use super::{Runner, StartError, StartOptions, board_of, cache_dir_of};
-use crate::lifecycle::JobDefaults;
-use crate::localhost::LocalGroup;
-use crate::pool::{DockerExecs, Pool};
+use crate::runner::JobDefaults;
+use crate::runner::localhost::LocalGroup;
+use crate::runner::pool::{DockerExecs, Pool};
 
 /// A runner whose jobs run on this machine: its slots come from a taskscaler over
 /// [`LocalGroup`], an instance group of one that is this machine.
@@ -49,12 +49,12 @@ pub(super) fn start_local(
         vec![
             ("runner".into(), cfg.name.clone()),
             ("shape".into(), "default".into()),
-            ("group".into(), crate::localhost::ID.into()),
+            ("group".into(), crate::runner::localhost::ID.into()),
         ],
     );
     let scaler = Taskscaler::start_with(
         Arc::new(LocalGroup::default()),
-        crate::localhost::provider(),
+        crate::runner::localhost::provider(),
         scfg,
         Options {
             metrics: Some(metrics),

@@ -5,10 +5,15 @@
 //! - `local`: a runner whose jobs run on this machine, its slots one local taskscaler.
 //! - `plugin`: a `plugin` runner's executor plugin, started and its levels checked.
 
+mod defaults;
 mod error;
 mod group;
 mod local;
+pub mod localhost;
 mod plugin;
+pub mod pool;
+pub mod preemption;
+pub mod subtrees;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -29,10 +34,10 @@ use slipway_taskscaler::{
 use tokio_util::sync::CancellationToken;
 
 use crate::costs::{CostBook, ShapeTerms};
-use crate::lifecycle::JobDefaults;
-use crate::pool::{DockerExecs, Pool, PoolError};
-use crate::subtrees::InstanceSubtrees;
+use crate::runner::pool::{DockerExecs, Pool, PoolError};
+use crate::runner::subtrees::InstanceSubtrees;
 
+pub use defaults::JobDefaults;
 pub use error::{GroupName, SnapshotsError, StartError};
 pub use group::{plugin_name, run_scoped_plugin_config};
 pub use plugin::{ExecutorPlugin, check_plugin_levels, start_executor_plugin_with};
@@ -189,12 +194,13 @@ impl Runner {
                 key,
                 problem,
             })?;
-        let cgroups =
-            crate::subtrees::slot_cgroups_of(cfg).map_err(|problem| StartError::Setting {
+        let cgroups = crate::runner::subtrees::slot_cgroups_of(cfg).map_err(|problem| {
+            StartError::Setting {
                 runner: cfg.name.clone(),
                 key: "slot_cgroup_template",
                 problem,
-            })?;
+            }
+        })?;
         let docker = cfg.docker.clone().unwrap_or_default();
         if !cfg.on_instances() {
             let executor_plugin = start_plugin_of(cfg, opts).await?;
@@ -500,7 +506,7 @@ impl Runner {
     ) -> Result<DockerExecutor, DockerExecutorError> {
         let key = instance
             .as_ref()
-            .map_or(crate::localhost::ID, |(id, _)| *id);
+            .map_or(crate::runner::localhost::ID, |(id, _)| *id);
         let mut cache = self.docker_execs.lock().await;
         if let Some(e) = cache.get(key) {
             return Ok(e.clone());

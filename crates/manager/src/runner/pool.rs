@@ -130,7 +130,7 @@ pub struct Checks {
     /// The runner's Docker executors: an instance's goes (its networks removed) with it.
     pub docker_execs: DockerExecs,
     /// Instances' cgroup subtrees on this host (the local plugin's): removed with them.
-    pub subtrees: Option<Arc<crate::subtrees::InstanceSubtrees>>,
+    pub subtrees: Option<Arc<crate::runner::subtrees::InstanceSubtrees>>,
 }
 
 impl Checks {
@@ -213,7 +213,7 @@ impl InstanceHooks for Checks {
             return Ok(None);
         }
         let now = std::time::SystemTime::now();
-        Ok(crate::preemption::notice(
+        Ok(crate::runner::preemption::notice(
             &String::from_utf8_lossy(&out),
             now,
         ))
