@@ -143,7 +143,7 @@ impl VmIsolationConfig {
             if let Some(bad) = self
                 .warm_images
                 .iter()
-                .find(|i| slipway_nesting::error::check_name("image", i).is_err())
+                .find(|i| slipway_nesting::check_name("image", i).is_err())
             {
                 report.error(
                     &["warm_images"],

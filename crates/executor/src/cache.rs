@@ -41,12 +41,6 @@ pub fn project_root(cache_dir: &str, job: &JobResponse) -> String {
     format!("{base}/{}", quote(&project))
 }
 
-/// `$VAR` and `${VAR}` replaced by the job's variables (unknown ones by nothing, `$$` a literal
-/// `$`), as GitLab Runner expands cache keys: the house's one expander.
-pub fn expand(value: &str, job: &JobResponse) -> String {
-    slipway_job::variables::expand(value, &|name| job.variable(name).map(str::to_string))
-}
-
 /// A key GitLab accepts: not empty, no `/` (or `%2F`), not only dots.
 fn key_problem(key: &str) -> Option<&'static str> {
     if key.is_empty() {
@@ -62,7 +56,7 @@ fn key_problem(key: &str) -> Option<&'static str> {
 
 /// The key of `spec` (`default` when it names none), expanded.
 fn key_of(spec: &CacheSpec, job: &JobResponse) -> String {
-    match expand(&spec.key, job) {
+    match job.expand(&spec.key) {
         k if k.trim().is_empty() => "default".to_string(),
         k => k,
     }
@@ -94,7 +88,7 @@ fn restore_keys(
     skipped: &mut Vec<Skipped>,
 ) -> Vec<String> {
     let mut keys = vec![key_of(spec, job)];
-    keys.extend(spec.fallback_keys.iter().map(|k| expand(k, job)));
+    keys.extend(spec.fallback_keys.iter().map(|k| job.expand(k)));
     keys.extend(fallback.map(str::to_string));
     let mut candidates = Vec::new();
     for k in keys {
@@ -116,7 +110,7 @@ pub fn keys_to_restore(spec: &CacheSpec, job: &JobResponse) -> (Vec<String>, Vec
     }
     let fallback = job
         .variable(FALLBACK_KEY_VARIABLE)
-        .map(|k| expand(k, job))
+        .map(|k| job.expand(k))
         .filter(|k| !k.is_empty());
     let keys = restore_keys(spec, job, fallback.as_deref(), &mut skipped);
     (keys, skipped)
@@ -151,7 +145,7 @@ pub fn restore_script(
     let mut s = script_start(dirs, "Restoring cache");
     let fallback = job
         .variable(FALLBACK_KEY_VARIABLE)
-        .map(|k| expand(k, job))
+        .map(|k| job.expand(k))
         .filter(|k| !k.is_empty());
     for spec in specs {
         let candidates = restore_keys(spec, job, fallback.as_deref(), &mut skipped);
@@ -276,10 +270,10 @@ mod tests {
     #[test]
     fn keys_expand_job_variables() {
         let j = job();
-        assert_eq!(expand("deps-$CI_COMMIT_REF_SLUG", &j), "deps-main");
-        assert_eq!(expand("deps-${CI_COMMIT_REF_SLUG}-x", &j), "deps-main-x");
-        assert_eq!(expand("a-$UNKNOWN-b", &j), "a--b");
-        assert_eq!(expand("cost $", &j), "cost $");
+        assert_eq!(j.expand("deps-$CI_COMMIT_REF_SLUG"), "deps-main");
+        assert_eq!(j.expand("deps-${CI_COMMIT_REF_SLUG}-x"), "deps-main-x");
+        assert_eq!(j.expand("a-$UNKNOWN-b"), "a--b");
+        assert_eq!(j.expand("cost $"), "cost $");
     }
 
     #[test]

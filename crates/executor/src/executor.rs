@@ -9,13 +9,13 @@ use async_trait::async_trait;
 use slipway_job::JobResponse;
 use tokio_util::sync::CancellationToken;
 
-use crate::custom::{CustomContext, CustomExecutor};
-use crate::docker::{DockerExecutor, DockerRunContext};
+use crate::custom::CustomExecutor;
+use crate::docker::DockerExecutor;
 use crate::host::Host;
-use crate::job::{JobContext, JobRunner, RunResult};
+use crate::job::{JobRunner, RunResult};
 use slipway_job::trace::Trace;
 
-/// What a job gets besides its payload.
+/// What a job gets besides its payload: the one slot context every executor takes.
 #[derive(Debug)]
 pub struct JobSlot<'a> {
     /// The job's slot.
@@ -31,9 +31,11 @@ pub struct JobSlot<'a> {
     pub abort: Option<CancellationToken>,
     /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
     pub artifacts_in: Vec<crate::tarball::Tarball>,
-    /// Where collected artifacts are written on this machine (see [`JobContext`]).
+    /// Where collected artifacts are written on this machine (the system's temporary
+    /// directory when `None`): a disk with room for the largest artifacts of concurrent jobs.
     pub scratch_dir: Option<std::path::PathBuf>,
-    /// The job's sources, to fetch where its steps run (see [`JobContext`]).
+    /// The job's sources, fetched where its steps run before them (then not in
+    /// `artifacts_in`); `None`: whatever `artifacts_in` holds.
     pub sources: Option<std::sync::Arc<dyn crate::sources::HostSources>>,
 }
 
@@ -66,21 +68,7 @@ impl<H: Host> Executor for Steps<H> {
     }
 
     async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
-        self.runner
-            .run(
-                job,
-                JobContext {
-                    host: &self.host,
-                    slot: slot.slot,
-                    trace: slot.trace,
-                    cancel: slot.cancel,
-                    abort: slot.abort,
-                    artifacts_in: slot.artifacts_in,
-                    scratch_dir: slot.scratch_dir,
-                    sources: slot.sources,
-                },
-            )
-            .await
+        self.runner.run(job, &self.host, slot).await
     }
 }
 
@@ -91,21 +79,7 @@ impl Executor for DockerExecutor {
     }
 
     async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
-        DockerExecutor::run(
-            self,
-            job,
-            DockerRunContext {
-                slot: slot.slot,
-                cgroup_parent: slot.cgroup,
-                trace: slot.trace,
-                cancel: slot.cancel,
-                abort: slot.abort,
-                artifacts_in: slot.artifacts_in,
-                scratch_dir: slot.scratch_dir,
-                sources: slot.sources,
-            },
-        )
-        .await
+        DockerExecutor::run(self, job, slot).await
     }
 }
 
@@ -116,18 +90,6 @@ impl Executor for CustomExecutor {
     }
 
     async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
-        // The custom protocol has no artifact stages in this version; the driver owns its
-        // environment, so no cgroup is applied here; a graceful cancel (`slot.abort`) is not
-        // told apart: the driver's after_script stage is skipped on any cancel.
-        CustomExecutor::run(
-            self,
-            job,
-            CustomContext {
-                slot: slot.slot,
-                trace: slot.trace,
-                cancel: slot.cancel,
-            },
-        )
-        .await
+        CustomExecutor::run(self, job, slot).await
     }
 }

@@ -1,7 +1,6 @@
 //! Running a job's steps on any [`Host`]: the script step, `after_script`, artifacts in and
 //! out, timeout and cancel (SIGTERM, grace, SIGKILL to the step's process group), cleanup.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use slipway_connector::Output;
@@ -12,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifact_paths;
 use crate::cache;
+use crate::executor::JobSlot;
 use crate::host::Host;
 use crate::script::{self, JobDirs};
 use crate::sources::{HostSources, NO_GIT, UNREACHABLE};
@@ -73,32 +73,6 @@ impl Default for JobRunner {
     }
 }
 
-/// What a job needs besides its payload.
-#[derive(Debug)]
-pub struct JobContext<'a> {
-    /// Where the scripts run.
-    pub host: &'a dyn Host,
-    /// The job's slot on that host.
-    pub slot: u32,
-    /// Output sink (masks secrets).
-    pub trace: &'a mut Trace,
-    /// Cancelled to stop the job (manager shutdown, instance lost).
-    pub cancel: CancellationToken,
-    /// Set: a cancel is graceful (GitLab's `canceling`): `after_script` still runs, with its own
-    /// timeout, unless this fires too. Unset: a cancel skips `after_script`. Firing it must also
-    /// fire `cancel` (make `cancel` its child): the steps themselves watch `cancel` only.
-    pub abort: Option<CancellationToken>,
-    /// Tar streams to unpack into the project directory, in order (the job's sources, then
-    /// earlier jobs' artifacts).
-    pub artifacts_in: Vec<Tarball>,
-    /// Where collected artifacts are written on this machine (the system's temporary
-    /// directory when `None`): a disk with room for the largest artifacts of concurrent jobs.
-    pub scratch_dir: Option<std::path::PathBuf>,
-    /// The job's sources, fetched on the host before its steps (then not in `artifacts_in`);
-    /// `None`: whatever `artifacts_in` holds.
-    pub sources: Option<Arc<dyn HostSources>>,
-}
-
 /// A finished job.
 #[derive(Debug)]
 pub struct RunResult {
@@ -132,17 +106,19 @@ enum StepEnd {
 
 impl JobRunner {
     /// Run a job: prepare the directory, the script step, `after_script`, artifacts, cleanup.
-    pub async fn run(&self, job: &JobResponse, ctx: JobContext<'_>) -> RunResult {
-        let JobContext {
-            host,
+    /// `host` is where its scripts run; the slot's cgroup is the host's business (a cgroup
+    /// level's scripts enter it themselves).
+    pub async fn run(&self, job: &JobResponse, host: &dyn Host, slot: JobSlot<'_>) -> RunResult {
+        let JobSlot {
             slot,
+            cgroup,
             trace,
             cancel,
             abort,
             artifacts_in,
             scratch_dir,
             sources,
-        } = ctx;
+        } = slot;
         if !self.prepare.is_empty()
             && let Err(msg) = housekeeping(
                 host,
@@ -163,9 +139,9 @@ impl JobRunner {
                 artifacts: Vec::new(),
             };
         }
-        let inner = JobContext {
-            host,
+        let inner = JobSlot {
             slot,
+            cgroup,
             trace: &mut *trace,
             cancel,
             abort,
@@ -173,7 +149,7 @@ impl JobRunner {
             scratch_dir,
             sources,
         };
-        let mut result = self.run_steps(job, inner).await;
+        let mut result = self.run_steps(job, host, inner).await;
         self.tear_down(host, trace, &mut result.outcome).await;
         result
     }
@@ -207,17 +183,17 @@ impl JobRunner {
         }
     }
 
-    async fn run_steps(&self, job: &JobResponse, ctx: JobContext<'_>) -> RunResult {
-        let JobContext {
-            host,
+    async fn run_steps(&self, job: &JobResponse, host: &dyn Host, slot: JobSlot<'_>) -> RunResult {
+        let JobSlot {
             slot,
+            cgroup: _,
             trace,
             cancel,
             abort,
             artifacts_in,
             scratch_dir,
             sources,
-        } = ctx;
+        } = slot;
         let clone_path = match script::clone_path_of(job) {
             Ok(p) => p,
             Err(msg) => {

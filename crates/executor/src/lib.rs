@@ -5,12 +5,12 @@
 //! - [`cache`]: GitLab's local cache, restored before a job's script and saved after it.
 //! - [`cgroup`]: the `cgroup` isolation level — the slot's cgroup around every job.
 //! - [`executor`]: the [`Executor`] trait every executor implements: one job on its slot.
-//! - [`host`]: where scripts run — an instance over SSH, this machine, a container.
+//! - [`host`]: where scripts run — an instance over SSH (GitLab's `instance` executor: bash
+//!   steps on an autoscaled instance), this machine, a container.
 //! - [`job`]: a job's steps, artifacts, timeout and cancel on any host.
 //! - [`docker`]: the `docker` and `docker-autoscaler` executors — a container per job, services
 //!   by alias on a per-job network, everything removed after the job.
 //! - [`custom`]: GitLab's `custom` executor — user-supplied driver executables per stage.
-//! - [`instance`]: GitLab's `instance` executor — bash over SSH on an autoscaled instance.
 //! - [`nesting`]: the `microvm` and `vm` levels — a VM per job from the instance's nesting
 //!   daemon, kept as a snapshot when the job asks.
 //! - [`plugin`]: the `plugin` executor — stages run where an executor plugin puts them.
@@ -25,7 +25,6 @@ pub mod custom;
 pub mod docker;
 pub mod executor;
 pub mod host;
-pub mod instance;
 pub mod isolation;
 pub mod job;
 pub mod nesting;
@@ -34,16 +33,14 @@ pub mod script;
 pub mod sources;
 pub mod tarball;
 
-pub use custom::{ConfigExecOutput, CustomConfig, CustomContext, CustomError, CustomExecutor};
+pub use custom::{ConfigExecOutput, CustomConfig, CustomError, CustomExecutor};
 pub use docker::{
-    DockerConfig, DockerExecutor, DockerExecutorError, DockerHost, DockerRunContext, PullPolicy,
-    dial_stdio_transport,
+    DockerConfig, DockerExecutor, DockerExecutorError, DockerHost, PullPolicy, dial_stdio_transport,
 };
 pub use executor::{Executor, JobSlot, Steps};
 pub use host::{Host, LocalHost, SshHost};
-pub use instance::{InstanceExecutor, RunContext};
 pub use isolation::{Isolation, IsolationPolicy};
-pub use job::{CollectedArtifacts, JobContext, JobRunner, RunResult};
+pub use job::{CollectedArtifacts, JobRunner, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor, VmStartSink};
 pub use plugin::PluginExecutor;
 pub use sources::HostSources;

@@ -13,14 +13,14 @@ use slipway_connector::{Client, ExitStatus, Output};
 use slipway_job::JobResponse;
 use slipway_nesting::agent::{AgentClient, Exec, ExecEvent};
 use slipway_nesting::client::{AgentAddr, NestingClient};
-use slipway_nesting::hypervisor::vsock;
+use slipway_nesting::vsock;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::{Executor, JobSlot};
 use crate::host::Host;
 use crate::isolation::Isolation;
-use crate::job::{JobContext, JobRunner, RunResult};
+use crate::job::{JobRunner, RunResult};
 use slipway_job::outcome::{FailureReason, JobOutcome};
 use slipway_job::trace::Trace;
 
@@ -113,7 +113,7 @@ impl NestingExecutor {
         let asked = job
             .image
             .as_ref()
-            .map(|i| crate::cache::expand(&i.name, job))
+            .map(|i| job.expand(&i.name))
             .filter(|n| !n.is_empty());
         match asked {
             Some(name) => {
@@ -140,7 +140,7 @@ impl NestingExecutor {
                 _ => self.config.microvm_image.as_ref(),
             }
             .or(self.config.image.as_ref())
-            .map(|i| crate::cache::expand(i, job))
+            .map(|i| job.expand(i))
             .filter(|n| !n.is_empty())
             .ok_or_else(|| "no nesting VM image specified".to_string()),
         }
@@ -373,8 +373,9 @@ impl Executor for NestingExecutor {
                 self.job_runner()
                     .run(
                         job,
-                        JobContext {
-                            host: &host,
+                        &host,
+                        JobSlot {
+                            cgroup: None,
                             slot: slot.slot,
                             trace,
                             cancel: slot.cancel.clone(),

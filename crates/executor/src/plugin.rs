@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::executor::{Executor, JobSlot};
 use crate::host::Host;
-use crate::job::{DEFAULT_JOB_TIMEOUT, JobContext, JobRunner, RunResult, fmt_secs};
+use crate::job::{DEFAULT_JOB_TIMEOUT, JobRunner, RunResult, fmt_secs};
 use slipway_job::outcome::{FailureReason, JobOutcome};
 
 /// How long a plugin may take to answer `Prepare` unless configured.
@@ -132,8 +132,9 @@ impl Executor for PluginExecutor {
         let result = runner
             .run(
                 job,
-                JobContext {
-                    host: &stages,
+                &stages,
+                JobSlot {
+                    cgroup: None,
                     slot: slot.slot,
                     trace: &mut *slot.trace,
                     cancel: slot.cancel.clone(),

@@ -38,7 +38,7 @@ pub fn clone_path_of(job: &JobResponse) -> Result<Option<String>, String> {
         .or_else(|| value.strip_prefix("$CI_BUILDS_DIR"))
         .filter(|r| r.starts_with('/'))
         .ok_or_else(outside)?;
-    let expanded = crate::cache::expand(rest, job);
+    let expanded = job.expand(rest);
     let mut parts = Vec::new();
     for seg in expanded.split('/') {
         match seg {

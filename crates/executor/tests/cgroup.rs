@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use slipway_cgroups::{Limits, SlotTemplate};
 use slipway_executor::cgroup::SlotCgroups;
-use slipway_executor::{JobContext, JobRunner, LocalHost};
+use slipway_executor::{JobRunner, JobSlot, LocalHost};
 use slipway_job::JobResponse;
 use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio::sync::mpsc;
@@ -52,8 +52,9 @@ async fn run(cgroups: &SlotCgroups, slot: u32, limits: Limits, job: &JobResponse
     let result = runner
         .run(
             job,
-            JobContext {
-                host: &LocalHost::default(),
+            &LocalHost::default(),
+            JobSlot {
+                cgroup: None,
                 slot,
                 trace: &mut trace,
                 cancel: CancellationToken::new(),

@@ -7,7 +7,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-use slipway_executor::{CustomConfig, CustomContext, CustomExecutor};
+use slipway_executor::{CustomConfig, CustomExecutor, JobSlot};
 use slipway_job::JobResponse;
 use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio::sync::mpsc;
@@ -141,10 +141,15 @@ async fn run_job(
     let result = {
         let run = exec.run(
             job,
-            CustomContext {
+            JobSlot {
                 slot: 0,
+                cgroup: None,
                 trace: &mut trace,
                 cancel: cancel.clone(),
+                abort: None,
+                artifacts_in: Vec::new(),
+                scratch_dir: None,
+                sources: None,
             },
         );
         let watch = async {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use slipway_connector::{Client, DialOptions, HostKeyStore};
 use slipway_docker::{Docker, ExecSpec, Transport};
 use slipway_executor::docker::{LABEL_RUNNER, LABEL_SLOT_NETWORK, service_aliases};
-use slipway_executor::{DockerConfig, DockerExecutor, DockerRunContext, PullPolicy};
+use slipway_executor::{DockerConfig, DockerExecutor, JobSlot, PullPolicy};
 use slipway_job::JobResponse;
 use slipway_job::model::Image;
 use slipway_job::{FailureReason, JobOutcome, Trace};
@@ -198,9 +198,9 @@ async fn run_watch(
         let result = exec
             .run(
                 job,
-                DockerRunContext {
+                JobSlot {
                     slot: 0,
-                    cgroup_parent,
+                    cgroup: cgroup_parent,
                     trace: &mut trace,
                     cancel,
                     abort: None,
@@ -803,9 +803,9 @@ async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
     let result = exec
         .run(
             &j,
-            DockerRunContext {
+            JobSlot {
                 slot: 3,
-                cgroup_parent: None,
+                cgroup: None,
                 trace: &mut trace,
                 cancel: CancellationToken::new(),
                 abort: None,

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use slipway_executor::{JobContext, JobRunner, LocalHost};
+use slipway_executor::{JobRunner, JobSlot, LocalHost};
 use slipway_job::JobResponse;
 use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio::sync::mpsc;
@@ -54,8 +54,9 @@ async fn run_with(
     let result = runner
         .run(
             job,
-            JobContext {
-                host: &LocalHost::default(),
+            &LocalHost::default(),
+            JobSlot {
+                cgroup: None,
                 slot: 0,
                 trace: &mut trace,
                 cancel,

@@ -85,7 +85,7 @@ pub fn check_body(bytes: &[u8]) {
         let _ = job.ships_sources();
         let _ = slipway_executor::cache::project_root("cache", &job);
         for c in &job.cache {
-            let _ = slipway_executor::cache::expand(&c.key, &job);
+            let _ = job.expand(&c.key);
         }
     }
     if let Ok(creds) = serde_json::from_slice::<RunnerCredentials>(bytes) {

@@ -5,7 +5,7 @@
 //! project directory.
 
 use slipway_executor::artifact_paths;
-use slipway_executor::cache::{archive_script, expand, project_root, restore_script};
+use slipway_executor::cache::{archive_script, project_root, restore_script};
 use slipway_executor::script::JobDirs;
 use slipway_job::JobResponse;
 use slipway_job::{CacheSpec, Variable};
@@ -79,7 +79,7 @@ pub fn check(input: &Input) {
     }
     let keys: Vec<String> = std::iter::once(&input.key)
         .chain(input.fallback_keys.iter().take(4))
-        .map(|k| expand(k, &job))
+        .map(|k| job.expand(k))
         .collect();
     if let Some((script, skipped)) = restore_script("cache", &job, &dirs) {
         for k in &keys {

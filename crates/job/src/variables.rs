@@ -2,7 +2,7 @@
 //! replaced by the variable's value (nothing when it is undefined), and `$$` stands for a
 //! literal `$`.
 
-use crate::model::Variable;
+use crate::model::{JobResponse, Variable};
 
 /// `text` with `$VAR`, `${VAR}` and `$$` replaced, one level (values are not expanded again).
 pub fn expand(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> String {
@@ -52,6 +52,15 @@ pub fn expand_with(
     }
     out.push_str(rest);
     out
+}
+
+impl JobResponse {
+    /// `text` with `$VAR` and `${VAR}` replaced by the job's variables as they are written
+    /// (unknown ones by nothing, `$$` a literal `$`), as GitLab Runner expands cache keys,
+    /// image names and the clone path.
+    pub fn expand(&self, text: &str) -> String {
+        expand(text, &|name| self.variable(name).map(str::to_string))
+    }
 }
 
 /// Expands every variable's value in place, in order, against the variables before it and

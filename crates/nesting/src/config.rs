@@ -5,7 +5,18 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::accel::AccelChoice;
+/// Which accelerator the configuration asks for (the daemon resolves `auto` by probing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccelChoice {
+    /// KVM if the probe shows it works, else TCG.
+    #[default]
+    Auto,
+    /// KVM, whatever the probe says.
+    Kvm,
+    /// Software emulation.
+    Tcg,
+}
 
 /// Which hypervisor backend runs the VMs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

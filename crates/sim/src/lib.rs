@@ -9,7 +9,10 @@
 //! - [`mixed`]: jobs of several sizes on shapes of a real price list — GitLab's one shape,
 //!   GitLab's tagged runners, Slipway's shapes with packing.
 //!
-//! [`compare`] / [`run_named`] put it together for `slipway sim`.
+//! - [`rng`]: a deterministic PRNG and the distributions the simulator draws from.
+//!
+//! [`compare`] / [`run_named`] put it together for `slipway sim`. The bench-result writer lives in
+//! `slipway_testkit::bench`, so only the binary depends on the simulator.
 
 pub mod fleet;
 pub mod mixed;

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use slipway_config as config;
-use slipway_executor::{InstanceExecutor, RunContext};
+use slipway_executor::{Executor, JobRunner, JobSlot, SshHost, Steps};
 use slipway_job::Trace;
 use slipway_manager::lifecycle::{Life, NoInputs, Start, Stops};
 use slipway_manager::runner::{Runner, StartOptions};
@@ -120,7 +120,8 @@ async fn measure(runner: &Runner) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64
         PipelineOptions::default(),
     )?;
     let job = &pipeline.jobs[0];
-    let exec = InstanceExecutor::default();
+    // The instance executor as the lifecycle builds it: bash steps over SSH.
+    let exec = JobRunner::default();
 
     // Warm: wait until idle capacity is running, and open the connection once.
     let warm = runner_job(runner, &exec, job, 0).await?;
@@ -208,7 +209,7 @@ async fn lifecycle_job(
 /// Queue one job and return the time until its first output chunk and until it was acquired.
 async fn runner_job(
     runner: &Runner,
-    exec: &InstanceExecutor,
+    exec: &JobRunner,
     job: &slipway_pipeline::PipelineJob,
     id: u64,
 ) -> anyhow::Result<Option<(f64, f64)>> {
@@ -223,16 +224,23 @@ async fn runner_job(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut trace = Trace::new(Vec::<String>::new(), tx);
     let first = tokio::spawn(async move { rx.recv().await.map(|_| queued.elapsed()) });
-    let result = exec
+    let steps = Steps {
+        name: "instance",
+        host: SshHost(&client),
+        runner: exec.clone(),
+    };
+    let result = steps
         .run(
             &payload,
-            RunContext {
-                client: &client,
+            JobSlot {
                 slot: acq.slot,
+                cgroup: None,
                 trace: &mut trace,
                 cancel: CancellationToken::new(),
+                abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                sources: None,
             },
         )
         .await;

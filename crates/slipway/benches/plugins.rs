@@ -259,7 +259,7 @@ mod qemu {
     use serde_json::json;
     use slipway_fleeting::{ConnectInfo, ConnectorConfig};
     use slipway_nesting::Accel;
-    use slipway_nesting::image::ImageManifest;
+    use slipway_nesting_daemon::image::ImageManifest;
 
     use super::{Case, START_LIMIT, bin_dir, ssh_answers};
 
@@ -292,8 +292,8 @@ mod qemu {
         }
         let manifest: ImageManifest =
             serde_json::from_slice(&tokio::fs::read(image_dir.join("image.json")).await?)?;
-        let probe = slipway_nesting::accel::resolve(
-            slipway_nesting::accel::AccelChoice::Auto,
+        let probe = slipway_nesting_daemon::accel::resolve(
+            slipway_nesting::config::AccelChoice::Auto,
             "qemu-system-x86_64",
             Some(&manifest.kernel_path(&image_dir)),
         )

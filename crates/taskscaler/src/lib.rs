@@ -3,6 +3,16 @@
 //! Reserve → acquire → release, as in GitLab's taskscaler. The scale decision
 //! ([`decision::decide`]) is a pure function; [`Taskscaler`] runs it in a loop over an
 //! [`slipway_fleeting::InstanceGroup`].
+//!
+//! - [`config`]: the `[runners.autoscaler]` keys this version honours; [`policy`]: idle
+//!   capacity targets by cron period.
+//! - [`decision`]: the pure scale decision; [`forecast`]: Slipway's demand forecast.
+//! - [`scaler`]: the running [`Taskscaler`]: reservations, acquisitions, the scaling loop.
+//! - [`placement`]: shapes of different sizes and where each job goes; [`packing`]: first-fit
+//!   decreasing of multi-slot jobs; [`resources`]: what a job asks and an instance offers.
+//! - [`fallback`]: spot capacity with a fallback shape when `Increase` is refused.
+//! - [`hooks`]: the runner's instance checks, injected; [`metrics`]: Prometheus families.
+//! - [`store`]: persistent state (instances, use counts, acquisitions, undelivered reports).
 
 pub mod config;
 pub mod decision;

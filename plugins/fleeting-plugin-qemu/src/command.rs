@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use slipway_nesting::Accel;
-use slipway_nesting::image::{AGENT_PORT, HOSTNAME_PARAM, ImageManifest, SSH_KEY_PARAM};
+use slipway_nesting_daemon::image::{AGENT_PORT, HOSTNAME_PARAM, ImageManifest, SSH_KEY_PARAM};
 
 /// Files of a running VM inside its instance directory.
 pub mod files {

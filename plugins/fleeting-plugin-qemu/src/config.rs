@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use slipway_nesting::accel::AccelChoice;
+use slipway_nesting::config::AccelChoice;
 
 /// Errors in `plugin_config`; each names the offending key.
 #[derive(Debug, thiserror::Error)]

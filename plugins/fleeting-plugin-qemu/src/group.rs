@@ -11,7 +11,7 @@ use slipway_fleeting::{
     ConnectInfo, ConnectorConfig, GroupError, InstanceGroup, ProviderInfo, State,
 };
 use slipway_nesting::Accel;
-use slipway_nesting::image::ImageManifest;
+use slipway_nesting_daemon::image::ImageManifest;
 use tokio::task::JoinSet;
 
 use crate::command::Launch;
@@ -134,7 +134,7 @@ async fn find_binary(configured: &Path) -> Result<PathBuf, GroupError> {
 
 async fn load_image(dir: &Path) -> Result<ImageManifest, GroupError> {
     let owned = dir.to_path_buf();
-    let image = tokio::task::spawn_blocking(move || slipway_nesting::image::load(&owned))
+    let image = tokio::task::spawn_blocking(move || slipway_nesting_daemon::image::load(&owned))
         .await
         .map_err(provider)?
         .map_err(|e| invalid("image", e))?;
@@ -272,7 +272,7 @@ impl InstanceGroup for QemuGroup {
             .await
             .map_err(|e| invalid("dir", format!("creating {}: {e}", instances_dir.display())))?;
         let (key, public_key) = client_key(&config.dir).await.map_err(provider)?;
-        let probe = slipway_nesting::accel::resolve(
+        let probe = slipway_nesting_daemon::accel::resolve(
             config.accel,
             &qemu.display().to_string(),
             Some(&image.kernel_path(&config.image_dir)),

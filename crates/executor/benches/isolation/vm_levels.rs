@@ -27,9 +27,9 @@ use slipway_executor::{Isolation, NestingExecutor};
 use slipway_job::JobResponse;
 use slipway_nesting::Level as ImageLevel;
 use slipway_nesting::client::{AgentAddr, NestingClient};
-use slipway_nesting::daemon::{Daemon, DaemonOptions};
-use slipway_nesting::image::{self, BuildOptions};
 use slipway_nesting::proto::VirtualMachine;
+use slipway_nesting_daemon::daemon::{Daemon, DaemonOptions};
+use slipway_nesting_daemon::image::{self, BuildOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{Goal, Level, measure, ms, run_watched, stats};
@@ -96,7 +96,7 @@ async fn rows(
             level,
             starts: None,
         };
-        let base = slipway_nesting::warm::base_name(image);
+        let base = slipway_nesting_daemon::daemon::warm::base_name(image);
 
         // Boot: warm slots off.
         let init = r#"{"accel":"auto"}"#.to_string();

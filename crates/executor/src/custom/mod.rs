@@ -35,12 +35,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use slipway_job::model::JobResponse;
+
+use crate::executor::JobSlot;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::job::{DEFAULT_JOB_TIMEOUT, RunResult};
 use slipway_job::outcome::{FailureReason, JobOutcome};
-use slipway_job::trace::Trace;
 
 pub use config::CustomConfig;
 pub use config_exec::{ConfigExecOutput, DriverInfo};
@@ -65,17 +65,6 @@ pub struct CustomExecutor {
     pub builds_dir: String,
 }
 
-/// What a custom-executor job needs besides its payload.
-#[derive(Debug)]
-pub struct CustomContext<'a> {
-    /// The job's slot (`CI_CONCURRENT_ID`, and part of the project directory).
-    pub slot: u32,
-    /// Output sink (masks secrets).
-    pub trace: &'a mut Trace,
-    /// Cancelled to stop the job.
-    pub cancel: CancellationToken,
-}
-
 impl CustomExecutor {
     /// A custom executor; fails when `run_exec` is missing.
     pub fn new(config: CustomConfig, builds_dir: impl Into<String>) -> Result<Self, CustomError> {
@@ -88,12 +77,16 @@ impl CustomExecutor {
 
     /// Run a job: `config_exec`, `prepare_exec`, the `run_exec` stages, then `cleanup_exec`
     /// whatever happened.
-    pub async fn run(&self, job: &JobResponse, ctx: CustomContext<'_>) -> RunResult {
-        let CustomContext {
+    /// The custom protocol has no artifact stages in this version; the driver owns its
+    /// environment, so no cgroup is applied here; a graceful cancel (`abort`) is not told
+    /// apart: the driver's after_script stage is skipped on any cancel.
+    pub async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
+        let JobSlot {
             slot,
             trace,
             cancel,
-        } = ctx;
+            ..
+        } = slot;
         let timeout = match job.runner_info.timeout {
             0 => DEFAULT_JOB_TIMEOUT,
             s => Duration::from_secs(s),

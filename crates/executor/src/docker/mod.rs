@@ -79,10 +79,9 @@ use slipway_connector::Client;
 use slipway_docker::{Docker, Transport};
 use slipway_job::model::JobResponse;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::job::{DEFAULT_JOB_TIMEOUT, JobContext, JobRunner, RunResult};
-use slipway_job::trace::Trace;
+use crate::executor::JobSlot;
+use crate::job::{DEFAULT_JOB_TIMEOUT, JobRunner, RunResult};
 
 pub use config::{DockerConfig, PullPolicy, ServiceConfig};
 pub use host::DockerHost;
@@ -182,29 +181,6 @@ pub enum DockerExecutorError {
         /// Why.
         reason: String,
     },
-}
-
-/// What a docker job needs besides its payload.
-#[derive(Debug)]
-pub struct DockerRunContext<'a> {
-    /// The job's slot (its directory under `/builds`, and a label).
-    pub slot: u32,
-    /// The slot's cgroup, used as the containers' cgroup parent (overrides `cgroup_parent`).
-    pub cgroup_parent: Option<String>,
-    /// Output sink (masks secrets).
-    pub trace: &'a mut Trace,
-    /// Cancelled to stop the job.
-    pub cancel: CancellationToken,
-    /// Set: a cancel is graceful (GitLab's `canceling`): `after_script` still runs unless this
-    /// fires too. Unset: a cancel skips `after_script`.
-    pub abort: Option<CancellationToken>,
-    /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
-    pub artifacts_in: Vec<crate::tarball::Tarball>,
-    /// Where collected artifacts are written on this machine (see [`JobContext`]).
-    pub scratch_dir: Option<std::path::PathBuf>,
-    /// The job's sources, fetched in the build container when its image has git (see
-    /// [`JobContext`]).
-    pub sources: Option<Arc<dyn crate::sources::HostSources>>,
 }
 
 /// The `docker` executor (and, over [`dial_stdio_transport`], `docker-autoscaler`).
@@ -319,21 +295,23 @@ impl DockerExecutor {
 
     /// Run a job in containers and remove every container, network and volume it created,
     /// whatever happened.
-    pub async fn run(&self, job: &JobResponse, ctx: DockerRunContext<'_>) -> RunResult {
+    /// The slot's cgroup (`slot.cgroup`) is the containers' cgroup parent (over
+    /// `cgroup_parent`).
+    pub async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
         let started = Instant::now();
         let run = RunNames::new(&self.runner_name, job.id);
         // Another job holding the slot (a caller reusing a slot number): a per-job network.
-        let mut lease = self.nets.acquire(ctx.slot);
-        let DockerRunContext {
+        let mut lease = self.nets.acquire(slot.slot);
+        let JobSlot {
             slot,
-            cgroup_parent,
+            cgroup: cgroup_parent,
             trace,
             cancel,
             abort,
             artifacts_in,
             scratch_dir,
             sources,
-        } = ctx;
+        } = slot;
         let setup = Setup {
             run: &run,
             slot,
@@ -344,9 +322,9 @@ impl DockerExecutor {
         let result = match self.prepare(job, setup, trace, lease.as_mut()).await {
             Ok((container, first)) => {
                 let host = DockerHost::with_first_step(self.docker.clone(), container, first);
-                let ctx = JobContext {
-                    host: &host,
+                let ctx = JobSlot {
                     slot,
+                    cgroup: None,
                     trace: &mut *trace,
                     cancel,
                     abort,
@@ -354,7 +332,7 @@ impl DockerExecutor {
                     scratch_dir,
                     sources,
                 };
-                self.run_steps(job, started, ctx).await
+                self.run_steps(job, started, &host, ctx).await
             }
             Err(outcome) => RunResult {
                 outcome,
@@ -371,7 +349,8 @@ impl DockerExecutor {
         &self,
         job: &JobResponse,
         started: Instant,
-        ctx: JobContext<'_>,
+        host: &DockerHost,
+        slot: JobSlot<'_>,
     ) -> RunResult {
         let runner = JobRunner {
             builds_dir: BUILDS_DIR.into(),
@@ -381,7 +360,7 @@ impl DockerExecutor {
         };
         // The job's timeout covers its preparation too.
         let job = remaining_timeout(job, started.elapsed());
-        runner.run(&job, ctx).await
+        runner.run(&job, host, slot).await
     }
 }
 

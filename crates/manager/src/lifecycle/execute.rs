@@ -2,10 +2,7 @@
 //! plugin) or on its instance over SSH (bash, a slot cgroup, a container, a VM) — run until it
 //! ends, is canceled, or loses its instance.
 
-use slipway_executor::{
-    CollectedArtifacts, CustomExecutor, Executor, Isolation, JobRunner, JobSlot, LocalHost,
-    NestingExecutor, PluginExecutor, RunResult, SshHost, Steps, Tarball, cgroup,
-};
+use slipway_executor::{CollectedArtifacts, JobSlot, RunResult, Tarball};
 use slipway_job::JobResponse;
 use slipway_job::{FailureReason, JobOutcome, Trace};
 use slipway_taskscaler::Acquisition;
@@ -18,7 +15,7 @@ use slipway_executor::HostSources;
 
 use super::admission::Admission;
 use super::{SourcesAt, Stops};
-use crate::runner::Runner;
+use crate::runner::{Place, Runner};
 
 /// Run `job` on its slot at the level it asked for: on this machine (shell, docker, custom
 /// executors) or on its instance over SSH (bash, in the slot's cgroup, or in a container via
@@ -57,42 +54,42 @@ pub(super) async fn execute(
         cancel: cancel.clone(),
         abort: abort.clone(),
     };
-    if runner.local {
-        let inputs = (artifacts_in, sources);
-        let r = execute_here(runner, acq, job, admission, inputs, trace, &stops).await;
-        return Executed {
-            outcome: r.outcome,
-            artifacts: r.artifacts,
-            instance_failed: None,
-        };
-    }
-    let client = match runner.client(acq).await {
-        Ok(c) => c,
-        Err(e) => {
-            let msg = crate::chain::Chain(&e).to_string();
-            trace.message(&format!("ERROR: {msg}"));
-            // One refused connection (sshd's MaxStartups under a burst, say) is not a dead
-            // instance: a second round trip tells.
-            let failed = probe(runner, acq).await.is_err().then(|| msg.clone());
-            return Executed {
-                outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
-                artifacts: Vec::new(),
-                instance_failed: failed,
-            };
+    let place = if runner.local {
+        Place::Here
+    } else {
+        match runner.client(acq).await {
+            Ok(c) => Place::Instance(c),
+            Err(e) => {
+                let msg = crate::chain::Chain(&e).to_string();
+                trace.message(&format!("ERROR: {msg}"));
+                // One refused connection (sshd's MaxStartups under a burst, say) is not a dead
+                // instance: a second round trip tells.
+                let failed = runner
+                    .executors
+                    .probe(runner, acq)
+                    .await
+                    .is_err()
+                    .then(|| msg.clone());
+                return Executed {
+                    outcome: JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg),
+                    artifacts: Vec::new(),
+                    instance_failed: failed,
+                };
+            }
         }
     };
     let lost = acq.instance_lost();
     let mut instance_lost = false;
 
     let mut result = {
-        let run = execute_on_instance(
+        let inputs = (artifacts_in, sources);
+        let run = run_on(
             runner,
             acq,
             job,
             admission,
-            client,
-            artifacts_in,
-            sources,
+            &place,
+            inputs,
             &mut *trace,
             &stops,
         );
@@ -111,6 +108,14 @@ pub(super) async fn execute(
             }
         }
     };
+    // This machine is no instance that can fail under a job: its jobs are never run twice.
+    if runner.local {
+        return Executed {
+            outcome: result.outcome,
+            artifacts: result.artifacts,
+            instance_failed: None,
+        };
+    }
     // The run may end in the same instant as the loss is told (the removal's kills end the
     // steps; the taskscaler tells first): a script killed by it is not the script's failure.
     instance_lost |= lost.is_cancelled();
@@ -140,7 +145,7 @@ pub(super) async fn execute(
         && !stops.cancel.is_cancelled()
     {
         // A system failure before the script: was it the instance? One round trip tells.
-        if let Err(why) = probe(runner, acq).await {
+        if let Err(why) = runner.executors.probe(runner, acq).await {
             instance_failed = Some(format!(
                 "instance {} does not answer: {why}",
                 acq.instance_id
@@ -176,17 +181,6 @@ impl Executed {
     }
 }
 
-/// How long the probe of a job's instance may take.
-const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// One cheap round trip to the job's instance (`exit 0` over its connection, dialled again if
-/// it closed), as GitLab's acquire heartbeat does.
-async fn probe(runner: &Runner, acq: &Acquisition) -> Result<(), String> {
-    tokio::time::timeout(PROBE_TIMEOUT, runner.answers(acq))
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer within {PROBE_TIMEOUT:?}")))
-}
-
 /// Where `runner` fetches its jobs' sources: where their steps run (an instance's shell, a
 /// container, a VM, this machine's shell, an executor plugin's environment), falling back to
 /// the manager where that has no git, unless the runner says `fetch_sources = "manager"`. The
@@ -199,133 +193,31 @@ pub(super) fn sources_at(runner: &Runner) -> SourcesAt {
     }
 }
 
-fn config_error(msg: String) -> JobOutcome {
-    JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg)
-}
-
-fn no_result(outcome: JobOutcome) -> RunResult {
-    RunResult {
-        outcome,
-        artifacts: Vec::new(),
-    }
-}
-
-/// Put `steps` in the slot's cgroup (limits: the job's share of the instance when its shape
-/// declares one, else what it asked for); the slot cgroup's path, or why not.
-fn enter_cgroup(
-    runner: &Runner,
-    acq: &Acquisition,
-    admission: &Admission,
-    steps: &mut JobRunner,
-    trace: &mut Trace,
-) -> Result<String, JobOutcome> {
-    let share = acq.resources.unwrap_or(admission.request);
-    let limits = cgroup::limits_for(share.cpu_millis, share.memory_bytes);
-    match runner
-        .cgroups
-        .apply(steps, &acq.instance_id, acq.slot, &limits)
-    {
-        Ok(path) => {
-            trace.message(&format!("Using isolation cgroup in {path}"));
-            Ok(path.to_string())
-        }
-        Err(e) => {
-            let msg = format!("slot cgroup: {e}");
-            trace.message(&format!("ERROR: {msg}"));
-            Err(config_error(msg))
-        }
-    }
-}
-
+/// Run `job` on the acquisition's slot with the executor its runner's provider hands out.
 #[allow(clippy::too_many_arguments)]
-async fn execute_on_instance(
-    runner: &Runner,
-    acq: &Acquisition,
-    job: &JobResponse,
-    admission: &Admission,
-    client: std::sync::Arc<slipway_connector::Client>,
-    artifacts_in: Vec<Tarball>,
-    sources: Option<Arc<dyn HostSources>>,
-    trace: &mut Trace,
-    stops: &Stops,
-) -> RunResult {
-    let level = admission.level;
-    if let Some(s) = &runner.subtrees {
-        s.used(&acq.instance_id);
-    }
-    let exec: Box<dyn Executor + '_> = if runner.executor_plugin.is_some() {
-        let instance = instance_of(&acq.connect_info);
-        match plugin_executor(runner, acq, admission, Some(instance)) {
-            Ok(e) => Box::new(e),
-            Err(outcome) => return no_result(outcome),
-        }
-    } else if matches!(level, Isolation::Microvm | Isolation::Vm) {
-        let Some(nesting) = runner.nesting.clone() else {
-            return no_result(config_error(format!(
-                "isolation {level} needs [runners.autoscaler.vm_isolation] enabled = true"
-            )));
-        };
-        Box::new(NestingExecutor {
-            client: client.clone(),
-            instance: acq.instance_id.clone(),
-            config: nesting,
-            level,
-            starts: Some(Arc::new(BoardStarts(runner.board.clone()))),
-        })
-    } else if level == Isolation::Docker {
-        trace.message("Using isolation docker through the instance's Docker Engine");
-        match runner
-            .docker_executor(Some((&acq.instance_id, client.clone())))
-            .await
-        {
-            Ok(e) => Box::new(e),
-            Err(e) => {
-                let msg = format!("reaching the instance's Docker Engine: {e}");
-                trace.message(&format!("ERROR: {msg}"));
-                return no_result(JobOutcome::failed(
-                    FailureReason::RunnerSystemFailure,
-                    None,
-                    msg,
-                ));
-            }
-        }
-    } else {
-        let mut steps = JobRunner {
-            builds_dir: runner.builds_dir.clone(),
-            cache_dir: Some(runner.cache_dir.clone()),
-            ..JobRunner::default()
-        };
-        if level == Isolation::Cgroup
-            && let Err(outcome) = enter_cgroup(runner, acq, admission, &mut steps, trace)
-        {
-            return no_result(outcome);
-        }
-        if level == Isolation::Instance {
-            trace.message(&format!(
-                "Using isolation instance: instance {} is this job's alone and is removed after it",
-                acq.instance_id
-            ));
-        }
-        Box::new(Steps {
-            name: "instance",
-            host: SshHost(&client),
-            runner: steps,
-        })
-    };
-    let inputs = (artifacts_in, sources);
-    run_on(runner, exec.as_ref(), acq, job, inputs, trace, stops).await
-}
-
-/// Run `job` with `exec` on the acquisition's slot.
 async fn run_on(
     runner: &Runner,
-    exec: &dyn Executor,
     acq: &Acquisition,
     job: &JobResponse,
+    admission: &Admission,
+    place: &Place,
     (artifacts_in, sources): (Vec<Tarball>, Option<Arc<dyn HostSources>>),
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
+    let exec = match runner
+        .executors
+        .executor(runner, acq, admission, place, trace)
+        .await
+    {
+        Ok(e) => e,
+        Err(outcome) => {
+            return RunResult {
+                outcome,
+                artifacts: Vec::new(),
+            };
+        }
+    };
     exec.run(
         job,
         JobSlot {
@@ -354,125 +246,5 @@ fn container_cgroup(runner: &Runner, acq: &Acquisition) -> String {
         format!("/{path}")
     } else {
         path.to_string()
-    }
-}
-
-/// A `plugin` runner's executor for `job`: on its instance when `instance` is given.
-fn plugin_executor(
-    runner: &Runner,
-    acq: &Acquisition,
-    admission: &Admission,
-    instance: Option<slipway_executor_plugin::Instance>,
-) -> Result<PluginExecutor, JobOutcome> {
-    let Some(plugin) = &runner.executor_plugin else {
-        return Err(config_error("no [runners.plugin] section".into()));
-    };
-    let isolation = admission
-        .plugin_level
-        .clone()
-        .ok_or_else(|| config_error(format!("runner {:?} has no executor plugin", runner.name)))?;
-    let share = acq.resources.unwrap_or_default();
-    Ok(PluginExecutor {
-        host: plugin.host.clone(),
-        runner: JobRunner {
-            builds_dir: runner.builds_dir.clone(),
-            ..JobRunner::default()
-        },
-        isolation,
-        instance,
-        resources: slipway_executor_plugin::Resources {
-            cpus: share.cpu_millis as f64 / 1000.0,
-            memory_bytes: share.memory_bytes,
-            ..Default::default()
-        },
-        prepare_timeout: plugin.config.prepare_timeout,
-        cleanup_timeout: plugin.config.cleanup_timeout,
-    })
-}
-
-/// How an executor plugin reaches the job's instance: what the fleeting plugin said.
-fn instance_of(info: &slipway_fleeting::ConnectInfo) -> slipway_executor_plugin::Instance {
-    let c = &info.connector;
-    slipway_executor_plugin::Instance {
-        id: info.id.clone(),
-        os: c.os.clone(),
-        arch: c.arch.clone(),
-        protocol: c.protocol.clone(),
-        username: c.username.clone(),
-        password: c.password.clone(),
-        key: c.key.clone(),
-        use_static_credentials: c.use_static_credentials,
-        internal_addr: info.internal_addr.clone(),
-        external_addr: info.external_addr.clone(),
-        protocol_port: u32::from(c.protocol_port),
-    }
-}
-
-/// The shell, docker and custom executors: the job runs on this machine.
-async fn execute_here(
-    runner: &Runner,
-    acq: &Acquisition,
-    job: &JobResponse,
-    admission: &Admission,
-    (artifacts_in, sources): (Vec<Tarball>, Option<Arc<dyn HostSources>>),
-    trace: &mut Trace,
-    stops: &Stops,
-) -> RunResult {
-    let level = admission.level;
-    let exec: Box<dyn Executor> = match runner.executor {
-        ConfigExecutor::Plugin => match plugin_executor(runner, acq, admission, None) {
-            Ok(e) => Box::new(e),
-            Err(outcome) => return no_result(outcome),
-        },
-        ConfigExecutor::Custom => {
-            let Some(cfg) = runner.custom.clone() else {
-                return no_result(config_error("no [runners.custom] section".into()));
-            };
-            match CustomExecutor::new(cfg, runner.builds_dir.clone()) {
-                Ok(e) => Box::new(e),
-                Err(e) => return no_result(config_error(format!("[runners.custom]: {e}"))),
-            }
-        }
-        ConfigExecutor::Docker => match runner.docker_executor(None).await {
-            Ok(e) => Box::new(e),
-            Err(e) => {
-                let msg = format!("reaching the Docker Engine: {e}");
-                trace.message(&format!("ERROR: {msg}"));
-                return no_result(JobOutcome::failed(
-                    FailureReason::RunnerSystemFailure,
-                    None,
-                    msg,
-                ));
-            }
-        },
-        _ => {
-            let mut steps = JobRunner {
-                builds_dir: runner.builds_dir.clone(),
-                cache_dir: Some(runner.cache_dir.clone()),
-                ..JobRunner::default()
-            };
-            if level == Isolation::Cgroup
-                && let Err(outcome) = enter_cgroup(runner, acq, admission, &mut steps, trace)
-            {
-                return no_result(outcome);
-            }
-            Box::new(Steps {
-                name: "shell",
-                host: LocalHost::default(),
-                runner: steps,
-            })
-        }
-    };
-    let inputs = (artifacts_in, sources);
-    run_on(runner, exec.as_ref(), acq, job, inputs, trace, stops).await
-}
-
-/// VM starts counted on the runner's job board (its status page and `/metrics`).
-#[derive(Debug)]
-struct BoardStarts(Arc<slipway_status::JobBoard>);
-
-impl slipway_executor::nesting::VmStartSink for BoardStarts {
-    fn vm_started(&self, image: &str, warm: bool) {
-        self.0.vm_started(image, warm);
     }
 }

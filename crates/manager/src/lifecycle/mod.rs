@@ -9,6 +9,8 @@
 //! apply here, so they count for every source alike.
 
 mod admission;
+pub(crate) mod archive;
+pub mod cache;
 mod ending;
 mod execute;
 pub mod request;
@@ -32,6 +34,7 @@ pub use admission::{
 pub use ending::{board_info, closing_line, ending_of_refusal};
 
 use crate::runner::Runner;
+use cache::DistributedCache;
 
 /// What a source adds to the life of one of its jobs. Both steps have defaults that add
 /// nothing.
@@ -51,10 +54,18 @@ pub trait JobSource: Send + Sync {
     }
 
     /// The job holds the slot `acq` and its steps are next: where the source records that.
-    /// An error (a message) fails the job with `runner_system_failure` before its steps.
-    async fn placed(&self, _job: &JobResponse, _acq: &Acquisition) -> Result<(), String> {
+    /// An error fails the job with `runner_system_failure` before its steps.
+    async fn placed(&self, _job: &JobResponse, _acq: &Acquisition) -> Result<(), PlacedError> {
         Ok(())
     }
+}
+
+/// Why a source could not record where its job runs.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacedError {
+    /// Writing the job's start where the source keeps it failed.
+    #[error("recording the job's start: {}", crate::chain::Chain(.0.as_ref()))]
+    Record(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// A source that adds nothing: no inputs, nothing recorded at placement.
@@ -78,6 +89,9 @@ pub enum SourcesAt {
 pub struct Inputs {
     /// Tar streams, unpacked in order: the sources, then each dependency's artifacts.
     pub tars: Vec<Tarball>,
+    /// How many of `tars` are the sources: the restored cache goes after them, before the
+    /// dependencies' artifacts (GitLab's order).
+    pub leading: usize,
     /// Paths git tracks in the sources (what `artifacts:untracked` leaves out).
     pub tracked: Arc<BTreeSet<String>>,
     /// The sources, fetched where the job runs (then not in `tars`; `tracked` comes from
@@ -237,9 +251,21 @@ impl Life<'_> {
             }
             r
         };
+        // The distributed cache's restore stage follows the source's inputs: the executor gets
+        // the job without `cache:` and collects what to save as extra artifact entries.
+        let cache = runner.cache.as_deref().filter(|_| !job.cache.is_empty());
         let fetching = async {
             let at = execute::sources_at(runner);
             let r = self.source.inputs(&job, at, &mut side, &fetch_cancel).await;
+            let r = match (r, cache) {
+                (Ok(mut inputs), Some(cache)) => {
+                    let restored = cache.restore(&job, &mut side, &fetch_cancel).await;
+                    let at = inputs.leading.min(inputs.tars.len());
+                    inputs.tars.splice(at..at, restored);
+                    Ok(inputs)
+                }
+                (r, _) => r,
+            };
             if r.is_err() {
                 let _ = first_failure.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
                 acquire_cancel.cancel();
@@ -273,7 +299,7 @@ impl Life<'_> {
                 "Running on instance {} slot {}",
                 a.instance_id, a.slot
             )),
-            (Ok(_), Err(msg)) => trace.message(&format!("ERROR: {msg}")),
+            (Ok(_), Err(e)) => trace.message(&format!("ERROR: {e}")),
             _ => {}
         }
         while let Ok(chunk) = side_rx.try_recv() {
@@ -288,8 +314,9 @@ impl Life<'_> {
             }
             (Err(no), _) => return Err(no),
         };
-        if let Err(msg) = placed {
-            let outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+        if let Err(e) = placed {
+            let outcome =
+                JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string());
             return Ok(ran(job, outcome, Some(&acq)));
         }
         let mut job = job;
@@ -323,10 +350,14 @@ impl Life<'_> {
                     }
                 }
             };
+            let ran_as = match cache {
+                Some(_) => std::borrow::Cow::Owned(DistributedCache::for_executor(&job)),
+                None => std::borrow::Cow::Borrowed(&job),
+            };
             let ex = execute::execute(
                 runner,
                 &acq,
-                &job,
+                &ran_as,
                 admission,
                 these,
                 inputs.sources.clone(),
@@ -364,10 +395,13 @@ impl Life<'_> {
             };
             match next.await {
                 Ok(a) => {
-                    if let Err(msg) = self.source.placed(&job, &a).await {
-                        trace.message(&format!("ERROR: {msg}"));
-                        let outcome =
-                            JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+                    if let Err(e) = self.source.placed(&job, &a).await {
+                        trace.message(&format!("ERROR: {e}"));
+                        let outcome = JobOutcome::failed(
+                            FailureReason::RunnerSystemFailure,
+                            None,
+                            e.to_string(),
+                        );
                         break Err((outcome, Some(a)));
                     }
                     runner.board.running(key, &a.instance_id, a.slot);
@@ -394,6 +428,22 @@ impl Life<'_> {
             Ok((outcome, collected)) => (outcome, collected, Some(acq)),
             Err((outcome, placed)) => (outcome, Vec::new(), placed),
         };
+        // The archive-cache stage: entries past the job's own artifacts are its caches.
+        let (collected, caches): (Vec<_>, Vec<_>) = collected
+            .into_iter()
+            .partition(|c| c.spec < job.artifacts.len());
+        if let Some(cache) = cache
+            && !caches.is_empty()
+        {
+            cache
+                .save(
+                    &DistributedCache::for_executor(&job),
+                    caches,
+                    &tracked,
+                    trace,
+                )
+                .await;
+        }
         Ok(Ran {
             placement: acq.as_ref().map(|a| (a.instance_id.clone(), a.slot)),
             duration: acquired_at.elapsed(),

@@ -114,7 +114,7 @@ fn expand_paths(job: &mut JobResponse) {
     for a in &mut job.artifacts {
         a.paths.iter_mut().for_each(path);
         a.exclude.iter_mut().for_each(path);
-        a.name = slipway_executor::cache::expand(&a.name, &snapshot);
+        a.name = snapshot.expand(&a.name);
     }
     for c in &mut job.cache {
         c.paths.iter_mut().for_each(path);

@@ -94,6 +94,8 @@ pub(super) fn start_local(
         cgroups,
         subtrees: None,
         executor: cfg.executor.clone(),
+        executors: Arc::new(super::BuiltinExecutors::of(&cfg.executor)),
+        cache: super::distributed_cache_of(cfg, opts),
         local: true,
         custom_build_dir: cfg.custom_build_dir(),
         fetch_sources: cfg.fetch_sources,

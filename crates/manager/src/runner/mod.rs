@@ -7,6 +7,7 @@
 
 mod defaults;
 mod error;
+pub mod executors;
 mod group;
 mod local;
 pub mod localhost;
@@ -39,6 +40,7 @@ use crate::runner::subtrees::InstanceSubtrees;
 
 pub use defaults::JobDefaults;
 pub use error::{GroupName, SnapshotsError, StartError};
+pub use executors::{BuiltinExecutors, ExecutorProvider, Place};
 pub use group::{plugin_name, run_scoped_plugin_config};
 pub use plugin::{ExecutorPlugin, check_plugin_levels, start_executor_plugin_with};
 
@@ -67,6 +69,11 @@ pub struct Runner {
     pub subtrees: Option<Arc<InstanceSubtrees>>,
     /// Executor (`instance`, `docker-autoscaler`, `shell`, `docker`, `custom`, `plugin`).
     pub executor: Executor,
+    /// The distributed cache (`[runners.cache]` with S3), restored and saved around every
+    /// job's steps whatever its source; `None`: jobs use the local cache.
+    pub cache: Option<Arc<crate::lifecycle::cache::DistributedCache>>,
+    /// What hands out each job's executor: resolved once from `executor`.
+    pub executors: Arc<dyn ExecutorProvider>,
     /// Jobs run on this machine (shell, docker, custom), not on autoscaled instances.
     pub local: bool,
     /// Jobs may choose their directory with `GIT_CLONE_PATH` (`[runners.custom_build_dir]`).
@@ -134,6 +141,20 @@ pub struct StartOptions {
     pub job_metrics: Option<JobMetrics>,
     /// Jobs at once on a runner without a `limit` (its slots when jobs run on this machine).
     pub concurrent: u32,
+}
+
+/// The runner's distributed cache: objects under its token's short form (GitLab Runner's
+/// names), or under its name when it has no token (a queue's runner).
+pub(crate) fn distributed_cache_of(
+    cfg: &RunnerConfig,
+    opts: &StartOptions,
+) -> Option<Arc<crate::lifecycle::cache::DistributedCache>> {
+    let short = match cfg.token.trim() {
+        "" => cfg.name.clone(),
+        token => slipway_gitlab::Secret::new(token).short(),
+    };
+    crate::lifecycle::cache::DistributedCache::new(cfg.cache.as_ref(), &short, scratch_dir_of(opts))
+        .map(Arc::new)
 }
 
 /// `<state dir>/tmp` (see [`Runner::scratch_dir`]).
@@ -289,6 +310,8 @@ impl Runner {
             cgroups,
             subtrees,
             executor: cfg.executor.clone(),
+            executors: Arc::new(BuiltinExecutors::of(&cfg.executor)),
+            cache: distributed_cache_of(cfg, opts),
             local: false,
             custom_build_dir: cfg.custom_build_dir(),
             fetch_sources: cfg.fetch_sources,

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use slipway_nesting::agent::{AgentClient, Exec, ExecEvent};
 use slipway_nesting::client::{AgentAddr, NestingClient};
-use slipway_nesting::daemon::{Daemon, DaemonOptions};
-use slipway_nesting::image::{self, BuildOptions, ImageError, ImageManifest};
 use slipway_nesting::proto;
+use slipway_nesting_daemon::daemon::{Daemon, DaemonOptions};
+use slipway_nesting_daemon::image::{self, BuildOptions, ImageError, ImageManifest};
 use tokio::io::AsyncReadExt as _;
 use tokio_util::sync::CancellationToken;
 
@@ -274,12 +274,8 @@ async fn shell(
     let agent = std::sync::Arc::new(match &addr {
         AgentAddr::Unix(path) => slipway_nesting::agent::connect_unix(Path::new(path)).await?,
         AgentAddr::Vsock { port, socket } => AgentClient::new(
-            slipway_nesting::hypervisor::vsock::connect_vsock(
-                Path::new(socket),
-                *port,
-                Duration::from_secs(5),
-            )
-            .await?,
+            slipway_nesting::vsock::connect_vsock(Path::new(socket), *port, Duration::from_secs(5))
+                .await?,
         ),
     });
     agent.hello(Duration::from_secs(10)).await?;
@@ -562,7 +558,7 @@ async fn nesting_command(
             None => None,
         };
         let stop = super::signals::shutdown_signal()?;
-        let opts = slipway_nesting::daemon::DaemonOptions {
+        let opts = slipway_nesting_daemon::daemon::DaemonOptions {
             state_dir,
             images_dir,
         };
@@ -635,7 +631,7 @@ async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
             .context("locating this binary")?
             .with_file_name("slipway-guest-agent"),
     };
-    let mut opts = slipway_nesting::image::BuildOptions::new(name, level, images_dir, agent);
+    let mut opts = slipway_nesting_daemon::image::BuildOptions::new(name, level, images_dir, agent);
     opts.kernel = kernel;
     opts.cache_dir = cache_dir;
     opts.sshd = sshd;

@@ -12,36 +12,7 @@ use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
-
-/// Whether the tar entry `path` belongs in an `artifacts:` entry's archive: not excluded, and
-/// with `untracked`, either under one of its `paths` or not tracked by git.
-pub(super) fn keeps(
-    path: &str,
-    includes: &Globs,
-    excludes: &Globs,
-    untracked: bool,
-    tracked: &BTreeSet<String>,
-) -> bool {
-    let lineage =
-        || std::iter::successors(Some(path), |p| p.rsplit_once('/').map(|(parent, _)| parent));
-    // Exclusion is not recursive (GitLab Runner matches each walked path on its own).
-    if path.is_empty() || path == "." || excludes.matches_exactly(path) {
-        return false;
-    }
-    if !untracked {
-        return true;
-    }
-    if lineage().any(|p| p == ".git") {
-        return false;
-    }
-    // A directory of tracked files is not untracked, though git lists only files.
-    let under = format!("{path}/");
-    let holds_tracked = tracked
-        .range(under.clone()..)
-        .next()
-        .is_some_and(|t| t.starts_with(&under));
-    lineage().any(|p| includes.is_match(p)) || (!tracked.contains(path) && !holds_tracked)
-}
+use crate::lifecycle::archive::keeps;
 
 /// Archive and upload each collected `artifacts:` entry; a failed upload fails a job that had
 /// succeeded.
@@ -55,7 +26,8 @@ pub(super) async fn upload_artifacts(
     stop: &CancellationToken,
 ) {
     let token = Secret::new(job.token.clone());
-    let compression = super::cache::compression_of(job, "ARTIFACT_COMPRESSION_LEVEL", trace);
+    let compression =
+        crate::lifecycle::archive::compression_of(job, "ARTIFACT_COMPRESSION_LEVEL", trace);
     for c in collected {
         let Some(spec) = job.artifacts.get(c.spec) else {
             continue;

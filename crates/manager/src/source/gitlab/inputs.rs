@@ -71,18 +71,9 @@ pub(super) async fn inputs_of(
             }
         }
     }
-    // GitLab's order: sources, the cache, then the dependencies' artifacts (which win over a
-    // stale cache of the same paths).
-    if let Some(cache) = &source.cache {
-        let specs = source.cache_specs_of().get(&job.id).cloned();
-        if let Some(specs) = specs {
-            let mut with_cache = job.clone();
-            with_cache.cache = specs;
-            inputs
-                .tars
-                .extend(cache.restore(&with_cache, trace, cancel).await);
-        }
-    }
+    // GitLab's order: sources, the cache (the lifecycle's restore stage puts it here), then the
+    // dependencies' artifacts (which win over a stale cache of the same paths).
+    inputs.leading = inputs.tars.len();
     for dep in &job.dependencies {
         if dep.artifacts_file.is_none() {
             continue;
@@ -92,7 +83,7 @@ pub(super) async fn inputs_of(
             dep.name, dep.id
         ));
         let token = Secret::new(dep.token.clone());
-        let attempts = super::git::attempts_of(job, "ARTIFACT_DOWNLOAD_ATTEMPTS");
+        let attempts = crate::lifecycle::archive::attempts_of(job, "ARTIFACT_DOWNLOAD_ATTEMPTS");
         let mut tar = Err(String::new());
         for attempt in 1..=attempts {
             if attempt > 1 {
@@ -149,23 +140,5 @@ async fn dependency_tar(source: &Source, id: u64, token: &Secret) -> Result<Tarb
         .download_artifacts_to(id, token, &zip)
         .await
         .map_err(|e| e.to_string())?;
-    unzipped(zip, scratch, &format!("artifacts-{id}-")).await
-}
-
-/// The zip archive `zip` as a tar stream in a new file of `scratch` named `<prefix>…`,
-/// converted file to file off the runtime's threads. The files go with the task, so a
-/// canceled job cannot leave one behind that the task then writes.
-pub(super) async fn unzipped(
-    zip: tempfile::TempPath,
-    scratch: Option<&std::path::Path>,
-    prefix: &str,
-) -> Result<Tarball, String> {
-    let tar = slipway_executor::scratch_file(scratch, prefix, ".tar")
-        .map_err(|e| format!("creating a file for the tar stream: {e}"))?;
-    tokio::task::spawn_blocking(move || {
-        slipway_artifacts::zip_file_to_tar_file(&zip, &tar).map(|()| Tarball::File(tar))
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())
+    crate::lifecycle::archive::unzipped(zip, scratch, &format!("artifacts-{id}-")).await
 }

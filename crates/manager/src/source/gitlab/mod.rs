@@ -24,7 +24,6 @@
 //! restarted manager sends what is left (a job that was running is reported
 //! `runner_system_failure`).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,12 +45,10 @@ use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, SourcesAt, St
 use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
-use cache::DistributedCache;
 use git::GitSources;
 use slipway_config::{Executor, RunnerConfig};
 
 mod artifacts;
-mod cache;
 pub mod git;
 mod inputs;
 
@@ -152,11 +149,6 @@ struct Source {
     git: Arc<GitSources>,
     /// `CI_SERVER_TLS_CA_FILE` and friends, given to every job as file variables.
     tls_variables: Vec<slipway_job::Variable>,
-    /// The S3 cache, when `[runners.cache]` sets one up.
-    cache: Option<DistributedCache>,
-    /// The `cache:` entries of jobs whose inputs are on their way (the executor gets the job
-    /// without them: [`DistributedCache::for_executor`]).
-    cache_specs: std::sync::Mutex<HashMap<u64, Vec<slipway_job::model::CacheSpec>>>,
 }
 
 /// GitLab Runner's TLS variables: the files of `tls` as file variables of every job, so its
@@ -238,7 +230,6 @@ pub async fn serve(
         return Ok(());
     }
     let scratch = runner.scratch_dir.clone();
-    let cache = DistributedCache::new(cfg.cache.as_ref(), &token.short(), scratch.clone());
     let source = Arc::new(Source {
         runner,
         client,
@@ -256,8 +247,6 @@ pub async fn serve(
                 .with_scratch(scratch),
         ),
         tls_variables: tls_variables(&tls).await,
-        cache,
-        cache_specs: std::sync::Mutex::new(HashMap::new()),
     });
     let loops = cfg.request_concurrency.max(1);
     tracing::info!(runner = %name, url = %cfg.url.trim(), %source.system_id, request_concurrency = loops,
@@ -867,23 +856,7 @@ async fn run_admitted(
     let start = Start::Admit {
         held: Some(provisional),
     };
-    // With the S3 cache, the executor saves the caches as extra artifact entries and has no
-    // local cache; the entries are restored with the job's inputs.
-    let artifacts_len = job.artifacts.len();
-    let distributed = source.cache.is_some() && !job.cache.is_empty();
-    let exec_job;
-    let job = if distributed {
-        source.cache_specs_of().insert(job.id, job.cache.clone());
-        exec_job = DistributedCache::for_executor(job);
-        &exec_job
-    } else {
-        job
-    };
-    let ran = life.run(job, start, trace).await;
-    if distributed {
-        source.cache_specs_of().remove(&job.id);
-    }
-    let ran = match ran {
+    let ran = match life.run(job, start, trace).await {
         Ok(ran) => ran,
         Err(no) => return refused(&no, stop),
     };
@@ -899,32 +872,16 @@ async fn run_admitted(
     } = ran;
     // The slot is free while the artifacts travel: uploading is the manager's work.
     drop(slot);
-    let (collected, caches): (Vec<_>, Vec<_>) =
-        collected.into_iter().partition(|c| c.spec < artifacts_len);
     // Inputs that failed before a slot was had leave nothing to upload.
     if placement.is_some() {
         artifacts::upload_artifacts(source, &job, collected, &tracked, &mut outcome, trace, stop)
             .await;
-        if let Some(cache) = source.cache.as_ref().filter(|_| distributed) {
-            cache.save(&job, caches, &tracked, trace).await;
-        }
     }
     // Last before the closing line, where prices are set; nowhere but the trace.
     if let Some(cost) = &cost {
         trace.message(&crate::costs::trace_line(cost));
     }
     outcome
-}
-
-impl Source {
-    /// The `cache:` entries of jobs on their way (a poisoned lock is still usable: plain data).
-    fn cache_specs_of(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<slipway_job::model::CacheSpec>>> {
-        self.cache_specs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
 }
 
 /// What GitLab adds to a job's life: its sources and its dependencies' artifacts.

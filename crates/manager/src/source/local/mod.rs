@@ -670,12 +670,8 @@ impl JobTask {
         artifacts: &mut Vec<PathBuf>,
         dotenv: &mut Vec<Variable>,
     ) {
-        let expand = |paths: &[String]| -> Vec<String> {
-            paths
-                .iter()
-                .map(|p| slipway_executor::cache::expand(p, job))
-                .collect()
-        };
+        let expand =
+            |paths: &[String]| -> Vec<String> { paths.iter().map(|p| job.expand(p)).collect() };
         let dotenv_files = expand(&self.dotenv_files);
         for (n, c) in collected.iter().enumerate() {
             let spec = self.payload.artifacts.get(c.spec);
@@ -748,8 +744,10 @@ impl JobSource for JobTask {
                 Err(e) => trace.message(&format!("WARNING: artifacts {}: {e}", p.display())),
             }
         }
+        // The project's files first; a restored cache goes after them.
         Ok(Inputs {
             tars,
+            leading: 1,
             ..Inputs::default()
         })
     }

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::spool::{JobResult, Queue, QueueError, Recovery, Started, unix_ms};
 use crate::chain::Chain;
-use crate::lifecycle::{self, JobSource, Life, Start, Stops};
+use crate::lifecycle::{self, JobSource, Life, PlacedError, Start, Stops};
 use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
@@ -528,7 +528,7 @@ struct QueueJob {
 
 #[async_trait::async_trait]
 impl JobSource for QueueJob {
-    async fn placed(&self, _job: &JobResponse, acq: &Acquisition) -> Result<(), String> {
+    async fn placed(&self, _job: &JobResponse, acq: &Acquisition) -> Result<(), PlacedError> {
         let record = Started {
             runner: self.runner.clone(),
             instance_id: acq.instance_id.clone(),
@@ -541,7 +541,7 @@ impl JobSource for QueueJob {
         let (q, id) = (self.queue.clone(), self.id);
         blocking(move || q.mark_started(id, &record))
             .await
-            .map_err(|e| format!("recording the job's start: {}", Chain(&e)))
+            .map_err(|e| PlacedError::Record(Box::new(e)))
     }
 }
 

@@ -30,10 +30,10 @@ use slipway_job::Trace;
 use slipway_job::{GitStrategy as Strategy, JobResponse};
 use tokio_util::sync::CancellationToken;
 
+use crate::lifecycle::archive::attempts_of;
 use access::Remote;
 use checkout::Checkout;
 pub(super) use on_host::HostFetch;
-pub(super) use options::attempts_of;
 use options::{depth_of, submodules_of};
 
 /// A job's sources, ready to unpack.

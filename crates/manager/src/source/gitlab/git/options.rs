@@ -51,15 +51,6 @@ pub(super) fn depth_of(job: &JobResponse) -> Result<u32, String> {
     }
 }
 
-/// GitLab's `*_ATTEMPTS` variables (`GET_SOURCES_ATTEMPTS`, `ARTIFACT_DOWNLOAD_ATTEMPTS`,
-/// `RESTORE_CACHE_ATTEMPTS`): 1 to 10, 1 when unset or not a number.
-pub(in crate::source::gitlab) fn attempts_of(job: &JobResponse, variable: &str) -> u32 {
-    job.variable(variable)
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(1u32)
-        .clamp(1, 10)
-}
-
 /// `GIT_FETCH_EXTRA_FLAGS`: GitLab's default `--prune --quiet` unless set.
 pub(super) fn fetch_flags(job: &JobResponse) -> Result<Vec<String>, String> {
     let value = match job.variable("GIT_FETCH_EXTRA_FLAGS").map(str::trim) {

@@ -1,0 +1,79 @@
+//! What the lifecycle's stages and the sources' reports share about archives and retries:
+//! which collected paths an archive keeps, a zip turned into a tar stream on the scratch disk,
+//! the compression a job asks for, and GitLab's `*_ATTEMPTS` variables.
+
+use std::collections::BTreeSet;
+
+use slipway_artifacts::{Compression, Globs};
+use slipway_executor::Tarball;
+use slipway_job::{JobResponse, Trace};
+
+/// Whether the tar entry `path` belongs in an `artifacts:` entry's archive: not excluded, and
+/// with `untracked`, either under one of its `paths` or not tracked by git.
+pub(crate) fn keeps(
+    path: &str,
+    includes: &Globs,
+    excludes: &Globs,
+    untracked: bool,
+    tracked: &BTreeSet<String>,
+) -> bool {
+    let lineage =
+        || std::iter::successors(Some(path), |p| p.rsplit_once('/').map(|(parent, _)| parent));
+    // Exclusion is not recursive (GitLab Runner matches each walked path on its own).
+    if path.is_empty() || path == "." || excludes.matches_exactly(path) {
+        return false;
+    }
+    if !untracked {
+        return true;
+    }
+    if lineage().any(|p| p == ".git") {
+        return false;
+    }
+    // A directory of tracked files is not untracked, though git lists only files.
+    let under = format!("{path}/");
+    let holds_tracked = tracked
+        .range(under.clone()..)
+        .next()
+        .is_some_and(|t| t.starts_with(&under));
+    lineage().any(|p| includes.is_match(p)) || (!tracked.contains(path) && !holds_tracked)
+}
+
+/// The zip archive `zip` as a tar stream in a new file of `scratch` named `<prefix>…`,
+/// converted file to file off the runtime's threads. The files go with the task, so a
+/// canceled job cannot leave one behind that the task then writes.
+pub(crate) async fn unzipped(
+    zip: tempfile::TempPath,
+    scratch: Option<&std::path::Path>,
+    prefix: &str,
+) -> Result<Tarball, String> {
+    let tar = slipway_executor::scratch_file(scratch, prefix, ".tar")
+        .map_err(|e| format!("creating a file for the tar stream: {e}"))?;
+    tokio::task::spawn_blocking(move || {
+        slipway_artifacts::zip_file_to_tar_file(&zip, &tar).map(|()| Tarball::File(tar))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
+}
+
+/// The compression level `variable` of `job` names (GitLab's `fastest` … `slowest`); an
+/// unknown name is a warning and the default.
+pub(crate) fn compression_of(job: &JobResponse, variable: &str, trace: &mut Trace) -> Compression {
+    let value = job.variable(variable).unwrap_or_default();
+    Compression::parse(value).unwrap_or_else(|| {
+        trace.message(&format!(
+            "WARNING: {variable} {value:?} is not one of fastest, fast, default, slow, slowest; \
+             using default"
+        ));
+        Compression::Default
+    })
+}
+
+/// GitLab's `*_ATTEMPTS` variables (`GET_SOURCES_ATTEMPTS`, `ARTIFACT_DOWNLOAD_ATTEMPTS`,
+/// `RESTORE_CACHE_ATTEMPTS`): 1 to 10, 1 when unset or not a number.
+pub(crate) fn attempts_of(job: &JobResponse, variable: &str) -> u32 {
+    job.variable(variable)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1u32)
+        .clamp(1, 10)
+}
