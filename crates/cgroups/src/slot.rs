@@ -17,10 +17,8 @@ use crate::fs;
 use crate::hierarchy::{Backend, Controller, Hierarchy};
 use crate::limits::{CpuQuota, Limits};
 use crate::script;
+pub use crate::script::DEFAULT_CLEANUP_TIMEOUT;
 use crate::template::{SlotPath, SlotTemplate, slot_path_unchecked};
-
-/// How long [`SlotCgroup::create`] spends cleaning a stale slot left by a crashed run.
-pub const DEFAULT_CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long to wait for a freeze to take effect before killing anyway.
 const FREEZE_WAIT: Duration = Duration::from_millis(500);

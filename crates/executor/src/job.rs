@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifact_paths;
 use crate::cache;
-use crate::executor::JobSlot;
 use crate::host::Host;
 use crate::script::{self, JobDirs};
 use crate::sources::{HostSources, NO_GIT, UNREACHABLE};
@@ -29,6 +28,30 @@ pub const AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Bounded time for removing a job's files; short, since it also runs on cancel.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a job gets besides its payload: the one slot context every executor takes.
+#[derive(Debug)]
+pub struct JobSlot<'a> {
+    /// The job's slot.
+    pub slot: u32,
+    /// The slot's cgroup path, for executors that place containers under it.
+    pub cgroup: Option<String>,
+    /// Output sink (masks secrets).
+    pub trace: &'a mut Trace,
+    /// Cancelled to stop the job.
+    pub cancel: CancellationToken,
+    /// Set: a cancel is graceful (GitLab's `canceling`): `after_script` still runs unless this
+    /// fires too. Unset: a cancel skips `after_script`.
+    pub abort: Option<CancellationToken>,
+    /// Tarballs of earlier jobs' artifacts to unpack into the project directory.
+    pub artifacts_in: Vec<Tarball>,
+    /// Where collected artifacts are written on this machine (the system's temporary
+    /// directory when `None`): a disk with room for the largest artifacts of concurrent jobs.
+    pub scratch_dir: Option<std::path::PathBuf>,
+    /// The job's sources, fetched where its steps run before them (then not in
+    /// `artifacts_in`); `None`: whatever `artifacts_in` holds.
+    pub sources: Option<std::sync::Arc<dyn HostSources>>,
+}
 
 /// How a job's steps are run, whatever the host.
 #[derive(Debug, Clone)]

@@ -37,10 +37,10 @@ pub use custom::{ConfigExecOutput, CustomConfig, CustomError, CustomExecutor};
 pub use docker::{
     DockerConfig, DockerExecutor, DockerExecutorError, DockerHost, PullPolicy, dial_stdio_transport,
 };
-pub use executor::{Executor, JobSlot, Steps};
+pub use executor::{Executor, Steps};
 pub use host::{Host, LocalHost, SshHost};
 pub use isolation::{Isolation, IsolationPolicy};
-pub use job::{CollectedArtifacts, JobRunner, RunResult};
+pub use job::{CollectedArtifacts, JobRunner, JobSlot, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor, VmStartSink};
 pub use plugin::PluginExecutor;
 pub use sources::HostSources;

@@ -17,9 +17,10 @@ use slipway_nesting::vsock;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::executor::{Executor, JobSlot};
+use crate::executor::Executor;
 use crate::host::Host;
 use crate::isolation::Isolation;
+use crate::job::JobSlot;
 use crate::job::{JobRunner, RunResult};
 use slipway_job::outcome::{FailureReason, JobOutcome};
 use slipway_job::trace::Trace;

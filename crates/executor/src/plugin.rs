@@ -17,8 +17,9 @@ use slipway_job::JobResponse;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::executor::{Executor, JobSlot};
+use crate::executor::Executor;
 use crate::host::Host;
+use crate::job::JobSlot;
 use crate::job::{DEFAULT_JOB_TIMEOUT, JobRunner, RunResult, fmt_secs};
 use slipway_job::outcome::{FailureReason, JobOutcome};
 

@@ -24,8 +24,7 @@ use crate::proto::fleeting::v1::instance_group_client::InstanceGroupClient;
 
 pub use slipway_goplugin::HostError;
 
-/// File name prefix of fleeting plugin executables.
-pub const PLUGIN_PREFIX: &str = "fleeting-plugin-";
+pub use crate::oci::PLUGIN_PREFIX;
 
 /// How to start and supervise one plugin, and the `init` it gets.
 #[derive(Clone)]

@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+/// File name prefix of fleeting plugin executables.
+pub const PLUGIN_PREFIX: &str = "fleeting-plugin-";
 /// GitLab's default registry for plugin references.
 pub const DEFAULT_REGISTRY: &str = "registry.gitlab.com";
 /// GitLab's default repository for plugin references.
@@ -66,9 +68,7 @@ impl Reference {
             }
             _ => return None,
         };
-        let name = name
-            .strip_prefix(crate::host::PLUGIN_PREFIX)
-            .unwrap_or(name);
+        let name = name.strip_prefix(PLUGIN_PREFIX).unwrap_or(name);
         Some(Self {
             registry,
             repository,

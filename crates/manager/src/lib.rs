@@ -12,12 +12,15 @@
 //! - [`limits`]: a runner's `limit` within `concurrent`, for every source.
 //! - [`costs`]: what a runner's instances cost and what its jobs used of them.
 //! - [`shutdown`]: the graceful drain (SIGQUIT) and the stop (SIGTERM, SIGINT).
+//! - `archive`: which collected paths an archive keeps, zip to tar on the scratch disk, the
+//!   compression and `*_ATTEMPTS` a job asks for (the cache stages and GitLab's artifacts).
 //! - `chain`: an error and its causes on one line, as logs and traces show them.
 //! - [`status`], [`server`]: the live status and the HTTP endpoint (`/metrics`, `/`,
 //!   `/api/v1/status`).
 //!
 //! Nothing here prints to the terminal: the `slipway` binary does.
 
+mod archive;
 mod chain;
 pub mod costs;
 pub mod lifecycle;

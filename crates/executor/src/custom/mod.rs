@@ -36,7 +36,8 @@ use std::time::Duration;
 
 use slipway_job::model::JobResponse;
 
-use crate::executor::JobSlot;
+use crate::executor::Executor;
+use crate::job::JobSlot;
 use tokio::time::Instant;
 
 use crate::job::{DEFAULT_JOB_TIMEOUT, RunResult};
@@ -130,5 +131,16 @@ fn failed(reason: FailureReason, code: Option<i32>, msg: String) -> RunResult {
     RunResult {
         outcome: JobOutcome::failed(reason, code, msg),
         artifacts: Vec::new(),
+    }
+}
+
+#[async_trait::async_trait]
+impl Executor for CustomExecutor {
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
+    async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
+        CustomExecutor::run(self, job, slot).await
     }
 }

@@ -7,21 +7,10 @@ use slipway_job::model::JobResponse;
 
 use super::host::{FIRST_STEP_SHELL, FirstStep};
 use super::names::{RunNames, fnv1a, sanitize};
-use super::prepare::{Plan, system_failure};
+use super::plan::{Limits, Plan, system_failure};
 use super::{BUILDS_DIR, DockerExecutor, LABEL_CACHE, LABEL_RUNNER};
 use slipway_job::outcome::JobOutcome;
 use slipway_job::trace::Trace;
-
-/// What every container of a job gets: its limits and cgroup parent.
-#[derive(Debug)]
-pub(super) struct Limits {
-    /// Memory limit in bytes.
-    pub(super) memory: Option<i64>,
-    /// CPU limit in billionths of a CPU.
-    pub(super) nano_cpus: Option<i64>,
-    /// The slot's cgroup, else `[runners.docker] cgroup_parent`.
-    pub(super) cgroup_parent: Option<String>,
-}
 
 impl DockerExecutor {
     /// Create the per-job builds volume, mounted at [`BUILDS_DIR`] in the build container.

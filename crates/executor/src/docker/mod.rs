@@ -68,6 +68,7 @@ mod host;
 mod images;
 mod names;
 mod network;
+mod plan;
 mod prepare;
 mod services;
 mod transport;
@@ -80,7 +81,8 @@ use slipway_docker::{Docker, Transport};
 use slipway_job::model::JobResponse;
 use tokio::time::Instant;
 
-use crate::executor::JobSlot;
+use crate::executor::Executor;
+use crate::job::JobSlot;
 use crate::job::{DEFAULT_JOB_TIMEOUT, JobRunner, RunResult};
 
 pub use config::{DockerConfig, PullPolicy, ServiceConfig};
@@ -373,4 +375,15 @@ fn remaining_timeout(job: &JobResponse, spent: Duration) -> JobResponse {
     };
     job.runner_info.timeout = total.saturating_sub(spent.as_secs()).max(1);
     job
+}
+
+#[async_trait::async_trait]
+impl Executor for DockerExecutor {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    async fn run(&self, job: &JobResponse, slot: JobSlot<'_>) -> RunResult {
+        DockerExecutor::run(self, job, slot).await
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use slipway_docker::{Docker, NetworkSpec};
 
 use super::names::{RunNames, Sweep, session};
-use super::prepare::Plan;
+use super::plan::Plan;
 use super::{DockerExecutor, DockerExecutorError, LABEL_RUNNER, LABEL_SESSION, LABEL_SLOT_NETWORK};
 
 /// Each slot's warm bridge network, kept across that slot's jobs (one job at a time per slot,

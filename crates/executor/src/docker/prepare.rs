@@ -1,7 +1,6 @@
 //! A job's preparation, up to its running build container: the job's request checked against
 //! the configuration, images, network and builds volume, services, then the build container.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use slipway_job::model::{Image, JobResponse};
@@ -9,11 +8,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::DockerExecutor;
-use super::config::{PullPolicy, allowed};
-use super::container::Limits;
+use super::config::allowed;
 use super::host::FirstStep;
 use super::names::RunNames;
 use super::network::SlotLease;
+use super::plan::{Limits, Plan, system_failure};
 use crate::job::DEFAULT_JOB_TIMEOUT;
 use slipway_job::outcome::{FailureReason, JobOutcome};
 use slipway_job::trace::Trace;
@@ -90,48 +89,10 @@ impl<'a> Stop<'a> {
     }
 }
 
-/// What one run sets up, decided (and checked against the configuration) before any Docker
-/// call.
-#[derive(Debug)]
-pub(super) struct Plan<'a> {
-    /// The job.
-    pub(super) job: &'a JobResponse,
-    /// The run's names.
-    pub(super) run: &'a RunNames,
-    /// The job's slot.
-    pub(super) slot: u32,
-    /// The build container's image.
-    pub(super) image: Image,
-    /// The services to start: `[[runners.docker.services]]`, then the job's (GitLab Runner's
-    /// order).
-    pub(super) services: Vec<Image>,
-    /// Each image (the build's, then the services') with the pull policies to apply.
-    pub(super) policies: Vec<(String, Vec<PullPolicy>)>,
-    /// Labels on everything the run creates.
-    pub(super) labels: BTreeMap<String, String>,
-    /// Limits of every container.
-    pub(super) limits: Limits,
-    /// The network the job's containers join: the slot's, else the run's own.
-    pub(super) network: String,
-    /// The network does not exist yet.
-    pub(super) create_network: bool,
-}
-
 /// The job's failure for a configuration error, said in the trace.
 fn config_error(trace: &mut Trace, msg: String) -> JobOutcome {
     trace.message(&format!("ERROR: {msg}"));
     JobOutcome::failed(FailureReason::RunnerConfigurationError, None, msg)
-}
-
-/// The job's failure for an engine error while doing `what`, said in the trace.
-pub(super) fn system_failure(
-    trace: &mut Trace,
-    what: &str,
-    e: slipway_docker::Error,
-) -> JobOutcome {
-    let msg = format!("{what}: {e}");
-    trace.message(&format!("ERROR: Job failed (system failure): {msg}"));
-    JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
 }
 
 /// The job's failure for a cancel noticed without [`Stop::stopped`] saying why.

@@ -5,7 +5,8 @@ use slipway_docker::{ContainerSpec, LogsOptions, split_reference};
 use slipway_job::model::{Image, JobResponse};
 
 use super::DockerExecutor;
-use super::prepare::{Plan, Stop, system_failure};
+use super::plan::{Plan, system_failure};
+use super::prepare::Stop;
 use slipway_job::outcome::JobOutcome;
 use slipway_job::trace::Trace;
 

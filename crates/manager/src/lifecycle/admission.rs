@@ -7,7 +7,7 @@ use slipway_job::{JobResponse, JobStatus};
 use slipway_taskscaler::{Acquisition, Error as TsError, Resources};
 use tokio_util::sync::CancellationToken;
 
-use crate::runner::Runner;
+use crate::runner::{Admission, Runner};
 
 /// Why a job did not get a slot: its status (failed or canceled) and a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,18 +41,6 @@ impl NoSlot {
             failure_reason: FailureReason::JobCanceled,
         }
     }
-}
-
-/// What a job gets on its runner, decided once, before capacity is reserved for it: what it
-/// runs with is what was reserved for it, whatever the runner's `environment` adds later.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Admission {
-    /// The isolation level it runs at (`none` for a `plugin` runner's jobs: ordinary slots).
-    pub level: Isolation,
-    /// The resources it asked for.
-    pub request: Resources,
-    /// The executor plugin's level it runs at, for a `plugin` runner.
-    pub plugin_level: Option<String>,
 }
 
 /// The level and resources `job` gets on `runner`, or why it can never run there.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use slipway_config::{Executor as ConfigExecutor, FetchSources};
 use slipway_executor::HostSources;
 
-use super::admission::Admission;
+use crate::runner::Admission;
 use super::{SourcesAt, Stops};
 use crate::runner::{Place, Runner};
 

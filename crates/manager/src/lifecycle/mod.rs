@@ -9,8 +9,6 @@
 //! apply here, so they count for every source alike.
 
 mod admission;
-pub(crate) mod archive;
-pub mod cache;
 mod ending;
 mod execute;
 pub mod request;
@@ -28,13 +26,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub use admission::{
-    Admission, NoSlot, acquire, admit, isolation_of, plugin_level, request_of, reserve,
-};
+pub use crate::runner::Admission;
+pub use admission::{NoSlot, acquire, admit, isolation_of, plugin_level, request_of, reserve};
 pub use ending::{board_info, closing_line, ending_of_refusal};
 
 use crate::runner::Runner;
-use cache::DistributedCache;
+use crate::runner::cache::DistributedCache;
 
 /// What a source adds to the life of one of its jobs. Both steps have defaults that add
 /// nothing.

@@ -13,10 +13,9 @@ use slipway_executor::{
     SshHost, Steps, cgroup,
 };
 use slipway_job::{FailureReason, JobOutcome, Trace};
-use slipway_taskscaler::Acquisition;
+use slipway_taskscaler::{Acquisition, Resources};
 
 use super::Runner;
-use crate::lifecycle::Admission;
 
 /// Where a job's executor reaches its slot.
 #[derive(Debug, Clone)]
@@ -25,6 +24,18 @@ pub enum Place {
     Here,
     /// An instance, over its SSH connection.
     Instance(Arc<Client>),
+}
+
+/// What a job gets on its runner, decided once, before capacity is reserved for it: what it
+/// runs with is what was reserved for it, whatever the runner's `environment` adds later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The isolation level it runs at (`none` for a `plugin` runner's jobs: ordinary slots).
+    pub level: Isolation,
+    /// The resources it asked for.
+    pub request: Resources,
+    /// The executor plugin's level it runs at, for a `plugin` runner.
+    pub plugin_level: Option<String>,
 }
 
 /// How long a probe of a job's instance may take.

@@ -5,6 +5,7 @@
 //! - `local`: a runner whose jobs run on this machine, its slots one local taskscaler.
 //! - `plugin`: a `plugin` runner's executor plugin, started and its levels checked.
 
+pub mod cache;
 mod defaults;
 mod error;
 pub mod executors;
@@ -40,7 +41,7 @@ use crate::runner::subtrees::InstanceSubtrees;
 
 pub use defaults::JobDefaults;
 pub use error::{GroupName, SnapshotsError, StartError};
-pub use executors::{BuiltinExecutors, ExecutorProvider, Place};
+pub use executors::{Admission, BuiltinExecutors, ExecutorProvider, Place};
 pub use group::{plugin_name, run_scoped_plugin_config};
 pub use plugin::{ExecutorPlugin, check_plugin_levels, start_executor_plugin_with};
 
@@ -71,7 +72,7 @@ pub struct Runner {
     pub executor: Executor,
     /// The distributed cache (`[runners.cache]` with S3), restored and saved around every
     /// job's steps whatever its source; `None`: jobs use the local cache.
-    pub cache: Option<Arc<crate::lifecycle::cache::DistributedCache>>,
+    pub cache: Option<Arc<cache::DistributedCache>>,
     /// What hands out each job's executor: resolved once from `executor`.
     pub executors: Arc<dyn ExecutorProvider>,
     /// Jobs run on this machine (shell, docker, custom), not on autoscaled instances.
@@ -148,13 +149,12 @@ pub struct StartOptions {
 pub(crate) fn distributed_cache_of(
     cfg: &RunnerConfig,
     opts: &StartOptions,
-) -> Option<Arc<crate::lifecycle::cache::DistributedCache>> {
+) -> Option<Arc<cache::DistributedCache>> {
     let short = match cfg.token.trim() {
         "" => cfg.name.clone(),
         token => slipway_gitlab::Secret::new(token).short(),
     };
-    crate::lifecycle::cache::DistributedCache::new(cfg.cache.as_ref(), &short, scratch_dir_of(opts))
-        .map(Arc::new)
+    cache::DistributedCache::new(cfg.cache.as_ref(), &short, scratch_dir_of(opts)).map(Arc::new)
 }
 
 /// `<state dir>/tmp` (see [`Runner::scratch_dir`]).

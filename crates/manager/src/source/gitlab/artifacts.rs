@@ -12,7 +12,7 @@ use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
-use crate::lifecycle::archive::keeps;
+use crate::archive::keeps;
 
 /// Archive and upload each collected `artifacts:` entry; a failed upload fails a job that had
 /// succeeded.
@@ -26,8 +26,7 @@ pub(super) async fn upload_artifacts(
     stop: &CancellationToken,
 ) {
     let token = Secret::new(job.token.clone());
-    let compression =
-        crate::lifecycle::archive::compression_of(job, "ARTIFACT_COMPRESSION_LEVEL", trace);
+    let compression = crate::archive::compression_of(job, "ARTIFACT_COMPRESSION_LEVEL", trace);
     for c in collected {
         let Some(spec) = job.artifacts.get(c.spec) else {
             continue;

@@ -83,7 +83,7 @@ pub(super) async fn inputs_of(
             dep.name, dep.id
         ));
         let token = Secret::new(dep.token.clone());
-        let attempts = crate::lifecycle::archive::attempts_of(job, "ARTIFACT_DOWNLOAD_ATTEMPTS");
+        let attempts = crate::archive::attempts_of(job, "ARTIFACT_DOWNLOAD_ATTEMPTS");
         let mut tar = Err(String::new());
         for attempt in 1..=attempts {
             if attempt > 1 {
@@ -140,5 +140,5 @@ async fn dependency_tar(source: &Source, id: u64, token: &Secret) -> Result<Tarb
         .download_artifacts_to(id, token, &zip)
         .await
         .map_err(|e| e.to_string())?;
-    crate::lifecycle::archive::unzipped(zip, scratch, &format!("artifacts-{id}-")).await
+    crate::archive::unzipped(zip, scratch, &format!("artifacts-{id}-")).await
 }

@@ -30,7 +30,7 @@ use slipway_job::Trace;
 use slipway_job::{GitStrategy as Strategy, JobResponse};
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::archive::attempts_of;
+use crate::archive::attempts_of;
 use access::Remote;
 use checkout::Checkout;
 pub(super) use on_host::HostFetch;

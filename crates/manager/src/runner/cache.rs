@@ -25,7 +25,7 @@ use slipway_job::Trace;
 use slipway_job::model::ArtifactSpec;
 use tokio_util::sync::CancellationToken;
 
-use super::archive::{attempts_of, compression_of, keeps, unzipped};
+use crate::archive::{attempts_of, compression_of, keeps, unzipped};
 
 /// Largest cache archive read back (GitLab Runner has no limit; this keeps a runaway object
 /// from filling the manager's memory).
