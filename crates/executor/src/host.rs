@@ -4,7 +4,7 @@
 //! as tar streams, a kill script on timeout or cancel); what differs is how a script reaches
 //! a shell. That is this trait.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use async_trait::async_trait;
@@ -13,6 +13,88 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::mpsc;
 
 use crate::script;
+
+/// Why a host could not run a script: a system failure, never the script's own.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A file on this machine (a transfer's input or output) could not be used.
+    #[error("{action} {}: {source}", path.display())]
+    File {
+        /// `reading`, `creating` or `writing`.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// bash on this machine could not be started or waited for.
+    #[error("{action} bash: {source}")]
+    Bash {
+        /// `cannot start` or `waiting for`.
+        action: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// bash on this machine came without one of its pipes.
+    #[error("bash has no {0}")]
+    NoPipe(&'static str),
+    /// The SSH connection to the instance failed.
+    #[error(transparent)]
+    Connection(#[from] slipway_connector::ConnectError),
+    /// The container engine failed while doing `action`.
+    #[error("{action}: {source}")]
+    Engine {
+        /// What was being done (`exec in the build container`, ...).
+        action: &'static str,
+        /// The engine's error.
+        #[source]
+        source: slipway_docker::Error,
+    },
+    /// The step's environment (the build container, a VM's agent, an executor plugin's
+    /// stage) failed or went away, as it said.
+    #[error("{0}")]
+    Environment(String),
+    /// The kill script that stops a step failed: its status and what it said.
+    #[error("{status}: {stderr}")]
+    Stop {
+        /// The kill script's status.
+        status: ExitStatus,
+        /// Its stderr.
+        stderr: String,
+    },
+}
+
+impl HostError {
+    /// The step's environment failed, as `what` says.
+    pub(crate) fn environment(what: impl std::fmt::Display) -> HostError {
+        HostError::Environment(what.to_string())
+    }
+
+    /// The engine's error while doing `action`.
+    pub(crate) fn engine(action: &'static str) -> impl Fn(slipway_docker::Error) -> HostError {
+        move |source| HostError::Engine { action, source }
+    }
+
+    /// The error of `action` on the file `path`.
+    pub(crate) fn file(
+        action: &'static str,
+        path: &Path,
+    ) -> impl FnOnce(std::io::Error) -> HostError {
+        let path = path.to_path_buf();
+        move |source| HostError::File {
+            action,
+            path,
+            source,
+        }
+    }
+
+    /// The error of `action` on bash.
+    pub(crate) fn bash(action: &'static str) -> impl FnOnce(std::io::Error) -> HostError {
+        move |source| HostError::Bash { action, source }
+    }
+}
 
 /// A shell that runs job scripts.
 #[async_trait]
@@ -23,14 +105,14 @@ pub trait Host: Send + Sync + std::fmt::Debug {
         &self,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String>;
+    ) -> Result<ExitStatus, HostError>;
 
     /// Run `body` with `bash -c`, `stdin` on its stdin; its status, stdout and stderr.
     async fn capture(
         &self,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String>;
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError>;
 
     /// [`Host::run_script`] for GitLab's stage `stage` (`step_script`, `after_script`), for
     /// hosts that run stages differently (an executor plugin).
@@ -39,7 +121,7 @@ pub trait Host: Send + Sync + std::fmt::Debug {
         stage: &str,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         let _ = stage;
         self.run_script(script, output).await
     }
@@ -51,7 +133,7 @@ pub trait Host: Send + Sync + std::fmt::Debug {
         stage: &str,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let _ = stage;
         self.capture(body, stdin).await
     }
@@ -66,11 +148,11 @@ pub trait Host: Send + Sync + std::fmt::Debug {
         body: &str,
         input: Option<&Path>,
         output: Option<&Path>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let stdin = match input {
             Some(path) => tokio::fs::read(path)
                 .await
-                .map_err(|e| format!("reading {}: {e}", path.display()))?,
+                .map_err(HostError::file("reading", path))?,
             None => Vec::new(),
         };
         let (status, out, err) = self.capture_stage(stage, body, stdin).await?;
@@ -78,7 +160,7 @@ pub trait Host: Send + Sync + std::fmt::Debug {
             Some(path) => {
                 tokio::fs::write(path, &out)
                     .await
-                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                    .map_err(HostError::file("writing", path))?;
                 Ok((status, Vec::new(), err))
             }
             None => Ok((status, out, err)),
@@ -87,14 +169,14 @@ pub trait Host: Send + Sync + std::fmt::Debug {
 
     /// Stop the step running as `stage` (a timeout or cancel): by default `kill_script`, which
     /// signals the step's process group through its pid file.
-    async fn stop_stage(&self, stage: &str, kill_script: &str) -> Result<(), String> {
+    async fn stop_stage(&self, stage: &str, kill_script: &str) -> Result<(), HostError> {
         let _ = stage;
         match self.capture(kill_script, Vec::new()).await? {
             (status, _, _) if status.success() => Ok(()),
-            (status, _, err) => Err(format!(
-                "{status}: {}",
-                String::from_utf8_lossy(&err).trim()
-            )),
+            (status, _, err) => Err(HostError::Stop {
+                status,
+                stderr: String::from_utf8_lossy(&err).trim().to_string(),
+            }),
         }
     }
 }
@@ -118,7 +200,7 @@ impl Host for SshHost<'_> {
         &self,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         self.0
             .run(
                 RunOptions::new(SHELL)
@@ -127,19 +209,19 @@ impl Host for SshHost<'_> {
                 output,
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(HostError::from)
     }
 
     async fn capture(
         &self,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let command = bash_c(body);
         self.0
             .run_capture(command, stdin)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(HostError::from)
     }
 
     async fn transfer_stage(
@@ -148,7 +230,7 @@ impl Host for SshHost<'_> {
         body: &str,
         input: Option<&Path>,
         output: Option<&Path>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let command = bash_c(body);
         let mut opts = RunOptions::new(command);
         if let Some(path) = input {
@@ -158,7 +240,7 @@ impl Host for SshHost<'_> {
         // `run` owns the sender, so the pump ends when `run` returns.
         let (status, pumped) = tokio::join!(self.0.run(opts, tx), pump(rx, output));
         let (out, err) = pumped?;
-        Ok((status.map_err(|e| e.to_string())?, out, err))
+        Ok((status.map_err(HostError::from)?, out, err))
     }
 }
 
@@ -167,13 +249,13 @@ impl Host for SshHost<'_> {
 pub(crate) async fn pump(
     mut rx: mpsc::Receiver<Output>,
     output: Option<&Path>,
-) -> Result<(Vec<u8>, Vec<u8>), String> {
+) -> Result<(Vec<u8>, Vec<u8>), HostError> {
     let mut file = match output {
         Some(path) => Some(
             tokio::fs::File::create(path)
                 .await
                 .map(|f| tokio::io::BufWriter::with_capacity(256 * 1024, f))
-                .map_err(|e| format!("creating {}: {e}", path.display()))?,
+                .map_err(HostError::file("creating", path))?,
         ),
         None => None,
     };
@@ -199,7 +281,7 @@ pub(crate) async fn pump(
         failed = Some(e);
     }
     match (failed, output) {
-        (Some(e), Some(path)) => Err(format!("writing {}: {e}", path.display())),
+        (Some(e), Some(path)) => Err(HostError::file("writing", path)(e)),
         _ => Ok((out, err)),
     }
 }
@@ -233,14 +315,14 @@ impl Host for LocalHost {
         &self,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         let mut child = self
             .command(&["-s"])
             .spawn()
-            .map_err(|e| format!("cannot start bash: {e}"))?;
-        let mut stdin = child.stdin.take().ok_or("bash has no stdin")?;
-        let mut stdout = child.stdout.take().ok_or("bash has no stdout")?;
-        let mut stderr = child.stderr.take().ok_or("bash has no stderr")?;
+            .map_err(HostError::bash("cannot start"))?;
+        let mut stdin = child.stdin.take().ok_or(HostError::NoPipe("stdin"))?;
+        let mut stdout = child.stdout.take().ok_or(HostError::NoPipe("stdout"))?;
+        let mut stderr = child.stderr.take().ok_or(HostError::NoPipe("stderr"))?;
         let feed = async move {
             // A script that exits early stops reading: a broken pipe is not an error here.
             let _ = stdin
@@ -278,25 +360,25 @@ impl Host for LocalHost {
         let (_, _, _, status) = tokio::join!(feed, pump_out, pump_err, child.wait());
         status
             .map(exit_status)
-            .map_err(|e| format!("waiting for bash: {e}"))
+            .map_err(HostError::bash("waiting for"))
     }
 
     async fn capture(
         &self,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let mut child = self
             .command(&["-c", body])
             .spawn()
-            .map_err(|e| format!("cannot start bash: {e}"))?;
-        let mut input = child.stdin.take().ok_or("bash has no stdin")?;
+            .map_err(HostError::bash("cannot start"))?;
+        let mut input = child.stdin.take().ok_or(HostError::NoPipe("stdin"))?;
         let feed = async move {
             let _ = input.write_all(&stdin).await;
             drop(input);
         };
         let (_, out) = tokio::join!(feed, child.wait_with_output());
-        let out = out.map_err(|e| format!("waiting for bash: {e}"))?;
+        let out = out.map_err(HostError::bash("waiting for"))?;
         Ok((exit_status(out.status), out.stdout, out.stderr))
     }
 
@@ -306,28 +388,24 @@ impl Host for LocalHost {
         body: &str,
         input: Option<&Path>,
         output: Option<&Path>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         // The files are bash's own stdin and stdout: nothing passes through this process.
         let mut command = self.command(&["-c", body]);
         match input {
-            Some(path) => command.stdin(
-                std::fs::File::open(path)
-                    .map_err(|e| format!("reading {}: {e}", path.display()))?,
-            ),
+            Some(path) => {
+                command.stdin(std::fs::File::open(path).map_err(HostError::file("reading", path))?)
+            }
             None => command.stdin(Stdio::null()),
         };
         if let Some(path) = output {
-            command.stdout(
-                std::fs::File::create(path)
-                    .map_err(|e| format!("creating {}: {e}", path.display()))?,
-            );
+            command.stdout(std::fs::File::create(path).map_err(HostError::file("creating", path))?);
         }
         let out = command
             .spawn()
-            .map_err(|e| format!("cannot start bash: {e}"))?
+            .map_err(HostError::bash("cannot start"))?
             .wait_with_output()
             .await
-            .map_err(|e| format!("waiting for bash: {e}"))?;
+            .map_err(HostError::bash("waiting for"))?;
         Ok((exit_status(out.status), out.stdout, out.stderr))
     }
 }
@@ -413,7 +491,11 @@ mod tests {
             .transfer_stage("x", "cat", Some(&dir.path().join("missing")), None)
             .await
             .unwrap_err();
-        assert!(e.contains("missing"), "{e}");
+        assert!(
+            matches!(&e, HostError::File { action: "reading", path, .. } if path.ends_with("missing")),
+            "{e}"
+        );
+        assert!(e.to_string().starts_with("reading "), "{e}");
     }
 
     #[tokio::test]

@@ -634,7 +634,7 @@ impl JobRunner {
                 let stopped = tokio::time::timeout(bound, host.stop_stage(stage, &kill)).await;
                 let failed = match stopped {
                     Ok(Ok(())) => None,
-                    Ok(Err(msg)) => Some(msg),
+                    Ok(Err(e)) => Some(e.to_string()),
                     Err(_) => Some(format!("timed out after {}", fmt_secs(bound))),
                 };
                 if let Some(msg) = failed {
@@ -674,9 +674,9 @@ impl JobRunner {
                 trace.message(&format!("ERROR: Job failed: {status}"));
                 JobOutcome::failed(FailureReason::ScriptFailure, code, msg)
             }
-            Err(msg) => {
-                trace.message(&format!("ERROR: Job failed (system failure): {msg}"));
-                JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg)
+            Err(e) => {
+                trace.message(&format!("ERROR: Job failed (system failure): {e}"));
+                JobOutcome::failed(FailureReason::RunnerSystemFailure, None, e.to_string())
             }
         })
     }
@@ -950,13 +950,18 @@ async fn transfer(
 ) -> Result<(Vec<u8>, Vec<u8>), String> {
     let run = async {
         match (input.unwrap_or_default(), output) {
-            (Tarball::File(path), output) => {
-                host.transfer_stage(stage, body, Some(&path), output).await
-            }
-            (Tarball::Bytes(stdin), None) => host.capture_stage(stage, body, stdin).await,
-            (Tarball::Bytes(stdin), Some(output)) if stdin.is_empty() => {
-                host.transfer_stage(stage, body, None, Some(output)).await
-            }
+            (Tarball::File(path), output) => host
+                .transfer_stage(stage, body, Some(&path), output)
+                .await
+                .map_err(|e| e.to_string()),
+            (Tarball::Bytes(stdin), None) => host
+                .capture_stage(stage, body, stdin)
+                .await
+                .map_err(|e| e.to_string()),
+            (Tarball::Bytes(stdin), Some(output)) if stdin.is_empty() => host
+                .transfer_stage(stage, body, None, Some(output))
+                .await
+                .map_err(|e| e.to_string()),
             (Tarball::Bytes(_), Some(_)) => {
                 Err("bytes in and a file out: no step does that".to_string())
             }

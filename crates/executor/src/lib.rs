@@ -38,7 +38,7 @@ pub use docker::{
     DockerConfig, DockerExecutor, DockerExecutorError, DockerHost, PullPolicy, dial_stdio_transport,
 };
 pub use executor::{Executor, Steps};
-pub use host::{Host, LocalHost, SshHost};
+pub use host::{Host, HostError, LocalHost, SshHost};
 pub use isolation::{Isolation, IsolationPolicy};
 pub use job::{CollectedArtifacts, JobRunner, JobSlot, RunResult};
 pub use nesting::{GuestHost, NestingConfig, NestingExecutor, VmStartSink};

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::Executor;
-use crate::host::Host;
+use crate::host::{Host, HostError};
 use crate::isolation::Isolation;
 use crate::job::JobSlot;
 use crate::job::{JobRunner, RunResult};
@@ -563,7 +563,7 @@ impl Host for GuestHost {
         &self,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         let mut exec = self
             .agent
             .exec(Exec {
@@ -579,7 +579,7 @@ impl Host for GuestHost {
                 keep_stdin: false,
             })
             .await
-            .map_err(|e| format!("the VM's agent: {e}"))?;
+            .map_err(|e| HostError::environment(format!("the VM's agent: {e}")))?;
         while let Some(ev) = exec.events.recv().await {
             match ev {
                 ExecEvent::Started(_) => {}
@@ -590,22 +590,24 @@ impl Host for GuestHost {
                     let _ = output.send(Output::Stderr(b)).await;
                 }
                 ExecEvent::Exit { code, signal } => return Ok(exit_status(code, signal)),
-                ExecEvent::Error(e) => return Err(format!("the VM's agent: {e}")),
+                ExecEvent::Error(e) => {
+                    return Err(HostError::environment(format!("the VM's agent: {e}")));
+                }
             }
         }
-        Err("the VM's agent went away".into())
+        Err(HostError::environment("the VM's agent went away"))
     }
 
     async fn capture(
         &self,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let (code, out, err) = self
             .agent
             .run_capture(bash_c(body), stdin)
             .await
-            .map_err(|e| format!("the VM's agent: {e}"))?;
+            .map_err(|e| HostError::environment(format!("the VM's agent: {e}")))?;
         Ok((exit_status(code, None), out, err))
     }
 
@@ -615,12 +617,12 @@ impl Host for GuestHost {
         body: &str,
         input: Option<&std::path::Path>,
         output: Option<&std::path::Path>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let (code, out, err) = self
             .agent
             .run_transfer(bash_c(body), input, output)
             .await
-            .map_err(|e| format!("the VM's agent: {e}"))?;
+            .map_err(|e| HostError::environment(format!("the VM's agent: {e}")))?;
         Ok((exit_status(code, None), out, err))
     }
 }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::executor::Executor;
-use crate::host::Host;
+use crate::host::{Host, HostError};
 use crate::job::JobSlot;
 use crate::job::{DEFAULT_JOB_TIMEOUT, JobRunner, RunResult, fmt_secs};
 use slipway_job::outcome::{FailureReason, JobOutcome};
@@ -199,7 +199,7 @@ impl StageHost<'_> {
         script: String,
         stdin: Vec<u8>,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         let stop = self
             .stopping
             .lock()
@@ -229,7 +229,7 @@ impl StageHost<'_> {
             _ = stop.cancelled() => None,
         };
         match result {
-            None => Err(format!("stage {stage} stopped")),
+            None => Err(HostError::environment(format!("stage {stage} stopped"))),
             Some(Ok(exit)) => match exit.failure {
                 Failure::None => Ok(ExitStatus {
                     code: u32::try_from(exit.code).ok(),
@@ -245,13 +245,13 @@ impl StageHost<'_> {
                     ),
                     signal: None,
                 }),
-                Failure::System => Err(if exit.message.is_empty() {
+                Failure::System => Err(HostError::environment(if exit.message.is_empty() {
                     format!("stage {stage}: the plugin reported a system failure")
                 } else {
                     format!("stage {stage}: {}", exit.message)
-                }),
+                })),
             },
-            Some(Err(e)) => Err(format!("stage {stage}: {e}")),
+            Some(Err(e)) => Err(HostError::environment(format!("stage {stage}: {e}"))),
         }
     }
 }
@@ -262,7 +262,7 @@ impl Host for StageHost<'_> {
         &self,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         self.run_stage("step_script", script, output).await
     }
 
@@ -270,7 +270,7 @@ impl Host for StageHost<'_> {
         &self,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         self.capture_stage("step_script", body, stdin).await
     }
 
@@ -279,7 +279,7 @@ impl Host for StageHost<'_> {
         stage: &str,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         self.run(stage, script, Vec::new(), output).await
     }
 
@@ -288,7 +288,7 @@ impl Host for StageHost<'_> {
         stage: &str,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let (tx, rx) = mpsc::channel(64);
         let (status, (out, err)) = tokio::join!(
             self.run(stage, body.to_owned(), stdin, tx),
@@ -297,7 +297,7 @@ impl Host for StageHost<'_> {
         status.map(|s| (s, out, err))
     }
 
-    async fn stop_stage(&self, _stage: &str, _kill_script: &str) -> Result<(), String> {
+    async fn stop_stage(&self, _stage: &str, _kill_script: &str) -> Result<(), HostError> {
         // The plugin stops a stage when its Run call is cancelled; a kill script run in a
         // fresh sandbox would not even see the step's processes.
         let mut stopping = self.stopping.lock().unwrap_or_else(|p| p.into_inner());

@@ -401,7 +401,7 @@ impl ExecutorProvider for NestingProvider {
             let (status, out, err) = host
                 .capture(&script, stage.stdin)
                 .await
-                .map_err(ProviderError::Failed)?;
+                .map_err(|e| ProviderError::Failed(e.to_string()))?;
             for chunk in [Chunk::Stdout(out), Chunk::Stderr(err)] {
                 if !matches!(&chunk, Chunk::Stdout(b) | Chunk::Stderr(b) if b.is_empty()) {
                     let _ = output.send(chunk).await;
@@ -441,7 +441,9 @@ impl ExecutorProvider for NestingProvider {
         let (status, ()) = tokio::join!(run, forward);
         // It ended on its own: nothing to stop.
         stop.kill = None;
-        status.map(|s| exit_of(&s)).map_err(ProviderError::Failed)
+        status
+            .map(|s| exit_of(&s))
+            .map_err(|e| ProviderError::Failed(e.to_string()))
     }
 
     async fn cleanup(&self, job: CleanupJob) -> Result<Vec<String>, ProviderError> {
@@ -453,7 +455,10 @@ impl ExecutorProvider for NestingProvider {
             .remove(&state.vm);
         let level = live.as_ref().map_or(Isolation::Microvm, |l| l.level);
         let exec = self.executor(job.instance.as_ref(), level).await?;
-        let mut nesting = exec.nesting().await.map_err(ProviderError::Failed)?;
+        let mut nesting = exec
+            .nesting()
+            .await
+            .map_err(|e| ProviderError::Failed(e.to_string()))?;
         let Some(live) = live else {
             // A previous process of this plugin started it: the job's snapshot wishes went with
             // that process, so the VM is removed.

@@ -12,7 +12,7 @@ use slipway_docker::{Attached, Docker, ExecSpec, LogOutput};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 
-use crate::host::Host;
+use crate::host::{Host, HostError};
 
 /// bash when the image has it, else `sh` (busybox, alpine), reading the script on stdin; `exec`
 /// keeps the exec's session-leader pid, which is then the step's process group.
@@ -74,7 +74,7 @@ impl DockerHost {
         first: FirstStep,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         let FirstStep {
             attached:
                 Attached {
@@ -91,7 +91,7 @@ impl DockerHost {
         input
             .write_all(wrapped.as_bytes())
             .await
-            .map_err(|e| format!("feeding the build container: {e}"))?;
+            .map_err(|e| HostError::environment(format!("feeding the build container: {e}")))?;
         let _ = input.flush().await;
         let mut out = MarkerFilter::new(&marker);
         let mut err = MarkerFilter::new(&marker);
@@ -113,12 +113,18 @@ impl DockerHost {
                     }
                 }
                 Ok(LogOutput::StdIn(_)) => {}
-                Err(e) => return Err(format!("build container output: {e}")),
+                Err(e) => {
+                    return Err(HostError::environment(format!(
+                        "build container output: {e}"
+                    )));
+                }
             }
         }
         match out.status.or(err.status) {
             Some(code) => Ok(exit_status(code)),
-            None => Err("the build container stopped during the script".into()),
+            None => Err(HostError::environment(
+                "the build container stopped during the script",
+            )),
         }
     }
 }
@@ -192,7 +198,7 @@ impl Host for DockerHost {
         &self,
         script: String,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         if let Some(first) = self.take_first() {
             return self.run_first(first, script, output).await;
         }
@@ -204,13 +210,13 @@ impl Host for DockerHost {
         &self,
         body: &str,
         stdin: Vec<u8>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let spec = ExecSpec::new(["sh", "-c", CAPTURE_SHELL, "sh", body]);
         let out = self
             .docker
             .exec_run(&self.container, &spec, Some(Bytes::from(stdin)))
             .await
-            .map_err(|e| format!("exec in the build container: {e}"))?;
+            .map_err(HostError::engine("exec in the build container"))?;
         Ok((
             exit_status(out.exit_code),
             out.output.stdout,
@@ -224,7 +230,7 @@ impl Host for DockerHost {
         body: &str,
         input: Option<&Path>,
         output: Option<&Path>,
-    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), String> {
+    ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError> {
         let spec = ExecSpec::new(["sh", "-c", CAPTURE_SHELL, "sh", body]);
         // Opened first: a missing file is this side's error, and no exec is left waiting.
         let source = match input {
@@ -232,7 +238,7 @@ impl Host for DockerHost {
                 256 * 1024,
                 tokio::fs::File::open(path)
                     .await
-                    .map_err(|e| format!("reading {}: {e}", path.display()))?,
+                    .map_err(HostError::file("reading", path))?,
             )),
             None => None,
         };
@@ -258,9 +264,9 @@ impl DockerHost {
         mut spec: ExecSpec,
         mut stdin: impl tokio::io::AsyncRead + Send + Unpin,
         output: mpsc::Sender<Output>,
-    ) -> Result<ExitStatus, String> {
+    ) -> Result<ExitStatus, HostError> {
         spec.stdin = true;
-        let err = |e: slipway_docker::Error| format!("exec in the build container: {e}");
+        let err = |e| HostError::engine("exec in the build container")(e);
         let id = self
             .docker
             .create_exec(&self.container, &spec)
@@ -294,7 +300,11 @@ impl DockerHost {
                     Ok(LogOutput::StdOut(b) | LogOutput::Console(b)) => Output::Stdout(b.to_vec()),
                     Ok(LogOutput::StdErr(b)) => Output::Stderr(b.to_vec()),
                     Ok(LogOutput::StdIn(_)) => continue,
-                    Err(e) => return Err(format!("build container output: {e}")),
+                    Err(e) => {
+                        return Err(HostError::environment(format!(
+                            "build container output: {e}"
+                        )));
+                    }
                 };
                 // Nobody reading any more: keep draining so the exec can finish.
                 let _ = output.send(chunk).await;
@@ -303,9 +313,9 @@ impl DockerHost {
         };
         let (unreadable, pumped) = tokio::join!(feed, pump);
         if let Some(e) = unreadable {
-            return Err(format!(
+            return Err(HostError::environment(format!(
                 "reading the input of the build container's script: {e}"
-            ));
+            )));
         }
         pumped?;
         let code = self.docker.exec_exit_code(&id).await.map_err(err)?;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use slipway_config::{Executor as ConfigExecutor, FetchSources};
 use slipway_executor::HostSources;
 
-use crate::runner::Admission;
 use super::{SourcesAt, Stops};
+use crate::runner::Admission;
 use crate::runner::{Place, Runner};
 
 /// Run `job` on its slot at the level it asked for: on this machine (shell, docker, custom
