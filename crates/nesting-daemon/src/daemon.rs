@@ -10,21 +10,18 @@ use std::time::Duration;
 use slipway_nesting::agent;
 use slipway_nesting::check_name;
 use slipway_nesting::config::{Config, HypervisorKind, MemoryChoice};
-use slipway_nesting::proto::nesting_server;
 use slipway_nesting::spec::{Accel, AgentChannel, Disk, DiskFormat, GuestMemory, Level, VmSpec};
 use tokio::sync::Mutex;
-use tokio_util::sync::CancellationToken;
 
 use crate::accel;
 use crate::disk;
 use crate::error::DaemonError;
 use crate::hypervisor::cloud_hypervisor::CloudHypervisor;
 use crate::hypervisor::firecracker::{self, Firecracker};
+use crate::hypervisor::process;
 use crate::hypervisor::qemu::Qemu;
 use crate::hypervisor::{Hypervisor, HypervisorError, VmProcess, is_running};
 use crate::image::{self, ImageManifest};
-use crate::process;
-pub use crate::service::Service;
 use crate::snapshot::{self, SnapshotMeta};
 use crate::store::{self, VmRecord};
 use warm::WarmPool;
@@ -716,44 +713,6 @@ impl Daemon {
         *self.active.lock().await = None;
         Ok(())
     }
-
-    /// Serve `nesting.v1` on `socket` (mode 0600) until `stop` fires. VMs keep running when
-    /// the daemon stops; `Shutdown` is what deletes them.
-    pub async fn serve(
-        self: Arc<Self>,
-        socket: &Path,
-        stop: CancellationToken,
-    ) -> Result<(), DaemonError> {
-        if socket.exists() {
-            // A live daemon answers; a stale socket from a dead one is replaced.
-            if tokio::net::UnixStream::connect(socket).await.is_ok() {
-                return Err(DaemonError::Conflict(format!(
-                    "another nesting daemon is listening on {}",
-                    socket.display()
-                )));
-            }
-            let _ = std::fs::remove_file(socket);
-        }
-        if let Some(parent) = socket.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(DaemonError::io(format!("creating {}", parent.display())))?;
-        }
-        let listener = bind_private(socket).map_err(DaemonError::io(format!(
-            "listening on {}",
-            socket.display()
-        )))?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        let service = nesting_server::NestingServer::new(Service(self.clone()));
-        let result = tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, stop.cancelled())
-            .await;
-        let _ = std::fs::remove_file(socket);
-        result.map_err(|e| DaemonError::Io {
-            context: format!("serving on {}", socket.display()),
-            source: std::io::Error::other(e),
-        })
-    }
 }
 
 /// The image's command line for this host: under TCG the kernel's TSC calibration against the
@@ -812,28 +771,6 @@ fn check_state_dir(dir: &Path) -> Result<PathBuf, DaemonError> {
         )));
     }
     Ok(dir)
-}
-
-/// Listen on `socket`, reachable by its owner only from the first moment: bound inside a fresh
-/// 0700 directory beside it, made 0600 there, then renamed into place (a chmod after binding
-/// would leave a moment in which anyone could connect under a lax umask).
-fn bind_private(socket: &Path) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
-    let parent = socket
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let private = parent.join(format!(".nesting-bind-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&private);
-    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
-    let staged = private.join("s");
-    let bound = tokio::net::UnixListener::bind(&staged).and_then(|l| {
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
-        std::fs::rename(&staged, socket)?;
-        Ok(l)
-    });
-    let _ = std::fs::remove_dir_all(&private);
-    bound
 }
 
 /// The label that names the snapshot a snapshot's disk layer sits on.

@@ -7,10 +7,9 @@
 //! - [`disk`]: copy-on-write disk layers.
 //! - [`error`]: the daemon's errors and their gRPC codes.
 //! - [`hypervisor`]: the [`Hypervisor`] trait and its QEMU, Firecracker and Cloud Hypervisor
-//!   backends.
+//!   backends, with [`hypervisor::process`]: hypervisor processes that outlive a daemon restart.
 //! - [`image`]: guest images (`slipway image build`) and their manifests.
-//! - [`process`]: hypervisor processes that outlive a daemon restart.
-//! - [`service`]: the gRPC face of the daemon.
+//! - [`service`]: the gRPC face of the daemon, and [`Daemon::serve`].
 //! - [`snapshot`]: snapshot metadata, compatibility and retention.
 //! - [`store`]: VM records on disk.
 
@@ -20,7 +19,6 @@ pub mod disk;
 pub mod error;
 pub mod hypervisor;
 pub mod image;
-pub mod process;
 pub mod service;
 pub mod snapshot;
 pub mod store;

@@ -1,9 +1,11 @@
 //! The gRPC face of a [`Daemon`]: each `nesting.v1` call mapped onto the daemon, run to its
 //! end even when the caller goes away, and the warm slots told when a slot frees up.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use slipway_nesting::proto::{self, nesting_server};
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::daemon::Daemon;
@@ -136,4 +138,67 @@ impl nesting_server::Nesting for Service {
         self.0.delete_snapshot(&r.into_inner().name).await?;
         Ok(Response::new(proto::DeleteSnapshotResponse {}))
     }
+}
+
+/// Serving: the daemon behind its gRPC face (here, so the daemon never imports its face).
+impl Daemon {
+    /// Serve `nesting.v1` on `socket` (mode 0600) until `stop` fires. VMs keep running when
+    /// the daemon stops; `Shutdown` is what deletes them.
+    pub async fn serve(
+        self: Arc<Self>,
+        socket: &Path,
+        stop: CancellationToken,
+    ) -> Result<(), DaemonError> {
+        if socket.exists() {
+            // A live daemon answers; a stale socket from a dead one is replaced.
+            if tokio::net::UnixStream::connect(socket).await.is_ok() {
+                return Err(DaemonError::Conflict(format!(
+                    "another nesting daemon is listening on {}",
+                    socket.display()
+                )));
+            }
+            let _ = std::fs::remove_file(socket);
+        }
+        if let Some(parent) = socket.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(DaemonError::io(format!("creating {}", parent.display())))?;
+        }
+        let listener = bind_private(socket).map_err(DaemonError::io(format!(
+            "listening on {}",
+            socket.display()
+        )))?;
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        let service = nesting_server::NestingServer::new(Service(self.clone()));
+        let result = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, stop.cancelled())
+            .await;
+        let _ = std::fs::remove_file(socket);
+        result.map_err(|e| DaemonError::Io {
+            context: format!("serving on {}", socket.display()),
+            source: std::io::Error::other(e),
+        })
+    }
+}
+
+/// Listen on `socket`, reachable by its owner only from the first moment: bound inside a fresh
+/// 0700 directory beside it, made 0600 there, then renamed into place (a chmod after binding
+/// would leave a moment in which anyone could connect under a lax umask).
+fn bind_private(socket: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let parent = socket
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let private = parent.join(format!(".nesting-bind-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let staged = private.join("s");
+    let bound = tokio::net::UnixListener::bind(&staged).and_then(|l| {
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&staged, socket)?;
+        Ok(l)
+    });
+    let _ = std::fs::remove_dir_all(&private);
+    bound
 }

@@ -18,7 +18,7 @@ pub use slipway_nesting::vsock::connect_vsock;
 use super::http::path_str;
 use super::rest::{API_TIMEOUT, RestVmm, SNAPSHOT_TIMEOUT};
 use super::{Hypervisor, HypervisorError, Identity, SnapshotFiles, VmProcess};
-use crate::process::stop_with;
+use crate::hypervisor::process::stop_with;
 
 const KIND: &str = "cloud-hypervisor";
 

@@ -182,7 +182,7 @@ pub(crate) async fn wait_ready(
             return Err(HypervisorError::Exited {
                 binary: binary.to_string(),
                 status: status.to_string(),
-                log: crate::process::log_tail(log, 20),
+                log: crate::hypervisor::process::log_tail(log, 20),
             });
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());

@@ -11,6 +11,7 @@
 pub mod cloud_hypervisor;
 pub mod firecracker;
 mod http;
+pub mod process;
 pub mod qemu;
 mod qmp;
 mod rest;

@@ -23,7 +23,7 @@ use super::http::host_cpu_model;
 use super::qmp::Qmp;
 use super::{HypervisorError, Identity, SnapshotFiles, VmProcess};
 use crate::Hypervisor;
-use crate::process;
+use crate::hypervisor::process;
 
 /// The first QEMU release with the `memory-backend` machine property (what puts the default
 /// RAM block in a file under its usual name); `x-ignore-shared` is older (4.0).

@@ -13,7 +13,7 @@ use super::http::{
     remove_stale_socket, wait_ready,
 };
 use super::{HypervisorError, Identity, SnapshotFiles, VmProcess};
-use crate::process::{kill_now, log_tail, spawn_detached};
+use crate::hypervisor::process::{kill_now, log_tail, spawn_detached};
 
 /// How long a new process may take to answer on its API socket.
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,6 +1,6 @@
 //! Hypervisor processes: started detached from the daemon (their own process group, output to
 //! a log file) so that they outlive a daemon restart, and stopped by pid with the marker check
-//! of [`is_running`](crate::hypervisor::is_running).
+//! of [`is_running`](super::is_running).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::hypervisor::{HypervisorError, VmProcess, is_running};
+use super::{HypervisorError, VmProcess, is_running};
 
 /// Start `binary` with `args`, stdout and stderr appended to `log`, in a process group of its
 /// own (a signal to the daemon's group does not reach it). The returned child is only for
