@@ -8,6 +8,18 @@
 //! - [`archive_file_from_tar_file`], [`zip_file_to_tar_file`]: the same from file to file,
 //!   streamed, for archives larger than memory should hold.
 //!
+//! Modules, all private (what they define is re-exported here):
+//!
+//! - `entries`: the executor's tar stream as normalized entries; contents stay in the stream
+//!   until an archive is written, so a stream in a file is never held in memory.
+//! - `zip`: GitLab Runner's `zip` format, written from tar entries and read back as a tar stream.
+//! - `gzip`: GitLab Runner's `gzip` format (reports such as `junit`): one gzip member per file.
+//! - `globs`: doublestar globs as GitLab uses them for `artifacts:paths` and `artifacts:exclude`.
+//! - `format`: the artifact formats Slipway writes ([`Format`]).
+//! - `compression`: how hard zip archives are compressed ([`Compression`], from GitLab's
+//!   `ARTIFACT_COMPRESSION_LEVEL` and `CACHE_COMPRESSION_LEVEL`).
+//! - `error`: [`ArtifactsError`]; paths in its messages are entry names, never file contents.
+//!
 //! ```
 //! use slipway_artifacts::{Format, Globs, archive_from_tar, zip_to_tar};
 //!

@@ -10,6 +10,8 @@
 //! - [`limits`]: [`Limits`] and per-slot shares of an instance.
 //! - [`slot`]: [`SlotCgroup`] (create, enter, stats, cleanup) and [`sweep`] of stale slots.
 //! - [`script`]: the same operations as bash snippets for instances reached over SSH.
+//! - [`error`]: [`CgroupError`]; every variant names the path and the operation that failed.
+//! - `fs`: small cgroupfs file helpers that turn I/O errors into [`CgroupError`]s naming the path.
 //!
 //! ```no_run
 //! use std::time::Duration;

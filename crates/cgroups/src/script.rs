@@ -26,7 +26,7 @@ use crate::hierarchy::Hierarchy;
 use crate::limits::{CpuQuota, Limits};
 use crate::template::{SlotPath, SlotTemplate};
 
-/// How long [`SlotCgroup::create`] spends cleaning a stale slot left by a crashed run.
+/// How long [`SlotCgroup::create`](crate::SlotCgroup::create) spends cleaning a stale slot left by a crashed run.
 pub const DEFAULT_CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Start of the line [`cleanup`] and [`sweep`] print for each slot cleaned:
 /// `slipway-cgroup: cleaned <path> oom_kills=<n>`.

@@ -9,6 +9,15 @@
 //! through its sshd ([`ForwardedStream`]), for agents that listen on one (the nesting daemon's
 //! gRPC socket, a VM agent's socket).
 //!
+//! Modules, all private (their types are re-exported here):
+//!
+//! - `client`: [`Client`]: dial, authenticate, run commands with streamed output, reach unix
+//!   sockets.
+//! - `hostkeys`: [`HostKeyStore`], trust-on-first-use pinning of instance host keys.
+//! - `stream`: SSH channels as byte streams ([`ExecStream`], [`ForwardedStream`]), with no port
+//!   opened on either side.
+//! - `error`: the connector's error types, [`ConnectError`] and [`HostKeyStoreError`].
+//!
 //! [`ConnectInfo`]: slipway_fleeting::ConnectInfo
 
 mod client;

@@ -3,6 +3,23 @@
 //! negotiation, and one module per resource. The foundation of the docker and
 //! docker-autoscaler executors.
 //!
+//! Modules, all private (their items are re-exported here):
+//!
+//! - `client`: the [`Docker`] handle: HTTP/1.1 over dialed streams, a small keep-alive pool,
+//!   API version negotiation, and the request/response plumbing the resource modules share.
+//! - `transport`: how bytes reach the engine: one fresh stream per HTTP connection from a
+//!   [`Dialer`] ([`UnixDialer`], [`CommandDialer`], [`FnDialer`]).
+//! - `containers`: create, start, attach, logs, wait, kill, stop, remove, inspect, list.
+//! - `exec`: run a process (a step script) in a running container, with stdin.
+//! - `images`: inspect, list, pull (with progress), import from a tar, remove.
+//! - `networks`: a user-defined bridge per job, so services are reachable by alias.
+//! - `volumes`: named volumes for caches and builds directories.
+//! - `system`: `/_ping` and `/version`.
+//! - `cleanup`: removes everything a job left behind, found by label.
+//! - `stream`: decoders for the multiplexed stdout/stderr frames of attach, logs and exec, for
+//!   JSON progress streams (pull, import), and the hijacked attach/exec connection.
+//! - `error`: the crate's one error type, [`Error`].
+//!
 //! ```no_run
 //! # async fn demo() -> slipway_docker::Result<()> {
 //! use slipway_docker::{CommandDialer, ContainerSpec, Docker, Transport, WaitCondition};

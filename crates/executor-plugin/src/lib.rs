@@ -8,6 +8,8 @@
 //! - [`host`]: starts an `executor-plugin-<name>` process and drives it as an [`ExecutorHost`].
 //! - [`sdk`]: turns one [`ExecutorProvider`] into a plugin binary with one call.
 //! - [`proto`]: the generated gRPC code.
+//! - `convert`: provider types to and from their protobuf messages, and errors to and from gRPC
+//!   statuses.
 
 mod convert;
 pub mod host;

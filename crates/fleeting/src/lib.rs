@@ -5,6 +5,9 @@
 //!   [`InstanceGroup`], restarting it when it dies.
 //! - [`oci`]: plugins GitLab Runner installed from OCI references, found where it put them.
 //! - [`sdk`]: turns one [`InstanceGroup`] implementation into a plugin binary.
+//! - [`proto`]: the generated gRPC code for `fleeting.v1`; go-plugin's internal `plugin`
+//!   package is re-exported there.
+//! - [`convert`]: conversions between the contract types and the `fleeting.v1` wire messages.
 
 pub mod convert;
 pub mod group;

@@ -17,6 +17,23 @@
 //! - [`remote`]: one fetch of a public file (a pipeline's `include: remote`), TLS as the client's.
 //!
 //! Tokens are [`Secret`]s: `Debug` prints `[MASKED]`, errors never carry them.
+//!
+//! Private modules (their items are re-exported here):
+//!
+//! - `client`: the HTTP layer and the runner lifecycle calls (`runners/verify`, `runners`,
+//!   unregister).
+//! - `request`: `POST /api/v4/jobs/request` and the [`Poller`].
+//! - `trace`: incremental trace upload, `PATCH /api/v4/jobs/:id/trace`.
+//! - `update`: job updates, `PUT /api/v4/jobs/:id`, and the final state that is never dropped.
+//! - `response`: what the API's answers carry besides their bodies: the `Job-Status` header, the
+//!   update interval, a 416's range, the trace's checksum and size.
+//! - `artifacts`: artifact upload (multipart `POST`) and download (`GET`, possibly redirected to
+//!   object storage).
+//! - `outbox`: what GitLab must still hear about a job, kept on disk until it has.
+//! - `system_id`: the runner's stable `system_id` (`s_` + 12 hex characters), kept in a file.
+//! - `tls`: TLS towards GitLab as GitLab Runner configures it: the system's roots plus a private
+//!   CA, and a client certificate.
+//! - `error`: [`GitlabError`]; every variant names the endpoint, none carries a token.
 
 mod artifacts;
 mod client;

@@ -6,6 +6,7 @@
 //! - [`process`]: host side — start a plugin, connect, restart it when it dies, stop it.
 //! - [`server`]: plugin side — print the handshake and serve a gRPC service until shut down.
 //! - [`proto`]: go-plugin's internal services (controller, stdio, broker).
+//! - `io`: a boxed byte stream, so plaintext and TLS connections share one type on both sides.
 
 pub mod handshake;
 mod io;

@@ -17,6 +17,13 @@
 //!
 //! An instance directory is never recreated once gone: that is what "deleted" means, so a
 //! provisioning step racing a finished deletion fails instead of resurrecting the instance.
+//!
+//! - [`config`]: the plugin's `plugin_config` JSON.
+//! - [`instance`]: one instance: its directory, sshd configuration and sshd process.
+//! - [`network`]: a network namespace, veth pair and /30 subnet per instance, made in idempotent
+//!   steps so a restarted plugin reuses or removes what a killed one left.
+//! - `process`: running helper programs, and finding and killing an instance's processes
+//!   through /proc.
 
 pub mod config;
 pub mod instance;
