@@ -100,7 +100,8 @@ pub struct RunnerConfig {
     /// `[runners.cache]`.
     pub cache: Option<CacheConfig>,
     /// Isolation levels jobs may ask for (`SLIPWAY_ISOLATION`); default: what the executor
-    /// supports.
+    /// supports at the runner's level or stronger (the level is a floor; weaker ones must be
+    /// listed).
     pub allowed_isolation: Option<Vec<String>>,
     /// Level of a job that asks for none (default `none`, or `cgroup` with `use_slot_cgroups`).
     pub isolation: Option<String>,
@@ -228,13 +229,27 @@ impl RunnerConfig {
         if self.executor == Executor::Instance && self.nesting_config().is_some() {
             supported.extend([Isolation::Microvm, Isolation::Vm]);
         }
+        let default = match &self.isolation {
+            Some(n) => n.parse().map_err(|e| ("isolation", format!("{e}")))?,
+            None if matches!(self.executor, Executor::Docker | Executor::DockerAutoscaler) => {
+                Isolation::Docker
+            }
+            // GitLab's vm_isolation puts every job in a VM.
+            None if self.executor == Executor::Instance && self.nesting_config().is_some() => {
+                Isolation::Microvm
+            }
+            None if self.use_slot_cgroups => Isolation::Cgroup,
+            None => Isolation::None,
+        };
         let supported = supported.as_slice();
         let allowed: Vec<Isolation> = match &self.allowed_isolation {
-            // A whole instance per job costs a machine per job: only when the runner says so.
+            // The runner's level is a floor: a job may ask for a stronger one, never a weaker
+            // one (the job's code is the pipeline's author's, not the operator's). A whole
+            // instance per job costs a machine per job: only when the runner says so.
             None => supported
                 .iter()
                 .copied()
-                .filter(|l| *l != Isolation::Instance)
+                .filter(|l| *l != Isolation::Instance && strength(*l) >= strength(default))
                 .collect(),
             Some(names) => {
                 let mut out = Vec::new();
@@ -261,18 +276,6 @@ impl RunnerConfig {
                 out
             }
         };
-        let default = match &self.isolation {
-            Some(n) => n.parse().map_err(|e| ("isolation", format!("{e}")))?,
-            None if matches!(self.executor, Executor::Docker | Executor::DockerAutoscaler) => {
-                Isolation::Docker
-            }
-            // GitLab's vm_isolation puts every job in a VM.
-            None if self.executor == Executor::Instance && self.nesting_config().is_some() => {
-                Isolation::Microvm
-            }
-            None if self.use_slot_cgroups => Isolation::Cgroup,
-            None => Isolation::None,
-        };
         if !allowed.contains(&default) {
             return Err((
                 "isolation",
@@ -288,6 +291,28 @@ impl RunnerConfig {
             ));
         }
         Ok(IsolationPolicy { allowed, default })
+    }
+
+    /// Levels `allowed_isolation` lists that are weaker than the runner's default, on a runner
+    /// whose default keeps jobs away from something a weaker job would run beside: the
+    /// instance's Docker Engine (`docker`) or nesting daemon (`microvm`, `vm`).
+    pub fn weaker_than_default(&self) -> Vec<Isolation> {
+        let Ok(policy) = self.isolation_policy() else {
+            return Vec::new();
+        };
+        let shields = matches!(
+            policy.default,
+            Isolation::Docker | Isolation::Microvm | Isolation::Vm
+        ) || self.nesting_config().is_some();
+        if !shields || self.allowed_isolation.is_none() {
+            return Vec::new();
+        }
+        policy
+            .allowed
+            .iter()
+            .copied()
+            .filter(|l| strength(*l) < strength(policy.default))
+            .collect()
     }
 
     /// The slot cgroups of the `cgroup` level, from `slot_cgroup_template`.
@@ -329,6 +354,30 @@ impl RunnerConfig {
             && let Err((k, message)) = self.isolation_policy()
         {
             report.error(&[k], message);
+        }
+        let weaker = self.weaker_than_default();
+        if !weaker.is_empty() {
+            report.warning(
+                &["allowed_isolation"],
+                format!(
+                    "lets a job choose {} instead of the default {:?}: its code then runs beside \
+                     the instance's {}; list only the default and stronger levels unless every \
+                     pipeline on this runner is trusted",
+                    weaker
+                        .iter()
+                        .map(|l| format!("{:?}", l.as_str()))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.isolation_policy()
+                        .map(|p| p.default.as_str())
+                        .unwrap_or_default(),
+                    if self.nesting_config().is_some() {
+                        "nesting daemon and Docker Engine"
+                    } else {
+                        "Docker Engine"
+                    }
+                ),
+            );
         }
         if let Err(message) = self.slot_cgroups() {
             report.error(&["slot_cgroup_template"], message);
@@ -451,11 +500,70 @@ impl RunnerConfig {
 /// Shells Slipway runs job scripts with.
 const SHELLS: &[&str] = &["bash", "sh"];
 
+/// How strongly a level keeps a job apart: none < cgroup < docker < microvm < vm < instance.
+fn strength(level: Isolation) -> usize {
+    slipway_executor::isolation::LEVELS
+        .iter()
+        .position(|l| *l == level)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::check::parse;
     use crate::global::Config;
     use crate::testing::{GITLAB_WRITTEN, errors};
+
+    /// The GOOD runner with `extra` keys under `[[runners]]`: its isolation policy and the
+    /// warnings about it.
+    fn policy_of(extra: &str) -> (slipway_executor::IsolationPolicy, Vec<String>) {
+        let text = crate::testing::GOOD.replace(
+            "  executor = \"instance\"\n",
+            &format!("  executor = \"instance\"\n{extra}"),
+        );
+        let loaded = parse(&text, "config.toml").unwrap();
+        let warnings = loaded.warnings.iter().map(ToString::to_string).collect();
+        (
+            loaded.config.runners[0].isolation_policy().unwrap(),
+            warnings,
+        )
+    }
+
+    #[test]
+    fn a_job_may_choose_only_the_runner_s_level_or_a_stronger_one() {
+        use slipway_executor::Isolation::{Cgroup, Docker, None as Plain};
+        let (p, _) = policy_of("");
+        assert_eq!(p.default, Plain);
+        assert_eq!(p.allowed, [Plain, Cgroup, Docker]);
+        // A cgroup runner's jobs cannot step out of their slot with `none`.
+        let (p, warnings) = policy_of("  use_slot_cgroups = true\n");
+        assert_eq!(p.default, Cgroup);
+        assert_eq!(p.allowed, [Cgroup, Docker]);
+        assert!(p.resolve(Some("none"), "r").is_err());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // A docker runner's jobs cannot leave their container for the host beside its engine.
+        let (p, _) = policy_of("  isolation = \"docker\"\n");
+        assert_eq!(p.allowed, [Docker]);
+        let refused = p.resolve(Some("none"), "r").unwrap_err().to_string();
+        assert!(refused.contains("allows only \"docker\""), "{refused}");
+    }
+
+    #[test]
+    fn weaker_levels_must_be_listed_and_verify_config_warns_about_them() {
+        use slipway_executor::Isolation::{Docker, None as Plain};
+        let (p, warnings) =
+            policy_of("  isolation = \"docker\"\n  allowed_isolation = [\"none\", \"docker\"]\n");
+        assert_eq!(p.allowed, [Plain, Docker]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("runners[0].allowed_isolation")
+                && warnings[0].contains("\"none\" instead of the default \"docker\""),
+            "{warnings:?}"
+        );
+        // Listing only the default and stronger levels says nothing.
+        let (_, warnings) = policy_of("  allowed_isolation = [\"none\", \"cgroup\"]\n");
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
 
     #[test]
     fn tls_files_that_cannot_be_used_are_errors_naming_key_and_file() {

@@ -56,6 +56,7 @@ impl StatusPageConfig {
                 .ok()
                 .filter(|d| !d.is_zero())
                 .unwrap_or(Duration::from_secs(d))
+                .min(LONGEST)
         };
         let every = parse(&self.history_interval, 15);
         let span = match &self.history {
@@ -104,8 +105,16 @@ impl StatusPageConfig {
 }
 
 /// A usable duration in key `name`, or reported.
+/// The longest interval or history accepted: a year.
+const LONGEST: Duration = Duration::from_secs(365 * 24 * 3600);
+
 fn checked_duration(report: &mut Report<'_>, name: &str, text: &str) -> Option<Duration> {
     match humantime::parse_duration(text.trim()) {
+        // A timer that far out overflows the clock it is added to.
+        Ok(d) if d > LONGEST => {
+            report.error(&[name], format!("{text:?}: expected at most \"365d\""));
+            None
+        }
         Ok(d) if d.is_zero() => {
             report.error(
                 &[name],
@@ -126,6 +135,21 @@ mod tests {
     use super::*;
     use crate::check::parse;
     use crate::testing::{GOOD, errors};
+
+    #[test]
+    fn a_huge_interval_is_an_error_naming_the_key_not_a_panic_later() {
+        let text = GOOD.replacen(
+            "concurrent = 4",
+            "concurrent = 4\n[status_page]\n  history_interval = \"100000000000s\"",
+            1,
+        );
+        let e = errors(&text);
+        assert!(
+            e.iter().any(|m| m.contains("status_page.history_interval")
+                && m.contains("expected at most \"365d\"")),
+            "{e:?}"
+        );
+    }
 
     #[test]
     fn status_page_keys_are_checked_and_its_token_never_printed() {

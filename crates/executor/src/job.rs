@@ -18,8 +18,7 @@ use crate::tarball::Tarball;
 use slipway_job::outcome::{FailureReason, JobOutcome};
 use slipway_job::trace::Trace;
 
-/// Job timeout when the job names none (GitLab's project default).
-pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
+pub use slipway_job::model::DEFAULT_JOB_TIMEOUT;
 /// `after_script` has its own timeout, as in GitLab.
 pub const AFTER_SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bounded time for unpacking sources and artifacts and collecting artifacts: a repository
@@ -238,10 +237,7 @@ impl JobRunner {
             job_id: job.id,
             clone_path,
         };
-        let timeout = match job.runner_info.timeout {
-            0 => DEFAULT_JOB_TIMEOUT,
-            s => Duration::from_secs(s),
-        };
+        let timeout = job.timeout();
         let deadline = Instant::now() + timeout;
 
         for key in script::unexportable_variables(job) {

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::executor::Executor;
 use crate::host::{Host, HostError};
 use crate::job::JobSlot;
-use crate::job::{DEFAULT_JOB_TIMEOUT, JobRunner, RunResult, fmt_secs};
+use crate::job::{JobRunner, RunResult, fmt_secs};
 use slipway_job::outcome::{FailureReason, JobOutcome};
 
 /// How long a plugin may take to answer `Prepare` unless configured.
@@ -74,10 +74,7 @@ impl Executor for PluginExecutor {
             Ok(p) => p,
             Err(e) => return system_failure(&mut slot, format!("encoding the job payload: {e}")),
         };
-        let timeout = match job.runner_info.timeout {
-            0 => DEFAULT_JOB_TIMEOUT,
-            s => Duration::from_secs(s),
-        };
+        let timeout = job.timeout();
         let mut resources = self.resources.clone();
         resources.slot = slot.slot;
         if let Some(cgroup) = &slot.cgroup {

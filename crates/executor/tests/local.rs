@@ -113,6 +113,16 @@ async fn a_job_runs_its_steps_with_variables_and_masks_secrets() {
 }
 
 #[tokio::test]
+async fn a_payload_with_a_huge_timeout_runs_instead_of_panicking() {
+    // `runner_info.timeout` comes from the job payload: u64::MAX seconds must not overflow the
+    // deadline it becomes.
+    let j = job(3, &["echo ran"], &[], u64::MAX);
+    let (ran, _dir) = run(&j, CancellationToken::new()).await;
+    assert!(ran.outcome.is_success(), "{}", ran.output);
+    assert!(ran.output.contains("ran"), "{}", ran.output);
+}
+
+#[tokio::test]
 async fn a_failing_script_reports_its_exit_code_and_after_script_still_runs() {
     let j = job(
         2,

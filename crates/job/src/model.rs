@@ -9,6 +9,7 @@
 //! credentials' passwords) so that logging a job never leaks one.
 
 use std::fmt;
+use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -23,6 +24,13 @@ where
 {
     Ok(Option::<T>::deserialize(de)?.unwrap_or_default())
 }
+
+/// Job timeout when the job names none (GitLab's project default).
+pub const DEFAULT_JOB_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The longest job timeout honoured, a year (GitLab's own ceiling is a month): a deadline
+/// further out would overflow the clock it is added to.
+pub const MAX_JOB_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// One job as handed to a runner: GitLab's job payload.
 #[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -93,6 +101,15 @@ pub struct JobResponse {
 }
 
 impl JobResponse {
+    /// The job's timeout: `runner_info.timeout` ([`DEFAULT_JOB_TIMEOUT`] when it gives none), at
+    /// most [`MAX_JOB_TIMEOUT`], whatever the payload says.
+    pub fn timeout(&self) -> Duration {
+        match self.runner_info.timeout {
+            0 => DEFAULT_JOB_TIMEOUT,
+            s => Duration::from_secs(s).min(MAX_JOB_TIMEOUT),
+        }
+    }
+
     /// Parses GitLab's JSON job payload.
     pub fn from_json(text: &str) -> Result<Self, serde_json::Error> {
         serde_json::from_str(text)
@@ -715,6 +732,20 @@ pub struct Features {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_timeout_is_clamped_not_a_clock_overflow() {
+        let mut job = JobResponse::default();
+        assert_eq!(job.timeout(), DEFAULT_JOB_TIMEOUT);
+        job.runner_info.timeout = u64::MAX;
+        assert_eq!(job.timeout(), MAX_JOB_TIMEOUT);
+        // What every executor does with it: a deadline from now.
+        assert!(
+            std::time::Instant::now()
+                .checked_add(job.timeout())
+                .is_some()
+        );
+    }
 
     #[test]
     fn hooks_are_read_as_gitlab_sends_them_and_replaced_by_name() {

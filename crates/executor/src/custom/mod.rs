@@ -32,7 +32,6 @@ mod stage_end;
 mod stages;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use slipway_job::model::JobResponse;
 
@@ -40,7 +39,7 @@ use crate::executor::Executor;
 use crate::job::JobSlot;
 use tokio::time::Instant;
 
-use crate::job::{DEFAULT_JOB_TIMEOUT, RunResult};
+use crate::job::RunResult;
 use slipway_job::outcome::{FailureReason, JobOutcome};
 
 pub use config::CustomConfig;
@@ -88,10 +87,7 @@ impl CustomExecutor {
             cancel,
             ..
         } = slot;
-        let timeout = match job.runner_info.timeout {
-            0 => DEFAULT_JOB_TIMEOUT,
-            s => Duration::from_secs(s),
-        };
+        let timeout = job.timeout();
         trace.message("Preparing the \"custom\" executor");
         if let Err(e) = self.config.validate() {
             trace.message(&format!("ERROR: Preparation failed: {e}"));

@@ -13,7 +13,6 @@ use super::host::FirstStep;
 use super::names::RunNames;
 use super::network::SlotLease;
 use super::plan::{Limits, Plan, system_failure};
-use crate::job::DEFAULT_JOB_TIMEOUT;
 use slipway_job::outcome::{FailureReason, JobOutcome};
 use slipway_job::trace::Trace;
 
@@ -44,10 +43,7 @@ pub(super) struct Stop<'a> {
 impl<'a> Stop<'a> {
     /// The job's cancel, and its timeout counted from `started`.
     fn new(job: &JobResponse, cancel: &'a CancellationToken, started: Instant) -> Self {
-        let timeout = match job.runner_info.timeout {
-            0 => DEFAULT_JOB_TIMEOUT,
-            s => Duration::from_secs(s),
-        };
+        let timeout = job.timeout();
         Stop {
             cancel,
             timeout,

@@ -105,10 +105,7 @@ impl DistributedCache {
 
     /// How long a URL of `job` stays valid: its timeout (an hour when it has none).
     fn valid_for(job: &JobResponse) -> Duration {
-        match job.runner_info.timeout {
-            0 => Duration::from_secs(3600),
-            s => Duration::from_secs(s),
-        }
+        job.timeout()
     }
 
     /// The tar streams of the caches of `job` that pull, the first key of each that has an

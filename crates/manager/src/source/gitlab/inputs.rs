@@ -2,7 +2,6 @@
 //! manager) and its dependencies' artifacts, each as a tar stream in a file.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use slipway_executor::Tarball;
 use slipway_gitlab::Secret;
@@ -41,10 +40,7 @@ pub(super) async fn inputs_of(
         return Ok(inputs);
     }
     // Bounded by the job's timeout: a hung fetch must not hold the job's slot for ever.
-    let limit = match job.runner_info.timeout {
-        0 => slipway_executor::job::DEFAULT_JOB_TIMEOUT,
-        s => Duration::from_secs(s),
-    };
+    let limit = job.timeout();
     if at == SourcesAt::Host {
         // Fetched where the job runs, when its steps are next; only checked here.
         match source.git.on_host(job, trace).await {
