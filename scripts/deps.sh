@@ -58,8 +58,8 @@ fi
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "deps: installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
     echo "deps: missing Debian packages: ${missing[*]}" >&2
     echo "deps: install them with: sudo apt-get install ${missing[*]}" >&2
@@ -69,11 +69,11 @@ fi
 if [ ${#vm_missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "deps: installing ${vm_missing[*]}"
-    apt-get update -qq
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
     # One at a time: busybox-static replaces busybox, which apt refuses inside a larger request
     # on some systems ("held broken packages").
     for p in "${vm_missing[@]}"; do
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$p" >/dev/null
     done
   else
     echo "deps: missing Debian packages: ${vm_missing[*]}" >&2

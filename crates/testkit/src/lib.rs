@@ -83,17 +83,22 @@ pub async fn release_binary(repo: &Path, package: &str) -> Result<PathBuf, Fixtu
 }
 
 /// `apt-get install` one Debian package, updating the package lists once if the first try
-/// fails.
+/// fails. Tests run in parallel and `scripts/deps.sh` may be installing too: each call waits
+/// for dpkg's lock (up to 10 minutes) instead of failing on it.
 pub fn apt_install(package: &str) -> Result<(), FixtureError> {
+    const WAIT_FOR_LOCK: &str = "DPkg::Lock::Timeout=600";
     let install = || {
         std::process::Command::new("apt-get")
+            .args(["-o", WAIT_FOR_LOCK])
             .args(["install", "-y", "-q", "--no-install-recommends", package])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .is_ok_and(|s| s.success())
     };
     if !install() {
-        let _ = std::process::Command::new("apt-get").arg("update").status();
+        let _ = std::process::Command::new("apt-get")
+            .args(["-o", WAIT_FOR_LOCK, "update"])
+            .status();
         if !install() {
             return Err(err(
                 "installing a Debian package",
