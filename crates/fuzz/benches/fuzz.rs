@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use serde_json::{Value, json};
 use slipway_fuzz::driver::{Outcome, run};
 use slipway_fuzz::{
-    archive, config, content_range, gitlab, guest_frame, paths, pipeline, plugin_process,
+    archive, config, content_range, gitlab, guest_frame, masking, paths, pipeline, plugin_process,
     plugin_reply,
 };
 
@@ -63,6 +63,7 @@ fn targets(execs: u64) -> Vec<Target> {
         ("content_range", execs, |n, s| {
             run(n, s, 4096, content_range::check)
         }),
+        ("masking", execs, |n, s| run(n, s, 4096, masking::check)),
         ("guest_frame", execs, |n, s| {
             run(n, s, 4096, guest_frame::check)
         }),

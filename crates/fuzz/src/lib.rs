@@ -17,6 +17,7 @@
 //! - [`plugin_reply`]: fleeting and nesting plugin replies, decoded and converted in process.
 //! - [`plugin_process`]: the real plugin host against a fake plugin process that sends random
 //!   replies; every call returns and the process is gone after `stop`.
+//! - [`masking`]: the job log's masker: random secrets, output and split points.
 //! - [`mutate`]: structured mutation of seed files (bytes, dictionary tokens, whole lines),
 //!   because random bytes alone never get deep into YAML, TOML or JSON.
 //! - [`driver`]: runs a target for a number of execs on seeded generated inputs, catching panics.
@@ -30,6 +31,7 @@ pub mod content_range;
 pub mod driver;
 pub mod gitlab;
 pub mod guest_frame;
+pub mod masking;
 pub mod mutate;
 pub mod paths;
 pub mod pipeline;

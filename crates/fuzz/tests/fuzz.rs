@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use slipway_fuzz::{
-    archive, config, content_range, gitlab, guest_frame, paths, pipeline, plugin_reply,
+    archive, config, content_range, gitlab, guest_frame, masking, paths, pipeline, plugin_reply,
 };
 
 const TIME: Duration = Duration::from_secs(3);
@@ -30,6 +30,7 @@ target!(guest_frames, guest_frame::Input, guest_frame::check);
 target!(archives, archive::Input, archive::check);
 target!(archive_extraction, archive::Input, archive::check_extract);
 target!(cache_keys_and_artifact_paths, paths::Input, paths::check);
+target!(masked_output, masking::Input, masking::check);
 target!(
     content_range_headers,
     content_range::Input,
