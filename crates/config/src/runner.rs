@@ -249,7 +249,7 @@ impl RunnerConfig {
             None => supported
                 .iter()
                 .copied()
-                .filter(|l| *l != Isolation::Instance && strength(*l) >= strength(default))
+                .filter(|l| *l != Isolation::Instance && *l >= default)
                 .collect(),
             Some(names) => {
                 let mut out = Vec::new();
@@ -293,13 +293,10 @@ impl RunnerConfig {
         Ok(IsolationPolicy { allowed, default })
     }
 
-    /// Levels `allowed_isolation` lists that are weaker than the runner's default, on a runner
+    /// Levels `allowed_isolation` lists that are weaker than `policy`'s default, on a runner
     /// whose default keeps jobs away from something a weaker job would run beside: the
     /// instance's Docker Engine (`docker`) or nesting daemon (`microvm`, `vm`).
-    pub fn weaker_than_default(&self) -> Vec<Isolation> {
-        let Ok(policy) = self.isolation_policy() else {
-            return Vec::new();
-        };
+    pub fn weaker_than_default(&self, policy: &IsolationPolicy) -> Vec<Isolation> {
         let shields = matches!(
             policy.default,
             Isolation::Docker | Isolation::Microvm | Isolation::Vm
@@ -311,7 +308,7 @@ impl RunnerConfig {
             .allowed
             .iter()
             .copied()
-            .filter(|l| strength(*l) < strength(policy.default))
+            .filter(|l| *l < policy.default)
             .collect()
     }
 
@@ -350,34 +347,34 @@ impl RunnerConfig {
             report.error(&["docker"], e.to_string());
         }
         // An unknown executor is reported above; its isolation cannot be judged.
-        if !self.executor.supported_isolation().is_empty()
-            && let Err((k, message)) = self.isolation_policy()
-        {
-            report.error(&[k], message);
-        }
-        let weaker = self.weaker_than_default();
-        if !weaker.is_empty() {
-            report.warning(
-                &["allowed_isolation"],
-                format!(
-                    "lets a job choose {} instead of the default {:?}: its code then runs beside \
-                     the instance's {}; list only the default and stronger levels unless every \
-                     pipeline on this runner is trusted",
-                    weaker
-                        .iter()
-                        .map(|l| format!("{:?}", l.as_str()))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    self.isolation_policy()
-                        .map(|p| p.default.as_str())
-                        .unwrap_or_default(),
-                    if self.nesting_config().is_some() {
-                        "nesting daemon and Docker Engine"
-                    } else {
-                        "Docker Engine"
+        if !self.executor.supported_isolation().is_empty() {
+            match self.isolation_policy() {
+                Err((k, message)) => report.error(&[k], message),
+                Ok(policy) => {
+                    let weaker = self.weaker_than_default(&policy);
+                    if !weaker.is_empty() {
+                        report.warning(
+                            &["allowed_isolation"],
+                            format!(
+                                "lets a job choose {} instead of the default {:?}: its code then \
+                                 runs beside the instance's {}; list only the default and \
+                                 stronger levels unless every pipeline on this runner is trusted",
+                                weaker
+                                    .iter()
+                                    .map(|l| format!("{:?}", l.as_str()))
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                                policy.default.as_str(),
+                                if self.nesting_config().is_some() {
+                                    "nesting daemon and Docker Engine"
+                                } else {
+                                    "Docker Engine"
+                                }
+                            ),
+                        );
                     }
-                ),
-            );
+                }
+            }
         }
         if let Err(message) = self.slot_cgroups() {
             report.error(&["slot_cgroup_template"], message);
@@ -499,14 +496,6 @@ impl RunnerConfig {
 
 /// Shells Slipway runs job scripts with.
 const SHELLS: &[&str] = &["bash", "sh"];
-
-/// How strongly a level keeps a job apart: none < cgroup < docker < microvm < vm < instance.
-fn strength(level: Isolation) -> usize {
-    slipway_executor::isolation::LEVELS
-        .iter()
-        .position(|l| *l == level)
-        .unwrap_or(0)
-}
 
 #[cfg(test)]
 mod tests {

@@ -323,6 +323,9 @@ impl Life<'_> {
         let mut tars = inputs.tars;
         let attempts = runner.start_attempts.max(1);
         let mut attempt = 1;
+        // The job as the executor gets it with the distributed cache: made once, its timeout
+        // kept in step with each try's.
+        let mut with_cache_entries = cache.map(|_| DistributedCache::for_executor(&job));
         let executed = loop {
             if let Some(since) = self.since
                 && timeout > 0
@@ -347,14 +350,13 @@ impl Life<'_> {
                     }
                 }
             };
-            let ran_as = match cache {
-                Some(_) => std::borrow::Cow::Owned(DistributedCache::for_executor(&job)),
-                None => std::borrow::Cow::Borrowed(&job),
-            };
+            if let Some(e) = &mut with_cache_entries {
+                e.runner_info.timeout = job.runner_info.timeout;
+            }
             let ex = execute::execute(
                 runner,
                 &acq,
-                &ran_as,
+                with_cache_entries.as_ref().unwrap_or(&job),
                 admission,
                 these,
                 inputs.sources.clone(),
@@ -429,17 +431,10 @@ impl Life<'_> {
         let (collected, caches): (Vec<_>, Vec<_>) = collected
             .into_iter()
             .partition(|c| c.spec < job.artifacts.len());
-        if let Some(cache) = cache
+        if let (Some(cache), Some(ran_as)) = (cache, &with_cache_entries)
             && !caches.is_empty()
         {
-            cache
-                .save(
-                    &DistributedCache::for_executor(&job),
-                    caches,
-                    &tracked,
-                    trace,
-                )
-                .await;
+            cache.save(ran_as, caches, &tracked, trace).await;
         }
         Ok(Ran {
             placement: acq.as_ref().map(|a| (a.instance_id.clone(), a.slot)),
