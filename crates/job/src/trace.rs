@@ -57,15 +57,14 @@ fn is_param_byte(b: u8) -> bool {
         )
 }
 
-/// What the masker is inside of when a write ends in the middle of a masked value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Skip {
-    /// Nothing: plain output.
-    Nothing,
-    /// A token after one of the prefixes; `masked` once `[MASKED]` stands for it.
-    Token { masked: bool },
-    /// A URL parameter's value.
-    Param { masked: bool },
+/// A masked value the masker is inside of (a token after its prefix, a URL parameter's
+/// value), also when a write ends there.
+#[derive(Debug, Clone, Copy)]
+struct Skip {
+    /// Whether a byte still belongs to the value.
+    inside: fn(u8) -> bool,
+    /// `[MASKED]` stands for it already.
+    masked: bool,
 }
 
 /// The one masker of the house: replaces masked values, tokens after GitLab's prefixes and
@@ -90,7 +89,7 @@ pub struct Masker {
     /// The longest pattern, in bytes (a parameter counts its `?` or `&`).
     longest: usize,
     pending: Vec<u8>,
-    skip: Skip,
+    skip: Option<Skip>,
 }
 
 impl std::fmt::Debug for Masker {
@@ -163,7 +162,7 @@ impl Masker {
             first: [false; 256],
             longest: 0,
             pending: Vec::new(),
-            skip: Skip::Nothing,
+            skip: None,
         };
         let mut starts: Vec<Vec<u8>> = m.secrets.iter().chain(&m.prefixes).cloned().collect();
         for p in &m.params {
@@ -201,7 +200,7 @@ impl Masker {
     pub fn finish(&mut self) -> Vec<u8> {
         let buf = std::mem::take(&mut self.pending);
         let out = self.scan(&buf, true);
-        self.skip = Skip::Nothing;
+        self.skip = None;
         out
     }
 
@@ -253,30 +252,20 @@ impl Masker {
         let mut i = 0;
         while i < buf.len() {
             // Inside a token or a parameter's value: drop it, `[MASKED]` once in its place.
-            match self.skip {
-                Skip::Nothing => {}
-                Skip::Token { masked } | Skip::Param { masked } => {
-                    let inside = match self.skip {
-                        Skip::Token { .. } => is_token_byte,
-                        _ => is_param_byte,
-                    };
-                    let end = buf[i..]
-                        .iter()
-                        .position(|b| !inside(*b))
-                        .map_or(buf.len(), |n| i + n);
-                    if end > i && !masked {
-                        out.extend_from_slice(MASK.as_bytes());
-                        self.skip = match self.skip {
-                            Skip::Token { .. } => Skip::Token { masked: true },
-                            _ => Skip::Param { masked: true },
-                        };
-                    }
-                    i = end;
-                    if i < buf.len() {
-                        self.skip = Skip::Nothing;
-                    }
-                    continue;
+            if let Some(skip) = &mut self.skip {
+                let end = buf[i..]
+                    .iter()
+                    .position(|b| !(skip.inside)(*b))
+                    .map_or(buf.len(), |n| i + n);
+                if end > i && !skip.masked {
+                    out.extend_from_slice(MASK.as_bytes());
+                    skip.masked = true;
                 }
+                i = end;
+                if i < buf.len() {
+                    self.skip = None;
+                }
+                continue;
             }
             // Plain bytes up to where a pattern may start, copied at once.
             let next = (i..buf.len())
@@ -298,11 +287,17 @@ impl Masker {
             } else if let Some(p) = self.prefixes.iter().find(|p| rest.starts_with(p)) {
                 out.extend_from_slice(p);
                 i += p.len();
-                self.skip = Skip::Token { masked: false };
+                self.skip = Some(Skip {
+                    inside: is_token_byte,
+                    masked: false,
+                });
             } else if let Some(n) = self.param_at(rest) {
                 out.extend_from_slice(&rest[..n]);
                 i += n;
-                self.skip = Skip::Param { masked: false };
+                self.skip = Some(Skip {
+                    inside: is_param_byte,
+                    masked: false,
+                });
             } else {
                 out.push(buf[i]);
                 i += 1;
