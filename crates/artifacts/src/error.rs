@@ -79,4 +79,7 @@ pub enum ArtifactsError {
         #[source]
         source: io::Error,
     },
+    /// What the archive expands to breaks a limit: nothing more of it is written.
+    #[error("the archive is refused: {0}")]
+    Limit(#[from] crate::limits::Exceeded),
 }

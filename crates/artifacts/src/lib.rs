@@ -18,6 +18,7 @@
 //! - `format`: the artifact formats Slipway writes ([`Format`]).
 //! - `compression`: how hard zip archives are compressed ([`Compression`], from GitLab's
 //!   `ARTIFACT_COMPRESSION_LEVEL` and `CACHE_COMPRESSION_LEVEL`).
+//! - `limits`: how much an archive may expand to ([`Limits`], checked while streaming).
 //! - `error`: [`ArtifactsError`]; paths in its messages are entry names, never file contents.
 //!
 //! ```
@@ -46,6 +47,7 @@ mod error;
 mod format;
 mod globs;
 mod gzip;
+mod limits;
 mod zip;
 
 use std::cell::RefCell;
@@ -59,6 +61,7 @@ pub use compression::Compression;
 pub use error::ArtifactsError;
 pub use format::Format;
 pub use globs::Globs;
+pub use limits::{Exceeded, Limits};
 
 /// A built artifacts archive.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,22 +186,32 @@ fn write_archive<W: Write + Seek>(
 
 /// Turns a downloaded zip artifacts archive into a tar stream to unpack into a project
 /// directory; refuses (error naming the entry) absolute paths, `..` escapes and entries under a
-/// symlink of the archive; keeps file modes and symlinks where the zip records them.
+/// symlink of the archive; keeps file modes and symlinks where the zip records them. The
+/// default [`Limits`] apply.
 pub fn zip_to_tar(zip: &[u8]) -> Result<Vec<u8>, ArtifactsError> {
-    zip::zip_to_tar(Cursor::new(zip), Vec::new())
+    zip_to_tar_limited(zip, &Limits::default())
 }
 
-/// [`zip_to_tar`] from the file `zip` to the file `out` (created or truncated), streamed.
-pub fn zip_file_to_tar_file(zip: &Path, out: &Path) -> Result<(), ArtifactsError> {
+/// [`zip_to_tar`] within `limits`.
+pub fn zip_to_tar_limited(zip: &[u8], limits: &Limits) -> Result<Vec<u8>, ArtifactsError> {
+    zip::zip_to_tar(Cursor::new(zip), Vec::new(), zip.len() as u64, limits)
+}
+
+/// [`zip_to_tar`] from the file `zip` to the file `out` (created or truncated), streamed,
+/// within `limits`. On an error `out` may hold part of the stream: the caller removes it.
+pub fn zip_file_to_tar_file(zip: &Path, out: &Path, limits: &Limits) -> Result<(), ArtifactsError> {
     let file = |path: &Path, source| ArtifactsError::File {
         path: path.to_path_buf(),
         source,
     };
     let input = File::open(zip).map_err(|e| file(zip, e))?;
+    let archived = input.metadata().map_err(|e| file(zip, e))?.len();
     let output = File::create(out).map_err(|e| file(out, e))?;
     let mut written = zip::zip_to_tar(
         BufReader::new(input),
         BufWriter::with_capacity(256 * 1024, output),
+        archived,
+        limits,
     )?;
     written.flush().map_err(|e| file(out, e))
 }

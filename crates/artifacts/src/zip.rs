@@ -13,7 +13,7 @@ use ::zip::write::{FullFileOptions, SimpleFileOptions};
 use ::zip::{CompressionMethod, DateTime, System, ZipArchive, ZipWriter};
 
 use crate::entries::{Contents, Entry, Kind, normalize};
-use crate::{ArtifactsError, Compression};
+use crate::{ArtifactsError, Compression, Limits};
 
 /// Mode given to entries of zips that record none (e.g. made on Windows).
 const DEFAULT_FILE_MODE: u32 = 0o644;
@@ -68,9 +68,18 @@ fn options(entry: &Entry) -> ::zip::result::ZipResult<FullFileOptions<'static, '
     }
 }
 
-/// Converts a zip artifacts archive into a tar stream (see [`crate::zip_to_tar`]).
-pub(crate) fn zip_to_tar<R: Read + Seek, W: Write>(zip: R, out: W) -> Result<W, ArtifactsError> {
+/// Converts a zip artifacts archive of `archived` bytes into a tar stream (see
+/// [`crate::zip_to_tar`]), refusing it once what it expands to breaks `limits`.
+pub(crate) fn zip_to_tar<R: Read + Seek, W: Write>(
+    zip: R,
+    out: W,
+    archived: u64,
+    limits: &Limits,
+) -> Result<W, ArtifactsError> {
     let mut archive = ZipArchive::new(zip).map_err(|e| ArtifactsError::ZipRead(e.into()))?;
+    // The central directory's own count first: a million-entry bomb fails before any write.
+    limits.check(0, archive.len() as u64, archived)?;
+    let mut expanded: u64 = 0;
     let mut builder = tar::Builder::new(out);
     // Symlinks of this archive: nothing may be unpacked through them.
     let mut symlinks: HashSet<String> = HashSet::new();
@@ -122,11 +131,16 @@ pub(crate) fn zip_to_tar<R: Read + Seek, W: Write>(zip: R, out: W) -> Result<W, 
             header.set_mode(mode.unwrap_or(DEFAULT_FILE_MODE));
             header.set_size(file.size());
             // Streamed; reading to the end checks the CRC, so a corrupt entry fails here (an
-            // entry shorter or longer than its recorded size too).
+            // entry shorter or longer than its recorded size too). The recorded size counts
+            // against the limits before a byte is written, and the reader stops one byte past
+            // it, so an entry that lies about its size cannot write more either.
             let size = file.size();
+            expanded = expanded.saturating_add(size);
+            limits.check(expanded, i as u64 + 1, archived)?;
             let mut counted = Counted {
                 inner: &mut file,
                 read: 0,
+                most: size.saturating_add(1),
                 failed: None,
             };
             let appended = builder.append_data(&mut header, &path, &mut counted);
@@ -159,11 +173,19 @@ pub(crate) fn zip_to_tar<R: Read + Seek, W: Write>(zip: R, out: W) -> Result<W, 
 struct Counted<'r, R> {
     inner: &'r mut R,
     read: u64,
+    /// Bytes it gives at most (then end of file).
+    most: u64,
     failed: Option<io::Error>,
 }
 
 impl<R: Read> Read for Counted<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let room = usize::try_from(self.most - self.read).unwrap_or(usize::MAX);
+        let take = buf.len().min(room);
+        let buf = &mut buf[..take];
+        if buf.is_empty() {
+            return Ok(0);
+        }
         match self.inner.read(buf) {
             Ok(n) => {
                 self.read += n as u64;

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
-use slipway_artifacts::{ArtifactsError, Format, Globs, archive_from_tar, zip_to_tar};
+use slipway_artifacts::{
+    ArtifactsError, Exceeded, Format, Globs, Limits, archive_from_tar, zip_to_tar,
+};
 
 const MTIME: u64 = 1_700_000_123;
 
@@ -392,7 +394,7 @@ fn file_conversions_write_what_the_in_memory_ones_do() {
     .unwrap();
     assert_eq!(made.files, in_memory.files);
     // Deflate's output depends on how the data was fed: compare what the zips hold.
-    slipway_artifacts::zip_file_to_tar_file(&zip_path, &back_path).unwrap();
+    slipway_artifacts::zip_file_to_tar_file(&zip_path, &back_path, &Limits::default()).unwrap();
     let back = unpack(&std::fs::read(&back_path).unwrap());
     assert_eq!(back, unpack(&zip_to_tar(&in_memory.bytes).unwrap()));
     assert_eq!(back["out/again.bin"].2, big, "a hard link is a copy");
@@ -420,4 +422,67 @@ fn file_conversions_write_what_the_in_memory_ones_do() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("missing.tar"), "{e}");
+}
+
+/// A zip of `files` files of `size` zero bytes each, written to `path` as a bomb is: small,
+/// expanding to `files * size`.
+fn bomb(path: &std::path::Path, files: usize, size: usize) {
+    let mut tar = TarBuilder::new();
+    let zeros = vec![0u8; size];
+    for i in 0..files {
+        tar = tar.file(&format!("zeros-{i}"), 0o644, &zeros);
+    }
+    let tar = tar.finish();
+    let zip = archive_from_tar(&tar, Format::Zip, &|_| true).unwrap();
+    std::fs::write(path, zip.bytes).unwrap();
+}
+
+/// Each limit refuses the archive while it streams: the tar written stays within the limit
+/// (plus one entry's header), and the error names the key that sets it.
+#[test]
+fn a_zip_bomb_is_refused_while_it_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let (zip, out) = (dir.path().join("bomb.zip"), dir.path().join("out.tar"));
+    // 200 MiB of zeros in about 200 KiB: a ratio near 1000.
+    bomb(&zip, 2, 100 << 20);
+    let archived = std::fs::metadata(&zip).unwrap().len();
+    assert!(archived < 1 << 20, "{archived}");
+    let err = slipway_artifacts::zip_file_to_tar_file(&zip, &out, &Limits::default()).unwrap_err();
+    assert!(
+        matches!(err, ArtifactsError::Limit(Exceeded::Ratio { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("max_ratio"), "{err}");
+    // Refused on the first entry's recorded size: nothing of it was written.
+    assert!(std::fs::metadata(&out).unwrap().len() < 4096);
+
+    let small = Limits {
+        max_size: 1 << 20,
+        ..Limits::default()
+    };
+    let err = slipway_artifacts::zip_file_to_tar_file(&zip, &out, &small).unwrap_err();
+    assert!(
+        matches!(err, ArtifactsError::Limit(Exceeded::Size { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("max_size"), "{err}");
+    assert!(std::fs::metadata(&out).unwrap().len() < 1 << 20);
+
+    bomb(&zip, 20, 1);
+    let few = Limits {
+        max_entries: 10,
+        ..Limits::default()
+    };
+    let err = slipway_artifacts::zip_file_to_tar_file(&zip, &out, &few).unwrap_err();
+    assert!(
+        matches!(err, ArtifactsError::Limit(Exceeded::Entries { limit: 10 })),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().len(),
+        0,
+        "refused before a write"
+    );
+    // Within the limits the same archive expands.
+    slipway_artifacts::zip_file_to_tar_file(&zip, &out, &Limits::default()).unwrap();
 }

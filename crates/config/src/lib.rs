@@ -12,12 +12,14 @@
 //! - `check`: the driver: [`check`], [`parse`], [`load`]; it imports the sections, none of
 //!   them imports it.
 //! - `global` ([`Config`]): the top level; `runner` ([`RunnerConfig`]): one `[[runners]]`;
-//!   `executor` ([`Executor`]); `instance`, `custom`, `plugin`, `cache`: their sections.
+//!   `executor` ([`Executor`]); `instance`, `custom`, `plugin`, `cache`, `archives`: their
+//!   sections.
 //! - `autoscaler`, `connector`, `policy`, `shape`, `price`, `vm_isolation`: the
 //!   `[runners.autoscaler]` family.
 //! - `status_page`, `embedded` (the config `slipway exec` uses without `-c`), `secrets` (which
 //!   keys hold secrets, masked out of messages), `de` (Go durations and TOML datetimes).
 
+mod archives;
 mod autoscaler;
 mod cache;
 mod check;
@@ -40,6 +42,7 @@ mod status_page;
 mod testing;
 mod vm_isolation;
 
+pub use archives::ArchivesConfig;
 pub use autoscaler::{AutoscalerConfig, ScaleThrottleConfig, StateStorageConfig};
 pub use cache::CacheConfig;
 pub use check::{CheckOptions, Checked, ConfigError, Loaded, check, load, parse};

@@ -8,6 +8,7 @@ use std::fmt;
 use serde::Deserialize;
 use slipway_executor::{Isolation, IsolationPolicy, NestingConfig};
 
+use crate::archives::ArchivesConfig;
 use crate::autoscaler::AutoscalerConfig;
 use crate::cache::CacheConfig;
 use crate::custom::{self, CustomBuildDirConfig};
@@ -99,6 +100,8 @@ pub struct RunnerConfig {
     pub custom_build_dir: Option<CustomBuildDirConfig>,
     /// `[runners.cache]`.
     pub cache: Option<CacheConfig>,
+    /// `[runners.archives]`: how far an archive from a job may expand on the manager.
+    pub archives: ArchivesConfig,
     /// Isolation levels jobs may ask for (`SLIPWAY_ISOLATION`); default: what the executor
     /// supports at the runner's level or stronger (the level is a floor; weaker ones must be
     /// listed).
@@ -155,6 +158,7 @@ impl fmt::Debug for RunnerConfig {
             .field("allowed_isolation", &self.allowed_isolation)
             .field("isolation", &self.isolation)
             .field("cache", &self.cache)
+            .field("archives", &self.archives)
             .field("autoscaler", &self.autoscaler)
             .field("instance", &self.instance)
             .field("docker", &self.docker)
@@ -481,6 +485,7 @@ impl RunnerConfig {
         if let Some(c) = &self.cache {
             c.validate(&mut report.section(&["cache"]));
         }
+        self.archives.validate(&mut report.section(&["archives"]));
         if let Some(inst) = &self.instance {
             inst.validate(
                 &self.executor,

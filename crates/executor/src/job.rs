@@ -47,6 +47,9 @@ pub struct JobSlot<'a> {
     /// Where collected artifacts are written on this machine (the system's temporary
     /// directory when `None`): a disk with room for the largest artifacts of concurrent jobs.
     pub scratch_dir: Option<std::path::PathBuf>,
+    /// Bytes of collected artifacts (and caches) the job may send to `scratch_dir`, each
+    /// `artifacts:` entry on its own (`None`: [`DEFAULT_MAX_COLLECTED`]).
+    pub max_collected: Option<u64>,
     /// The job's sources, fetched where its steps run before them (then not in
     /// `artifacts_in`); `None`: whatever `artifacts_in` holds.
     pub sources: Option<std::sync::Arc<dyn HostSources>>,
@@ -77,6 +80,10 @@ pub struct JobRunner {
     /// developer wants to debug).
     pub keep_files: bool,
 }
+
+/// Bytes of one collected `artifacts:` entry when the runner sets no limit (4 GiB, the
+/// default of `[runners.archives] max_size`).
+pub const DEFAULT_MAX_COLLECTED: u64 = 4 << 30;
 
 /// Prefix of the lines a teardown script prints for the job's trace.
 pub const NOTE_PREFIX: &str = "slipway-note: ";
@@ -139,6 +146,7 @@ impl JobRunner {
             abort,
             artifacts_in,
             scratch_dir,
+            max_collected,
             sources,
         } = slot;
         if !self.prepare.is_empty()
@@ -169,6 +177,7 @@ impl JobRunner {
             abort,
             artifacts_in,
             scratch_dir,
+            max_collected,
             sources,
         };
         let mut result = self.run_steps(job, host, inner).await;
@@ -214,6 +223,7 @@ impl JobRunner {
             abort,
             artifacts_in,
             scratch_dir,
+            max_collected,
             sources,
         } = slot;
         let clone_path = match script::clone_path_of(job) {
@@ -516,7 +526,7 @@ impl JobRunner {
                 stage,
                 &script::collect_script(&dirs, &paths),
                 None,
-                Some(&collected),
+                Some((&collected, max_collected.unwrap_or(DEFAULT_MAX_COLLECTED))),
                 TRANSFER_TIMEOUT,
                 Some(&cancel),
             )
@@ -940,10 +950,14 @@ async fn transfer(
     stage: &str,
     body: &str,
     input: Option<Tarball>,
-    output: Option<&std::path::Path>,
+    output: Option<(&std::path::Path, u64)>,
     limit: Duration,
     cancel: Option<&CancellationToken>,
 ) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let (output, most) = match output {
+        Some((path, most)) => (Some(path), most),
+        None => (None, u64::MAX),
+    };
     let run = async {
         match (input.unwrap_or_default(), output) {
             (Tarball::File(path), output) => host
@@ -969,9 +983,28 @@ async fn transfer(
             None => std::future::pending().await,
         }
     };
+    // The file is watched as it grows: what a job sends is stopped once past `most`, before
+    // it fills this machine's disk (the file goes with its `TempPath`).
+    let overflowed = async {
+        match output {
+            Some(path) if most < u64::MAX => loop {
+                tokio::time::sleep(OUTPUT_CHECK_EVERY).await;
+                if tokio::fs::metadata(path)
+                    .await
+                    .is_ok_and(|m| m.len() > most)
+                {
+                    break;
+                }
+            },
+            _ => std::future::pending().await,
+        }
+    };
     let bounded = tokio::select! {
         r = tokio::time::timeout(limit, run) => r,
         () = canceled => return Err("canceled".into()),
+        () = overflowed => return Err(format!(
+            "the collected files pass {most} bytes ([runners.archives] max_size); refused"
+        )),
     };
     match bounded {
         Err(_) => Err(format!("timed out after {}", fmt_secs(limit))),
@@ -983,6 +1016,9 @@ async fn transfer(
         )),
     }
 }
+
+/// How often a file a job streams to this machine is measured against its limit.
+const OUTPUT_CHECK_EVERY: Duration = Duration::from_millis(50);
 
 /// A duration for the trace: `1h`, `5m`, `42s`.
 pub(crate) fn fmt_secs(d: Duration) -> String {

@@ -383,6 +383,7 @@ impl Executor for NestingExecutor {
                             abort: slot.abort.clone(),
                             artifacts_in: slot.artifacts_in,
                             scratch_dir: slot.scratch_dir,
+                            max_collected: slot.max_collected,
                             sources: slot.sources,
                         },
                     )

@@ -139,6 +139,7 @@ impl Executor for PluginExecutor {
                     abort: slot.abort.clone(),
                     artifacts_in: std::mem::take(&mut slot.artifacts_in),
                     scratch_dir: slot.scratch_dir.clone(),
+                    max_collected: slot.max_collected,
                     sources: slot.sources.take(),
                 },
             )

@@ -141,9 +141,10 @@ pub fn step_script_with(
             continue;
         }
         if v.file {
+            // Owner-only whatever the job's umask: the file holds a secret (its directory too).
             let _ = writeln!(
                 s,
-                "mkdir -p {files_dir} && printf '%s' {} > {files_dir}/{}",
+                "(umask 077 && mkdir -p {files_dir} && printf '%s' {} > {files_dir}/{})",
                 quote(&v.value),
                 v.key
             );

@@ -61,6 +61,7 @@ async fn run(cgroups: &SlotCgroups, slot: u32, limits: Limits, job: &JobResponse
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                max_collected: None,
                 sources: None,
             },
         )

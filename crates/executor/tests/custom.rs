@@ -149,6 +149,7 @@ async fn run_job(
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                max_collected: None,
                 sources: None,
             },
         );

@@ -206,6 +206,7 @@ async fn run_watch(
                     abort: None,
                     artifacts_in: Vec::new(),
                     scratch_dir: None,
+                    max_collected: None,
                     sources: None,
                 },
             )
@@ -811,6 +812,7 @@ async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                max_collected: None,
                 sources: None,
             },
         )

@@ -63,6 +63,7 @@ async fn run_with(
                 abort,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                max_collected: None,
                 sources: None,
             },
         )

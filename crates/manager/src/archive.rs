@@ -38,22 +38,46 @@ pub(crate) fn keeps(
     lineage().any(|p| includes.is_match(p)) || (!tracked.contains(path) && !holds_tracked)
 }
 
+/// Why a zip archive did not become a tar stream.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UnzipError {
+    /// The archive is unreadable, unsafe, or breaks the runner's `[runners.archives]` limits.
+    #[error(transparent)]
+    Archive(#[from] slipway_artifacts::ArtifactsError),
+    /// The scratch file or the conversion's task failed.
+    #[error("{0}")]
+    Scratch(String),
+}
+
+impl UnzipError {
+    /// Whether the archive broke a limit (a bomb, or more than the operator allows): its job
+    /// fails, whatever kind of archive it is.
+    pub(crate) fn is_refused(&self) -> bool {
+        matches!(
+            self,
+            UnzipError::Archive(slipway_artifacts::ArtifactsError::Limit(_))
+        )
+    }
+}
+
 /// The zip archive `zip` as a tar stream in a new file of `scratch` named `<prefix>…`,
-/// converted file to file off the runtime's threads. The files go with the task, so a
-/// canceled job cannot leave one behind that the task then writes.
+/// converted file to file off the runtime's threads and held to `limits` as it is written.
+/// The files go with the task, so a canceled job cannot leave one behind that the task then
+/// writes, and a refused archive leaves nothing on the disk.
 pub(crate) async fn unzipped(
     zip: tempfile::TempPath,
     scratch: Option<&std::path::Path>,
     prefix: &str,
-) -> Result<Tarball, String> {
+    limits: slipway_artifacts::Limits,
+) -> Result<Tarball, UnzipError> {
     let tar = slipway_executor::scratch_file(scratch, prefix, ".tar")
-        .map_err(|e| format!("creating a file for the tar stream: {e}"))?;
+        .map_err(|e| UnzipError::Scratch(format!("creating a file for the tar stream: {e}")))?;
     tokio::task::spawn_blocking(move || {
-        slipway_artifacts::zip_file_to_tar_file(&zip, &tar).map(|()| Tarball::File(tar))
+        slipway_artifacts::zip_file_to_tar_file(&zip, &tar, &limits).map(|()| Tarball::File(tar))
     })
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())
+    .map_err(|e| UnzipError::Scratch(e.to_string()))?
+    .map_err(UnzipError::Archive)
 }
 
 /// The compression level `variable` of `job` names (GitLab's `fastest` … `slowest`); an

@@ -240,6 +240,7 @@ async fn runner_job(
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                max_collected: None,
                 sources: None,
             },
         )

@@ -452,8 +452,14 @@ async fn bench() -> anyhow::Result<serde_json::Value> {
             "the object just saved is missing"
         );
         let (from, to) = (got.clone(), back.clone());
-        tokio::task::spawn_blocking(move || slipway_artifacts::zip_file_to_tar_file(&from, &to))
-            .await??;
+        tokio::task::spawn_blocking(move || {
+            slipway_artifacts::zip_file_to_tar_file(
+                &from,
+                &to,
+                &slipway_artifacts::Limits::default(),
+            )
+        })
+        .await??;
         let unpacked = std::fs::metadata(&back)?.len();
         anyhow::ensure!(unpacked >= SIZE as u64, "restored {unpacked} bytes");
         restore.push(ms(t.elapsed()));

@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod logging;
 mod progress;
 
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ fn main() -> ExitCode {
         Command::Sim(_) => "error",
         _ => "info",
     };
-    init_logging(cli.log_level.as_deref().unwrap_or(default_level));
+    logging::init(cli.log_level.as_deref().unwrap_or(default_level));
     // The simulator runs its own paused-clock runtimes: keep it off the manager's runtime.
     if let Command::Sim(args) = &cli.command {
         return sim::run(args);
@@ -45,19 +46,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    // Colours only for a person watching: logs piped to a file or journal stay plain text.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // stderr, or through `slipway exec`'s live lines while they are drawn.
-        .with_writer(|| progress::LogWriter)
-        .init();
 }
 
 /// Run `command`; `queue` is the global `--queue`.

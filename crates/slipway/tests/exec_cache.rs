@@ -28,7 +28,7 @@ fn project(w: &World, pipeline: &str) -> PathBuf {
 fn exec(w: &World, dir: &Path, run: &str, extra: &[&str]) -> Run {
     let file = dir.join(".gitlab-ci.yml");
     let var = format!("RUN={run}");
-    let mut args = vec!["exec", file.to_str().unwrap(), "-v", &var];
+    let mut args = vec!["exec", file.to_str().unwrap(), "--plain-variable", &var];
     args.extend_from_slice(extra);
     let out = w.run(&args);
     assert_eq!(out.code, Some(0), "{}", out.explain());

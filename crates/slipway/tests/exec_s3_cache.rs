@@ -63,7 +63,7 @@ fn exec(w: &World, config: &Path, project: &Path, run: &str) -> Run {
         file.to_str().unwrap(),
         "-c",
         config.to_str().unwrap(),
-        "-v",
+        "--plain-variable",
         &var,
     ]);
     assert_eq!(out.code, Some(0), "{}", out.explain());

@@ -30,6 +30,38 @@ fn project(w: &World, pipeline: &str) -> (String, String) {
     )
 }
 
+/// A local user reads nothing `slipway exec` writes: on the embedded default (the local
+/// plugin's instance), the run directory above the job is 0700 and a file variable 0600 in a
+/// 0700 directory, whatever the job's umask.
+#[test]
+fn exec_writes_its_run_directory_and_file_variables_owner_only() {
+    let w = World::new();
+    let (file, _) = project(
+        &w,
+        r#"
+show:
+  script:
+    - umask 022
+    - echo "file=$(stat -c %a "$CERT") dir=$(stat -c %a "$(dirname "$CERT")")"
+    - d="$PWD"; while [ "$d" != / ]; do case "${d##*/}" in slipway-exec-*) echo "run=$(stat -c %a "$d")";; esac; d="${d%/*}"; done
+"#,
+    );
+    std::fs::write(
+        w.path().join("project/.slipway-variables.yml"),
+        "CERT: {value: \"-----BEGIN KEY-----\", file: true}\n",
+    )
+    .unwrap();
+    let run = w.run(&["exec", &file]);
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    let lines = run.job_lines("show");
+    assert!(
+        lines.contains(&"file=600 dir=700".to_string()),
+        "{}",
+        run.explain()
+    );
+    assert!(lines.contains(&"run=700".to_string()), "{}", run.explain());
+}
+
 #[test]
 fn list_shows_the_jobs_gitlab_would_create_and_runs_none() {
     let w = World::new();
@@ -100,7 +132,7 @@ show:
         "-c",
         &cfg,
         &file,
-        "--variable",
+        "--plain-variable",
         "GREETING=from-the-command-line",
     ]);
     assert_eq!(run.code, Some(0), "{}", run.explain());
@@ -110,6 +142,28 @@ show:
         "{}",
         run.explain()
     );
+    // `--variable` is masked, and a plain override of a masked variable does not unmask it.
+    let run = w.run(&[
+        "exec",
+        "-c",
+        &cfg,
+        &file,
+        "--variable",
+        "GREETING=cli-secret-value",
+        "--plain-variable",
+        "DEPLOY_TOKEN=override-secret",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.explain());
+    let lines = run.job_lines("show");
+    assert!(
+        lines.contains(&"token=[MASKED] greeting=[MASKED] plain=visible".to_string()),
+        "{}",
+        run.explain()
+    );
+    for secret in ["cli-secret-value", "override-secret"] {
+        assert!(!run.stdout.contains(secret), "{}", run.explain());
+        assert!(!run.stderr.contains(secret), "{}", run.explain());
+    }
     assert!(!run.stdout.contains("s3cr3t"), "{}", run.explain());
     assert!(!run.stderr.contains("s3cr3t"), "{}", run.explain());
     // The project's files are there; the secrets file is not.

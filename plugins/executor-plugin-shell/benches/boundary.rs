@@ -87,6 +87,7 @@ async fn run(
                 abort: None,
                 artifacts_in: Vec::new(),
                 scratch_dir: None,
+                max_collected: None,
                 sources: None,
             },
         )

@@ -312,6 +312,7 @@ impl DockerExecutor {
             abort,
             artifacts_in,
             scratch_dir,
+            max_collected,
             sources,
         } = slot;
         let setup = Setup {
@@ -332,6 +333,7 @@ impl DockerExecutor {
                     abort,
                     artifacts_in,
                     scratch_dir,
+                    max_collected,
                     sources,
                 };
                 self.run_steps(job, started, &host, ctx).await

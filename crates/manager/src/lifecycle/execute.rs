@@ -228,6 +228,7 @@ async fn run_on(
             abort: stops.abort.clone(),
             artifacts_in,
             scratch_dir: runner.scratch_dir.clone(),
+            max_collected: Some(runner.archive_limits.max_size),
             sources,
         },
     )

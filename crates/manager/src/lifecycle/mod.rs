@@ -256,10 +256,18 @@ impl Life<'_> {
             let r = self.source.inputs(&job, at, &mut side, &fetch_cancel).await;
             let r = match (r, cache) {
                 (Ok(mut inputs), Some(cache)) => {
-                    let restored = cache.restore(&job, &mut side, &fetch_cancel).await;
-                    let at = inputs.leading.min(inputs.tars.len());
-                    inputs.tars.splice(at..at, restored);
-                    Ok(inputs)
+                    match cache.restore(&job, &mut side, &fetch_cancel).await {
+                        Ok(restored) => {
+                            let at = inputs.leading.min(inputs.tars.len());
+                            inputs.tars.splice(at..at, restored);
+                            Ok(inputs)
+                        }
+                        Err(msg) => Err(JobOutcome::failed(
+                            FailureReason::RunnerSystemFailure,
+                            None,
+                            msg,
+                        )),
+                    }
                 }
                 (r, _) => r,
             };

@@ -42,6 +42,8 @@ pub struct DistributedCache {
     max_upload: u64,
     /// Where archives wait on their way (the system's temporary directory when `None`).
     scratch: Option<std::path::PathBuf>,
+    /// How far a cache archive may expand (`[runners.archives]`).
+    limits: slipway_artifacts::Limits,
 }
 
 impl DistributedCache {
@@ -51,6 +53,7 @@ impl DistributedCache {
         cfg: Option<&CacheConfig>,
         short_token: &str,
         scratch: Option<std::path::PathBuf>,
+        limits: slipway_artifacts::Limits,
     ) -> Option<DistributedCache> {
         let cfg = cfg?;
         let s3 = cfg.s3_config()?;
@@ -69,6 +72,7 @@ impl DistributedCache {
             short_token: short_token.to_string(),
             max_upload: u64::try_from(cfg.max_uploaded_archive_size).unwrap_or(0),
             scratch,
+            limits,
         })
     }
 
@@ -109,13 +113,15 @@ impl DistributedCache {
     }
 
     /// The tar streams of the caches of `job` that pull, the first key of each that has an
-    /// archive.
+    /// archive. A cache that cannot be had is a warning, as in GitLab Runner; one that breaks
+    /// the `[runners.archives]` limits is the error: a job must not make the manager expand a
+    /// bomb, and the job fails rather than run without a cache it was handed.
     pub async fn restore(
         &self,
         job: &JobResponse,
         trace: &mut Trace,
         cancel: &CancellationToken,
-    ) -> Vec<Tarball> {
+    ) -> Result<Vec<Tarball>, String> {
         let mut tars = Vec::new();
         for spec in &job.cache {
             let (keys, skipped) = keys_to_restore(spec, job);
@@ -169,7 +175,7 @@ impl DistributedCache {
                             Ok(r) => r.map_err(|e| e.to_string()),
                             Err(_) => Err(format!("no answer within {limit:?} (CACHE_REQUEST_TIMEOUT)")),
                         },
-                        _ = cancel.cancelled() => return tars,
+                        _ = cancel.cancelled() => return Ok(tars),
                     };
                     if got.is_ok() {
                         break;
@@ -182,10 +188,15 @@ impl DistributedCache {
                             "Downloading cache from {}",
                             url.split('?').next().unwrap_or_default()
                         ));
-                        match unzipped(zip, self.scratch.as_deref(), "cache-").await {
+                        match unzipped(zip, self.scratch.as_deref(), "cache-", self.limits).await {
                             Ok(tar) => {
                                 trace.message("Successfully extracted cache");
                                 tars.push(tar);
+                            }
+                            Err(e) if e.is_refused() => {
+                                let msg = format!("extracting the cache {key}: {e}");
+                                trace.message(&format!("ERROR: {msg}"));
+                                return Err(msg);
                             }
                             Err(e) => {
                                 trace.message(&format!("WARNING: Failed to extract cache: {e}"))
@@ -205,7 +216,7 @@ impl DistributedCache {
                 trace.message(&format!("WARNING: no cache found for {}", keys.join(", ")));
             }
         }
-        tars
+        Ok(tars)
     }
 
     /// Archive and upload what was collected for the caches of `job` (as it ran: the entries

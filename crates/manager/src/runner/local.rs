@@ -86,6 +86,7 @@ pub(super) fn start_local(
     Ok(Runner {
         start_attempts: 1,
         scratch_dir: super::scratch_dir_of(opts),
+        archive_limits: cfg.archives.limits(),
         name: cfg.name.clone(),
         builds_dir,
         cache_dir: cache_dir_of(cfg, &local_default),

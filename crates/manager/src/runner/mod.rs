@@ -102,6 +102,8 @@ pub struct Runner {
     /// Where jobs' sources, artifacts and caches wait on this machine's disk on their way
     /// (`<state dir>/tmp`; the system's temporary directory without a state dir).
     pub scratch_dir: Option<PathBuf>,
+    /// How far an archive a job sent may expand on this machine (`[runners.archives]`).
+    pub archive_limits: slipway_artifacts::Limits,
     /// What its instances cost and what its jobs used of them (runners on instances).
     pub costs: Option<Arc<CostBook>>,
     /// The task keeping `costs` in step with the instances, stopped at shutdown.
@@ -154,7 +156,13 @@ pub(crate) fn distributed_cache_of(
         "" => cfg.name.clone(),
         token => slipway_gitlab::Secret::new(token).short(),
     };
-    cache::DistributedCache::new(cfg.cache.as_ref(), &short, scratch_dir_of(opts)).map(Arc::new)
+    cache::DistributedCache::new(
+        cfg.cache.as_ref(),
+        &short,
+        scratch_dir_of(opts),
+        cfg.archives.limits(),
+    )
+    .map(Arc::new)
 }
 
 /// `<state dir>/tmp` (see [`Runner::scratch_dir`]).
@@ -302,6 +310,7 @@ impl Runner {
         ));
         Ok(Runner {
             scratch_dir: scratch_dir_of(opts),
+            archive_limits: cfg.archives.limits(),
             name: cfg.name.clone(),
             builds_dir: cfg.builds_dir.clone().unwrap_or_else(|| "builds".into()),
             cache_dir: cache_dir_of(cfg, "cache"),

@@ -40,9 +40,14 @@ pub struct Args {
     /// Print the jobs the pipeline has (stage, when, needs) and run nothing.
     #[arg(long)]
     pub list: bool,
-    /// A variable for every job, over the pipeline's own: KEY=VALUE (repeat for more).
+    /// A variable for every job, over the pipeline's own: KEY=VALUE (repeat for more). Its
+    /// value is masked in job output, as the variables file's are.
     #[arg(long = "variable", short = 'v', value_name = "KEY=VALUE")]
     pub variables: Vec<String>,
+    /// Like --variable, but the value shows in job output (a masked variable it replaces
+    /// stays masked).
+    #[arg(long = "plain-variable", value_name = "KEY=VALUE")]
+    pub plain_variables: Vec<String>,
     /// Variables file (values masked in output unless `masked: false`); default:
     /// .slipway-variables.yml beside the pipeline, when it exists.
     #[arg(long)]
@@ -90,6 +95,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         needs: args.needs,
         manual: args.manual,
         variables: args.variables,
+        plain_variables: args.plain_variables,
         variables_file: args.variables_file,
         include_root: args.include_root,
         allow_unsupported: args.allow_unsupported,

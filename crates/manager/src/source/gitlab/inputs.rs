@@ -80,7 +80,7 @@ pub(super) async fn inputs_of(
         ));
         let token = Secret::new(dep.token.clone());
         let attempts = crate::archive::attempts_of(job, "ARTIFACT_DOWNLOAD_ATTEMPTS");
-        let mut tar = Err(String::new());
+        let mut tar = Err((String::new(), false));
         for attempt in 1..=attempts {
             if attempt > 1 {
                 trace.message(&format!(
@@ -94,8 +94,9 @@ pub(super) async fn inputs_of(
                 _ = cancel.cancelled() => return Err(failed("canceled while downloading artifacts".into(), cancel)),
             };
             match &tar {
-                Ok(_) => break,
-                Err(e) if attempt < attempts => {
+                // A refused archive is refused again: no retry.
+                Ok(_) | Err((_, true)) => break,
+                Err((e, _)) if attempt < attempts => {
                     trace.message(&format!(
                         "WARNING: downloading the artifacts of {}: {e}",
                         dep.name
@@ -112,7 +113,7 @@ pub(super) async fn inputs_of(
                 ));
                 inputs.tars.push(tar);
             }
-            Err(e) => {
+            Err((e, _)) => {
                 let msg = format!(
                     "downloading the artifacts of {} ({}): {e}",
                     dep.name, dep.id
@@ -126,15 +127,23 @@ pub(super) async fn inputs_of(
 }
 
 /// The artifacts of job `id` as a tar stream in a file: the zip downloaded into one file, then
-/// converted into another.
-async fn dependency_tar(source: &Source, id: u64, token: &Secret) -> Result<Tarball, String> {
+/// converted into another within the runner's `[runners.archives]` limits. The error says
+/// whether the archive was refused (a retry would be refused too).
+async fn dependency_tar(
+    source: &Source,
+    id: u64,
+    token: &Secret,
+) -> Result<Tarball, (String, bool)> {
     let scratch = source.runner.scratch_dir.as_deref();
     let zip = slipway_executor::scratch_file(scratch, &format!("artifacts-{id}-"), ".zip")
-        .map_err(|e| format!("creating a file for the download: {e}"))?;
+        .map_err(|e| (format!("creating a file for the download: {e}"), false))?;
     source
         .client
         .download_artifacts_to(id, token, &zip)
         .await
-        .map_err(|e| e.to_string())?;
-    crate::archive::unzipped(zip, scratch, &format!("artifacts-{id}-")).await
+        .map_err(|e| (e.to_string(), false))?;
+    let limits = source.runner.archive_limits;
+    crate::archive::unzipped(zip, scratch, &format!("artifacts-{id}-"), limits)
+        .await
+        .map_err(|e| (e.to_string(), e.is_refused()))
 }

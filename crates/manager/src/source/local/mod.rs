@@ -62,8 +62,10 @@ pub struct ExecOptions {
     pub needs: bool,
     /// Manual jobs to play.
     pub manual: Vec<String>,
-    /// `KEY=VALUE` variables given on the command line (over the variables file's).
+    /// `KEY=VALUE` variables given on the command line (over the variables file's), masked.
     pub variables: Vec<String>,
+    /// `KEY=VALUE` variables given on the command line, shown in output (`--plain-variable`).
+    pub plain_variables: Vec<String>,
     /// The variables file (default: `.slipway-variables.yml` beside the pipeline, if present).
     pub variables_file: Option<PathBuf>,
     /// Where `include:project` finds other projects' checkouts.

@@ -108,7 +108,11 @@ pub fn read(
             notify(format!("Variables from {}", path.display()));
         }
     }
-    for kv in &opts.variables {
+    // `--variable` values are secrets unless said (`--plain-variable`); a plain value that
+    // replaces a masked one stays masked, so an override never unmasks a secret.
+    let given = (opts.variables.iter().map(|kv| (kv, true)))
+        .chain(opts.plain_variables.iter().map(|kv| (kv, false)));
+    for (kv, masked) in given {
         let Some((key, value)) = kv.split_once('=') else {
             return Err(ReadError::VariableSyntax { given: kv.clone() });
         };
@@ -118,8 +122,11 @@ pub fn read(
                 key: key.to_string(),
             });
         }
+        let was_masked = user.iter().any(|v: &Variable| v.key == key && v.masked);
         user.retain(|v: &Variable| v.key != key);
-        user.push(Variable::new(key, value));
+        let mut v = Variable::new(key, value);
+        v.masked = masked || was_masked;
+        user.push(v);
     }
     let user_keys = user.iter().map(|v| v.key.clone()).collect();
     let pipeline = Pipeline::from_file(
