@@ -205,3 +205,55 @@ async fn a_refusing_bucket_is_a_warning_never_a_failed_job() {
     assert!(trace.contains("HTTP 403"), "{trace}");
     assert!(s3.objects(BUCKET).unwrap().is_empty());
 }
+
+/// A cache archive in the bucket that is a 1 MB zip of 1 GiB is refused while it streams (on
+/// the default limits): the job fails before its script, saying which limit, and the
+/// manager's scratch directory is left empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zip_bomb_in_the_cache_fails_its_job_and_leaves_the_disk_as_it_was() {
+    let s3 = LocalStack::start(BUCKET).expect("LocalStack");
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let project = "ci/runner/fAkErUnNe/project/1";
+    let put = slipway_cache::S3::new(slipway_cache::S3Config {
+        server_address: s3.address(),
+        bucket: BUCKET.into(),
+        insecure: true,
+        credentials: slipway_cache::Credentials {
+            access_key: ACCESS_KEY.into(),
+            secret_key: SECRET_KEY.into(),
+            session_token: None,
+        },
+        ..slipway_cache::S3Config::default()
+    });
+    let (url, headers) = put.put_url(
+        &format!("{project}/bomb"),
+        Duration::from_secs(300),
+        std::time::SystemTime::now(),
+    );
+    slipway_cache::transfer::Client::new(Duration::from_secs(60))
+        .unwrap()
+        .put(&url, &headers, common::zip_bomb().into())
+        .await
+        .expect("putting the bomb");
+    let id = gl.enqueue(job(
+        "test",
+        &["echo never-runs"],
+        json!([{"key": "bomb", "paths": ["vendor/"], "policy": "pull"}]),
+    ));
+    let cfg = config(&w, &gl, &s3, SECRET_KEY);
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = common::job_ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "failed", "{trace}\n{stderr}");
+    for want in ["extracting the cache bomb", "refused", "max_ratio"] {
+        assert!(trace.contains(want), "{want:?} missing:\n{trace}");
+    }
+    assert!(!trace.contains("never-runs"), "{trace}");
+    let scratch = w.path().join(".slipway-state/tmp");
+    assert!(
+        common::files_in(&scratch).is_empty(),
+        "{:?}",
+        common::files_in(&scratch)
+    );
+}

@@ -645,6 +645,96 @@ async fn a_broken_dependency_is_tried_artifact_download_attempts_times() {
     common::stop_manager(&w, child.take().unwrap());
 }
 
+/// A dependency's 1 MB zip that expands to 1 GiB is refused while it streams, on the default
+/// limits: the job fails before its script, saying which limit, after one download (a retry
+/// would be refused again), and the manager's scratch directory is left empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zip_bomb_dependency_fails_its_job_and_leaves_the_disk_as_it_was() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let dep_id = 901;
+    let bomb = common::zip_bomb();
+    let size = bomb.len();
+    gl.put_artifact(dep_id, "glcbt-1_depToken00002", bomb);
+    let mut job = job_payload_with_vars(
+        "test",
+        &["echo never-runs"],
+        &[
+            ("GIT_STRATEGY", "none"),
+            ("ARTIFACT_DOWNLOAD_ATTEMPTS", "3"),
+        ],
+    );
+    job["dependencies"] = json!([
+        {"id": dep_id, "token": "glcbt-1_depToken00002", "name": "build",
+         "artifacts_file": {"filename": "artifacts.zip", "size": size}}
+    ]);
+    let id = gl.enqueue(job);
+    let cfg = instance_config(&w, &gl, "");
+    let mut child = Some(common::start_manager(&w, &cfg));
+    finished(&gl, id, "failed", &w, &mut child).await;
+    let trace = gl.job(id).unwrap().trace_text();
+    for want in ["downloading the artifacts of build", "refused", "max_ratio"] {
+        assert!(trace.contains(want), "{want:?} missing:\n{trace}");
+    }
+    assert!(!trace.contains("never-runs"), "{trace}");
+    let downloads = gl
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.method == "GET"
+                && r.path
+                    .starts_with(&format!("/api/v4/jobs/{dep_id}/artifacts"))
+        })
+        .count();
+    assert_eq!(downloads, 1, "a refused archive is not downloaded again");
+    let scratch = w.path().join(".slipway-state/tmp");
+    assert!(
+        common::files_in(&scratch).is_empty(),
+        "{:?}",
+        common::files_in(&scratch)
+    );
+    common::stop_manager(&w, child.take().unwrap());
+}
+
+/// A job whose collected artifacts pass `[runners.archives] max_size` (1 GiB made from a 1 MB
+/// zip where it runs, against a 256 MiB limit) fails saying so, and what it sent is gone from
+/// the manager's scratch directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collected_artifacts_past_max_size_fail_the_job_and_leave_nothing() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let bomb = w.path().join("bomb.zip");
+    std::fs::write(&bomb, common::zip_bomb()).unwrap();
+    let mut job = job_payload_with_vars(
+        "build",
+        &[&format!(
+            "mkdir -p out && python3 -m zipfile -e {} out/ && echo expanded",
+            bomb.display()
+        )],
+        &[("GIT_STRATEGY", "none")],
+    );
+    job["artifacts"] = json!([
+        {"name": "out", "untracked": false, "paths": ["out/"], "when": "on_success",
+         "artifact_type": "archive", "artifact_format": "zip"}
+    ]);
+    let id = gl.enqueue(job);
+    let cfg = instance_config(&w, &gl, "  [runners.archives]\n    max_size = 268435456\n");
+    let mut child = Some(common::start_manager(&w, &cfg));
+    finished(&gl, id, "failed", &w, &mut child).await;
+    let trace = gl.job(id).unwrap().trace_text();
+    for want in ["expanded", "collecting artifacts failed", "max_size"] {
+        assert!(trace.contains(want), "{want:?} missing:\n{trace}");
+    }
+    assert!(gl.job(id).unwrap().artifacts.is_empty(), "nothing uploaded");
+    let scratch = w.path().join(".slipway-state/tmp");
+    assert!(
+        common::files_in(&scratch).is_empty(),
+        "{:?}",
+        common::files_in(&scratch)
+    );
+    common::stop_manager(&w, child.take().unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_priced_runner_closes_each_trace_with_the_jobs_cost() {
     let w = World::new();

@@ -43,7 +43,7 @@ show:
   script:
     - umask 022
     - echo "file=$(stat -c %a "$CERT") dir=$(stat -c %a "$(dirname "$CERT")")"
-    - d="$PWD"; while [ "$d" != / ]; do case "${d##*/}" in slipway-exec-*) echo "run=$(stat -c %a "$d")";; esac; d="${d%/*}"; done
+    - d="$PWD"; while [ -n "$d" ]; do case "${d##*/}" in slipway-exec-*) echo "run=$(stat -c %a "$d")";; esac; d="${d%/*}"; done
 "#,
     );
     std::fs::write(

@@ -18,8 +18,10 @@ impl JobFiles {
     pub(super) async fn create(job: &JobResponse) -> Result<Self, CustomError> {
         let json = serde_json::to_vec(job).map_err(std::io::Error::other)?;
         let dir = tokio::task::spawn_blocking(|| {
+            // Owner-only: tempfile's directories are 0777 less the umask.
             tempfile::Builder::new()
                 .prefix("slipway-custom-executor")
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
                 .tempdir()
         })
         .await

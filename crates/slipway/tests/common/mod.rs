@@ -407,6 +407,35 @@ pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A zip bomb: about 1 MB that expands to 1 GiB of zeros in `zeros.bin` (written by Python's
+/// `zipfile`, as any tool would write one).
+pub fn zip_bomb() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("python3")
+        .current_dir(dir.path())
+        .args([
+            "-c",
+            "import zipfile\n\
+             with zipfile.ZipFile('bomb.zip', 'w', zipfile.ZIP_DEFLATED, compresslevel=9) as z:\n\
+             \x20   with z.open('zeros.bin', 'w', force_zip64=True) as f:\n\
+             \x20       block = bytes(1 << 20)\n\
+             \x20       for _ in range(1024): f.write(block)\n",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let zip = std::fs::read(dir.path().join("bomb.zip")).unwrap();
+    assert!(zip.len() < 2 << 20, "a bomb of {} bytes", zip.len());
+    zip
+}
+
+/// The files left in `dir` (none: what a refused archive passed through is gone).
+pub fn files_in(dir: &Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default()
+}
+
 /// The files of a zip archive (as GitLab stores artifacts), by path, unpacked with
 /// slipway-artifacts and `tar`.
 pub fn unzip(zip: &[u8]) -> std::collections::BTreeMap<String, String> {

@@ -205,8 +205,10 @@ pub async fn run(
     };
 
     // Everything this run creates lives under one directory, removed at the end.
+    // Owner-only: tempfile's directories are 0777 less the umask, readable by every user.
     let run_dir = tempfile::Builder::new()
         .prefix("slipway-exec-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir()
         .map_err(LocalError::RunDir)?;
     let artifacts_dir = run_dir.path().join("artifacts");
