@@ -82,14 +82,68 @@ pub struct Masker {
     prefixes: Vec<Vec<u8>>,
     /// `name=` of the URL parameters, lower case.
     params: Vec<Vec<u8>>,
+    /// `secrets` and `prefixes` by their first two bytes (see [`Index`]).
+    secret_index: Index,
+    prefix_index: Index,
     /// Whether a pattern may start with this pair of bytes (65,536 bits).
     pairs: Vec<u64>,
     /// Whether a pattern may start with this byte.
     first: [bool; 256],
+    /// How far the scan may jump when a window of [`Masker::window`] bytes ends in this pair
+    /// (Wu–Manber): no pattern can start before `shift` more bytes.
+    shift: Vec<u8>,
+    /// The shortest pattern's length (the scan's window); under 3 the scan goes byte by byte.
+    window: usize,
     /// The longest pattern, in bytes (a parameter counts its `?` or `&`).
     longest: usize,
     pending: Vec<u8>,
     skip: Option<Skip>,
+}
+
+/// Patterns by their first two bytes, so a position where one may start is checked against
+/// the few that start so, not all of them: `(pair, index)` sorted, indexes in the patterns'
+/// own order (longest first); one-byte patterns apart.
+#[derive(Clone, Debug, Default)]
+struct Index {
+    by_pair: Vec<(u16, u32)>,
+    single: Vec<u32>,
+}
+
+impl Index {
+    fn of(patterns: &[Vec<u8>]) -> Index {
+        let mut index = Index::default();
+        for (i, p) in patterns.iter().enumerate() {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            match p.as_slice() {
+                [a, b, ..] => index.by_pair.push((pair(*a, *b), i)),
+                _ => index.single.push(i),
+            }
+        }
+        index.by_pair.sort_unstable();
+        index
+    }
+
+    /// The first of `patterns` (longest first) that `rest` starts with.
+    fn find<'p>(&self, patterns: &'p [Vec<u8>], rest: &[u8]) -> Option<&'p [u8]> {
+        let hit = |&i: &u32| {
+            let p = &patterns[i as usize];
+            rest.starts_with(p).then_some(p.as_slice())
+        };
+        if let [a, b, ..] = rest {
+            let key = pair(*a, *b);
+            let from = self.by_pair.partition_point(|(k, _)| *k < key);
+            let bucket = self.by_pair[from..].iter().take_while(|(k, _)| *k == key);
+            if let Some(p) = bucket.map(|(_, i)| i).find_map(hit) {
+                return Some(p);
+            }
+        }
+        self.single.iter().find_map(hit)
+    }
+}
+
+/// Two bytes as one table index.
+fn pair(a: u8, b: u8) -> u16 {
+    u16::from(a) << 8 | u16::from(b)
 }
 
 impl std::fmt::Debug for Masker {
@@ -155,31 +209,68 @@ impl Masker {
             .map(|p| format!("{}=", p.to_ascii_lowercase()).into_bytes())
             .collect();
         let mut m = Masker {
+            secret_index: Index::of(&secrets),
+            prefix_index: Index::of(&prefixes),
             secrets,
             prefixes,
             params,
             pairs: vec![0; 1024],
             first: [false; 256],
+            shift: Vec::new(),
+            window: 0,
             longest: 0,
             pending: Vec::new(),
             skip: None,
         };
-        let mut starts: Vec<Vec<u8>> = m.secrets.iter().chain(&m.prefixes).cloned().collect();
+        // Every pattern a match may start with; in a parameter's, letters match either case.
+        let mut starts: Vec<(Vec<u8>, bool)> = m
+            .secrets
+            .iter()
+            .chain(&m.prefixes)
+            .map(|p| (p.clone(), false))
+            .collect();
         for p in &m.params {
             for sep in [b'?', b'&'] {
-                for first in [p[0].to_ascii_lowercase(), p[0].to_ascii_uppercase()] {
-                    let mut pat = vec![sep, first];
-                    pat.extend_from_slice(&p[1..]);
-                    starts.push(pat);
-                }
+                let mut pat = vec![sep];
+                pat.extend_from_slice(p);
+                starts.push((pat, true));
             }
         }
-        for pat in &starts {
+        let cases = |b: u8, any_case: bool| {
+            if any_case && b.is_ascii_alphabetic() {
+                vec![b.to_ascii_lowercase(), b.to_ascii_uppercase()]
+            } else {
+                vec![b]
+            }
+        };
+        m.window = (starts.iter().map(|(p, _)| p.len()).min().unwrap_or(0)).min(255);
+        let window = m.window;
+        m.shift = vec![u8::try_from(window.saturating_sub(1)).unwrap_or(0); 1 << 16];
+        for (pat, any_case) in &starts {
             m.longest = m.longest.max(pat.len());
-            m.first[usize::from(pat[0])] = true;
-            if let Some(&second) = pat.get(1) {
-                let bit = usize::from(pat[0]) << 8 | usize::from(second);
-                m.pairs[bit / 64] |= 1 << (bit % 64);
+            for b in cases(pat[0], *any_case) {
+                m.first[usize::from(b)] = true;
+            }
+            let seconds = match pat.get(1) {
+                Some(&second) => cases(second, *any_case),
+                // A one-byte pattern may start before any byte.
+                None => (0..=u8::MAX).collect(),
+            };
+            for a in cases(pat[0], *any_case) {
+                for &b in &seconds {
+                    let bit = usize::from(pair(a, b));
+                    m.pairs[bit / 64] |= 1 << (bit % 64);
+                }
+            }
+            // Wu–Manber: a window ending in the pair at `j`, `j + 1` of a pattern may hold
+            // that pattern starting `window - 2 - j` bytes later at the earliest.
+            for j in 0..window.saturating_sub(1) {
+                for a in cases(pat[j], *any_case) {
+                    for b in cases(pat[j + 1], *any_case) {
+                        let s = &mut m.shift[usize::from(pair(a, b))];
+                        *s = (*s).min(u8::try_from(window - 2 - j).unwrap_or(u8::MAX));
+                    }
+                }
             }
         }
         m
@@ -213,11 +304,30 @@ impl Masker {
     fn may_start(&self, buf: &[u8], i: usize) -> bool {
         match buf.get(i + 1) {
             Some(&second) => {
-                let bit = usize::from(buf[i]) << 8 | usize::from(second);
+                let bit = usize::from(pair(buf[i], second));
                 self.pairs[bit / 64] & (1 << (bit % 64)) != 0
             }
             None => self.first[usize::from(buf[i])],
         }
+    }
+
+    /// The first position from `i` where a pattern may start (`buf.len()` when none): plain
+    /// text is skipped a window at a time, then the last bytes one by one.
+    fn next_start(&self, buf: &[u8], mut i: usize) -> usize {
+        let m = self.window;
+        if m >= 3 {
+            while i + m <= buf.len() {
+                let e = i + m - 1;
+                match self.shift[usize::from(pair(buf[e - 1], buf[e]))] {
+                    0 if self.may_start(buf, i) => return i,
+                    0 => i += 1,
+                    s => i += usize::from(s),
+                }
+            }
+        }
+        (i..buf.len())
+            .find(|&j| self.may_start(buf, j))
+            .unwrap_or(buf.len())
     }
 
     /// Whether `rest` is the unfinished start of a pattern: more bytes could make it one.
@@ -268,9 +378,7 @@ impl Masker {
                 continue;
             }
             // Plain bytes up to where a pattern may start, copied at once.
-            let next = (i..buf.len())
-                .find(|&j| self.may_start(buf, j))
-                .unwrap_or(buf.len());
+            let next = self.next_start(buf, i);
             out.extend_from_slice(&buf[i..next]);
             i = next;
             if i == buf.len() {
@@ -281,10 +389,10 @@ impl Masker {
                 self.pending = rest.to_vec();
                 return out;
             }
-            if let Some(s) = self.secrets.iter().find(|s| rest.starts_with(s)) {
+            if let Some(s) = self.secret_index.find(&self.secrets, rest) {
                 out.extend_from_slice(MASK.as_bytes());
                 i += s.len();
-            } else if let Some(p) = self.prefixes.iter().find(|p| rest.starts_with(p)) {
+            } else if let Some(p) = self.prefix_index.find(&self.prefixes, rest) {
                 out.extend_from_slice(p);
                 i += p.len();
                 self.skip = Some(Skip {
@@ -396,6 +504,83 @@ mod tests {
         }
         out.extend(m.finish());
         String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// The window skip and the pair index find what a byte-by-byte scan over every pattern
+    /// finds: text full of near misses (secrets' first bytes, prefixes without their dash,
+    /// parameters in mixed case) masks the same either way, whole and cut in pieces.
+    #[test]
+    fn the_skipping_scan_masks_what_a_byte_by_byte_scan_masks() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let secrets: Vec<String> = (0..40)
+            .map(|i| format!("s{i}cr{}t-{}", i * 7, "x".repeat(i % 5)))
+            .collect();
+        let bits = [
+            "s1",
+            "s1cr7t",
+            "glpat",
+            "glpat-",
+            "GR134",
+            "GR1348941",
+            "?private",
+            "&X-AMZ-SIGNATURE=",
+            "?x-amz-credential=",
+            "&Sig=",
+            " ",
+            "\n",
+            "=",
+            "abc",
+            "zz",
+            "z",
+            "a",
+            "-",
+            "https://h/p",
+        ];
+        for _ in 0..300 {
+            let mut text = String::new();
+            for _ in 0..next(60) {
+                match next(3) {
+                    0 => text.push_str(&secrets[next(secrets.len())]),
+                    1 => text.push_str(bits[next(bits.len())]),
+                    _ => text.push_str(&"qwertyuiop".repeat(next(3))),
+                }
+            }
+            let masker = Masker::new(&secrets);
+            assert_eq!(masker.window, 5, "the skip is on");
+            let mut plain = masker.clone();
+            plain.window = 0;
+            let mut one = |m: &mut Masker| {
+                let mut out = m.push(text.as_bytes());
+                out.extend(m.finish());
+                out
+            };
+            let (skipping, reference) = (one(&mut masker.clone()), one(&mut plain));
+            assert_eq!(
+                String::from_utf8_lossy(&skipping),
+                String::from_utf8_lossy(&reference),
+                "{text:?}"
+            );
+            let mut cut = masker.clone();
+            let mut out = Vec::new();
+            let mut at = 0;
+            while at < text.len() {
+                let end = (at + 1 + next(7)).min(text.len());
+                out.extend(cut.push(&text.as_bytes()[at..end]));
+                at = end;
+            }
+            out.extend(cut.finish());
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&reference),
+                "{text:?}"
+            );
+        }
     }
 
     #[test]
