@@ -14,16 +14,24 @@ pub(crate) mod duration {
             Secs(u64),
             Text(String),
         }
-        match Raw::deserialize(d).map_err(|_| {
+        let d = match Raw::deserialize(d).map_err(|_| {
             serde::de::Error::custom("expected a duration such as \"30s\", \"5m\" or \"1h30m\"")
         })? {
-            Raw::Secs(s) => Ok(Duration::from_secs(s)),
+            Raw::Secs(s) => Duration::from_secs(s),
             Raw::Text(t) => humantime::parse_duration(t.trim()).map_err(|e| {
                 serde::de::Error::custom(format!(
                     "invalid duration {t:?} ({e}); expected e.g. \"30s\", \"5m\" or \"1h30m\""
                 ))
-            }),
+            })?,
+        };
+        // Past Go's longest duration GitLab Runner cannot read it, and a deadline that far
+        // away would overflow a clock.
+        if d > crate::problem::GO_LONGEST {
+            return Err(serde::de::Error::custom(
+                "expected at most \"2562047h\" (Go's longest duration)",
+            ));
         }
+        Ok(d)
     }
 }
 

@@ -82,15 +82,22 @@ impl<'a> Report<'a> {
         (self.sink)(path, message.into(), false);
     }
 
-    /// A Go-style duration in a string key: an error names the key.
+    /// A Go-style duration in a string key: an error names the key. Past Go's longest
+    /// duration (what GitLab Runner can read) is an error too: a deadline that far away
+    /// would overflow a clock.
     pub(crate) fn duration_text(&mut self, keys: &[&str], text: &str) {
-        if let Err(e) = humantime::parse_duration(text.trim()) {
-            self.error(
+        match humantime::parse_duration(text.trim()) {
+            Err(e) => self.error(
                 keys,
                 format!(
                     "invalid duration {text:?} ({e}); expected e.g. \"30s\", \"15m\" or \"1h30m\""
                 ),
-            );
+            ),
+            Ok(d) if d > GO_LONGEST => self.error(
+                keys,
+                format!("{text:?}: expected at most \"2562047h\" (Go's longest duration)"),
+            ),
+            Ok(_) => {}
         }
     }
 
@@ -104,6 +111,9 @@ impl<'a> Report<'a> {
         }
     }
 }
+
+/// Go's longest `time.Duration` (i64 nanoseconds, about 292 years).
+pub(crate) const GO_LONGEST: std::time::Duration = std::time::Duration::from_nanos(i64::MAX as u64);
 
 /// `"a", "b", "c"`: the names a message offers.
 pub(crate) fn quoted(names: &[&str]) -> String {

@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use serde_json::{Value, json};
 use slipway_fuzz::driver::{Outcome, run};
 use slipway_fuzz::{
-    archive, config, content_range, gitlab, guest_frame, masking, paths, pipeline, plugin_process,
-    plugin_reply,
+    archive, config, content_range, extremes, gitlab, guest_frame, masking, paths, pipeline,
+    plugin_process, plugin_reply,
 };
 
 /// Crashes found and fixed before this run (while the targets were built, and by short
@@ -64,6 +64,7 @@ fn targets(execs: u64) -> Vec<Target> {
             run(n, s, 4096, content_range::check)
         }),
         ("masking", execs, |n, s| run(n, s, 4096, masking::check)),
+        ("extremes", execs, |n, s| run(n, s, 256, extremes::check)),
         ("guest_frame", execs, |n, s| {
             run(n, s, 4096, guest_frame::check)
         }),

@@ -18,6 +18,7 @@
 //! - [`plugin_process`]: the real plugin host against a fake plugin process that sends random
 //!   replies; every call returns and the process is gone after `stop`.
 //! - [`masking`]: the job log's masker: random secrets, output and split points.
+//! - [`extremes`]: numbers and durations at their type's edges in a job payload and config.toml.
 //! - [`mutate`]: structured mutation of seed files (bytes, dictionary tokens, whole lines),
 //!   because random bytes alone never get deep into YAML, TOML or JSON.
 //! - [`driver`]: runs a target for a number of execs on seeded generated inputs, catching panics.
@@ -29,6 +30,7 @@ pub mod archive;
 pub mod config;
 pub mod content_range;
 pub mod driver;
+pub mod extremes;
 pub mod gitlab;
 pub mod guest_frame;
 pub mod masking;

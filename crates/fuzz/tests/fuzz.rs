@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use slipway_fuzz::{
-    archive, config, content_range, gitlab, guest_frame, masking, paths, pipeline, plugin_reply,
+    archive, config, content_range, extremes, gitlab, guest_frame, masking, paths, pipeline,
+    plugin_reply,
 };
 
 const TIME: Duration = Duration::from_secs(3);
@@ -31,6 +32,7 @@ target!(archives, archive::Input, archive::check);
 target!(archive_extraction, archive::Input, archive::check_extract);
 target!(cache_keys_and_artifact_paths, paths::Input, paths::check);
 target!(masked_output, masking::Input, masking::check);
+target!(values_at_their_extremes, extremes::Input, extremes::check);
 target!(
     content_range_headers,
     content_range::Input,
