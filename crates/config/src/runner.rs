@@ -19,14 +19,18 @@ use crate::problem::{Report, quoted};
 
 /// Where a runner's jobs get their sources fetched (`[runners] fetch_sources`).
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum FetchSources {
-    /// Where the job's steps run (an instance's shell, a container, a VM, this machine's
-    /// shell), when git 2.31+ is there and reaches GitLab; else on the manager.
+    /// Only where the job's steps run (an instance's shell, a container, a VM, this machine's
+    /// shell): a host without git 2.31+, or that cannot reach GitLab, fails the job. The
+    /// manager never fetches on a pipeline's behalf from its own network position.
     #[default]
     Instance,
     /// Always on the manager, streamed to the job.
     Manager,
+    /// Where the job's steps run, and on the manager when that host has no git 2.31+ or
+    /// cannot reach GitLab (the operator allows the manager's network position).
+    InstanceOrManager,
 }
 
 /// One `[[runners]]` entry.
@@ -84,9 +88,10 @@ pub struct RunnerConfig {
     pub debug_trace_disabled: bool,
     /// URL jobs clone from instead of `url`.
     pub clone_url: Option<String>,
-    /// Where a job's sources are fetched: `instance` (default: where its steps run — an
-    /// instance's shell, a container, a VM — when git 2.31+ is there and reaches GitLab; else
-    /// the manager), or `manager` (always, streamed to the job).
+    /// Where a job's sources are fetched: `instance` (default: only where its steps run — an
+    /// instance's shell, a container, a VM — which needs git 2.31+ there reaching GitLab, else
+    /// the job fails), `manager` (always, streamed to the job), or `instance_or_manager` (where
+    /// its steps run, else the manager).
     pub fetch_sources: FetchSources,
     /// `[runners.referees]`; accepted, not used (a warning says so).
     pub referees: Option<toml::Table>,
@@ -604,6 +609,39 @@ mod tests {
             direct.runners[0].token_expires_at.as_deref(),
             Some("0001-01-01T00:00:00Z")
         );
+    }
+
+    #[test]
+    fn fetch_sources_takes_three_values_and_an_unknown_one_names_the_key_and_them() {
+        use crate::runner::FetchSources;
+        let with = |value: &str| {
+            GITLAB_WRITTEN.replace(
+                "  executor = \"shell\"\n",
+                &format!("  executor = \"shell\"\n  fetch_sources = {value}\n"),
+            )
+        };
+        let default = parse(GITLAB_WRITTEN, "config.toml").expect("valid");
+        assert_eq!(
+            default.config.runners[0].fetch_sources,
+            FetchSources::Instance
+        );
+        for (value, want) in [
+            ("\"instance\"", FetchSources::Instance),
+            ("\"manager\"", FetchSources::Manager),
+            ("\"instance_or_manager\"", FetchSources::InstanceOrManager),
+        ] {
+            let loaded = parse(&with(value), "config.toml").expect(value);
+            assert_eq!(loaded.config.runners[0].fetch_sources, want, "{value}");
+        }
+        let e = errors(&with("\"anywhere\""));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("runners[0].fetch_sources"), "{e:?}");
+        for value in ["instance", "manager", "instance_or_manager"] {
+            assert!(
+                e[0].contains(&format!("`{value}`")),
+                "{value} missing: {e:?}"
+            );
+        }
     }
 
     #[test]

@@ -18,10 +18,11 @@ use crate::tarball::Tarball;
 use slipway_job::trace::Trace;
 
 /// The exit status of a fetch script that found no git on the host: the manager fetches
-/// instead.
+/// instead, on a runner that allows it (`fetch_sources = "instance_or_manager"`).
 pub const NO_GIT: u32 = 97;
 /// The exit status of a fetch script whose host cannot connect to the repository's server
-/// (a network that reaches the manager but not GitLab): the manager fetches instead.
+/// (a network that reaches the manager but not GitLab): the manager fetches instead, on a
+/// runner that allows it.
 pub const UNREACHABLE: u32 = 98;
 
 /// How a job's sources are fetched on the host its steps run on.

@@ -555,7 +555,7 @@ mod tests {
             assert_eq!(masker.window, 5, "the skip is on");
             let mut plain = masker.clone();
             plain.window = 0;
-            let mut one = |m: &mut Masker| {
+            let one = |m: &mut Masker| {
                 let mut out = m.push(text.as_bytes());
                 out.extend(m.finish());
                 out

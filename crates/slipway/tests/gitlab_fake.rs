@@ -505,6 +505,8 @@ check_interval = 1
   url = "{url}"
   token = "{token}"
   executor = "docker-autoscaler"
+  # busybox has no git: its sources come from the manager, which this runner allows.
+  fetch_sources = "instance_or_manager"
   [runners.docker]
     image = "slipway-busybox:latest"
     pull_policy = "never"

@@ -173,47 +173,55 @@ async fn submodules_and_lfs_objects_come_over_http_with_the_job_token_only() {
         ],
         &[("libs/lib", "group/lib", "../lib.git")],
     );
-    let token = "glcbt-1_srcTokenForTheJob0001";
-    let id = gl.enqueue(job_of(
-        &gl,
-        "group/project",
-        &sha,
-        token,
-        &[
-            "cat README.md libs/lib/lib.txt libs/lib/deep/deep.txt",
-            "head -c 32 data/big.bin; echo",
-            "test \"$(wc -c < data/big.bin)\" = 2112 && echo lfs-object-whole",
-            "grep -rl glcbt .git/config .git/modules && exit 9 || echo no-token-in-git-files",
-        ],
-        &[
-            ("GIT_SUBMODULE_STRATEGY", "recursive"),
-            ("GIT_SUBMODULE_DEPTH", "1"),
-        ],
-    ));
-    let cfg = config(&w, &gl, "sources", "");
-    let child = common::start_manager(&w, &cfg);
-    let (state, trace) = common::job_ended(&gl, id).await;
-    let stderr = common::stop_manager(&w, child);
-    assert_eq!(state, "success", "{trace}\n{stderr}");
-    for want in [
-        "the project",
-        "from the submodule",
-        "from the nested submodule",
-        "large binary content kept in L",
-        "lfs-object-whole",
-        "no-token-in-git-files",
-        "Updating/initializing submodules recursively...",
+    // Fetched where the job runs, then on the manager (one level at a time there, each
+    // submodule's URL judged: these are all on the server).
+    for (n, name, extra) in [
+        (1, "sources", ""),
+        (2, "sourcesm", "  fetch_sources = \"manager\""),
     ] {
-        assert!(
-            trace.contains(want),
-            "{want:?} missing:\n{trace}\nrequests: {:?}",
-            gl.requests()
-                .iter()
-                .map(|r| (r.method.clone(), r.path.clone(), r.status))
-                .collect::<Vec<_>>()
-        );
+        let token = format!("glcbt-1_srcTokenForTheJob000{n}");
+        let id = gl.enqueue(job_of(
+            &gl,
+            "group/project",
+            &sha,
+            &token,
+            &[
+                "cat README.md libs/lib/lib.txt libs/lib/deep/deep.txt",
+                "head -c 32 data/big.bin; echo",
+                "test \"$(wc -c < data/big.bin)\" = 2112 && echo lfs-object-whole",
+                "grep -rl glcbt .git/config .git/modules && exit 9 || echo no-token-in-git-files",
+            ],
+            &[
+                ("GIT_SUBMODULE_STRATEGY", "recursive"),
+                ("GIT_SUBMODULE_DEPTH", "1"),
+            ],
+        ));
+        let cfg = config(&w, &gl, name, extra);
+        let child = common::start_manager(&w, &cfg);
+        let (state, trace) = common::job_ended(&gl, id).await;
+        let stderr = common::stop_manager(&w, child);
+        assert_eq!(state, "success", "{name}: {trace}\n{stderr}");
+        for want in [
+            "the project",
+            "from the submodule",
+            "from the nested submodule",
+            "large binary content kept in L",
+            "lfs-object-whole",
+            "no-token-in-git-files",
+            "Updating/initializing submodules recursively...",
+        ] {
+            assert!(
+                trace.contains(want),
+                "{name}: {want:?} missing:\n{trace}\nrequests: {:?}",
+                gl.requests()
+                    .iter()
+                    .map(|r| (r.method.clone(), r.path.clone(), r.status))
+                    .collect::<Vec<_>>()
+            );
+        }
+        assert!(!trace.contains(&token), "job token in the trace");
+        assert!(!trace.contains("WARNING"), "{name}: {trace}");
     }
-    assert!(!trace.contains(token), "job token in the trace");
     // Every repository and the LFS batch API were asked with the job token.
     let requests = gl.requests();
     for path in [
@@ -625,8 +633,24 @@ async fn sources_are_fetched_on_the_instance_into_a_working_copy_its_slot_keeps(
     );
 }
 
+/// The git requests `gl` received for `project` (`group/name`), from the job's host or the
+/// manager alike.
+fn git_requests(gl: &FakeGitlab, project: &str) -> usize {
+    let prefix = format!("/{project}.git");
+    gl.requests()
+        .iter()
+        .filter(|r| r.path.starts_with(&prefix))
+        .count()
+}
+
+/// The last `failure_reason` GitLab was told for job `id`.
+fn failure_reason(gl: &FakeGitlab, id: u64) -> Value {
+    let job = gl.job(id).unwrap();
+    job.updates.last().cloned().unwrap_or_default()["failure_reason"].clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_instance_that_cannot_reach_gitlab_gets_its_sources_from_the_manager() {
+async fn an_instance_that_cannot_reach_gitlab_fails_unless_the_runner_lets_the_manager_fetch() {
     let w = World::new();
     let gl = FakeGitlab::start().await;
     let root = w.path().join("srv");
@@ -638,16 +662,46 @@ async fn an_instance_that_cannot_reach_gitlab_gets_its_sources_from_the_manager(
         &[("f.txt", "far away\n")],
         &[],
     );
-    let id = gl.enqueue(job_of(
+    let job = |n: u32| {
+        job_of(
+            &gl,
+            "group/far",
+            &sha,
+            &format!("glcbt-1_srcTokenFar00000{n}"),
+            &["cat f.txt"],
+            &[],
+        )
+    };
+
+    // The default (`instance`): instances in namespaces of their own, out of reach of the test
+    // server on loopback, and the manager does not fetch in their place.
+    let id = gl.enqueue(job(1));
+    let cfg = config_with(&w, &gl, "far0", "", false);
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = common::job_ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "failed", "{trace}\n{stderr}");
+    assert!(
+        trace.contains(
+            "ERROR: getting the sources failed: the job's host cannot reach the repository's server"
+        ) && trace.contains("(fetch_sources = \"instance\")")
+            && trace.contains("\"instance_or_manager\" in [[runners]]"),
+        "{trace}"
+    );
+    assert!(!trace.contains("the manager fetches"), "{trace}");
+    assert!(!trace.contains("far away"), "{trace}");
+    assert_eq!(failure_reason(&gl, id), "runner_system_failure");
+    assert_eq!(git_requests(&gl, "group/far"), 0, "the manager fetched");
+
+    // `instance_or_manager`: the manager fetches for the instance.
+    let id = gl.enqueue(job(2));
+    let cfg = config_with(
+        &w,
         &gl,
-        "group/far",
-        &sha,
-        "glcbt-1_srcTokenFar000001",
-        &["cat f.txt"],
-        &[],
-    ));
-    // Instances in namespaces of their own: the test server on loopback is out of reach.
-    let cfg = config_with(&w, &gl, "far", "", false);
+        "far1",
+        "  fetch_sources = \"instance_or_manager\"",
+        false,
+    );
     let child = common::start_manager(&w, &cfg);
     let (state, trace) = common::job_ended(&gl, id).await;
     let stderr = common::stop_manager(&w, child);
@@ -659,16 +713,10 @@ async fn an_instance_that_cannot_reach_gitlab_gets_its_sources_from_the_manager(
         "{trace}"
     );
     assert!(trace.contains("far away"), "{trace}");
+    assert!(git_requests(&gl, "group/far") > 0);
 
     // `fetch_sources = "manager"`: no attempt on the instance at all.
-    let id = gl.enqueue(job_of(
-        &gl,
-        "group/far",
-        &sha,
-        "glcbt-1_srcTokenFar000002",
-        &["cat f.txt"],
-        &[],
-    ));
+    let id = gl.enqueue(job(3));
     let cfg = config_with(&w, &gl, "far2", "  fetch_sources = \"manager\"", false);
     let child = common::start_manager(&w, &cfg);
     let (state, trace) = common::job_ended(&gl, id).await;
@@ -676,4 +724,255 @@ async fn an_instance_that_cannot_reach_gitlab_gets_its_sources_from_the_manager(
     assert_eq!(state, "success", "{trace}");
     assert!(!trace.contains("cannot be reached"), "{trace}");
     assert!(trace.contains("far away"), "{trace}");
+}
+
+/// A directory with a `git` that says it is 2.25 (too old to take the job token from its
+/// environment) and is the real git otherwise: a job's host without a usable git, while the
+/// manager (which never asks for the version) still fetches with it.
+fn old_git(w: &World) -> PathBuf {
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("git"))
+        .find(|g| g.is_file())
+        .expect("git on PATH");
+    let bin = w.path().join("old-git");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(
+        bin.join("git"),
+        format!(
+            "#!/bin/sh\nif [ \"$*\" = version ]; then echo 'git version 2.25.1'; exit 0; fi\n\
+             exec {} \"$@\"\n",
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        bin.join("git"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    bin
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_without_usable_git_fails_the_job_unless_the_runner_lets_the_manager_fetch() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    gl.serve_git(&root);
+    let sha = publish(
+        &root,
+        &w.path().join("authoring"),
+        "group/nogit",
+        &[("n.txt", "fetched for a host without git\n")],
+        &[],
+    );
+    // The shell executor: the job's host is this machine, with the manager's PATH, where `git`
+    // is too old.
+    let path = std::env::join_paths(std::iter::once(old_git(&w)).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    let run = |name: &str, extra: &str, n: u32| {
+        let id = gl.enqueue(job_of(
+            &gl,
+            "group/nogit",
+            &sha,
+            &format!("glcbt-1_srcTokenNoGit0000{n}"),
+            &["cat n.txt"],
+            &[],
+        ));
+        let cfg = w.write(
+            "config.toml",
+            &format!(
+                "concurrent = 1\ncheck_interval = 1\n[[runners]]\n  name = \"{name}\"\n  \
+                 url = \"{url}\"\n  token = \"{token}\"\n  executor = \"shell\"\n  \
+                 builds_dir = \"{builds}\"\n{extra}\n",
+                url = gl.url(),
+                token = gl.runner_token(),
+                builds = w.path().join(format!("builds-{name}")).display(),
+            ),
+        );
+        let child = w
+            .slipway(&["run", "-c", cfg.to_str().unwrap()])
+            .env("PATH", &path)
+            .spawn()
+            .expect("spawn slipway run");
+        (id, child)
+    };
+
+    // The default (`instance`): the job fails before its script, saying why; nothing fetched.
+    let (id, child) = run("nogit0", "", 1);
+    let (state, trace) = common::job_ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "failed", "{trace}\n{stderr}");
+    assert!(
+        trace.contains("ERROR: getting the sources failed: the job's host has no git 2.31+")
+            && trace.contains("(fetch_sources = \"instance\")")
+            && trace.contains(
+                "set fetch_sources = \"manager\" or \"instance_or_manager\" in [[runners]]"
+            ),
+        "{trace}"
+    );
+    assert!(!trace.contains("the manager fetches"), "{trace}");
+    assert!(!trace.contains("fetched for a host without git"), "{trace}");
+    assert_eq!(failure_reason(&gl, id), "runner_system_failure");
+    assert_eq!(git_requests(&gl, "group/nogit"), 0, "something fetched");
+
+    // `instance_or_manager`: the manager fetches, and says so.
+    let (id, child) = run("nogit1", "  fetch_sources = \"instance_or_manager\"", 2);
+    let (state, trace) = common::job_ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}\n{stderr}");
+    assert!(
+        trace.contains(
+            "git (2.31 or later) is not installed where the job runs: the manager fetches the sources and sends them"
+        ),
+        "{trace}"
+    );
+    assert!(trace.contains("fetched for a host without git"), "{trace}");
+    assert!(git_requests(&gl, "group/nogit") > 0);
+}
+
+/// A loopback listener that counts the connections it accepts (and drops them), until dropped.
+struct Probe {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Probe {
+    fn start() -> Probe {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (count, done) = (accepted.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok(_) => {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Probe {
+            port,
+            accepted,
+            stop,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_fetches_submodules_and_lfs_objects_only_from_the_repository_s_server() {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let root = w.path().join("srv");
+    let work = w.path().join("authoring");
+    let repos = gl.serve_git(&root);
+    // A service on the manager's loopback that a repository names: it must hear nothing.
+    let probe = Probe::start();
+    let foreign = |path: &str| format!("http://probe:s3cr3t@127.0.0.1:{}/{path}", probe.port);
+    let big = b"large binary content kept in LFS\n".repeat(64);
+    let oid = repos.put_lfs_object(&big);
+    publish(
+        &root,
+        &work,
+        "group/deep",
+        &[("deep.txt", "from the nested submodule\n")],
+        &[],
+    );
+    // A submodule on the server whose own submodule is elsewhere: judged a level down.
+    publish(
+        &root,
+        &work,
+        "group/lib",
+        &[("lib.txt", "from the submodule\n")],
+        &[("deep", "group/deep", &foreign("group/deep.git"))],
+    );
+    let sha = publish(
+        &root,
+        &work,
+        "group/probed",
+        &[
+            ("README.md", "the project\n"),
+            (
+                ".gitattributes",
+                "*.bin filter=lfs diff=lfs merge=lfs -text\n",
+            ),
+            ("data/big.bin", &lfs_pointer(&oid, &big)),
+            (
+                ".lfsconfig",
+                &format!("[lfs]\n\turl = {}\n", foreign("lfs")),
+            ),
+        ],
+        &[
+            ("libs/lib", "group/lib", "../lib.git"),
+            ("ext/probe", "group/deep", &foreign("group/deep.git")),
+        ],
+    );
+    let token = "glcbt-1_srcTokenProbe0000001";
+    let id = gl.enqueue(job_of(
+        &gl,
+        "group/probed",
+        &sha,
+        token,
+        &[
+            "cat README.md libs/lib/lib.txt",
+            "echo \"probe entries: $(ls -A ext/probe | wc -l)\"",
+            "echo \"deep entries: $(ls -A libs/lib/deep | wc -l)\"",
+            "head -c 40 data/big.bin; echo",
+        ],
+        &[("GIT_SUBMODULE_STRATEGY", "recursive")],
+    ));
+    // The manager fetches (the operator's choice), from its own network position.
+    let cfg = config(&w, &gl, "probed", "  fetch_sources = \"manager\"");
+    let child = common::start_manager(&w, &cfg);
+    let (state, trace) = common::job_ended(&gl, id).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state, "success", "{trace}\n{stderr}");
+    assert_eq!(probe.accepted(), 0, "the probe was reached:\n{trace}");
+    let shown = format!("http://127.0.0.1:{}/", probe.port);
+    let server = gl.url().trim_start_matches("http://").to_string();
+    for want in [
+        format!(
+            "WARNING: submodule ext/probe is not fetched from {shown}group/deep.git: on the \
+             manager, submodules come only from the repository's server ({server})"
+        ),
+        format!("WARNING: submodule libs/lib/deep is not fetched from {shown}group/deep.git"),
+        format!("WARNING: LFS objects are not fetched from {shown}lfs: on the manager"),
+        "from the submodule".to_string(),
+        "probe entries: 0".to_string(),
+        "deep entries: 0".to_string(),
+        // The pointer stays.
+        "version https://git-lfs.github.com/spec".to_string(),
+    ] {
+        assert!(trace.contains(&want), "{want:?} missing:\n{trace}");
+    }
+    // The warnings name the URLs without their credentials (git's own lines show
+    // `.gitmodules` as the project wrote it).
+    assert!(
+        trace
+            .lines()
+            .filter(|l| l.starts_with("WARNING:"))
+            .all(|l| !l.contains("s3cr3t")),
+        "credentials in a warning:\n{trace}"
+    );
+    assert!(!trace.contains(token), "job token in the trace");
+    // The submodule on the server was fetched.
+    assert!(git_requests(&gl, "group/lib") > 0);
 }

@@ -565,7 +565,13 @@ async fn job_variables_cannot_turn_off_tls_verification() {
             .replace("https://", "https://gitlab-ci-token:glcbt-tls-secret@")
     ));
     let id = gl.enqueue(job);
+    // The manager's fetch is the one under test: the runner fetches there.
     let cfg = instance_config(&w, &gl, "tls");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "  executor = \"instance\"\n",
+        "  executor = \"instance\"\n  fetch_sources = \"manager\"\n",
+    );
+    std::fs::write(&cfg, text).unwrap();
     let child = start(&w, &cfg);
     wait_state(&gl, id, "failed").await;
     stop(&w, child);

@@ -182,11 +182,16 @@ impl Executed {
 }
 
 /// Where `runner` fetches its jobs' sources: where their steps run (an instance's shell, a
-/// container, a VM, this machine's shell, an executor plugin's environment), falling back to
-/// the manager where that has no git, unless the runner says `fetch_sources = "manager"`. The
-/// custom executor's driver fetches its own.
+/// container, a VM, this machine's shell, an executor plugin's environment) unless the runner
+/// says `fetch_sources = "manager"`. Whether the manager may step in where that host has no
+/// git is the fetch's own setting (`instance_or_manager`; `GitSources::with_manager_fallback`).
+/// The custom executor's driver fetches its own.
 pub(super) fn sources_at(runner: &Runner) -> SourcesAt {
-    if runner.fetch_sources == FetchSources::Instance && runner.executor != ConfigExecutor::Custom {
+    let on_host = matches!(
+        runner.fetch_sources,
+        FetchSources::Instance | FetchSources::InstanceOrManager
+    );
+    if on_host && runner.executor != ConfigExecutor::Custom {
         SourcesAt::Host
     } else {
         SourcesAt::Manager

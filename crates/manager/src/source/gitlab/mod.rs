@@ -46,7 +46,7 @@ use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
 use git::GitSources;
-use slipway_config::{Executor, RunnerConfig};
+use slipway_config::{Executor, FetchSources, RunnerConfig};
 
 mod artifacts;
 pub mod git;
@@ -244,7 +244,8 @@ pub async fn serve(
         outbox,
         git: Arc::new(
             GitSources::new(own_dir.join("git"), cfg.clone_url.clone(), tls.clone())
-                .with_scratch(scratch),
+                .with_scratch(scratch)
+                .with_manager_fallback(cfg.fetch_sources == FetchSources::InstanceOrManager),
         ),
         tls_variables: tls_variables(&tls).await,
     });

@@ -103,6 +103,48 @@ impl Remote {
         &self.settings
     }
 
+    /// Whether git fetching `url` (after this remote's `insteadOf` rewrites) reaches the
+    /// repository's own server: the same host and port, over a transport a submodule may use
+    /// (never SSH: the manager's own identity). What a repository names for its submodules or
+    /// LFS store is its author's choice; only this server is the runner's.
+    pub fn serves(&self, url: &str) -> bool {
+        let url = self.rewritten(url);
+        let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        if !matches!(scheme.as_deref(), Some("http" | "https" | "git")) {
+            return false;
+        }
+        matches!(
+            (endpoint_of(&url), endpoint_of(&self.url)),
+            (Some(a), Some(b)) if a == b
+        )
+    }
+
+    /// The repository's server as `host:port`, for messages.
+    pub fn server(&self) -> String {
+        match endpoint_of(&self.url) {
+            Some((host, port)) if host.contains(':') => format!("[{host}]:{port}"),
+            Some((host, port)) => format!("{host}:{port}"),
+            None => self.url.clone(),
+        }
+    }
+
+    /// `url` as git rewrites it with this remote's `url.<base>.insteadOf` settings (the
+    /// longest prefix wins, as in git).
+    fn rewritten(&self, url: &str) -> String {
+        let best = self
+            .settings
+            .iter()
+            .filter_map(|(k, from)| {
+                let base = k.strip_prefix("url.")?.strip_suffix(".insteadOf")?;
+                url.starts_with(from.as_str()).then_some((base, from.len()))
+            })
+            .max_by_key(|(_, len)| *len);
+        match best {
+            Some((base, len)) => format!("{base}{}", &url[len..]),
+            None => url.to_string(),
+        }
+    }
+
     /// The setting names given (their values may be secret), for tests.
     #[cfg(test)]
     fn keys(&self) -> Vec<&str> {
@@ -118,6 +160,52 @@ fn server_of(url: &str) -> Option<String> {
     }
     let authority = rest.split('/').next().filter(|a| !a.is_empty())?;
     Some(format!("{scheme}://{authority}/"))
+}
+
+/// Where `url` leads: its host (lowercase, without an IPv6 address's brackets) and port (the
+/// scheme's default when none is written; `user@host:path` is SSH). `None` for what names no
+/// host (a path, `file://`) or no port: such a URL is never the repository's server.
+pub(super) fn endpoint_of(url: &str) -> Option<(String, u16)> {
+    let url = url.trim();
+    let (scheme, authority) = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            (scheme.to_ascii_lowercase(), &rest[..end])
+        }
+        // scp-like syntax: `[user@]host:path`, no slash before the colon.
+        None => {
+            let (authority, _) = url.split_once(':')?;
+            if authority.contains('/') || authority.starts_with('[') {
+                return None;
+            }
+            ("ssh".to_string(), authority)
+        }
+    };
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, after) = bracketed.split_once(']')?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match hostport.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (hostport, None),
+        },
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let port = match port.filter(|p| !p.is_empty()) {
+        Some(p) => p.parse().ok()?,
+        None => match scheme.as_str() {
+            "http" => 80,
+            "https" => 443,
+            "git" => 9418,
+            "ssh" | "git+ssh" | "ssh+git" => 22,
+            _ => return None,
+        },
+    };
+    Some((host.to_ascii_lowercase(), port))
 }
 
 /// A URL without its `user:password@` part, and that part.
@@ -167,6 +255,77 @@ mod tests {
         let (url, creds) = split_credentials("https://host/a@b.git");
         assert_eq!(url, "https://host/a@b.git");
         assert_eq!(creds, None);
+    }
+
+    #[test]
+    fn a_url_s_endpoint_is_its_host_and_port() {
+        let e = |u: &str| endpoint_of(u);
+        let at = |h: &str, p: u16| Some((h.to_string(), p));
+        assert_eq!(
+            e("https://GitLab.example.com/g/p.git"),
+            at("gitlab.example.com", 443)
+        );
+        assert_eq!(
+            e("http://u:p@127.0.0.1:8080/g/p.git"),
+            at("127.0.0.1", 8080)
+        );
+        assert_eq!(e("http://[::1]:9/x"), at("::1", 9));
+        assert_eq!(e("https://[::1]/x"), at("::1", 443));
+        assert_eq!(e("git://host/x"), at("host", 9418));
+        assert_eq!(e("git@host:g/p.git"), at("host", 22));
+        assert_eq!(e("ssh://git@host:2222/g/p.git"), at("host", 2222));
+        assert_eq!(e("http://host?x"), at("host", 80));
+        for none in [
+            "file:///srv/p.git",
+            "/srv/p.git",
+            "../lib.git",
+            "http://host:port/x",
+            "weird://host/x",
+        ] {
+            assert_eq!(e(none), None, "{none}");
+        }
+    }
+
+    #[test]
+    fn only_the_repository_s_host_and_port_are_its_server() {
+        let mut job = JobResponse::default();
+        job.git_info.repo_url = "http://gitlab-ci-token:t@127.0.0.1:8080/g/p.git".into();
+        let r = Remote::of(&job, None, &TlsFiles::default(), true);
+        assert_eq!(r.server(), "127.0.0.1:8080");
+        for ok in [
+            "http://127.0.0.1:8080/g/lib.git",
+            "http://someone@127.0.0.1:8080/other/lib.git",
+            "HTTP://127.0.0.1:8080/x",
+            // GIT_SUBMODULE_FORCE_HTTPS sends these to the server.
+            "git@127.0.0.1:g/lib.git",
+            "ssh://git@127.0.0.1/g/lib.git",
+        ] {
+            assert!(r.serves(ok), "{ok}");
+        }
+        for foreign in [
+            "http://127.0.0.1:8081/g/lib.git",
+            "http://localhost:8080/g/lib.git",
+            "http://169.254.169.254/latest/meta-data",
+            "https://127.0.0.1/g/lib.git",
+            "http://127.0.0.1:8080@169.254.169.254/x",
+            "ssh://git@127.0.0.1:8080/g/lib.git",
+            "file:///etc",
+            "/srv/lib.git",
+        ] {
+            assert!(!r.serves(foreign), "{foreign}");
+        }
+        // Without GIT_SUBMODULE_FORCE_HTTPS an SSH URL is SSH (port 22).
+        let r = Remote::of(&job, None, &TlsFiles::default(), false);
+        assert!(!r.serves("git@127.0.0.1:g/lib.git"));
+        // clone_url moves the server.
+        let r = Remote::of(
+            &job,
+            Some("http://10.0.0.5:9000"),
+            &TlsFiles::default(),
+            false,
+        );
+        assert!(r.serves("http://10.0.0.5:9000/g/lib.git"));
+        assert!(!r.serves("http://127.0.0.1:8080/g/lib.git"));
     }
 
     #[test]

@@ -1,5 +1,12 @@
 //! One fetch into a working copy: init or reuse, fetch, check out, clean, submodules, LFS,
 //! then the tar stream the job unpacks.
+//!
+//! Submodules and LFS objects come only from the repository's own server ([`Remote::serves`]):
+//! `.gitmodules` and `.lfsconfig` are the project's files, and git on the manager would reach
+//! whatever they name from the manager's network position (its loopback services, a cloud's
+//! metadata address). Git resolves the URLs itself (`git submodule init`, `git lfs env`); each
+//! is judged as resolved, and `git submodule update` is handed only the paths that pass, one
+//! level at a time, so a nested `.gitmodules` is judged before anything is fetched for it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -10,7 +17,7 @@ use slipway_job::Trace;
 use tokio::process::Command;
 
 use super::Sources;
-use super::access::Remote;
+use super::access::{Remote, split_credentials};
 use super::options::{
     SubmoduleStrategy, Submodules, clean_flags, fetch_flags, lfs_skipped, refspecs,
 };
@@ -42,6 +49,12 @@ pub(super) struct Checkout<'a> {
 impl Checkout<'_> {
     /// A git command in the working copy with the remote's settings.
     fn git(&self, args: &[&str]) -> Command {
+        self.git_in(self.dir, args)
+    }
+
+    /// A git command in `dir` (the working copy or one of its submodules) with the remote's
+    /// settings.
+    fn git_in(&self, dir: &Path, args: &[&str]) -> Command {
         let mut c = Command::new("git");
         // No background gc or maintenance outliving a command: the next git command, the
         // stale-lock sweep or the tar would race it.
@@ -52,7 +65,7 @@ impl Checkout<'_> {
             "maintenance.autoDetach=false",
         ])
         .arg("-C")
-        .arg(self.dir);
+        .arg(dir);
         if LFS.get().copied().unwrap_or(false) {
             // What `git lfs install` would write to a global config, for these commands only.
             c.args([
@@ -116,6 +129,9 @@ impl Checkout<'_> {
         if self.depth > 0 {
             fetch.arg(format!("--depth={}", self.depth));
         }
+        // Submodules are fetched below, each URL judged first; not here, from whatever a
+        // kept working copy's submodules were last pointed at.
+        fetch.arg("--no-recurse-submodules");
         fetch.arg("origin").args(refspecs(job));
         run(fetch, trace, "fetching the repository").await?;
 
@@ -155,60 +171,208 @@ impl Checkout<'_> {
         self.tar().await
     }
 
-    /// `git submodule sync` and `update --init` as GitLab Runner runs them, then each
-    /// submodule cleaned (a reused working copy) and its LFS objects fetched.
+    /// `git submodule init`, `sync` and `update --init` as GitLab Runner runs them, one level
+    /// at a time and only for submodules on the repository's server, then each submodule
+    /// cleaned (a reused working copy) and its LFS objects fetched.
     async fn update_submodules(&self, fresh: bool, trace: &mut Trace) -> Result<(), String> {
         let s = self.submodules;
-        let recursive = s.recursive_flag();
-        trace.message(match recursive {
-            Some(_) => "Updating/initializing submodules recursively...",
-            None => "Updating/initializing submodules...",
+        // `--recursive` among the update flags would have git recurse past the check of each
+        // level: it asks for the recursive strategy instead.
+        let (flags, recursive_flag) = without_recursive(&s.update_flags);
+        let recursive = s.strategy == SubmoduleStrategy::Recursive || recursive_flag;
+        trace.message(if recursive {
+            "Updating/initializing submodules recursively..."
+        } else {
+            "Updating/initializing submodules..."
         });
-        let sub = |args: &[&str]| {
-            let mut c = self.git(&["submodule"]);
-            c.args(args).env("GIT_ALLOW_PROTOCOL", SUBMODULE_PROTOCOL);
-            c
-        };
-        let paths = |c: &mut Command| {
-            if !s.paths.is_empty() {
-                c.arg("--").args(&s.paths);
+        let mut fetched = Vec::new();
+        let mut levels = vec![self.dir.to_path_buf()];
+        while let Some(dir) = levels.pop() {
+            // GIT_SUBMODULE_PATHS names the top level's submodules only.
+            let paths = if dir == self.dir {
+                s.paths.as_slice()
+            } else {
+                &[]
+            };
+            for path in self.submodule_level(&dir, paths, &flags, trace).await? {
+                let sub = dir.join(path);
+                if recursive {
+                    levels.push(sub.clone());
+                }
+                fetched.push(sub);
             }
-        };
-        let mut init = sub(&["init"]);
-        paths(&mut init);
-        run(init, trace, "git submodule init").await?;
-        let mut sync = sub(&["sync"]);
-        sync.args(recursive);
-        paths(&mut sync);
-        run(sync, trace, "git submodule sync").await?;
-        let mut update = sub(&["update", "--init"]);
-        update.args(recursive);
-        if s.depth > 0 {
-            update.arg(format!("--depth={}", s.depth));
         }
-        update.args(&s.update_flags);
-        paths(&mut update);
-        run(update, trace, "fetching the submodules").await?;
         if self.reuse && !fresh {
             let flags = clean_flags(self.job)?;
             if !flags.is_empty() {
                 let cmd = format!("git clean {} && git reset --hard -q", flags.join(" "));
-                let mut each = sub(&["foreach", "--quiet"]);
-                each.args(recursive).arg(cmd);
+                let mut each = self.git(&["submodule", "foreach", "--quiet"]);
+                if recursive {
+                    each.arg("--recursive");
+                }
+                each.arg(cmd);
                 run(each, trace, "cleaning the submodules").await?;
             }
         }
         if !lfs_skipped(self.job) && lfs_installed().await {
-            let mut each = sub(&["foreach", "--quiet"]);
-            each.args(recursive)
-                .arg(
-                    "git -c 'filter.lfs.process=git-lfs filter-process' \
-                     -c filter.lfs.required=true lfs pull",
-                )
-                .env_remove("GIT_LFS_SKIP_SMUDGE");
-            run(each, trace, "fetching the submodules' LFS objects").await?;
+            for dir in &fetched {
+                self.lfs_pull(dir, "fetching the submodules' LFS objects", trace)
+                    .await?;
+            }
         }
         Ok(())
+    }
+
+    /// The submodules of the repository in `dir` that `paths` names (all when empty):
+    /// initialized and synced (relative URLs resolved by git against this level's remote),
+    /// then fetched where git would fetch them from the repository's server; the others are
+    /// skipped with a warning. The paths fetched, relative to `dir`.
+    async fn submodule_level(
+        &self,
+        dir: &Path,
+        paths: &[String],
+        flags: &[String],
+        trace: &mut Trace,
+    ) -> Result<Vec<String>, String> {
+        let sub = |args: &[&str]| {
+            let mut c = self.git_in(dir, &["submodule"]);
+            c.args(args).env("GIT_ALLOW_PROTOCOL", SUBMODULE_PROTOCOL);
+            c
+        };
+        let mut init = sub(&["init"]);
+        init.arg("--").args(paths);
+        run(init, trace, "git submodule init").await?;
+        let mut sync = sub(&["sync"]);
+        sync.arg("--").args(paths);
+        run(sync, trace, "git submodule sync").await?;
+
+        let gitlinks = self.gitlinks(dir, paths).await?;
+        if gitlinks.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Names by path (.gitmodules), and the URLs git resolved for them (the config `init`
+        // and `sync` wrote): what `update` would fetch.
+        let names = self
+            .config_entries(dir, Some(".gitmodules"), r"^submodule\..*\.path$", "path")
+            .await?;
+        let urls = self
+            .config_entries(dir, None, r"^submodule\..*\.url$", "url")
+            .await?;
+        let shown = |path: &str| match dir.strip_prefix(self.dir) {
+            Ok(rel) if !rel.as_os_str().is_empty() => format!("{}/{path}", rel.display()),
+            _ => path.to_string(),
+        };
+        let (mut allowed, mut refused) = (Vec::new(), Vec::new());
+        for path in gitlinks {
+            let name = names.iter().find(|(_, p)| *p == path).map(|(n, _)| n);
+            let url = name.and_then(|n| urls.iter().find(|(k, _)| k == n).map(|(_, u)| u));
+            match (name, url) {
+                (Some(_), Some(url)) if self.remote.serves(url) => allowed.push(path),
+                (Some(_), Some(url)) => {
+                    trace.message(&format!(
+                        "WARNING: submodule {} is not fetched from {}: on the manager, \
+                         submodules come only from the repository's server ({})",
+                        shown(&path),
+                        split_credentials(url).0,
+                        self.remote.server()
+                    ));
+                    refused.push(path);
+                }
+                _ => trace.message(&format!(
+                    "WARNING: submodule {} is not fetched: .gitmodules gives it no URL",
+                    shown(&path)
+                )),
+            }
+        }
+        // A working copy kept from an earlier job may hold some checked out: emptied, so the
+        // job never finds stale ones (one never cloned has nothing to empty).
+        refused.retain(|p| dir.join(p).join(".git").exists());
+        if !refused.is_empty() {
+            let mut deinit = sub(&["deinit", "-f", "-q", "--"]);
+            deinit.args(&refused).env("GIT_LITERAL_PATHSPECS", "1");
+            run(deinit, trace, "git submodule deinit").await?;
+        }
+        if !allowed.is_empty() {
+            let mut update = sub(&["update", "--init"]);
+            if self.submodules.depth > 0 {
+                update.arg(format!("--depth={}", self.submodules.depth));
+            }
+            // The paths are literal: a `*` in one must not reach a refused submodule.
+            update
+                .args(flags)
+                .arg("--")
+                .args(&allowed)
+                .env("GIT_LITERAL_PATHSPECS", "1");
+            run(update, trace, "fetching the submodules").await?;
+        }
+        Ok(allowed)
+    }
+
+    /// The submodule paths (gitlinks) of the index in `dir` that `paths` names: what git's
+    /// submodule commands visit for the same pathspec.
+    async fn gitlinks(&self, dir: &Path, paths: &[String]) -> Result<Vec<String>, String> {
+        let mut ls = self.git_in(dir, &["ls-files", "-s", "-z", "--"]);
+        ls.args(paths).stdin(std::process::Stdio::null());
+        let out = ls
+            .output()
+            .await
+            .map_err(|e| format!("git ls-files: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "listing the submodules: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let mut found: Vec<String> = Vec::new();
+        for entry in out.stdout.split(|b| *b == 0) {
+            let entry = String::from_utf8_lossy(entry);
+            // `<mode> <object> <stage>\t<path>`
+            if let Some((meta, path)) = entry.split_once('\t')
+                && meta.starts_with("160000 ")
+                && found.last().is_none_or(|p| p != path)
+            {
+                found.push(path.to_string());
+            }
+        }
+        Ok(found)
+    }
+
+    /// `(name, value)` of the `submodule.<name>.<key>` settings matching `pattern`, from `file`
+    /// in `dir` or (`None`) the repository's configuration as git reads it.
+    async fn config_entries(
+        &self,
+        dir: &Path,
+        file: Option<&str>,
+        pattern: &str,
+        key: &str,
+    ) -> Result<Vec<(String, String)>, String> {
+        let mut c = self.git_in(dir, &["config", "-z"]);
+        if let Some(f) = file {
+            c.args(["-f", f]);
+        }
+        c.args(["--get-regexp", pattern])
+            .stdin(std::process::Stdio::null());
+        let out = c.output().await.map_err(|e| format!("git config: {e}"))?;
+        // 1: nothing matches (or no such file).
+        if !out.status.success() && out.status.code() != Some(1) {
+            return Err(format!(
+                "reading the submodules' settings: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let suffix = format!(".{key}");
+        Ok(out
+            .stdout
+            .split(|b| *b == 0)
+            .filter_map(|entry| {
+                let entry = String::from_utf8_lossy(entry);
+                let (k, v) = entry.split_once('\n')?;
+                let name = k
+                    .strip_prefix("submodule.")?
+                    .strip_suffix(suffix.as_str())?;
+                Some((name.to_string(), v.to_string()))
+            })
+            .collect())
     }
 
     /// The LFS objects of the checked-out commit (`git lfs pull`), unless
@@ -230,9 +394,67 @@ impl Checkout<'_> {
             }
             return Ok(());
         }
-        let mut pull = self.git(&["lfs", "pull"]);
+        self.lfs_pull(self.dir, "fetching LFS objects", trace).await
+    }
+
+    /// `git lfs pull` in `dir` when git-lfs would fetch from the repository's server; a store
+    /// elsewhere (`.lfsconfig`, the project's file) is skipped with a warning where there is
+    /// something to fetch, and the files stay pointers.
+    async fn lfs_pull(&self, dir: &Path, what: &str, trace: &mut Trace) -> Result<(), String> {
+        let store = self.lfs_store(dir).await;
+        let foreign = match &store {
+            LfsStore::Http(url) if self.remote.serves(url) => None,
+            LfsStore::Http(url) | LfsStore::Ssh(url) => Some(split_credentials(url).0),
+            LfsStore::Unknown(why) => Some(why.clone()),
+        };
+        if let Some(url) = foreign {
+            if self.lfs_files(dir).await {
+                let place = match dir.strip_prefix(self.dir) {
+                    Ok(rel) if !rel.as_os_str().is_empty() => {
+                        format!(" of submodule {}", rel.display())
+                    }
+                    _ => String::new(),
+                };
+                trace.message(&format!(
+                    "WARNING: LFS objects{place} are not fetched from {url}: on the manager, \
+                     they come only from the repository's server ({}) over HTTP(S); they stay \
+                     pointer files",
+                    self.remote.server()
+                ));
+            }
+            return Ok(());
+        }
+        let mut pull = self.git_in(dir, &["lfs", "pull"]);
         pull.env_remove("GIT_LFS_SKIP_SMUDGE");
-        run(pull, trace, "fetching LFS objects").await
+        run(pull, trace, what).await
+    }
+
+    /// Where git-lfs in `dir` would fetch from, as it resolves it itself (`lfs.url`,
+    /// `remote.origin.lfsurl`, `.lfsconfig`, the remote's URL, `insteadOf`): `git lfs env`.
+    async fn lfs_store(&self, dir: &Path) -> LfsStore {
+        let mut env = self.git_in(dir, &["lfs", "env"]);
+        env.stdin(std::process::Stdio::null());
+        let out = match env.output().await {
+            Ok(out) if out.status.success() => out,
+            Ok(out) => {
+                return LfsStore::Unknown(format!(
+                    "an unknown store (git lfs env: {})",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Err(e) => return LfsStore::Unknown(format!("an unknown store (git lfs env: {e})")),
+        };
+        lfs_store_of(&String::from_utf8_lossy(&out.stdout))
+    }
+
+    /// Whether the checked-out commit in `dir` has LFS files (`git lfs ls-files`).
+    async fn lfs_files(&self, dir: &Path) -> bool {
+        let mut ls = self.git_in(dir, &["lfs", "ls-files", "-n"]);
+        ls.stdin(std::process::Stdio::null());
+        // Unknown counts as some: the warning is then said.
+        ls.output()
+            .await
+            .map_or(true, |o| !o.status.success() || !o.stdout.is_empty())
     }
 
     /// The working tree with its `.git` as a tar stream, and the paths git tracks.
@@ -284,6 +506,44 @@ impl Checkout<'_> {
             tracked,
         })
     }
+}
+
+/// Where git-lfs fetches from.
+#[derive(Debug, PartialEq, Eq)]
+enum LfsStore {
+    /// Its HTTP(S) endpoint.
+    Http(String),
+    /// Over SSH (`git-lfs-authenticate`, or the SSH transfer protocol): the manager's own SSH
+    /// identity, never used for what a repository names.
+    Ssh(String),
+    /// Not known; why, for the warning.
+    Unknown(String),
+}
+
+/// The store of `git lfs env`'s output: its `Endpoint=<url> (auth=...)` line, and the
+/// `  SSH=<url>` line under it when the endpoint is reached over SSH.
+fn lfs_store_of(env: &str) -> LfsStore {
+    let mut lines = env.lines();
+    let Some(endpoint) = lines.by_ref().find_map(|l| l.strip_prefix("Endpoint=")) else {
+        return LfsStore::Unknown("an unknown store (git lfs env names none)".into());
+    };
+    let url = endpoint
+        .split_once(" (auth=")
+        .map_or(endpoint, |(u, _)| u)
+        .trim();
+    match lines.next().and_then(|l| l.trim().strip_prefix("SSH=")) {
+        Some(ssh) => LfsStore::Ssh(ssh.trim().to_string()),
+        None => LfsStore::Http(url.to_string()),
+    }
+}
+
+/// `flags` without the ones that ask `git submodule update` to recurse (`--recursive`, or an
+/// abbreviation git's option parser would take), and whether there was one.
+fn without_recursive(flags: &[String]) -> (Vec<String>, bool) {
+    let asks = |f: &str| f.len() > "--rec".len() && "--recursive".starts_with(f);
+    let kept: Vec<String> = flags.iter().filter(|f| !asks(f)).cloned().collect();
+    let had = kept.len() != flags.len();
+    (kept, had)
 }
 
 /// The paths of `git ls-files -z` output.
@@ -386,4 +646,42 @@ fn hint(stderr: &str) -> &'static str {
         .iter()
         .find(|(words, _)| words.iter().any(|w| stderr.contains(w)))
         .map_or("", |(_, hint)| hint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lfs_store_is_what_git_lfs_env_says() {
+        let env = "git-lfs/3.3.0 (GitHub; linux amd64; go 1.19.8)\ngit version 2.47.3\n\n\
+                   Endpoint=http://u:p@127.0.0.1:9999/x/info/lfs (auth=none)\n\
+                   LocalWorkingDir=/tmp/w\n";
+        assert_eq!(
+            lfs_store_of(env),
+            LfsStore::Http("http://u:p@127.0.0.1:9999/x/info/lfs".into())
+        );
+        let ssh = "Endpoint=https://127.0.0.1/g/p.git (auth=none)\n  SSH=git@127.0.0.1:g/p.git\n\
+                   LocalWorkingDir=/tmp/w\n";
+        assert_eq!(
+            lfs_store_of(ssh),
+            LfsStore::Ssh("git@127.0.0.1:g/p.git".into())
+        );
+        assert!(matches!(lfs_store_of("nothing\n"), LfsStore::Unknown(_)));
+    }
+
+    #[test]
+    fn a_recursive_update_flag_becomes_the_recursive_walk() {
+        let flags = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            without_recursive(&flags(&["--remote", "--recursive", "--jobs=4"])),
+            (flags(&["--remote", "--jobs=4"]), true)
+        );
+        assert_eq!(without_recursive(&flags(&["--recu"])), (flags(&[]), true));
+        // `--rec` is ambiguous (`--recommend-shallow`), and that one is no recursion.
+        assert_eq!(
+            without_recursive(&flags(&["--rec", "--recommend-shallow"])),
+            (flags(&["--rec", "--recommend-shallow"]), false)
+        );
+    }
 }

@@ -13,7 +13,13 @@
 //! fetched with `git lfs pull` through GitLab's LFS batch API.
 //!
 //! The token and the TLS files (`tls-ca-file`, ...) are scoped to the project's server
-//! ([`access`]); a submodule elsewhere is fetched without them.
+//! ([`access`]). On the manager, a submodule or LFS store elsewhere is not fetched at all (a
+//! warning says so): what a repository names is its author's choice, and the manager's network
+//! position (its loopback services, a cloud's metadata address) is not theirs to probe.
+//!
+//! Where the job runs is where its sources are fetched by default ([`HostFetch`]); the manager
+//! steps in for a host without git 2.31+ or out of the server's reach only when the runner says
+//! `fetch_sources = "instance_or_manager"` ([`GitSources::with_manager_fallback`]).
 
 mod access;
 mod checkout;
@@ -102,6 +108,8 @@ pub struct GitSources {
     tls: TlsFiles,
     /// Where the sources' tar files go (the system's temporary directory when `None`).
     scratch: Option<PathBuf>,
+    /// The manager may fetch for a job whose host cannot (`instance_or_manager`).
+    manager_fallback: bool,
     locks: std::sync::Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -113,6 +121,7 @@ impl GitSources {
             clone_url: clone_url.filter(|u| !u.trim().is_empty()),
             tls,
             scratch: None,
+            manager_fallback: false,
             root_ready: tokio::sync::OnceCell::new(),
             locks: std::sync::Mutex::new(HashMap::new()),
         }
@@ -121,6 +130,14 @@ impl GitSources {
     /// These working copies with their tar files in `scratch`.
     pub fn with_scratch(mut self, scratch: Option<PathBuf>) -> Self {
         self.scratch = scratch;
+        self
+    }
+
+    /// Whether the manager fetches for a job whose host has no git 2.31+ or cannot reach the
+    /// server (`fetch_sources = "instance_or_manager"`); without it (the default) such a job
+    /// fails, saying why.
+    pub fn with_manager_fallback(mut self, allowed: bool) -> Self {
+        self.manager_fallback = allowed;
         self
     }
 
@@ -156,7 +173,7 @@ impl GitSources {
     }
 
     /// The job's sources as a fetch to run where the job runs (the manager's [`Self::get`] is
-    /// its fallback); `None` when it has no repository or `GIT_STRATEGY` is `none`. Its
+    /// its fallback when allowed); `None` when it has no repository or `GIT_STRATEGY` is `none`. Its
     /// variables are checked now: `Err` carries a message for the job's failure (already in
     /// the trace).
     pub(in crate::source::gitlab) async fn on_host(

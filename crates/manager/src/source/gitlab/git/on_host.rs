@@ -1,7 +1,9 @@
 //! A GitLab job's sources fetched where the job runs (an instance's shell), as GitLab Runner
 //! fetches them: the same steps as [`Checkout`](super::checkout::Checkout) on the manager,
 //! rendered as bash for the job's `get_sources` stage. Nothing of the repository passes
-//! through the manager then; where the host has no git, the manager fetches after all.
+//! through the manager then. Where the host has no git 2.31+ or cannot reach the server, the
+//! manager fetches after all only when the runner allows it (`instance_or_manager`); else
+//! the stage fails, naming `fetch_sources`.
 //!
 //! The job token and the TLS files reach git as on the manager: in `GIT_CONFIG_*` variables of
 //! the stage's shell, and in files of the slot readable by the job's user only, removed when
@@ -43,10 +45,37 @@ const UNREACHABLE_WORDS: [&str; 9] = [
     "server certificate verification failed",
 ];
 
+/// Why the job fails when its host has no usable git and the manager may not fetch.
+pub(super) const HOST_HAS_NO_GIT: &str = "the job's host has no git 2.31+ (git is missing or \
+     older; older ones cannot take the job token safely); this runner fetches sources only where \
+     the job runs (fetch_sources = \"instance\"); install git 2.31+ in the image or instance, or \
+     set fetch_sources = \"manager\" or \"instance_or_manager\" in [[runners]]";
+
+/// Why the job fails when its host cannot reach the server and the manager may not fetch.
+pub(super) const HOST_CANNOT_REACH: &str = "the job's host cannot reach the repository's \
+     server, or does not trust its certificate; this runner fetches sources only where the job \
+     runs (fetch_sources = \"instance\"); let the job's host reach the server, or set \
+     fetch_sources = \"manager\" or \"instance_or_manager\" in [[runners]]";
+
+/// Why the manager does not fetch for a job of a runner that does not allow it.
+const MANAGER_REFUSES: &str = "this runner fetches sources only where the job runs \
+     (fetch_sources = \"instance\"), not on the manager; set fetch_sources = \"manager\" or \
+     \"instance_or_manager\" in [[runners]] for the manager to fetch them";
+
+/// What the script does where it cannot fetch: exit with `code` for the manager to fetch
+/// instead when `fallback`, else say `why` last (the executor's error line) and fail.
+fn give_up(fallback: bool, code: u32, why: &str) -> String {
+    if fallback {
+        format!("exit {code}")
+    } else {
+        format!("{{ printf '%s\\n' {} >&2; exit 1; }}", quote(why))
+    }
+}
+
 /// `__run WHAT CMD...`: run CMD with its stderr in the trace; on failure print
-/// `WHAT: <git's last line><hint>` last (the executor's error message) and exit with
-/// [`UNREACHABLE`] when the server could not be connected to, else 1.
-fn run_function() -> String {
+/// `WHAT: <git's last line><hint>` last (the executor's error message) and exit 1, or run
+/// `unreachable` when the server could not be connected to.
+fn run_function(unreachable: &str) -> String {
     let pattern = |words: &[&str]| {
         words
             .iter()
@@ -66,7 +95,7 @@ fn run_function() -> String {
          last=$(printf '%s\\n' \"$err\" | sed '/^[[:space:]]*$/d' | tail -n 1)\n  \
          case $err in {hints}esac\n  \
          printf '%s: %s%s\\n' \"$what\" \"${{last:-git failed}}\" \"$__h\" >&2\n  \
-         case $err in {}) exit {UNREACHABLE};; esac\n  \
+         case $err in {}) {unreachable};; esac\n  \
          exit 1\n}}",
         pattern(&UNREACHABLE_WORDS)
     )
@@ -81,7 +110,7 @@ const TLS_FILES: [(&str, &str); 3] = [
 
 /// One job's fetch, ready to run on its host.
 pub(in crate::source::gitlab) struct HostFetch {
-    /// The job (for the manager's fallback).
+    /// The job (for the manager's fallback, where allowed).
     job: JobResponse,
     /// The manager's working copies, for the fallback.
     git: Arc<GitSources>,
@@ -222,14 +251,17 @@ impl HostSources for HostFetch {
     fn script(&self, dirs: &JobDirs) -> String {
         let g = &self.job.git_info;
         let dir = dirs.project_dir();
+        let fallback = self.git.manager_fallback;
+        let no_git = give_up(fallback, NO_GIT, HOST_HAS_NO_GIT);
         let mut s = String::new();
         // POSIX sh (a job image may have no bash). Nothing touched before these lines: without
-        // git 2.31 (GIT_CONFIG_COUNT carries the token) the manager fetches instead.
-        let _ = writeln!(s, "command -v git >/dev/null 2>&1 || exit {NO_GIT}");
+        // git 2.31 (GIT_CONFIG_COUNT carries the token) the job fails, or the manager fetches
+        // instead where the runner allows it.
+        let _ = writeln!(s, "command -v git >/dev/null 2>&1 || {no_git}");
         let _ = writeln!(
             s,
             "set -- $(git version 2>/dev/null | sed -n 's/^git version \\([0-9]*\\)\\.\\([0-9]*\\).*/\\1 \\2/p')\n\
-             if [ -z \"$1\" ] || [ \"$1\" -lt 2 ] || {{ [ \"$1\" -eq 2 ] && [ \"$2\" -lt 31 ]; }}; then exit {NO_GIT}; fi"
+             if [ -z \"$1\" ] || [ \"$1\" -lt 2 ] || {{ [ \"$1\" -eq 2 ] && [ \"$2\" -lt 31 ]; }}; then {no_git}; fi"
         );
         let _ = writeln!(s, "set -e");
         let _ = writeln!(s, "__tls={}", Self::tls_dir(dirs));
@@ -247,7 +279,11 @@ impl HostSources for HostFetch {
             s,
             "export GIT_TERMINAL_PROMPT=0 GIT_ALLOW_PROTOCOL={ALLOW_PROTOCOL} GIT_LFS_SKIP_SMUDGE=1 GIT_NO_REPLACE_OBJECTS=1"
         );
-        let _ = writeln!(s, "{}", run_function());
+        let _ = writeln!(
+            s,
+            "{}",
+            run_function(&give_up(fallback, UNREACHABLE, HOST_CANNOT_REACH))
+        );
         // What `git lfs install` would write to a global config, for these commands only;
         // no background gc outliving a command.
         let _ = writeln!(
@@ -427,6 +463,12 @@ impl HostSources for HostFetch {
         trace: &mut Trace,
         cancel: &CancellationToken,
     ) -> Result<Option<Tarball>, String> {
+        if !self.git.manager_fallback {
+            // The script never asks for this then; refused all the same, so the manager's
+            // network position serves a pipeline only where the operator said so.
+            trace.message(&format!("ERROR: {MANAGER_REFUSES}"));
+            return Err(MANAGER_REFUSES.to_string());
+        }
         let sources = self.git.get(&self.job, trace, cancel).await?;
         Ok(sources.map(|s| {
             *self.tracked.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(s.tracked);
@@ -538,7 +580,15 @@ mod tests {
     }
 
     async fn plan(tmp: &Path, job: &JobResponse) -> HostFetch {
-        let git = Arc::new(GitSources::new(tmp.join("mgr"), None, TlsFiles::default()));
+        plan_with(tmp, job, false).await
+    }
+
+    /// [`plan`], the manager's fallback allowed or not.
+    async fn plan_with(tmp: &Path, job: &JobResponse, fallback: bool) -> HostFetch {
+        let git = Arc::new(
+            GitSources::new(tmp.join("mgr"), None, TlsFiles::default())
+                .with_manager_fallback(fallback),
+        );
         let mut trace = Trace::new(
             Vec::<String>::new(),
             tokio::sync::mpsc::unbounded_channel().0,
@@ -608,32 +658,19 @@ mod tests {
         assert!(!project.join("left-over").exists(), "git clean ran");
     }
 
+    /// The last non-empty line of `stderr`.
+    fn last_line(stderr: &str) -> &str {
+        stderr
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("")
+    }
+
     #[tokio::test]
-    async fn an_unreachable_server_and_a_missing_git_exit_with_their_codes() {
+    async fn an_unreachable_server_and_a_missing_git_exit_with_their_codes_or_fail_saying_why() {
         let tmp = tempfile::tempdir().unwrap();
-        // Nothing listens on port 9 of loopback.
-        let job = job("http://127.0.0.1:9/g/p.git", "", &[]);
-        let plan = plan(tmp.path(), &job).await;
-        let dirs = JobDirs {
-            builds_dir: tmp.path().join("builds").display().to_string(),
-            slot: 1,
-            job_id: 7,
-            clone_path: None,
-        };
-        let (code, _, err) = run(&plan, &dirs);
-        assert_eq!(code, UNREACHABLE as i32, "{err}");
-
-        // No git on PATH: nothing is touched.
-        let dirs = JobDirs { slot: 2, ..dirs };
-        let script = format!("PATH=/nonexistent\n{}", plan.script(&dirs));
-        let out = Command::new("/bin/bash")
-            .arg("-c")
-            .arg(script)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(NO_GIT as i32));
-        assert!(!tmp.path().join("builds/slot-2").exists());
-
         // A git older than 2.31 (no GIT_CONFIG_COUNT: the token would be ignored) is no git.
         let bin = tmp.path().join("oldgit");
         std::fs::create_dir_all(&bin).unwrap();
@@ -643,18 +680,108 @@ mod tests {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
-        let script = format!(
-            "PATH={}:/usr/bin:/bin\n{}",
-            bin.display(),
-            plan.script(&dirs)
+        // Nothing listens on port 9 of loopback.
+        let job = job("http://127.0.0.1:9/g/p.git", "", &[]);
+        // With the manager's fallback (instance_or_manager), the codes that ask for it; without
+        // (instance), a failure whose last line says why and names fetch_sources.
+        for fallback in [true, false] {
+            let plan = plan_with(tmp.path(), &job, fallback).await;
+            let dirs = JobDirs {
+                builds_dir: tmp.path().join("builds").display().to_string(),
+                slot: 1,
+                job_id: 7,
+                clone_path: None,
+            };
+            let (code, _, err) = run(&plan, &dirs);
+            if fallback {
+                assert_eq!(code, UNREACHABLE as i32, "{err}");
+            } else {
+                assert_eq!(code, 1, "{err}");
+                assert_eq!(last_line(&err), HOST_CANNOT_REACH, "{err}");
+                assert!(err.contains("fetching the repository: "), "{err}");
+            }
+
+            // No git on PATH: nothing is touched.
+            let dirs = JobDirs { slot: 2, ..dirs };
+            let script = format!("PATH=/nonexistent\n{}", plan.script(&dirs));
+            let out = Command::new("/bin/bash")
+                .arg("-c")
+                .arg(script)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if fallback {
+                assert_eq!(out.status.code(), Some(NO_GIT as i32), "{out:?}");
+            } else {
+                assert_eq!(out.status.code(), Some(1), "{out:?}");
+                assert_eq!(last_line(&err), HOST_HAS_NO_GIT, "{err}");
+            }
+            assert!(!tmp.path().join("builds/slot-2").exists());
+
+            let script = format!(
+                "PATH={}:/usr/bin:/bin\n{}",
+                bin.display(),
+                plan.script(&dirs)
+            );
+            let out = Command::new("/usr/bin/dash")
+                .arg("-c")
+                .arg(script)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if fallback {
+                assert_eq!(out.status.code(), Some(NO_GIT as i32), "{out:?}");
+            } else {
+                assert_eq!(out.status.code(), Some(1), "{out:?}");
+                assert_eq!(last_line(&err), HOST_HAS_NO_GIT, "{err}");
+            }
+            assert!(!tmp.path().join("builds/slot-2").exists());
+        }
+        for key in ["fetch_sources = \"instance\"", "\"instance_or_manager\""] {
+            assert!(HOST_HAS_NO_GIT.contains(key) && HOST_CANNOT_REACH.contains(key));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_manager_does_not_fetch_for_a_runner_that_does_not_allow_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        let sha = repo(&src, &[("README.md", "hello\n")]);
+        let job = job(&format!("file://{}", src.display()), &sha, &[]);
+        let cancel = CancellationToken::new();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut trace = Trace::new(Vec::<String>::new(), tx);
+        let refused = plan_with(tmp.path(), &job, false)
+            .await
+            .on_manager(&mut trace, &cancel)
+            .await
+            .unwrap_err();
+        assert_eq!(refused, MANAGER_REFUSES);
+        trace.finish();
+        drop(trace);
+        let mut said = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            said.extend(chunk);
+        }
+        let said = String::from_utf8_lossy(&said);
+        assert!(
+            said.contains(&format!("ERROR: {MANAGER_REFUSES}")),
+            "{said}"
         );
-        let out = Command::new("/usr/bin/dash")
-            .arg("-c")
-            .arg(script)
-            .output()
+        // Nothing was fetched: the manager's working copies were never made.
+        assert!(!tmp.path().join("mgr").exists());
+
+        // Allowed (instance_or_manager): the manager fetches.
+        let mut trace = Trace::new(
+            Vec::<String>::new(),
+            tokio::sync::mpsc::unbounded_channel().0,
+        );
+        let tar = plan_with(tmp.path(), &job, true)
+            .await
+            .on_manager(&mut trace, &cancel)
+            .await
             .unwrap();
-        assert_eq!(out.status.code(), Some(NO_GIT as i32), "{out:?}");
-        assert!(!tmp.path().join("builds/slot-2").exists());
+        assert!(tar.is_some());
     }
 
     #[tokio::test]
