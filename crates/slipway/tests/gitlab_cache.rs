@@ -63,6 +63,28 @@ check_interval = 1
     )
 }
 
+/// Put `body` in the bucket as `key`, as another runner (GitLab Runner, or an attacker with
+/// the bucket's keys) would.
+async fn put_object(s3: &LocalStack, key: &str, body: Vec<u8>) {
+    let put = slipway_cache::S3::new(slipway_cache::S3Config {
+        server_address: s3.address(),
+        bucket: BUCKET.into(),
+        insecure: true,
+        credentials: slipway_cache::Credentials {
+            access_key: ACCESS_KEY.into(),
+            secret_key: SECRET_KEY.into(),
+            session_token: None,
+        },
+        ..slipway_cache::S3Config::default()
+    });
+    let (url, headers) = put.put_url(key, Duration::from_secs(300), std::time::SystemTime::now());
+    slipway_cache::transfer::Client::new(Duration::from_secs(60))
+        .unwrap()
+        .put(&url, &headers, body.into())
+        .await
+        .unwrap_or_else(|e| panic!("putting {key}: {e}"));
+}
+
 /// A job without sources running `script` with `cache`.
 fn job(name: &str, script: &[&str], cache: Value) -> Value {
     let mut job = job_payload_with_vars(name, script, &[("GIT_STRATEGY", "none")]);
@@ -107,27 +129,7 @@ async fn a_fresh_instance_restores_what_another_saved_in_s3() {
         assert!(out.status.success(), "{out:?}");
         std::fs::read(dir.path().join("cache.zip")).unwrap()
     };
-    let put = slipway_cache::S3::new(slipway_cache::S3Config {
-        server_address: s3.address(),
-        bucket: BUCKET.into(),
-        insecure: true,
-        credentials: slipway_cache::Credentials {
-            access_key: ACCESS_KEY.into(),
-            secret_key: SECRET_KEY.into(),
-            session_token: None,
-        },
-        ..slipway_cache::S3Config::default()
-    });
-    let (url, headers) = put.put_url(
-        &format!("{project}/from-gitlab-runner"),
-        Duration::from_secs(300),
-        std::time::SystemTime::now(),
-    );
-    slipway_cache::transfer::Client::new(Duration::from_secs(60))
-        .unwrap()
-        .put(&url, &headers, zip.into())
-        .await
-        .expect("putting GitLab Runner's cache");
+    put_object(&s3, &format!("{project}/from-gitlab-runner"), zip).await;
 
     let save = gl.enqueue(job(
         "build",
@@ -215,27 +217,7 @@ async fn a_zip_bomb_in_the_cache_fails_its_job_and_leaves_the_disk_as_it_was() {
     let w = World::new();
     let gl = FakeGitlab::start().await;
     let project = "ci/runner/fAkErUnNe/project/1";
-    let put = slipway_cache::S3::new(slipway_cache::S3Config {
-        server_address: s3.address(),
-        bucket: BUCKET.into(),
-        insecure: true,
-        credentials: slipway_cache::Credentials {
-            access_key: ACCESS_KEY.into(),
-            secret_key: SECRET_KEY.into(),
-            session_token: None,
-        },
-        ..slipway_cache::S3Config::default()
-    });
-    let (url, headers) = put.put_url(
-        &format!("{project}/bomb"),
-        Duration::from_secs(300),
-        std::time::SystemTime::now(),
-    );
-    slipway_cache::transfer::Client::new(Duration::from_secs(60))
-        .unwrap()
-        .put(&url, &headers, common::zip_bomb().into())
-        .await
-        .expect("putting the bomb");
+    put_object(&s3, &format!("{project}/bomb"), common::zip_bomb()).await;
     let id = gl.enqueue(job(
         "test",
         &["echo never-runs"],
@@ -250,10 +232,5 @@ async fn a_zip_bomb_in_the_cache_fails_its_job_and_leaves_the_disk_as_it_was() {
         assert!(trace.contains(want), "{want:?} missing:\n{trace}");
     }
     assert!(!trace.contains("never-runs"), "{trace}");
-    let scratch = w.path().join(".slipway-state/tmp");
-    assert!(
-        common::files_in(&scratch).is_empty(),
-        "{:?}",
-        common::files_in(&scratch)
-    );
+    common::assert_scratch_empty(&w);
 }

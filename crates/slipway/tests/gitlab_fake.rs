@@ -689,12 +689,7 @@ async fn a_zip_bomb_dependency_fails_its_job_and_leaves_the_disk_as_it_was() {
         })
         .count();
     assert_eq!(downloads, 1, "a refused archive is not downloaded again");
-    let scratch = w.path().join(".slipway-state/tmp");
-    assert!(
-        common::files_in(&scratch).is_empty(),
-        "{:?}",
-        common::files_in(&scratch)
-    );
+    common::assert_scratch_empty(&w);
     common::stop_manager(&w, child.take().unwrap());
 }
 
@@ -728,12 +723,7 @@ async fn collected_artifacts_past_max_size_fail_the_job_and_leave_nothing() {
         assert!(trace.contains(want), "{want:?} missing:\n{trace}");
     }
     assert!(gl.job(id).unwrap().artifacts.is_empty(), "nothing uploaded");
-    let scratch = w.path().join(".slipway-state/tmp");
-    assert!(
-        common::files_in(&scratch).is_empty(),
-        "{:?}",
-        common::files_in(&scratch)
-    );
+    common::assert_scratch_empty(&w);
     common::stop_manager(&w, child.take().unwrap());
 }
 

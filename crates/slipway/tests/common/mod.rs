@@ -429,11 +429,14 @@ pub fn zip_bomb() -> Vec<u8> {
     zip
 }
 
-/// The files left in `dir` (none: what a refused archive passed through is gone).
-pub fn files_in(dir: &Path) -> Vec<std::ffi::OsString> {
-    std::fs::read_dir(dir)
+/// Asserts the manager's scratch directory (`<world>/.slipway-state/tmp`) holds nothing: what
+/// a refused archive passed through is gone.
+pub fn assert_scratch_empty(w: &World) {
+    let scratch = w.path().join(".slipway-state/tmp");
+    let left: Vec<std::ffi::OsString> = std::fs::read_dir(&scratch)
         .map(|d| d.map(|e| e.unwrap().file_name()).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in {}: {left:?}", scratch.display());
 }
 
 /// The files of a zip archive (as GitLab stores artifacts), by path, unpacked with
