@@ -132,6 +132,11 @@ cmd_image() {
   trap 'rm -rf "$IMAGE_WORK"' EXIT
   local work=$IMAGE_WORK
   cmd_root "$deb" "$work/root"
+  # In the image the container is the boundary: its one user runs the manager and owns the
+  # volumes (the package makes them root's, for a host where jobs run beside the manager).
+  local ids
+  ids=$(awk -F: '$1 == "slipway" { print $3 ":" $4 }' "$work/root/etc/passwd")
+  chown -R "$ids" "$work/root/etc/slipway" "$work/root/var/lib/slipway" "$work/root/var/lib/slipway-local"
   # The image's own files only: no host resolver, apt lists or logs.
   rm -rf "$work/root/etc/resolv.conf" "$work/root/var/lib/apt/lists/"* "$work/root/var/log/"*
   local tag old

@@ -66,27 +66,53 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The scenario run inside the root: the manager as the slipway user from the installed paths,
-/// one job through the embedded queue, then a drain, then what is left running.
+/// The scenario run inside the root: an upgrade from a version whose service user was in the
+/// docker group (the postinst takes it out), a Docker socket as dockerd makes it, the manager
+/// as root from the installed paths, one job through the embedded queue, then a drain, then
+/// what is left running.
 const SCENARIO: &str = r#"
 set -e
+groupadd -f docker
+gpasswd --add slipway docker >/dev/null
+/var/lib/dpkg/info/slipway.postinst configure 0.0.1
+echo "groups of slipway: $(id -Gn slipway)"
+perl -MIO::Socket::UNIX -e '
+  my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => "/run/docker.sock", Listen => 5)
+    or die "docker.sock: $!";
+  chown 0, scalar(getgrnam("docker")), "/run/docker.sock";
+  chmod 0660, "/run/docker.sock";
+  while (my $c = $s->accept) { close $c }' &
+sock=$!
 cd /tmp/project
-setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway \
-  slipway run -c /etc/slipway/config.toml > /tmp/manager.log 2>&1 &
+slipway run -c /etc/slipway/config.toml > /tmp/manager.log 2>&1 &
 mgr=$!
-as_slipway() { setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway "$@"; }
-as_slipway slipway submit -c /etc/slipway/config.toml .gitlab-ci.yml
+slipway submit -c /etc/slipway/config.toml .gitlab-ci.yml
 for i in $(seq 1 180); do
-  jobs=$(as_slipway slipway jobs -c /etc/slipway/config.toml)
+  jobs=$(slipway jobs -c /etc/slipway/config.toml)
   case "$jobs" in *success*|*failed*|*canceled*) break ;; esac
   sleep 1
 done
 echo "$jobs"
 kill -QUIT $mgr
 wait $mgr && echo "manager exit=0" || echo "manager exit=$?"
+kill $sock 2>/dev/null || true; wait $sock 2>/dev/null || true
 echo "--- processes"
-ps -eo user=,comm= | grep -v '^root ' || true
+ps -eo user=,comm= | grep -Ev ' (sh|ps|grep)$' || true
 echo "--- end"
+"#;
+
+/// What the job of the scenario tries, as a merge request's code would: read the manager's
+/// config, its state (the queue holds every job's record; an outbox would sit beside it), the
+/// local plugin's SSH key, and reach the Docker socket. Each line says what happened.
+const PROBE: &str = r#"hello:
+  script:
+    - echo "hello from $(id -un) in $HOME groups=$(id -Gn)"
+    - |
+      for f in /etc/slipway/config.toml /var/lib/slipway /var/lib/slipway/queue /var/lib/slipway-local/id_ed25519; do
+        if err=$( (if [ -d "$f" ]; then ls "$f"; else cat "$f"; fi) 2>&1 >/dev/null); then echo "READ $f"; else echo "denied $f: $err"; fi
+      done
+    - |
+      perl -MIO::Socket::UNIX -e 'print IO::Socket::UNIX->new(Peer => "/run/docker.sock") ? "REACHED /run/docker.sock\n" : "denied /run/docker.sock: $!\n"'
 "#;
 
 #[test]
@@ -119,14 +145,21 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs_a_job() {
         .find(|l| l.starts_with("slipway:"))
         .unwrap_or_else(|| panic!("no slipway user:\n{passwd}"));
     let fields: Vec<&str> = user.split(':').collect();
-    assert_eq!(fields[5], "/var/lib/slipway", "{user}");
+    assert_eq!(fields[5], "/var/lib/slipway-local", "{user}");
     let uid: u32 = fields[2].parse().unwrap();
-    assert!(uid < 1000, "not a system user: {user}");
-    let config = std::fs::metadata(r.join("etc/slipway/config.toml")).unwrap();
-    assert_eq!(config.uid(), uid, "config.toml's owner");
-    assert_eq!(config.mode() & 0o777, 0o600, "config.toml holds tokens");
-    let state = std::fs::metadata(r.join("var/lib/slipway")).unwrap();
-    assert_eq!(state.uid(), uid, "/var/lib/slipway's owner");
+    assert!(uid < 1000 && uid > 0, "not a system user: {user}");
+    // The manager's files are root's alone; the job user owns none of them.
+    for (path, mode) in [
+        ("etc/slipway", 0o700),
+        ("etc/slipway/config.toml", 0o600),
+        ("var/lib/slipway", 0o700),
+    ] {
+        let m = std::fs::metadata(r.join(path)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (0, 0), "{path}'s owner");
+        assert_eq!(m.mode() & 0o777, mode, "{path}'s mode");
+    }
+    let packaged = std::fs::read_to_string(r.join("etc/slipway/config.toml")).unwrap();
+    assert!(packaged.contains("user = \"slipway\""), "{packaged}");
     let shipped = std::fs::read_to_string(r.join("lib/systemd/system/slipway.service")).unwrap();
     assert!(
         shipped.contains("ExecStart=/usr/bin/slipway run --config /etc/slipway/config.toml"),
@@ -157,11 +190,7 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs_a_job() {
     // The packaged config, as installed, runs a job from the embedded queue.
     let project = r.join("tmp/project");
     std::fs::create_dir_all(&project).unwrap();
-    std::fs::write(
-        project.join(".gitlab-ci.yml"),
-        "hello:\n  script:\n    - echo \"hello from $(id -un) in $HOME\"\n",
-    )
-    .unwrap();
+    std::fs::write(project.join(".gitlab-ci.yml"), PROBE).unwrap();
     std::fs::set_permissions(&project, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Another port than the packaged one: tests run side by side on this machine.
     let cfg_path = r.join("etc/slipway/config.toml");
@@ -181,9 +210,47 @@ fn the_package_installs_into_a_fresh_debian_root_and_runs_a_job() {
     assert!(job.contains("success"), "{said}\nmanager:\n{log}");
     let trace = std::fs::read_to_string(r.join("var/lib/slipway/queue/logs/1.log")).unwrap();
     assert!(
-        trace.contains("hello from slipway in /var/lib/slipway"),
+        trace.contains("hello from slipway in /var/lib/slipway-local/instances/"),
         "{trace}"
     );
+    let groups = said
+        .lines()
+        .find_map(|l| l.strip_prefix("groups of slipway: "))
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        !groups.split(' ').any(|g| g == "docker" || g == "kvm"),
+        "{said}"
+    );
+    // Each attempt on the manager's secrets failed, and the job's trace says so.
+    for path in [
+        "/etc/slipway/config.toml",
+        "/var/lib/slipway",
+        "/var/lib/slipway/queue",
+        "/var/lib/slipway-local/id_ed25519",
+        "/run/docker.sock",
+    ] {
+        // Refused for want of permission (not missing: the files are there, below).
+        let line = trace
+            .lines()
+            .find(|l| l.starts_with(&format!("denied {path}:")))
+            .unwrap_or_else(|| panic!("{path}:\n{trace}"));
+        assert!(line.contains("Permission denied"), "{line}");
+    }
+    for path in [
+        "etc/slipway/config.toml",
+        "var/lib/slipway/queue",
+        "var/lib/slipway-local/id_ed25519",
+    ] {
+        assert!(r.join(path).exists(), "{path} is not in the root");
+    }
+    // What the job printed, not its script's echo (which holds the words too).
+    assert!(
+        !trace
+            .lines()
+            .any(|l| l.starts_with("READ ") || l.starts_with("REACHED ")),
+        "{trace}"
+    );
+    assert!(trace.contains("Permission denied"), "{trace}");
     assert!(said.contains("manager exit=0"), "{said}\nmanager:\n{log}");
     assert!(log.contains("SIGQUIT"), "the drain was not logged:\n{log}");
     let left = said
@@ -358,17 +425,11 @@ set -e
 mkdir -p /tmp/project && cd /tmp/project
 printf 'slow:\n  script:\n    - echo slow-job-started\n    - sleep 6\n    - echo slow-job-finished\n' > .gitlab-ci.yml
 chmod -R a+rX /tmp/project
-setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway \
-  slipway submit -c /etc/slipway/config.toml .gitlab-ci.yml
+slipway submit -c /etc/slipway/config.toml .gitlab-ci.yml
 "#;
 
 fn jobs(container: &str) -> String {
-    exec(
-        container,
-        "setpriv --reuid slipway --regid slipway --init-groups env HOME=/var/lib/slipway \
-         slipway jobs -c /etc/slipway/config.toml",
-    )
-    .1
+    exec(container, "slipway jobs -c /etc/slipway/config.toml").1
 }
 
 /// The service commands under a real systemd (PID 1 of a container made from the image, whose
@@ -435,19 +496,20 @@ fn service_commands_drive_systemd() {
     // `install` writes and enables a unit of its own; `start` starts it.
     let (code, said) = exec(
         &name,
-        "slipway install --service runner2 --user slipway --config /etc/slipway/config.toml \
+        "slipway install --service runner2 --user root --config /etc/slipway/config.toml \
          --working-directory /var/lib/slipway",
     );
     assert_eq!(code, 0, "{said}");
     let unit = exec(&name, "cat /etc/systemd/system/runner2.service").1;
-    assert!(unit.contains("User=slipway"), "{unit}");
+    // As the packaged unit: the manager is root, its jobs the unprivileged `slipway`.
+    assert!(unit.contains("User=root"), "{unit}");
     assert!(
         unit.contains("ExecStart=/usr/bin/slipway run --config /etc/slipway/config.toml"),
         "{unit}"
     );
     let (_, enabled) = exec(&name, "systemctl is-enabled runner2.service");
     assert_eq!(enabled.trim(), "enabled");
-    let (code, said) = exec(&name, "slipway install --service runner2 --user slipway");
+    let (code, said) = exec(&name, "slipway install --service runner2 --user root");
     assert_ne!(code, 0, "a second install must not overwrite: {said}");
     assert!(said.contains("uninstall"), "{said}");
     let (code, said) = exec(&name, "slipway start --service runner2");

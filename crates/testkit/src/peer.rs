@@ -4,7 +4,8 @@
 //! A case is a directory of `crates/pipeline/tests/pipelines/`: a `.gitlab-ci.yml` and the files
 //! around it, and an optional `case.json`:
 //!
-//! - `variables`: `{KEY: VALUE}` given to both tools (`--variable`);
+//! - `variables`: `{KEY: VALUE}` given to both tools (gitlab-ci-local's `--variable`, Slipway's
+//!   `--plain-variable`: both show the value);
 //! - `branch` / `tag`: checked out after the first commit on `main` (default: `main`);
 //! - `changes`: `{path: content}` committed on the branch, so `rules:changes` sees them against
 //!   `origin/main`;
@@ -267,8 +268,9 @@ pub fn run_slipway(slipway: &Path, case: &Case, project: &Path) -> Result<Outcom
             project.parent().unwrap_or(project).join("xdg-cache"),
         )
         .env_remove("RUST_LOG");
+    // gitlab-ci-local shows `--variable` values; Slipway masks them unless given as plain.
     for v in variables(case) {
-        cmd.arg("--variable").arg(v);
+        cmd.arg("--plain-variable").arg(v);
     }
     let (code, log) = run(cmd, Duration::from_secs(300))?;
     let report: Value = std::fs::read_to_string(&report)

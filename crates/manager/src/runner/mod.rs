@@ -569,7 +569,10 @@ impl Runner {
     /// Sweep this runner's containers, volumes and slot networks of the sessions `sweep`
     /// names off this machine's engine, when one answers at once.
     async fn sweep_local_engine(&self, sweep: Sweep) {
-        let Ok(exec) = DockerExecutor::connect_local(self.docker.clone()).await else {
+        // Bounded: a socket that takes the connection and never answers must not hold the
+        // manager's shutdown.
+        let connect = DockerExecutor::connect_local(self.docker.clone());
+        let Ok(Ok(exec)) = tokio::time::timeout(ENGINE_PING_TIMEOUT, connect).await else {
             return;
         };
         if !matches!(
