@@ -62,7 +62,8 @@ impl Unit {
     pub fn packaged() -> Unit {
         Unit {
             exe: "/usr/bin/slipway".into(),
-            user: "slipway".into(),
+            // root, as GitLab Runner's service: jobs on the host run as `slipway`.
+            user: "root".into(),
             config: "/etc/slipway/config.toml".into(),
             working_directory: "/var/lib/slipway".into(),
             stop_timeout: Duration::from_secs(30) + STOP_MARGIN,
@@ -400,7 +401,7 @@ mod tests {
         let text = Unit::packaged().render();
         for line in [
             "ExecStart=/usr/bin/slipway run --config /etc/slipway/config.toml",
-            "User=slipway",
+            "User=root",
             "WorkingDirectory=/var/lib/slipway",
             "KillSignal=SIGQUIT",
             "KillMode=mixed",
