@@ -1,7 +1,7 @@
 //! The manager's log format: `tracing`'s, with every field value quoted, so a job name, a
 //! branch or an error text that a job chose cannot forge a log line or drive the terminal.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use tracing_subscriber::field::MakeExt as _;
 use tracing_subscriber::fmt::format::{FormatFields, Writer};
@@ -10,11 +10,11 @@ use tracing_subscriber::fmt::format::{FormatFields, Writer};
 /// characters and bidirectional overrides written as escapes (`\n`, `\u{1b}`).
 pub fn fields() -> impl for<'w> FormatFields<'w> + Send + Sync + 'static {
     tracing_subscriber::fmt::format::debug_fn(|w: &mut Writer<'_>, field, value| {
-        let text = format!("{value:?}");
         if field.name() != "message" {
             write!(w, "{}=", field.name())?;
         }
-        write_quoted(w, &text)
+        // Escaped as it is written: no copy of the value per field.
+        write!(Quoting(w), "{value:?}")
     })
     .delimited(" ")
 }
@@ -41,15 +41,20 @@ fn needs_escape(c: char) -> bool {
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-fn write_quoted(w: &mut impl fmt::Write, text: &str) -> fmt::Result {
-    for c in text.chars() {
-        if needs_escape(c) {
-            write!(w, "{}", c.escape_default())?;
-        } else {
-            w.write_char(c)?;
+/// A writer that passes text on with [`needs_escape`] characters as escapes.
+struct Quoting<W>(W);
+
+impl<W: fmt::Write> fmt::Write for Quoting<W> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        for c in text.chars() {
+            if needs_escape(c) {
+                write!(self.0, "{}", c.escape_default())?;
+            } else {
+                self.0.write_char(c)?;
+            }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -703,39 +703,21 @@ mod tests {
 
             // No git on PATH: nothing is touched.
             let dirs = JobDirs { slot: 2, ..dirs };
-            let script = format!("PATH=/nonexistent\n{}", plan.script(&dirs));
-            let out = Command::new("/bin/bash")
-                .arg("-c")
-                .arg(script)
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&out.stderr);
-            if fallback {
-                assert_eq!(out.status.code(), Some(NO_GIT as i32), "{out:?}");
-            } else {
-                assert_eq!(out.status.code(), Some(1), "{out:?}");
-                assert_eq!(last_line(&err), HOST_HAS_NO_GIT, "{err}");
-            }
-            assert!(!tmp.path().join("builds/slot-2").exists());
-
-            let script = format!(
-                "PATH={}:/usr/bin:/bin\n{}",
-                bin.display(),
-                plan.script(&dirs)
-            );
-            let out = Command::new("/usr/bin/dash")
-                .arg("-c")
-                .arg(script)
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&out.stderr);
-            if fallback {
-                assert_eq!(out.status.code(), Some(NO_GIT as i32), "{out:?}");
-            } else {
-                assert_eq!(out.status.code(), Some(1), "{out:?}");
-                assert_eq!(last_line(&err), HOST_HAS_NO_GIT, "{err}");
-            }
-            assert!(!tmp.path().join("builds/slot-2").exists());
+            // Without a usable git (none on PATH under bash; too old under dash).
+            let no_git = |shell: &str, path: String| {
+                let script = format!("PATH={path}\n{}", plan.script(&dirs));
+                let out = Command::new(shell).arg("-c").arg(script).output().unwrap();
+                let err = String::from_utf8_lossy(&out.stderr);
+                if fallback {
+                    assert_eq!(out.status.code(), Some(NO_GIT as i32), "{out:?}");
+                } else {
+                    assert_eq!(out.status.code(), Some(1), "{out:?}");
+                    assert_eq!(last_line(&err), HOST_HAS_NO_GIT, "{err}");
+                }
+                assert!(!tmp.path().join("builds/slot-2").exists());
+            };
+            no_git("/bin/bash", "/nonexistent".into());
+            no_git("/usr/bin/dash", format!("{}:/usr/bin:/bin", bin.display()));
         }
         for key in ["fetch_sources = \"instance\"", "\"instance_or_manager\""] {
             assert!(HOST_HAS_NO_GIT.contains(key) && HOST_CANNOT_REACH.contains(key));
