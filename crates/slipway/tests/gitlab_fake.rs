@@ -73,6 +73,15 @@ check_interval = 1
     )
 }
 
+/// How many times the artifacts of job `dep_id` were downloaded.
+fn artifact_downloads(gl: &FakeGitlab, dep_id: u64) -> usize {
+    let path = format!("/api/v4/jobs/{dep_id}/artifacts");
+    gl.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.starts_with(&path))
+        .count()
+}
+
 /// Wait (up to 3 minutes) for job `id`'s trace to hold `text`; whether it did.
 fn trace_shows(gl: &FakeGitlab, id: u64, text: &str) -> bool {
     common::wait_until(Duration::from_secs(180), || {
@@ -628,22 +637,9 @@ async fn a_broken_dependency_is_tried_artifact_download_attempts_times() {
         assert!(trace.contains(want), "{want:?} missing:\n{trace}");
     }
     assert!(!trace.contains("never-runs"), "{trace}");
-    let downloads = gl
-        .requests()
-        .iter()
-        .filter(|r| {
-            r.method == "GET"
-                && r.path
-                    .starts_with(&format!("/api/v4/jobs/{dep_id}/artifacts"))
-        })
-        .count();
+    let downloads = artifact_downloads(&gl, dep_id);
     assert_eq!(downloads, 2, "one download per attempt");
-    let scratch = w.path().join(".slipway-state/tmp");
-    let left: Vec<_> = std::fs::read_dir(&scratch)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert!(left.is_empty(), "left in {}: {left:?}", scratch.display());
+    common::assert_scratch_empty(&w);
     common::stop_manager(&w, child.take().unwrap());
 }
 
@@ -679,15 +675,7 @@ async fn a_zip_bomb_dependency_fails_its_job_and_leaves_the_disk_as_it_was() {
         assert!(trace.contains(want), "{want:?} missing:\n{trace}");
     }
     assert!(!trace.contains("never-runs"), "{trace}");
-    let downloads = gl
-        .requests()
-        .iter()
-        .filter(|r| {
-            r.method == "GET"
-                && r.path
-                    .starts_with(&format!("/api/v4/jobs/{dep_id}/artifacts"))
-        })
-        .count();
+    let downloads = artifact_downloads(&gl, dep_id);
     assert_eq!(downloads, 1, "a refused archive is not downloaded again");
     common::assert_scratch_empty(&w);
     common::stop_manager(&w, child.take().unwrap());

@@ -434,8 +434,9 @@ pub fn zip_bomb() -> Vec<u8> {
 pub fn assert_scratch_empty(w: &World) {
     let scratch = w.path().join(".slipway-state/tmp");
     let left: Vec<std::ffi::OsString> = std::fs::read_dir(&scratch)
-        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("{}: {e}", scratch.display()))
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert!(left.is_empty(), "left in {}: {left:?}", scratch.display());
 }
 
