@@ -2,26 +2,35 @@
 CARGO ?= cargo
 PIPELINE ?= examples/pipeline.yml
 
-.PHONY: demo demo-vm test build lint deb image bench bench-plugins bench-pipelines fuzz soak
+.PHONY: demo demo-vm helper test build lint deb image bench bench-plugins bench-pipelines fuzz soak
 # What the demos run: the manager, the local plugin, the guest agent (not the AWS SDK's build).
 DEMO_PKGS = -p slipway -p fleeting-plugin-local -p slipway-guest-agent
+
+# The job helper, static (it runs in any container and guest) and optimized (it packs and
+# unpacks archives): target/x86_64-unknown-linux-gnu/release/slipway-helper.
+HELPER_TARGET = x86_64-unknown-linux-gnu
+HELPER_BUILD = CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
+	$(CARGO) build --release -p slipway-helper --target $(HELPER_TARGET)
 
 ## Build everything and run the example pipeline through the whole stack.
 demo:
 	@scripts/deps.sh demo
 	$(CARGO) build $(DEMO_PKGS) --bins
+	$(HELPER_BUILD)
 	./target/debug/slipway exec $(PIPELINE)
 
 ## The VM levels: examples/vm-pipeline.yml with a local nesting daemon (QEMU; KVM when it works).
 demo-vm:
 	@scripts/deps.sh demo-vm
 	$(CARGO) build $(DEMO_PKGS) --bins
+	$(HELPER_BUILD)
 	scripts/demo-vm.sh
 
 ## Install every test dependency, then run the whole suite.
 test:
 	@scripts/deps.sh test
 	$(CARGO) build --workspace --all-targets
+	$(HELPER_BUILD)
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
@@ -30,6 +39,11 @@ test:
 
 build:
 	$(CARGO) build --workspace --all-targets
+	$(HELPER_BUILD)
+
+## The job helper alone (static), which slipway copies to where jobs run.
+helper:
+	$(HELPER_BUILD)
 
 ## The Debian package (release build, cargo-deb): target/dist/slipway_VERSION_amd64.deb.
 deb:
@@ -64,7 +78,7 @@ bench-plugins:
 ## The pipeline corpus under slipway exec and gitlab-ci-local: agreement and wall time.
 bench-pipelines:
 	@scripts/deps.sh test
-	$(CARGO) build --release -p slipway --bins
+	$(CARGO) build --release -p slipway -p slipway-helper --bins
 	$(CARGO) bench -p slipway --bench pipelines
 
 ## Every fuzz target for SLIPWAY_FUZZ_EXECS execs (default 10 million) on 2 threads (bench/results/fuzz.json).
@@ -75,5 +89,5 @@ fuzz:
 ## The chaos soak: 2,000 jobs on the queue and on the GitLab fake under faults (bench/results/soak.json).
 soak:
 	@scripts/deps.sh test
-	$(CARGO) build --release -p slipway -p fleeting-plugin-local -p executor-plugin-nesting --bins
+	$(CARGO) build --release -p slipway -p slipway-helper -p fleeting-plugin-local -p executor-plugin-nesting --bins
 	$(CARGO) bench -p slipway --bench soak

@@ -19,6 +19,7 @@
 //! - `compression`: how hard zip archives are compressed ([`Compression`], from GitLab's
 //!   `ARTIFACT_COMPRESSION_LEVEL` and `CACHE_COMPRESSION_LEVEL`).
 //! - `limits`: how much an archive may expand to ([`Limits`], checked while streaming).
+//! - `selection`: which collected paths an archive keeps ([`keeps`]: `exclude`, `untracked`).
 //! - `error`: [`ArtifactsError`]; paths in its messages are entry names, never file contents.
 //!
 //! ```
@@ -48,6 +49,7 @@ mod format;
 mod globs;
 mod gzip;
 mod limits;
+mod selection;
 mod zip;
 
 use std::cell::RefCell;
@@ -62,6 +64,7 @@ pub use error::ArtifactsError;
 pub use format::Format;
 pub use globs::Globs;
 pub use limits::{Exceeded, Limits};
+pub use selection::keeps;
 
 /// A built artifacts archive.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -56,7 +56,7 @@ pub use plugin::ExecutorPluginConfig;
 pub use policy::PolicyConfig;
 pub use price::PriceValue;
 pub use problem::{Problem, Seg};
-pub use runner::{FetchSources, RunnerConfig};
+pub use runner::{FetchSources, JobData, RunnerConfig};
 pub use shape::{Amount, ShapeConfig};
 pub use status_page::{MAX_HISTORY_SAMPLES, StatusPageConfig};
 pub use vm_isolation::VmIsolationConfig;

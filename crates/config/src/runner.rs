@@ -33,6 +33,21 @@ pub enum FetchSources {
     InstanceOrManager,
 }
 
+/// Where a runner's jobs' data (dependencies' artifacts, the distributed cache, the job's own
+/// artifacts) is moved (`[runners] job_data`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum JobData {
+    /// Where the job's steps run, by the job helper (an instance's shell, the build
+    /// container): the manager carries no job data. Jobs at the `microvm` and `vm` levels and
+    /// on the custom and plugin executors still move theirs through the manager.
+    #[default]
+    Instance,
+    /// Through the manager: downloaded, unpacked, packed and uploaded there, for hosts that
+    /// cannot reach GitLab or the cache's object storage.
+    Manager,
+}
+
 /// One `[[runners]]` entry.
 #[derive(Clone, Deserialize, Default)]
 #[serde(default)]
@@ -93,6 +108,9 @@ pub struct RunnerConfig {
     /// the job fails), `manager` (always, streamed to the job), or `instance_or_manager` (where
     /// its steps run, else the manager).
     pub fetch_sources: FetchSources,
+    /// Where a job's dependencies' artifacts, distributed cache and artifacts are moved:
+    /// `instance` (default: by the job helper where its steps run) or `manager`.
+    pub job_data: JobData,
     /// `[runners.referees]`; accepted, not used (a warning says so).
     pub referees: Option<toml::Table>,
     /// Failed requests before GitLab Runner pauses a runner; accepted, not used.
@@ -164,6 +182,8 @@ impl fmt::Debug for RunnerConfig {
             .field("isolation", &self.isolation)
             .field("cache", &self.cache)
             .field("archives", &self.archives)
+            .field("fetch_sources", &self.fetch_sources)
+            .field("job_data", &self.job_data)
             .field("autoscaler", &self.autoscaler)
             .field("instance", &self.instance)
             .field("docker", &self.docker)
@@ -608,6 +628,28 @@ mod tests {
         assert_eq!(
             direct.runners[0].token_expires_at.as_deref(),
             Some("0001-01-01T00:00:00Z")
+        );
+    }
+
+    #[test]
+    fn job_data_is_moved_where_the_job_runs_unless_the_runner_says_manager() {
+        use crate::runner::JobData;
+        let with = |value: &str| {
+            GITLAB_WRITTEN.replace(
+                "  executor = \"shell\"\n",
+                &format!("  executor = \"shell\"\n  job_data = {value}\n"),
+            )
+        };
+        let default = parse(GITLAB_WRITTEN, "config.toml").expect("valid");
+        assert_eq!(default.config.runners[0].job_data, JobData::Instance);
+        let loaded = parse(&with("\"manager\""), "config.toml").expect("manager");
+        assert_eq!(loaded.config.runners[0].job_data, JobData::Manager);
+        let e = errors(&with("\"helper\""));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("runners[0].job_data"), "{e:?}");
+        assert!(
+            e[0].contains("`instance`") && e[0].contains("`manager`"),
+            "{e:?}"
         );
     }
 

@@ -373,6 +373,7 @@ async fn run_watched(
                 scratch_dir: None,
                 max_collected: None,
                 sources: None,
+                data: None,
             },
         )
         .await;

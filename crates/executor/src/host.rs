@@ -114,6 +114,12 @@ pub trait Host: Send + Sync + std::fmt::Debug {
         stdin: Vec<u8>,
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError>;
 
+    /// Where the job helper is kept on this host, as a bash expression: a directory of the
+    /// job's user (its home on an instance; a container's own `/tmp`).
+    fn helper_home(&self) -> String {
+        "\"$HOME\"/.slipway".into()
+    }
+
     /// [`Host::run_script`] for GitLab's stage `stage` (`step_script`, `after_script`), for
     /// hosts that run stages differently (an executor plugin).
     async fn run_stage(

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifact_paths;
 use crate::cache;
+use crate::data::{self, HostData, StageEnd};
 use crate::host::Host;
 use crate::script::{self, JobDirs};
 use crate::sources::{HostSources, NO_GIT, UNREACHABLE};
@@ -53,6 +54,9 @@ pub struct JobSlot<'a> {
     /// The job's sources, fetched where its steps run before them (then not in
     /// `artifacts_in`); `None`: whatever `artifacts_in` holds.
     pub sources: Option<std::sync::Arc<dyn HostSources>>,
+    /// The job's dependencies, cache and artifacts, moved by the job helper where its steps
+    /// run (then not in `artifacts_in`, and its artifacts are not collected here).
+    pub data: Option<HostData>,
 }
 
 /// How a job's steps are run, whatever the host.
@@ -148,6 +152,7 @@ impl JobRunner {
             scratch_dir,
             max_collected,
             sources,
+            data,
         } = slot;
         if !self.prepare.is_empty()
             && let Err(msg) = housekeeping(
@@ -179,6 +184,7 @@ impl JobRunner {
             scratch_dir,
             max_collected,
             sources,
+            data,
         };
         let mut result = self.run_steps(job, host, inner).await;
         self.tear_down(host, trace, &mut result.outcome).await;
@@ -225,6 +231,7 @@ impl JobRunner {
             scratch_dir,
             max_collected,
             sources,
+            data,
         } = slot;
         let clone_path = match script::clone_path_of(job) {
             Ok(p) => p,
@@ -290,7 +297,10 @@ impl JobRunner {
             }
         }
         let restore = self.cache_script(job, &dirs, trace, None);
-        let separate_prepare = on_host || !inputs.is_empty() || restore.is_some();
+        let data_in = data
+            .as_ref()
+            .is_some_and(|d| !d.restore.is_empty() || !d.downloads.is_empty());
+        let separate_prepare = on_host || !inputs.is_empty() || restore.is_some() || data_in;
         if separate_prepare {
             // GitLab's order: sources, then the cache, then the dependencies' artifacts, which
             // win over a stale cache of the same paths.
@@ -349,6 +359,18 @@ impl JobRunner {
                     }
                 }
             }
+        }
+
+        // The helper restores the distributed cache, then the dependencies' artifacts, where
+        // the job runs (GitLab's order).
+        if let Some(d) = data.as_ref().filter(|_| data_in)
+            && let Some(outcome) = self.data_in(host, &dirs, d, deadline, &cancel, trace).await
+        {
+            self.cleanup(host, &dirs, keep_project, trace).await;
+            return RunResult {
+                outcome,
+                artifacts: Vec::new(),
+            };
         }
 
         if let Some(outcome) = self
@@ -465,9 +487,20 @@ impl JobRunner {
             }
         }
 
+        if let Some(d) = data.as_ref().filter(|_| !cancel.is_cancelled()) {
+            let tracked = match &sources {
+                Some(s) => s.tracked(),
+                None => std::sync::Arc::clone(&d.tracked),
+            };
+            self.data_out(host, &dirs, d, &tracked, &cancel, &mut outcome, trace)
+                .await;
+        }
+
         let mut artifacts = Vec::new();
+        // With the helper, the job's artifacts went up from where it ran.
+        let collect_here = !data.as_ref().is_some_and(|d| d.artifacts);
         for (spec, a) in job.artifacts.iter().enumerate() {
-            if !a.when.holds_after(outcome.is_success()) || cancel.is_cancelled() {
+            if !a.when.holds_after(outcome.is_success()) || cancel.is_cancelled() || !collect_here {
                 continue;
             }
             // Outside the project directory: a warning, as GitLab Runner gives, not a failure.
@@ -561,6 +594,130 @@ impl JobRunner {
 
         self.cleanup(host, &dirs, keep_project, trace).await;
         RunResult { outcome, artifacts }
+    }
+
+    /// The helper's stages before the job's script: the distributed cache, then the
+    /// dependencies' artifacts. The job's end when one fails it.
+    async fn data_in(
+        &self,
+        host: &dyn Host,
+        dirs: &JobDirs,
+        d: &HostData,
+        deadline: Instant,
+        cancel: &CancellationToken,
+        trace: &mut Trace,
+    ) -> Option<JobOutcome> {
+        for (stage, steps) in [
+            ("restore_cache", &d.restore),
+            ("download_artifacts", &d.downloads),
+        ] {
+            if steps.is_empty() {
+                continue;
+            }
+            let limit = TRANSFER_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+            let body = data::run_script(dirs, &host.helper_home(), &d.helper);
+            let plan = d.plan(steps.clone(), Vec::new());
+            let failed =
+                match data::run_stage(host, stage, &body, plan, &d.helper, limit, cancel).await {
+                    StageEnd::Done(out) => {
+                        trace.write(&out);
+                        None
+                    }
+                    StageEnd::Failed(out) | StageEnd::Refused(out) => {
+                        trace.write(&out);
+                        Some(data::said_error(&out))
+                    }
+                    // A cache that cannot be had never fails a job (GitLab's rule).
+                    StageEnd::System(msg) if stage == "restore_cache" => {
+                        trace.message(&format!("WARNING: restoring the cache failed: {msg}"));
+                        None
+                    }
+                    StageEnd::System(msg) => {
+                        trace.message(&format!("ERROR: downloading artifacts failed: {msg}"));
+                        Some(msg)
+                    }
+                };
+            if let Some(msg) = failed {
+                return Some(failed_quietly(msg, cancel, deadline));
+            }
+        }
+        None
+    }
+
+    /// The helper's stages after the job's script: its caches archived and saved, then its
+    /// artifacts archived and uploaded, each collected where the job ran. A failed upload
+    /// fails a job that had succeeded; a cache never does.
+    #[allow(clippy::too_many_arguments)]
+    async fn data_out(
+        &self,
+        host: &dyn Host,
+        dirs: &JobDirs,
+        d: &HostData,
+        tracked: &std::collections::BTreeSet<String>,
+        cancel: &CancellationToken,
+        outcome: &mut JobOutcome,
+        trace: &mut Trace,
+    ) {
+        let success = outcome.is_success();
+        let stage_of_artifacts = if success {
+            "upload_artifacts_on_success"
+        } else {
+            "upload_artifacts_on_failure"
+        };
+        for (stage, caches) in [("archive_cache", true), (stage_of_artifacts, false)] {
+            let mut collected = Vec::new();
+            let mut steps = Vec::new();
+            for (i, c) in d.collect.iter().enumerate() {
+                if c.is_cache() != caches || !c.when.holds_after(success) {
+                    continue;
+                }
+                let Some((paths, step)) =
+                    data::collected_step(c, dirs, &format!("c{i}.tar"), trace)
+                else {
+                    continue;
+                };
+                collected.push((format!("c{i}.tar"), script::collect_script(dirs, &paths)));
+                steps.push(step);
+            }
+            if steps.is_empty() {
+                continue;
+            }
+            let body = data::collect_script(dirs, &host.helper_home(), &d.helper, &collected);
+            let plan = d.plan(steps, tracked.iter().cloned().collect());
+            let end = data::run_stage(
+                host,
+                stage,
+                &body,
+                plan,
+                &d.helper,
+                TRANSFER_TIMEOUT,
+                cancel,
+            )
+            .await;
+            let failed = match end {
+                StageEnd::Done(out) => {
+                    trace.write(&out);
+                    None
+                }
+                StageEnd::Failed(out) | StageEnd::Refused(out) => {
+                    trace.write(&out);
+                    Some(data::said_error(&out))
+                }
+                StageEnd::System(msg) => {
+                    let what = if caches {
+                        "saving the cache"
+                    } else {
+                        "uploading artifacts"
+                    };
+                    let level = if caches { "WARNING" } else { "ERROR" };
+                    trace.message(&format!("{level}: {what} failed: {msg}"));
+                    Some(msg)
+                }
+            };
+            if let Some(msg) = failed.filter(|_| !caches && outcome.is_success()) {
+                *outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
+            }
+        }
     }
 
     /// The cache restore (`after` = `None`) or save (`Some(success)`) script of `job`, if it

@@ -4,6 +4,8 @@
 //!   directory, as GitLab Runner reads them.
 //! - [`cache`]: GitLab's local cache, restored before a job's script and saved after it.
 //! - [`cgroup`]: the `cgroup` isolation level — the slot's cgroup around every job.
+//! - [`data`]: a job's dependencies, cache and artifacts moved by the job helper where the
+//!   job runs.
 //! - [`executor`]: the [`Executor`] trait every executor implements: one job on its slot.
 //! - [`host`]: where scripts run — an instance over SSH (GitLab's `instance` executor: bash
 //!   steps on an autoscaled instance), this machine, a container.
@@ -22,6 +24,7 @@ pub mod artifact_paths;
 pub mod cache;
 pub mod cgroup;
 pub mod custom;
+pub mod data;
 pub mod docker;
 pub mod executor;
 pub mod host;
@@ -34,6 +37,7 @@ pub mod sources;
 pub mod tarball;
 
 pub use custom::{ConfigExecOutput, CustomConfig, CustomError, CustomExecutor};
+pub use data::{Collect, Helper, HostData};
 pub use docker::{
     DockerConfig, DockerExecutor, DockerExecutorError, DockerHost, PullPolicy, dial_stdio_transport,
 };

@@ -385,6 +385,7 @@ impl Executor for NestingExecutor {
                             scratch_dir: slot.scratch_dir,
                             max_collected: slot.max_collected,
                             sources: slot.sources,
+                            data: slot.data,
                         },
                     )
                     .await

@@ -141,6 +141,7 @@ impl Executor for PluginExecutor {
                     scratch_dir: slot.scratch_dir.clone(),
                     max_collected: slot.max_collected,
                     sources: slot.sources.take(),
+                    data: slot.data.take(),
                 },
             )
             .await;

@@ -63,6 +63,7 @@ async fn run(cgroups: &SlotCgroups, slot: u32, limits: Limits, job: &JobResponse
                 scratch_dir: None,
                 max_collected: None,
                 sources: None,
+                data: None,
             },
         )
         .await;

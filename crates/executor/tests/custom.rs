@@ -151,6 +151,7 @@ async fn run_job(
                 scratch_dir: None,
                 max_collected: None,
                 sources: None,
+                data: None,
             },
         );
         let watch = async {

@@ -208,6 +208,7 @@ async fn run_watch(
                     scratch_dir: None,
                     max_collected: None,
                     sources: None,
+                    data: None,
                 },
             )
             .await;
@@ -814,6 +815,7 @@ async fn the_first_step_in_the_main_shell_keeps_after_script_and_artifacts() {
                 scratch_dir: None,
                 max_collected: None,
                 sources: None,
+                data: None,
             },
         )
         .await;

@@ -65,6 +65,7 @@ async fn run_with(
                 scratch_dir: None,
                 max_collected: None,
                 sources: None,
+                data: None,
             },
         )
         .await;

@@ -95,6 +95,18 @@ impl GitlabError {
 }
 
 impl GitlabClient {
+    /// The URL of `GET /api/v4/jobs/:id/artifacts` (a dependency's archive), for the job
+    /// helper to download where the job runs.
+    pub fn artifacts_url(&self, job_id: u64) -> String {
+        self.api_url(&format!("jobs/{job_id}/artifacts"))
+    }
+
+    /// The URL of `POST /api/v4/jobs/:id/artifacts` with `opts` in its query, for the job
+    /// helper to upload where the job runs.
+    pub fn upload_artifacts_url(&self, job_id: u64, opts: &UploadOptions) -> String {
+        self.api_url(&format!("jobs/{job_id}/artifacts?{}", upload_query(opts)))
+    }
+
     /// `POST /api/v4/jobs/:id/artifacts`: uploads `archive` as `multipart/form-data` (field
     /// `file`, named as [`UploadOptions::file_name`]) with `artifact_format`, `artifact_type`
     /// and `expire_in` in the query and header `JOB-TOKEN`. 201 is success; 413 is

@@ -1,42 +1,10 @@
 //! What the lifecycle's stages and the sources' reports share about archives and retries:
-//! which collected paths an archive keeps, a zip turned into a tar stream on the scratch disk,
+//! a zip turned into a tar stream on the scratch disk,
 //! the compression a job asks for, and GitLab's `*_ATTEMPTS` variables.
 
-use std::collections::BTreeSet;
-
-use slipway_artifacts::{Compression, Globs};
+use slipway_artifacts::Compression;
 use slipway_executor::Tarball;
 use slipway_job::{JobResponse, Trace};
-
-/// Whether the tar entry `path` belongs in an `artifacts:` entry's archive: not excluded, and
-/// with `untracked`, either under one of its `paths` or not tracked by git.
-pub(crate) fn keeps(
-    path: &str,
-    includes: &Globs,
-    excludes: &Globs,
-    untracked: bool,
-    tracked: &BTreeSet<String>,
-) -> bool {
-    let lineage =
-        || std::iter::successors(Some(path), |p| p.rsplit_once('/').map(|(parent, _)| parent));
-    // Exclusion is not recursive (GitLab Runner matches each walked path on its own).
-    if path.is_empty() || path == "." || excludes.matches_exactly(path) {
-        return false;
-    }
-    if !untracked {
-        return true;
-    }
-    if lineage().any(|p| p == ".git") {
-        return false;
-    }
-    // A directory of tracked files is not untracked, though git lists only files.
-    let under = format!("{path}/");
-    let holds_tracked = tracked
-        .range(under.clone()..)
-        .next()
-        .is_some_and(|t| t.starts_with(&under));
-    lineage().any(|p| includes.is_match(p)) || (!tracked.contains(path) && !holds_tracked)
-}
 
 /// Why a zip archive did not become a tar stream.
 #[derive(Debug, thiserror::Error)]

@@ -53,6 +53,8 @@ pub struct Manager<'a> {
     pub queue: Queue,
     /// Where plugins are looked for first.
     pub plugin_dir: Option<PathBuf>,
+    /// The job helper, copied to where jobs run to move their data.
+    pub helper: Option<slipway_executor::Helper>,
 }
 
 impl Manager<'_> {
@@ -64,6 +66,7 @@ impl Manager<'_> {
             self.config_path,
             self.queue,
             self.plugin_dir,
+            self.helper,
             shutdown,
         )
         .await
@@ -75,6 +78,7 @@ async fn run_manager(
     config_path: &Path,
     queue: Queue,
     plugin_dir: Option<PathBuf>,
+    helper: Option<slipway_executor::Helper>,
     shutdown: Shutdown,
 ) -> Result<(), ManagerError> {
     let stop = shutdown.stop.clone();
@@ -91,6 +95,7 @@ async fn run_manager(
     let state_dir = config::state_dir(config_path, loaded.config.state_dir.as_deref());
     let opts = runner::StartOptions {
         plugin_dir,
+        helper,
         state_dir: Some(state_dir.clone()),
         work_dir: Some(config::work_dir(
             config_path,

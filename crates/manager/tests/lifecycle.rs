@@ -12,7 +12,7 @@ use std::time::Duration;
 use slipway_executor::{Executor, JobSlot, RunResult};
 use slipway_job::{FailureReason, JobOutcome, JobResponse, JobStatus, Trace};
 use slipway_manager::lifecycle::{
-    Admission, Inputs, JobSource, Life, NoSlot, PlacedError, SourcesAt, Start, Stops,
+    Admission, DataAt, Inputs, JobSource, Life, NoSlot, PlacedError, SourcesAt, Start, Stops,
 };
 use slipway_manager::runner::{ExecutorProvider, Place, Runner, StartOptions};
 use slipway_taskscaler::Acquisition;
@@ -135,6 +135,7 @@ impl JobSource for Source {
         &self,
         _job: &JobResponse,
         _at: SourcesAt,
+        _data: &DataAt,
         trace: &mut Trace,
         cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {

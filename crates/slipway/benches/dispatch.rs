@@ -51,6 +51,7 @@ async fn bench() -> anyhow::Result<()> {
         &runner_cfg,
         &StartOptions {
             plugin_dir: Some(plugin_dir),
+            helper: None,
             plugin_config_defaults: slipway_manager::runner::run_scoped_plugin_config(
                 run_dir.path(),
                 "b",
@@ -242,6 +243,7 @@ async fn runner_job(
                 scratch_dir: None,
                 max_collected: None,
                 sources: None,
+                data: None,
             },
         )
         .await;

@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod helper;
 mod logging;
 mod progress;
 

@@ -68,7 +68,12 @@ check_interval = 1
             url = gl.url(),
             token = gl.runner_token(),
             cache = w.path().join("cache").display(),
-            autoscaler = common::local_autoscaler(w, "gf"),
+            // Its instances share this machine's network: the job helper reaches the test
+            // GitLab on loopback from there, as instances reaching GitLab do.
+            autoscaler = common::local_autoscaler(w, "gf").replace(
+                "[runners.autoscaler.plugin_config]\n",
+                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
+            ),
         ),
     )
 }
@@ -516,6 +521,9 @@ check_interval = 1
   executor = "docker-autoscaler"
   # busybox has no git: its sources come from the manager, which this runner allows.
   fetch_sources = "instance_or_manager"
+  # The test GitLab is on loopback, which the build containers do not reach: the manager
+  # moves the job's artifacts (tests/job_data.rs has containers that reach it).
+  job_data = "manager"
   [runners.docker]
     image = "slipway-busybox:latest"
     pull_policy = "never"

@@ -2,6 +2,7 @@
 //!
 //! - [`Sshd`]: a real OpenSSH `sshd` on 127.0.0.1 with its own host key and an authorized
 //!   client key (installed with apt-get when missing: tests never skip for want of it).
+//! - [`docker_gateway`]: where servers listen for jobs in containers to reach them.
 //! - [`ensure_docker_engine`]: Docker Engine running and the local `slipway-busybox` image
 //!   built, through `scripts/docker-engine.sh`.
 //! - [`kill_tree`]: kill a process and every descendant.
@@ -293,6 +294,23 @@ pub fn kill_tree(root: u32) {
             let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
         }
     }
+}
+
+/// The Docker bridge's gateway on this machine (`docker0`'s IPv4 address): a server listening
+/// there is reached from this machine and from jobs' containers on any bridge network. Call
+/// [`ensure_docker_engine`] first.
+pub fn docker_gateway() -> Result<std::net::IpAddr, FixtureError> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "dev", "docker0"])
+        .output()
+        .map_err(|e| err("ip addr show docker0", e))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| err("docker0's address", format!("none in {text:?}")))
 }
 
 /// Start the Docker Engine and build [`BUSYBOX_IMAGE`] if needed (once per process; later

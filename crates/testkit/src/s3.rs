@@ -99,6 +99,7 @@ pub fn ensure_installed() -> Result<(), FixtureError> {
 #[derive(Debug)]
 pub struct LocalStack {
     child: Child,
+    ip: std::net::IpAddr,
     port: u16,
     _data: tempfile::TempDir,
 }
@@ -114,8 +115,14 @@ impl Drop for LocalStack {
 impl LocalStack {
     /// Start one and make `bucket` in it; installs LocalStack first when needed.
     pub fn start(bucket: &str) -> Result<LocalStack, FixtureError> {
+        Self::start_on(bucket, std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// [`LocalStack::start`] listening on `ip` (the Docker bridge's gateway, which jobs in
+    /// containers reach too).
+    pub fn start_on(bucket: &str, ip: std::net::IpAddr) -> Result<LocalStack, FixtureError> {
         ensure_installed()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
+        let port = std::net::TcpListener::bind((ip, 0))
             .and_then(|l| l.local_addr())
             .map_err(|e| err("a free port", e))?
             .port();
@@ -124,7 +131,7 @@ impl LocalStack {
             .map_err(|e| err("LocalStack's log", e))?;
         let child = Command::new(python())
             .args(["-m", "localstack.runtime.main"])
-            .env("GATEWAY_LISTEN", format!("127.0.0.1:{port}"))
+            .env("GATEWAY_LISTEN", format!("{ip}:{port}"))
             .env("SERVICES", "s3")
             .env("DNS_ADDRESS", "0")
             .env("S3_SKIP_SIGNATURE_VALIDATION", "0")
@@ -137,6 +144,7 @@ impl LocalStack {
             .map_err(|e| err("starting LocalStack", e))?;
         let ls = LocalStack {
             child,
+            ip,
             port,
             _data: data,
         };
@@ -154,18 +162,18 @@ impl LocalStack {
         }
     }
 
-    /// `127.0.0.1:PORT`, as `ServerAddress` takes it.
+    /// `IP:PORT` (`127.0.0.1:PORT` unless started elsewhere), as `ServerAddress` takes it.
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.ip, self.port)
     }
 
     fn boto(&self, code: &str) -> Result<String, FixtureError> {
         let script = format!(
             "import boto3\nfrom botocore.config import Config\n\
-             s3 = boto3.client('s3', endpoint_url='http://127.0.0.1:{}', \
+             s3 = boto3.client('s3', endpoint_url='http://{}', \
              aws_access_key_id='{ACCESS_KEY}', aws_secret_access_key='{SECRET_KEY}', \
              region_name='us-east-1', config=Config(signature_version='s3v4'))\n{code}",
-            self.port
+            self.address()
         );
         let out = Command::new(python())
             .args(["-c", &script])

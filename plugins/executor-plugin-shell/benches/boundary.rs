@@ -89,6 +89,7 @@ async fn run(
                 scratch_dir: None,
                 max_collected: None,
                 sources: None,
+                data: None,
             },
         )
         .await;

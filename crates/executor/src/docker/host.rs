@@ -194,6 +194,11 @@ fn exit_status(code: i64) -> ExitStatus {
 
 #[async_trait]
 impl Host for DockerHost {
+    fn helper_home(&self) -> String {
+        // The image's user may have no writable home; the container's /tmp is the job's own.
+        "/tmp/.slipway".into()
+    }
+
     async fn run_script(
         &self,
         script: String,

@@ -314,6 +314,7 @@ impl DockerExecutor {
             scratch_dir,
             max_collected,
             sources,
+            data,
         } = slot;
         let setup = Setup {
             run: &run,
@@ -335,6 +336,7 @@ impl DockerExecutor {
                     scratch_dir,
                     max_collected,
                     sources,
+                    data,
                 };
                 self.run_steps(job, started, &host, ctx).await
             }

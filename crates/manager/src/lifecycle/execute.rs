@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use std::sync::Arc;
 
-use slipway_config::{Executor as ConfigExecutor, FetchSources};
-use slipway_executor::HostSources;
+use slipway_config::{Executor as ConfigExecutor, FetchSources, JobData};
+use slipway_executor::isolation::Isolation;
+use slipway_executor::{HostData, HostSources};
 
 use super::{SourcesAt, Stops};
 use crate::runner::Admission;
@@ -30,7 +31,7 @@ pub(super) async fn execute(
     job: &JobResponse,
     admission: &Admission,
     artifacts_in: Vec<Tarball>,
-    sources: Option<Arc<dyn HostSources>>,
+    (sources, data): (Option<Arc<dyn HostSources>>, Option<HostData>),
     trace: &mut Trace,
     stops: &Stops,
 ) -> Executed {
@@ -82,7 +83,7 @@ pub(super) async fn execute(
     let mut instance_lost = false;
 
     let mut result = {
-        let inputs = (artifacts_in, sources);
+        let inputs = (artifacts_in, sources, data);
         let run = run_on(
             runner,
             acq,
@@ -198,6 +199,61 @@ pub(super) fn sources_at(runner: &Runner) -> SourcesAt {
     }
 }
 
+/// Where a job's dependencies, caches and artifacts move.
+#[derive(Debug, Clone)]
+pub enum DataAt {
+    /// Through the manager (`job_data = "manager"`, the `microvm` and `vm` levels, whose
+    /// guests have no network, and the custom and plugin executors).
+    Manager,
+    /// Where the job runs, by the job helper: the plan so far (the helper, the limits).
+    Host(HostData),
+    /// Where the job runs, but this manager has no job helper: a job with data to move fails.
+    NoHelper,
+}
+
+impl DataAt {
+    /// Why a job with data to move cannot run on a manager without a job helper.
+    pub fn no_helper() -> JobOutcome {
+        JobOutcome::failed(
+            FailureReason::RunnerConfigurationError,
+            None,
+            "this manager has no job helper (slipway-helper) to move the job's artifacts and \
+             cache where it runs: install it beside slipway (`make helper`), or set \
+             job_data = \"manager\" in [[runners]]",
+        )
+    }
+}
+
+/// Where `runner` moves the data of a job at `level`: where its steps run unless the runner
+/// says `job_data = "manager"`, or the job's environment cannot reach the servers yet (VM
+/// guests have no network) or is another program's (custom and plugin executors).
+pub(super) fn data_at(runner: &Runner, level: Isolation) -> DataAt {
+    let here = runner.job_data == JobData::Manager
+        || matches!(level, Isolation::Microvm | Isolation::Vm)
+        || matches!(
+            runner.executor,
+            ConfigExecutor::Custom | ConfigExecutor::Plugin
+        );
+    match (&runner.helper, here) {
+        (_, true) => DataAt::Manager,
+        (None, false) => DataAt::NoHelper,
+        (Some(helper), false) => DataAt::Host(HostData {
+            helper: helper.clone(),
+            limits: slipway_job::data::ArchiveLimits {
+                max_size: runner.archive_limits.max_size,
+                max_entries: runner.archive_limits.max_entries,
+                max_ratio: runner.archive_limits.max_ratio,
+            },
+            ca_pem: None,
+            restore: Vec::new(),
+            downloads: Vec::new(),
+            collect: Vec::new(),
+            artifacts: false,
+            tracked: Arc::default(),
+        }),
+    }
+}
+
 /// Run `job` on the acquisition's slot with the executor its runner's provider hands out.
 #[allow(clippy::too_many_arguments)]
 async fn run_on(
@@ -206,7 +262,7 @@ async fn run_on(
     job: &JobResponse,
     admission: &Admission,
     place: &Place,
-    (artifacts_in, sources): (Vec<Tarball>, Option<Arc<dyn HostSources>>),
+    (artifacts_in, sources, data): (Vec<Tarball>, Option<Arc<dyn HostSources>>, Option<HostData>),
     trace: &mut Trace,
     stops: &Stops,
 ) -> RunResult {
@@ -235,6 +291,7 @@ async fn run_on(
             scratch_dir: runner.scratch_dir.clone(),
             max_collected: Some(runner.archive_limits.max_size),
             sources,
+            data,
         },
     )
     .await

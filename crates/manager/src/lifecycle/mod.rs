@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use slipway_executor::{CollectedArtifacts, HostSources, Isolation, Tarball};
+use slipway_executor::{CollectedArtifacts, HostData, HostSources, Isolation, Tarball};
 use slipway_job::JobResponse;
 use slipway_job::{FailureReason, JobOutcome, Trace};
 use slipway_taskscaler::Acquisition;
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::runner::Admission;
 pub use admission::{NoSlot, acquire, admit, isolation_of, plugin_level, request_of, reserve};
 pub use ending::{board_info, closing_line, ending_of_refusal};
+pub use execute::DataAt;
 
 use crate::runner::Runner;
 use crate::runner::cache::DistributedCache;
@@ -44,6 +45,7 @@ pub trait JobSource: Send + Sync {
         &self,
         _job: &JobResponse,
         _at: SourcesAt,
+        _data: &DataAt,
         _trace: &mut Trace,
         _cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {
@@ -94,6 +96,9 @@ pub struct Inputs {
     /// The sources, fetched where the job runs (then not in `tars`; `tracked` comes from
     /// here after the job).
     pub sources: Option<Arc<dyn HostSources>>,
+    /// The job's data the job helper moves where it runs (dependencies, artifacts; the
+    /// lifecycle adds the distributed cache).
+    pub data: Option<HostData>,
 }
 
 /// What stops a job: `cancel` (its steps, and every wait before them), and `abort` (also its
@@ -251,11 +256,31 @@ impl Life<'_> {
         // The distributed cache's restore stage follows the source's inputs: the executor gets
         // the job without `cache:` and collects what to save as extra artifact entries.
         let cache = runner.cache.as_deref().filter(|_| !job.cache.is_empty());
+        // Where its dependencies, caches and artifacts move: by the job helper where it runs,
+        // unless the runner (or the level) says the manager.
+        let data_at = execute::data_at(runner, admission.level);
         let fetching = async {
             let at = execute::sources_at(runner);
-            let r = self.source.inputs(&job, at, &mut side, &fetch_cancel).await;
-            let r = match (r, cache) {
-                (Ok(mut inputs), Some(cache)) => {
+            let r = self
+                .source
+                .inputs(&job, at, &data_at, &mut side, &fetch_cancel)
+                .await;
+            let r = match (r, cache, &data_at) {
+                (Ok(_), Some(_), DataAt::NoHelper) => {
+                    let outcome = DataAt::no_helper();
+                    if let JobOutcome::Failed { message, .. } = &outcome {
+                        side.message(&format!("ERROR: {message}"));
+                    }
+                    Err(outcome)
+                }
+                (Ok(mut inputs), Some(cache), DataAt::Host(base)) => {
+                    let data = inputs.data.get_or_insert_with(|| base.clone());
+                    data.restore = cache.restore_steps(&job, &mut side);
+                    let saves = cache.save_collects(&job, &mut side);
+                    data.collect.splice(0..0, saves);
+                    Ok(inputs)
+                }
+                (Ok(mut inputs), Some(cache), _) => {
                     match cache.restore(&job, &mut side, &fetch_cancel).await {
                         Ok(restored) => {
                             let at = inputs.leading.min(inputs.tars.len());
@@ -269,8 +294,15 @@ impl Life<'_> {
                         )),
                     }
                 }
-                (r, _) => r,
+                (r, _, _) => r,
             };
+            // Sources fetched on the manager: the helper learns what git tracks from here.
+            let r = r.map(|mut inputs| {
+                if let Some(d) = &mut inputs.data {
+                    d.tracked = Arc::clone(&inputs.tracked);
+                }
+                inputs
+            });
             if r.is_err() {
                 let _ = first_failure.compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
                 acquire_cancel.cancel();
@@ -333,7 +365,14 @@ impl Life<'_> {
         let mut attempt = 1;
         // The job as the executor gets it with the distributed cache: made once, its timeout
         // kept in step with each try's.
-        let mut with_cache_entries = cache.map(|_| DistributedCache::for_executor(&job));
+        let helper_caches = matches!(data_at, DataAt::Host(_));
+        let mut with_cache_entries = cache.map(|_| {
+            if helper_caches {
+                DistributedCache::without_cache(&job)
+            } else {
+                DistributedCache::for_executor(&job)
+            }
+        });
         let executed = loop {
             if let Some(since) = self.since
                 && timeout > 0
@@ -367,7 +406,7 @@ impl Life<'_> {
                 with_cache_entries.as_ref().unwrap_or(&job),
                 admission,
                 these,
-                inputs.sources.clone(),
+                (inputs.sources.clone(), inputs.data.clone()),
                 trace,
                 &self.stops,
             )

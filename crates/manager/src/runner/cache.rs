@@ -19,13 +19,15 @@ use slipway_artifacts::{Format, Globs};
 use slipway_cache::{S3, object_name, transfer};
 use slipway_config::CacheConfig;
 use slipway_executor::cache::{key_to_save, keys_to_restore};
-use slipway_executor::{CollectedArtifacts, Tarball};
+use slipway_executor::{Collect, CollectedArtifacts, Tarball};
 use slipway_job::JobResponse;
 use slipway_job::Trace;
+use slipway_job::data::DataStep;
 use slipway_job::model::ArtifactSpec;
 use tokio_util::sync::CancellationToken;
 
-use crate::archive::{attempts_of, compression_of, keeps, unzipped};
+use crate::archive::{attempts_of, compression_of, unzipped};
+use slipway_artifacts::keeps;
 
 /// Largest cache archive read back (GitLab Runner has no limit; this keeps a runaway object
 /// from filling the manager's memory).
@@ -91,6 +93,91 @@ impl DistributedCache {
                 when: spec.when,
                 artifact_type: ArtifactSpec::CACHE_TYPE.into(),
                 ..ArtifactSpec::default()
+            });
+        }
+        out
+    }
+
+    /// `job` as the executor gets it when the job helper moves its caches: no `cache:` (no
+    /// local cache either).
+    pub fn without_cache(job: &JobResponse) -> JobResponse {
+        let mut out = job.clone();
+        out.cache.clear();
+        out
+    }
+
+    /// The job helper's restore steps for the caches of `job` that pull: each with its keys'
+    /// pre-signed GET URLs, in the order GitLab tries them. Skipped keys are warnings.
+    pub fn restore_steps(&self, job: &JobResponse, trace: &mut Trace) -> Vec<DataStep> {
+        let mut steps = Vec::new();
+        for spec in &job.cache {
+            let (keys, skipped) = keys_to_restore(spec, job);
+            for s in skipped {
+                trace.message(&format!(
+                    "WARNING: cache key {:?} skipped: {}",
+                    s.key, s.reason
+                ));
+            }
+            let mut sources = Vec::new();
+            for key in keys {
+                match self.object(job, &key) {
+                    Ok(object) => {
+                        let url = self
+                            .s3
+                            .get_url(&object, Self::valid_for(job), SystemTime::now());
+                        sources.push((key, url));
+                    }
+                    Err(e) => trace.message(&format!("WARNING: {e}")),
+                }
+            }
+            if !sources.is_empty() {
+                steps.push(DataStep::RestoreCache {
+                    sources,
+                    attempts: attempts_of(job, "RESTORE_CACHE_ATTEMPTS"),
+                    timeout_secs: request_timeout(job).as_secs(),
+                });
+            }
+        }
+        steps
+    }
+
+    /// What the job helper collects and saves for the caches of `job` that push, each with
+    /// its pre-signed PUT URL.
+    pub fn save_collects(&self, job: &JobResponse, trace: &mut Trace) -> Vec<Collect> {
+        let mut out = Vec::new();
+        for spec in &job.cache {
+            let Some(Ok(key)) = key_to_save(spec, job) else {
+                continue;
+            };
+            let object = match self.object(job, &key) {
+                Ok(o) => o,
+                Err(e) => {
+                    trace.message(&format!("WARNING: {e}"));
+                    continue;
+                }
+            };
+            let (url, headers) = self
+                .s3
+                .put_url(&object, Self::valid_for(job), SystemTime::now());
+            out.push(Collect {
+                when: spec.when,
+                paths: spec.paths.clone(),
+                exclude: Vec::new(),
+                untracked: spec.untracked,
+                step: DataStep::SaveCache {
+                    key,
+                    url,
+                    headers,
+                    max_upload: self.max_upload,
+                    paths: Vec::new(),
+                    untracked: spec.untracked,
+                    compression: job
+                        .variable("CACHE_COMPRESSION_LEVEL")
+                        .unwrap_or_default()
+                        .to_string(),
+                    timeout_secs: request_timeout(job).as_secs(),
+                    tar: String::new(),
+                },
             });
         }
         out

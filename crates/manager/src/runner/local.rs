@@ -100,6 +100,8 @@ pub(super) fn start_local(
         local: true,
         custom_build_dir: cfg.custom_build_dir(),
         fetch_sources: cfg.fetch_sources,
+        job_data: cfg.job_data,
+        helper: opts.helper.clone(),
         docker,
         custom: cfg.custom.clone(),
         nesting: None,

@@ -81,6 +81,10 @@ pub struct Runner {
     pub custom_build_dir: bool,
     /// Where jobs' sources are fetched (`fetch_sources`).
     pub fetch_sources: slipway_config::FetchSources,
+    /// Where jobs' dependencies, caches and artifacts are moved (`job_data`).
+    pub job_data: slipway_config::JobData,
+    /// The job helper that moves them where jobs run (`None`: this binary has none beside it).
+    pub helper: Option<slipway_executor::Helper>,
     /// `[runners.docker]`.
     pub docker: DockerConfig,
     /// `[runners.custom]`.
@@ -123,6 +127,9 @@ pub struct Runner {
 pub struct StartOptions {
     /// Where to look for plugins first.
     pub plugin_dir: Option<PathBuf>,
+    /// The job helper, copied to where jobs run to move their data (`None`: jobs of runners
+    /// with `job_data = "instance"` that need it fail, saying so).
+    pub helper: Option<slipway_executor::Helper>,
     /// Keys merged into `plugin_config` (a per-run state dir, say) unless the config sets them.
     /// With several shapes, string values of `name` and `dir` get the shape's name appended,
     /// so the groups stay apart.
@@ -324,6 +331,8 @@ impl Runner {
             local: false,
             custom_build_dir: cfg.custom_build_dir(),
             fetch_sources: cfg.fetch_sources,
+            job_data: cfg.job_data,
+            helper: opts.helper.clone(),
             docker,
             custom: cfg.custom.clone(),
             nesting: cfg.nesting_config(),

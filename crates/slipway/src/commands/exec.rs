@@ -103,6 +103,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         plugin_dir: args.plugin_dir,
         plugin_start_timeout: args.plugin_start_timeout,
         no_cache: args.no_cache,
+        helper: crate::helper::find().await,
     };
     let stop = signals::shutdown_signal()?;
     let ok = exec(&runner_cfg, &opts, args.list, args.report.as_ref(), stop).await?;

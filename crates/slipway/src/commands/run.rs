@@ -33,6 +33,7 @@ pub async fn run(args: Args, queue_flag: Option<PathBuf>) -> anyhow::Result<Exit
         config_path: &args.config,
         queue,
         plugin_dir: args.plugin_dir,
+        helper: crate::helper::find().await,
     }
     .run(shutdown)
     .await?;

@@ -267,6 +267,19 @@ impl FakeGitlab {
         Self::try_start_with(None).await
     }
 
+    /// Start one on `ip:0`: an address jobs in containers reach too (the Docker bridge's
+    /// gateway, [`crate::docker_gateway`]). Panics when it cannot be bound.
+    pub async fn start_on(ip: std::net::IpAddr) -> FakeGitlab {
+        match Self::try_start_on(ip, None).await {
+            Ok(f) => f,
+            Err(e) => panic!("FakeGitlab: binding {ip}:0: {e}"),
+        }
+    }
+
+    async fn try_start_with(tls: Option<Arc<rustls::ServerConfig>>) -> std::io::Result<FakeGitlab> {
+        Self::try_start_on(std::net::Ipv4Addr::LOCALHOST.into(), tls).await
+    }
+
     /// Start one serving HTTPS on `127.0.0.1:0` with `tls` (see [`crate::tls::TestCa`]);
     /// panics when loopback cannot be bound.
     pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> FakeGitlab {
@@ -276,8 +289,11 @@ impl FakeGitlab {
         }
     }
 
-    async fn try_start_with(tls: Option<Arc<rustls::ServerConfig>>) -> std::io::Result<FakeGitlab> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    async fn try_start_on(
+        ip: std::net::IpAddr,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> std::io::Result<FakeGitlab> {
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let shared = Arc::new(Shared {

@@ -12,7 +12,7 @@ use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
-use crate::archive::keeps;
+use slipway_artifacts::keeps;
 
 /// Archive and upload each collected `artifacts:` entry; a failed upload fails a job that had
 /// succeeded.
@@ -157,37 +157,5 @@ fn fail_upload(outcome: &mut JobOutcome, trace: &mut Trace, msg: String) {
     trace.message(&format!("ERROR: {msg}"));
     if outcome.is_success() {
         *outcome = JobOutcome::failed(FailureReason::RunnerSystemFailure, None, msg);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn untracked_keeps_what_git_does_not_track() {
-        let includes = Globs::new(&["out/".to_string()]).unwrap();
-        let excludes = Globs::new(&["out/*.tmp".to_string()]).unwrap();
-        let tracked: BTreeSet<String> = ["README.md", "src/main.rs"]
-            .into_iter()
-            .map(String::from)
-            .collect();
-        let keep = |p: &str, untracked: bool| keeps(p, &includes, &excludes, untracked, &tracked);
-        // Without untracked, the executor already chose by paths: only exclude applies.
-        assert!(keep("out/a", false));
-        assert!(!keep("out/b.tmp", false));
-        // With it: paths, plus what git does not track, never .git or a tracked file's directory.
-        assert!(keep("out/a", true));
-        assert!(keep("build.log", true));
-        assert!(keep("src/generated.rs", true));
-        assert!(!keep("README.md", true));
-        assert!(
-            !keep("src", true),
-            "a directory of tracked files is not untracked"
-        );
-        assert!(!keep(".git/config", true));
-        assert!(!keep("out/b.tmp", true));
-        assert!(!keep("", true));
     }
 }

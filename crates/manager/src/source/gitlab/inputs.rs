@@ -10,15 +10,19 @@ use slipway_job::{FailureReason, JobOutcome, Trace};
 use tokio_util::sync::CancellationToken;
 
 use super::Source;
-use crate::lifecycle::{Inputs, SourcesAt};
+use crate::lifecycle::{DataAt, Inputs, SourcesAt};
 use slipway_config::Executor;
 use slipway_executor::HostSources;
+use slipway_executor::{Collect, HostData};
+use slipway_gitlab::UploadOptions;
+use slipway_job::data::DataStep;
 
 /// The job's sources and its dependencies' artifacts; a failure ends the job.
 pub(super) async fn inputs_of(
     source: &Source,
     job: &JobResponse,
     at: SourcesAt,
+    data: &DataAt,
     trace: &mut Trace,
     cancel: &CancellationToken,
 ) -> Result<Inputs, JobOutcome> {
@@ -70,6 +74,22 @@ pub(super) async fn inputs_of(
     // GitLab's order: sources, the cache (the lifecycle's restore stage puts it here), then the
     // dependencies' artifacts (which win over a stale cache of the same paths).
     inputs.leading = inputs.tars.len();
+    let moves_data =
+        job.dependencies.iter().any(|d| d.artifacts_file.is_some()) || !job.artifacts.is_empty();
+    match data {
+        DataAt::Host(base) => {
+            inputs.data = Some(helper_plan(source, job, base.clone()));
+            return Ok(inputs);
+        }
+        DataAt::NoHelper if moves_data => {
+            let outcome = DataAt::no_helper();
+            if let JobOutcome::Failed { message, .. } = &outcome {
+                trace.message(&format!("ERROR: {message}"));
+            }
+            return Err(outcome);
+        }
+        DataAt::NoHelper | DataAt::Manager => {}
+    }
     for dep in &job.dependencies {
         if dep.artifacts_file.is_none() {
             continue;
@@ -124,6 +144,72 @@ pub(super) async fn inputs_of(
         }
     }
     Ok(inputs)
+}
+
+/// What the job helper moves for `job` where it runs: its dependencies' artifacts downloaded
+/// from GitLab, its own artifacts uploaded there, each with the job's tokens (which stay out
+/// of every command line) and the runner's TLS CA.
+fn helper_plan(source: &Source, job: &JobResponse, mut data: HostData) -> HostData {
+    data.ca_pem = source
+        .tls_variables
+        .iter()
+        .find(|v| v.key == "CI_SERVER_TLS_CA_FILE")
+        .map(|v| v.value.clone());
+    let attempts = crate::archive::attempts_of(job, "ARTIFACT_DOWNLOAD_ATTEMPTS");
+    data.downloads = job
+        .dependencies
+        .iter()
+        .filter(|d| d.artifacts_file.is_some())
+        .map(|d| DataStep::Download {
+            name: d.name.clone(),
+            id: d.id,
+            url: source.client.artifacts_url(d.id),
+            token: d.token.clone(),
+            attempts,
+        })
+        .collect();
+    let compression = job
+        .variable("ARTIFACT_COMPRESSION_LEVEL")
+        .unwrap_or_default()
+        .to_string();
+    for spec in &job.artifacts {
+        let kind = match spec.artifact_type.as_str() {
+            "" => "archive",
+            t => t,
+        };
+        let format = match spec.artifact_format.as_str() {
+            "" => "zip",
+            f => f,
+        };
+        let name = (!spec.name.is_empty()).then(|| spec.name.clone());
+        let opts = UploadOptions {
+            name: name.clone(),
+            artifact_type: kind.to_string(),
+            artifact_format: format.to_string(),
+            expire_in: (!spec.expire_in.is_empty()).then(|| spec.expire_in.clone()),
+        };
+        data.collect.push(Collect {
+            when: spec.when,
+            paths: spec.paths.clone(),
+            exclude: spec.exclude.clone(),
+            untracked: spec.untracked,
+            step: DataStep::Upload {
+                url: source.client.upload_artifacts_url(job.id, &opts),
+                token: job.token.clone(),
+                artifact_type: opts.artifact_type,
+                artifact_format: opts.artifact_format,
+                name,
+                expire_in: opts.expire_in,
+                compression: compression.clone(),
+                paths: Vec::new(),
+                exclude: Vec::new(),
+                untracked: spec.untracked,
+                tar: String::new(),
+            },
+        });
+    }
+    data.artifacts = true;
+    data
 }
 
 /// The artifacts of job `id` as a tar stream in a file: the zip downloaded into one file, then

@@ -41,7 +41,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::{self, Inputs, JobSource, Life, NoSlot, Ran, SourcesAt, Start, Stops};
+use crate::lifecycle::{
+    self, DataAt, Inputs, JobSource, Life, NoSlot, Ran, SourcesAt, Start, Stops,
+};
 use crate::limits::{Limits, Permits};
 use crate::runner::Runner;
 use crate::shutdown::Shutdown;
@@ -892,10 +894,11 @@ impl JobSource for Source {
         &self,
         job: &JobResponse,
         at: SourcesAt,
+        data: &DataAt,
         trace: &mut Trace,
         cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {
-        inputs::inputs_of(self, job, at, trace, cancel).await
+        inputs::inputs_of(self, job, at, data, trace, cancel).await
     }
 }
 

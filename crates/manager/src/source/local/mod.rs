@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::{self, Inputs, JobSource, Life, SourcesAt, Start, Stops};
+use crate::lifecycle::{self, DataAt, Inputs, JobSource, Life, SourcesAt, Start, Stops};
 use crate::runner::{Runner, StartError, StartOptions};
 use slipway_config::RunnerConfig;
 
@@ -80,6 +80,8 @@ pub struct ExecOptions {
     pub plugin_start_timeout: Option<Duration>,
     /// Jobs' `cache:` is neither restored nor saved (`--no-cache`).
     pub no_cache: bool,
+    /// The job helper, which moves the distributed cache where the jobs run.
+    pub helper: Option<slipway_executor::Helper>,
 }
 
 /// One row of the summary table.
@@ -218,6 +220,7 @@ pub async fn run(
 
     let start = StartOptions {
         plugin_dir: opts.plugin_dir.clone(),
+        helper: opts.helper.clone(),
         plugin_config_defaults: if runner_cfg
             .autoscaler
             .as_ref()
@@ -738,6 +741,7 @@ impl JobSource for JobTask {
         &self,
         _job: &slipway_job::JobResponse,
         _at: SourcesAt,
+        _data: &DataAt,
         trace: &mut Trace,
         _cancel: &CancellationToken,
     ) -> Result<Inputs, JobOutcome> {

@@ -1,0 +1,530 @@
+//! A plan's steps, run in the project directory: what GitLab Runner's helper does in the
+//! `restore_cache`, `download_artifacts`, `archive_cache` and `upload_artifacts_*` stages,
+//! with its messages for the job's trace.
+//!
+//! Archives wait in the stage's scratch directory (private, removed by the stage's script
+//! after it); a downloaded one becomes a tar stream there within the runner's limits before a
+//! byte of it reaches the project directory, so a bomb leaves the directory as it was.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use slipway_artifacts::{Compression, Format, Globs, Limits, keeps};
+use slipway_job::data::{ArchiveLimits, DataPlan, DataStep};
+
+use crate::error::HelperError;
+use crate::http::{Client, Got, without_query};
+
+/// How a plan ended, as the helper's exit status tells the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Everything needed was done (a missing cache is fine).
+    Done,
+    /// Something the job needs failed (a dependency, an upload): the job fails.
+    Failed,
+    /// An archive broke the runner's limits: the job fails.
+    Refused,
+}
+
+/// Where a plan runs: the project directory, the scratch directory, the trace.
+#[derive(Debug)]
+pub struct Stage<'a, W: Write> {
+    /// The project directory (archives are unpacked into it and collected from it).
+    pub project: &'a Path,
+    /// Private scratch space for archives on their way.
+    pub scratch: &'a Path,
+    /// The job's trace (the helper's stdout).
+    pub out: W,
+}
+
+impl<W: Write> Stage<'_, W> {
+    /// Run every step of `plan`, in order.
+    pub fn run(&mut self, plan: &DataPlan) -> Ending {
+        let limits = limits_of(plan.limits);
+        let tracked: BTreeSet<String> = plan.tracked.iter().cloned().collect();
+        let mut ending = Ending::Done;
+        for step in &plan.steps {
+            let ended = match step {
+                DataStep::Download { .. } => self.download(step, plan, &limits),
+                DataStep::RestoreCache { .. } => self.restore_cache(step, &limits),
+                DataStep::SaveCache { .. } => self.save_cache(step, plan, &tracked),
+                DataStep::Upload { .. } => self.upload(step, plan, &tracked),
+            };
+            match ended {
+                Ending::Done => {}
+                // A refused archive or a missing dependency ends the stage; a failed upload
+                // does not keep the others from going.
+                Ending::Refused => return Ending::Refused,
+                Ending::Failed if matches!(step, DataStep::Download { .. }) => {
+                    return Ending::Failed;
+                }
+                Ending::Failed => ending = Ending::Failed,
+            }
+        }
+        ending
+    }
+
+    fn say(&mut self, line: &str) {
+        let _ = writeln!(self.out, "{line}");
+        let _ = self.out.flush();
+    }
+
+    fn download(&mut self, step: &DataStep, plan: &DataPlan, limits: &Limits) -> Ending {
+        let DataStep::Download {
+            name,
+            id,
+            url,
+            token,
+            attempts,
+        } = step
+        else {
+            return Ending::Done;
+        };
+        self.say(&format!("Downloading artifacts for {name} ({id})..."));
+        let client = match Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600)) {
+            Ok(c) => c,
+            Err(e) => {
+                self.say(&format!(
+                    "ERROR: downloading the artifacts of {name} ({id}): {e}"
+                ));
+                return Ending::Failed;
+            }
+        };
+        let zip = self.scratch.join(format!("dependency-{id}.zip"));
+        let attempts = (*attempts).clamp(1, 10);
+        let mut attempt = 1;
+        let ended = loop {
+            if attempt > 1 {
+                self.say(&format!(
+                    "Retrying to download the artifacts of {name} (attempt {attempt} of {attempts})"
+                ));
+            }
+            let failed = match retried(1, |_| client.get_to_file(url, Some(token), &zip)) {
+                Ok(Got::Saved) => {
+                    self.say(&format!(
+                        "Downloading artifacts from coordinator... ok  id={id} responseStatus=200 OK"
+                    ));
+                    match self.unpack(&zip, limits) {
+                        Ok(()) => break Ending::Done,
+                        // A refused archive is refused again: no retry.
+                        Err(e) if e.is_refused() => {
+                            self.say(&format!(
+                                "ERROR: downloading the artifacts of {name} ({id}): {e}; refused"
+                            ));
+                            break Ending::Refused;
+                        }
+                        Err(e) => e.to_string(),
+                    }
+                }
+                Ok(Got::NotFound) => {
+                    self.say(&format!(
+                        "ERROR: downloading the artifacts of {name} ({id}): {}: 404 Not Found \
+                         (expired or erased?)",
+                        without_query(url)
+                    ));
+                    break Ending::Failed;
+                }
+                Err(e) => format!("{e}{}", e.hint()),
+            };
+            let _ = std::fs::remove_file(&zip);
+            if attempt >= attempts {
+                self.say(&format!(
+                    "ERROR: downloading the artifacts of {name} ({id}): {failed}"
+                ));
+                break Ending::Failed;
+            }
+            self.say(&format!(
+                "WARNING: downloading the artifacts of {name}: {failed}"
+            ));
+            std::thread::sleep(Duration::from_secs(u64::from(attempt)));
+            attempt += 1;
+        };
+        let _ = std::fs::remove_file(&zip);
+        ended
+    }
+
+    fn restore_cache(&mut self, step: &DataStep, limits: &Limits) -> Ending {
+        let DataStep::RestoreCache {
+            sources,
+            attempts,
+            timeout_secs,
+        } = step
+        else {
+            return Ending::Done;
+        };
+        let client = match Client::new(None, Duration::from_secs((*timeout_secs).max(1))) {
+            Ok(c) => c,
+            Err(e) => {
+                self.say(&format!("WARNING: Failed to download the cache: {e}"));
+                return Ending::Done;
+            }
+        };
+        let zip = self.scratch.join("cache.zip");
+        for (key, url) in sources {
+            self.say(&format!("Checking cache for {key}..."));
+            let got = retried(*attempts, |attempt| {
+                if attempt > 1 {
+                    self.say(&format!(
+                        "Retrying to download the cache (attempt {attempt} of {attempts})"
+                    ));
+                }
+                client.get_to_file(url, None, &zip)
+            });
+            match got {
+                Ok(Got::NotFound) => continue,
+                Ok(Got::Saved) => {
+                    self.say(&format!("Downloading cache from {}", without_query(url)));
+                    let unpacked = self.unpack(&zip, limits);
+                    let _ = std::fs::remove_file(&zip);
+                    match unpacked {
+                        Ok(()) => self.say("Successfully extracted cache"),
+                        Err(e) if e.is_refused() => {
+                            self.say(&format!("ERROR: extracting the cache {key}: {e}"));
+                            return Ending::Refused;
+                        }
+                        Err(e) => self.say(&format!("WARNING: Failed to extract cache: {e}")),
+                    }
+                    return Ending::Done;
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&zip);
+                    self.say(&format!("WARNING: Failed to download the cache: {e}"));
+                    return Ending::Done;
+                }
+            }
+        }
+        let keys: Vec<&str> = sources.iter().map(|(k, _)| k.as_str()).collect();
+        self.say(&format!("WARNING: no cache found for {}", keys.join(", ")));
+        Ending::Done
+    }
+
+    fn save_cache(
+        &mut self,
+        step: &DataStep,
+        plan: &DataPlan,
+        tracked: &BTreeSet<String>,
+    ) -> Ending {
+        let DataStep::SaveCache {
+            key,
+            url,
+            headers,
+            max_upload,
+            paths,
+            untracked,
+            compression,
+            timeout_secs,
+            tar,
+        } = step
+        else {
+            return Ending::Done;
+        };
+        let compression = self.compression(compression, "CACHE_COMPRESSION_LEVEL");
+        if let Some(msg) = self.past_max_size(tar, plan) {
+            self.say(&format!("WARNING: collecting the cache failed: {msg}"));
+            return Ending::Done;
+        }
+        let zip = self.scratch.join(format!("{tar}.zip"));
+        let made = archive(
+            &self.scratch.join(tar),
+            &zip,
+            Format::Zip,
+            (paths, &[], *untracked, tracked),
+            compression,
+        );
+        let ended = match made {
+            Err(e) => {
+                self.say(&format!("WARNING: archiving the cache failed: {e}"));
+                Ending::Done
+            }
+            Ok(made) if made.files == 0 => {
+                self.say(&format!(
+                    "WARNING: cache {key}: no files matched its paths; not saved"
+                ));
+                Ending::Done
+            }
+            Ok(_) => {
+                let size = std::fs::metadata(&zip).map(|m| m.len()).unwrap_or(0);
+                if *max_upload > 0 && size > *max_upload {
+                    self.say(&format!(
+                        "WARNING: cache {key} is {size} bytes, over MaxUploadedArchiveSize \
+                         ({max_upload}); not uploaded"
+                    ));
+                } else {
+                    self.say(&format!("Uploading cache.zip to {}", without_query(url)));
+                    let put = Client::new(None, Duration::from_secs((*timeout_secs).max(1)))
+                        .and_then(|c| c.put_file(url, headers, &zip));
+                    match put {
+                        Ok(()) => self.say(&format!("Created cache {key}")),
+                        Err(e) => self.say(&format!("WARNING: uploading the cache failed: {e}")),
+                    }
+                }
+                Ending::Done
+            }
+        };
+        let _ = std::fs::remove_file(&zip);
+        ended
+    }
+
+    fn upload(&mut self, step: &DataStep, plan: &DataPlan, tracked: &BTreeSet<String>) -> Ending {
+        let DataStep::Upload {
+            url,
+            token,
+            artifact_type,
+            artifact_format,
+            name,
+            expire_in: _,
+            compression,
+            paths,
+            exclude,
+            untracked,
+            tar,
+        } = step
+        else {
+            return Ending::Done;
+        };
+        let format = match artifact_format.as_str() {
+            "" => Format::Zip,
+            f => match Format::parse(f) {
+                Some(format) => format,
+                None => {
+                    self.say(&format!(
+                        "WARNING: artifacts {artifact_type:?} in format {f:?} are not supported \
+                         yet (zip, gzip and raw are); not uploaded"
+                    ));
+                    return Ending::Done;
+                }
+            },
+        };
+        let compression = self.compression(compression, "ARTIFACT_COMPRESSION_LEVEL");
+        if let Some(msg) = self.past_max_size(tar, plan) {
+            self.say(&format!("ERROR: collecting artifacts failed: {msg}"));
+            return Ending::Refused;
+        }
+        let archived = self.scratch.join(format!("{tar}.archive"));
+        let made = archive(
+            &self.scratch.join(tar),
+            &archived,
+            format,
+            (paths, exclude, *untracked, tracked),
+            compression,
+        );
+        let ended = match made {
+            Err(e) => {
+                self.say(&format!("ERROR: archiving artifacts: {e}"));
+                Ending::Failed
+            }
+            Ok(made) if made.files == 0 => {
+                self.say(&format!(
+                    "WARNING: no files to upload for artifacts {artifact_type:?} (paths {paths:?})"
+                ));
+                Ending::Done
+            }
+            Ok(made) => {
+                self.say(&format!(
+                    "{} files and directories; uploading artifacts as {artifact_type:?} to \
+                     coordinator...",
+                    made.files
+                ));
+                let file_name = file_name(
+                    made.raw_path.as_deref().or(name.as_deref()),
+                    format.as_str(),
+                );
+                let sent = Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600)).and_then(
+                    |client| {
+                        retried(3, |_| {
+                            upload_file(
+                                &client,
+                                url,
+                                token,
+                                (artifact_type, format.as_str(), &file_name),
+                                &archived,
+                            )
+                        })
+                    },
+                );
+                match sent {
+                    Ok(status) => {
+                        self.say(&format!(
+                            "Uploading artifacts as {artifact_type:?} to coordinator... {status} \
+                             Created"
+                        ));
+                        Ending::Done
+                    }
+                    Err(HelperError::Status { status: 413, .. }) => {
+                        self.say(
+                            "ERROR: uploading artifacts: artifacts archive too large: GitLab's \
+                             maximum artifacts size (project, group or instance setting) is \
+                             smaller",
+                        );
+                        Ending::Failed
+                    }
+                    Err(e) => {
+                        self.say(&format!("ERROR: uploading artifacts: {e}{}", e.hint()));
+                        Ending::Failed
+                    }
+                }
+            }
+        };
+        let _ = std::fs::remove_file(&archived);
+        ended
+    }
+
+    /// Why the collected files `tar` are refused: more than `[runners.archives] max_size`.
+    fn past_max_size(&self, tar: &str, plan: &DataPlan) -> Option<String> {
+        let size = std::fs::metadata(self.scratch.join(tar)).map_or(0, |m| m.len());
+        let most = plan.limits.max_size;
+        (most > 0 && size > most).then(|| {
+            format!("the collected files pass {most} bytes ([runners.archives] max_size); refused")
+        })
+    }
+
+    /// The compression level named `name` (from `variable`); an unknown one is a warning.
+    fn compression(&mut self, name: &str, variable: &str) -> Compression {
+        Compression::parse(name).unwrap_or_else(|| {
+            self.say(&format!(
+                "WARNING: {variable} {name:?} is not one of fastest, fast, default, slow, \
+                 slowest; using default"
+            ));
+            Compression::Default
+        })
+    }
+
+    /// The zip `zip` unpacked into the project directory: first as a tar stream in the scratch
+    /// directory within `limits`, then into place; a refused archive writes nothing there.
+    fn unpack(&mut self, zip: &Path, limits: &Limits) -> Result<(), HelperError> {
+        let tar = zip.with_extension("tar");
+        let converted = slipway_artifacts::zip_file_to_tar_file(zip, &tar, limits);
+        let unpacked = converted.map_err(HelperError::from).and_then(|()| {
+            let file = std::fs::File::open(&tar).map_err(HelperError::file(&tar))?;
+            let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(256 << 10, file));
+            archive.set_preserve_permissions(true);
+            archive.set_preserve_mtime(true);
+            archive.set_overwrite(true);
+            archive.unpack(self.project).map_err(HelperError::Unpack)
+        });
+        let _ = std::fs::remove_file(&tar);
+        unpacked
+    }
+}
+
+/// The runner's limits as the artifacts crate checks them.
+fn limits_of(l: ArchiveLimits) -> Limits {
+    Limits {
+        max_size: l.max_size,
+        max_entries: l.max_entries,
+        max_ratio: l.max_ratio,
+    }
+}
+
+/// `tar` (the collected files) archived into `out` in `format`, keeping what `paths`,
+/// `exclude`, `untracked` and the tracked list select.
+fn archive(
+    tar: &Path,
+    out: &Path,
+    format: Format,
+    (paths, exclude, untracked, tracked): (&[String], &[String], bool, &BTreeSet<String>),
+    compression: Compression,
+) -> Result<slipway_artifacts::ArchiveFile, HelperError> {
+    let includes = Globs::new(paths)?;
+    let excludes = Globs::new(exclude)?;
+    let keep = |p: &str| keeps(p, &includes, &excludes, untracked, tracked);
+    Ok(slipway_artifacts::archive_file_from_tar_file(
+        tar,
+        out,
+        format,
+        &keep,
+        compression,
+    )?)
+}
+
+/// `f` tried up to `attempts` times while its error is transient; `f` gets the attempt number.
+fn retried<T>(
+    attempts: u32,
+    mut f: impl FnMut(u32) -> Result<T, HelperError>,
+) -> Result<T, HelperError> {
+    let attempts = attempts.clamp(1, 10);
+    let mut attempt = 1;
+    loop {
+        match f(attempt) {
+            Err(e) if e.is_transient() && attempt < attempts => {
+                std::thread::sleep(Duration::from_secs(u64::from(attempt)));
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// The multipart file name as GitLab Runner chooses it: the name's base name (`artifacts` by
+/// default, `default` if it has none) plus `.zip` or `.gz`.
+fn file_name(name: Option<&str>, format: &str) -> String {
+    let base = name
+        .unwrap_or("artifacts")
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .filter(|b| !b.is_empty() && *b != ".")
+        .unwrap_or("default");
+    match format {
+        "zip" | "zipzstd" => format!("{base}.zip"),
+        "gzip" => format!("{base}.gz"),
+        "tarzstd" => format!("{base}.tar.zst"),
+        _ => base.to_string(),
+    }
+}
+
+/// One multipart upload of `archive` (fields `artifact_type`, `artifact_format`, `file`).
+fn upload_file(
+    client: &Client,
+    url: &str,
+    token: &str,
+    (kind, format, file_name): (&str, &str, &str),
+    archive: &Path,
+) -> Result<u16, HelperError> {
+    // Values from the job payload must not break the multipart framing.
+    let clean = |v: &str| v.replace(['"', '\r', '\n'], "_");
+    let boundary = boundary();
+    let head = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"artifact_type\"\r\n\r\n{}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"artifact_format\"\r\n\r\n{}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{}\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n",
+        clean(kind),
+        clean(format),
+        clean(file_name),
+    );
+    let tail = format!("\r\n--{boundary}--\r\n");
+    client.post_framed_file(
+        url,
+        token,
+        &format!("multipart/form-data; boundary={boundary}"),
+        (head.as_bytes(), archive, tail.as_bytes()),
+    )
+}
+
+/// A boundary for content not read beforehand: 128 bits from the process's random hash keys.
+fn boundary() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let word = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.finish()
+    };
+    format!("slipway-{:016x}{:016x}", word(1), word(2))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn file_names_follow_gitlab_runner() {
+        assert_eq!(file_name(None, "zip"), "artifacts.zip");
+        assert_eq!(file_name(Some("out/report"), "gzip"), "report.gz");
+        assert_eq!(file_name(Some(""), "zip"), "default.zip");
+        assert_eq!(file_name(Some("out/app.bin"), "raw"), "app.bin");
+    }
+}
