@@ -35,6 +35,19 @@ ensure_cargo_deb() {
   fi
 }
 
+# The job helper, static and optimized (as `make helper` builds it).
+build_helper() {
+  CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-static -C strip=symbols" \
+    cargo build --release -p slipway-helper --target x86_64-unknown-linux-gnu >&2
+}
+
+# The static helper where the package's assets take it: target/<profile>/slipway-helper-static.
+stage_helper() {
+  local target=${CARGO_TARGET_DIR:-target}
+  install -m 755 "$target/x86_64-unknown-linux-gnu/release/slipway-helper" \
+    "$target/$1/slipway-helper-static"
+}
+
 cmd_deb() {
   ensure_cargo_deb
   # The package's binaries (the assets of [package.metadata.deb]), each its crate's name.
@@ -49,9 +62,12 @@ cmd_deb() {
     for b in "${bins[@]}"; do
       [ -x "${CARGO_TARGET_DIR:-target}/debug/$b" ] || die "${CARGO_TARGET_DIR:-target}/debug/$b is missing: cargo build --workspace --bins first"
     done
+    [ -x "${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu/release/slipway-helper" ] \
+      || die "the static job helper is missing: make helper first"
     local deb=${2:-$out/slipway_$(version)_amd64-dev.deb}
     (
       flock 9
+      stage_helper debug
       rm -f "$deb"
       local log
       # cargo-deb warns that a dev profile is unusual; only its errors are worth showing.
@@ -62,6 +78,8 @@ cmd_deb() {
     echo "$deb"
   else
     cargo build --release "${bins[@]/#/--package=}" --bins >&2
+    build_helper
+    stage_helper release
     # Not in target/debian: cargo-deb deletes earlier slipway_*.deb there on every run, the
     # tests' included.
     mkdir -p target/dist

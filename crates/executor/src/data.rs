@@ -121,6 +121,15 @@ pub fn helper_on_host(home: &str, helper: &Helper) -> String {
     format!("{home}/bin/slipway-helper-{}", helper.version)
 }
 
+/// The helper's path where `host` runs scripts, as a bash expression: its copy under the
+/// host's helper home, or the helper itself on this machine.
+pub fn helper_for(host: &dyn Host, helper: &Helper) -> String {
+    match host.helper_home() {
+        Some(home) => helper_on_host(&home, helper),
+        None => quote(&helper.path.display().to_string()),
+    }
+}
+
 /// The script that copies the helper from stdin to its place under `home`, atomically (a
 /// concurrent job of the same host sees the old file or the whole new one).
 pub fn install_script(home: &str, helper: &Helper) -> String {
@@ -133,34 +142,29 @@ pub fn install_script(home: &str, helper: &Helper) -> String {
 
 /// The start of every helper stage: the helper there (else [`NO_HELPER`]), the plan kept on
 /// fd 3, a private scratch directory removed when the stage ends.
-fn preamble(home: &str, helper: &Helper) -> String {
+fn preamble(helper: &str) -> String {
     format!(
-        "__h={}\n[ -x \"$__h\" ] || exit {NO_HELPER}\nexec 3<&0 </dev/null\n\
+        "__h={helper}\n[ -x \"$__h\" ] || exit {NO_HELPER}\nexec 3<&0 </dev/null\n\
          __s=$(umask 077; mktemp -d \"${{TMPDIR:-/tmp}}/slipway-data.XXXXXXXX\") || exit 1\n\
-         trap 'rm -rf \"$__s\"' EXIT\n",
-        helper_on_host(home, helper)
+         trap 'rm -rf \"$__s\"' EXIT\n"
     )
 }
 
-/// A stage that runs the helper in the project directory (made if missing): restoring the
-/// cache, downloading dependencies' artifacts.
-pub fn run_script(dirs: &JobDirs, home: &str, helper: &Helper) -> String {
+/// A stage that runs the helper (at `helper`, a bash expression: [`helper_for`]) in the
+/// project directory (made if missing): restoring the cache, downloading dependencies'
+/// artifacts.
+pub fn run_script(dirs: &JobDirs, helper: &str) -> String {
     let dir = dirs.project_dir();
     format!(
         "{}mkdir -p {dir}\ncd {dir} || exit 1\n\"$__h\" run --scratch \"$__s\" <&3\n",
-        preamble(home, helper)
+        preamble(helper)
     )
 }
 
 /// A stage that collects each of `collected` (the tar file name in the scratch directory and
 /// the bash that writes the tar to stdout) and then runs the helper on them.
-pub fn collect_script(
-    dirs: &JobDirs,
-    home: &str,
-    helper: &Helper,
-    collected: &[(String, String)],
-) -> String {
-    let mut s = preamble(home, helper);
+pub fn collect_script(dirs: &JobDirs, helper: &str, collected: &[(String, String)]) -> String {
+    let mut s = preamble(helper);
     for (tar, body) in collected {
         // The collect script's warnings go to the trace with the helper's words.
         s.push_str(&format!(
@@ -256,6 +260,7 @@ pub fn collected_step(
     c: &Collect,
     dirs: &JobDirs,
     tar: &str,
+    succeeded: bool,
     trace: &mut Trace,
 ) -> Option<(Vec<String>, DataStep)> {
     let mut relative = |list: &[String], what: &str| -> Vec<String> {
@@ -287,6 +292,7 @@ pub fn collected_step(
     let mut step = c.step.clone();
     match &mut step {
         DataStep::Upload {
+            succeeded: after_success,
             paths,
             exclude,
             untracked,
@@ -294,8 +300,8 @@ pub fn collected_step(
             ..
         } => {
             trace.message("Collecting artifacts");
-            (*paths, *exclude, *untracked, *file) =
-                (included, excluded, c.untracked, tar.to_string());
+            (*after_success, *paths, *exclude, *untracked, *file) =
+                (succeeded, included, excluded, c.untracked, tar.to_string());
         }
         DataStep::SaveCache {
             key,
@@ -314,7 +320,13 @@ pub fn collected_step(
 
 /// Copy the helper to `host` (its home for the helper comes from the host).
 async fn install(host: &dyn Host, helper: &Helper) -> Result<(), String> {
-    let script = install_script(&host.helper_home(), helper);
+    let Some(home) = host.helper_home() else {
+        return Err(format!(
+            "the job helper {} is missing or not executable",
+            helper.path.display()
+        ));
+    };
+    let script = install_script(&home, helper);
     let (status, _, err) = host
         .transfer_stage("install_helper", &script, Some(&helper.path), None)
         .await

@@ -115,9 +115,10 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     ) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), HostError>;
 
     /// Where the job helper is kept on this host, as a bash expression: a directory of the
-    /// job's user (its home on an instance; a container's own `/tmp`).
-    fn helper_home(&self) -> String {
-        "\"$HOME\"/.slipway".into()
+    /// job's user (its home on an instance; a container's own `/tmp`). `None`: the host is
+    /// this machine, where the helper already is.
+    fn helper_home(&self) -> Option<String> {
+        Some("\"$HOME\"/.slipway".into())
     }
 
     /// [`Host::run_script`] for GitLab's stage `stage` (`step_script`, `after_script`), for
@@ -317,6 +318,10 @@ impl LocalHost {
 
 #[async_trait]
 impl Host for LocalHost {
+    fn helper_home(&self) -> Option<String> {
+        None
+    }
+
     async fn run_script(
         &self,
         script: String,

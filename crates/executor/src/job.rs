@@ -615,7 +615,7 @@ impl JobRunner {
                 continue;
             }
             let limit = TRANSFER_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-            let body = data::run_script(dirs, &host.helper_home(), &d.helper);
+            let body = data::run_script(dirs, &data::helper_for(host, &d.helper));
             let plan = d.plan(steps.clone(), Vec::new());
             let failed =
                 match data::run_stage(host, stage, &body, plan, &d.helper, limit, cancel).await {
@@ -671,18 +671,18 @@ impl JobRunner {
                 if c.is_cache() != caches || !c.when.holds_after(success) {
                     continue;
                 }
-                let Some((paths, step)) =
-                    data::collected_step(c, dirs, &format!("c{i}.tar"), trace)
+                let tar = format!("c{i}.tar");
+                let Some((paths, step)) = data::collected_step(c, dirs, &tar, success, trace)
                 else {
                     continue;
                 };
-                collected.push((format!("c{i}.tar"), script::collect_script(dirs, &paths)));
+                collected.push((tar, script::collect_script(dirs, &paths)));
                 steps.push(step);
             }
             if steps.is_empty() {
                 continue;
             }
-            let body = data::collect_script(dirs, &host.helper_home(), &d.helper, &collected);
+            let body = data::collect_script(dirs, &data::helper_for(host, &d.helper), &collected);
             let plan = d.plan(steps, tracked.iter().cloned().collect());
             let end = data::run_stage(
                 host,

@@ -37,16 +37,14 @@ impl Client {
         let roots = match ca_pem {
             None => RootCerts::WebPki,
             Some(pem) => {
-                let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(pem.as_bytes())
-                    .filter_map(|item| match item {
-                        Ok(PemItem::Certificate(c)) => Some(Ok(c)),
-                        Ok(_) => None,
-                        Err(e) => Some(Err(e)),
-                    })
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| HelperError::Tls(e.to_string()))?;
+                let mut certs = certificates(pem.as_bytes())?;
                 if certs.is_empty() {
                     return Err(HelperError::Tls("the CA holds no certificate".into()));
+                }
+                // Added to the host's own roots, as GitLab Runner adds `tls-ca-file` to the
+                // system's pool (a redirect to public object storage still verifies).
+                if let Some(system) = SYSTEM_BUNDLES.iter().find_map(|p| std::fs::read(p).ok()) {
+                    certs.extend(certificates(&system).unwrap_or_default());
                 }
                 RootCerts::new_with_certs(&certs)
             }
@@ -159,6 +157,25 @@ impl Client {
             _ => Err(HelperError::status(url, status, resp)),
         }
     }
+}
+
+/// Where Debian, Alpine, Fedora and friends keep the system's CA bundle.
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+/// The certificates of a PEM text.
+fn certificates(pem: &[u8]) -> Result<Vec<Certificate<'static>>, HelperError> {
+    ureq::tls::parse_pem(pem)
+        .filter_map(|item| match item {
+            Ok(PemItem::Certificate(c)) => Some(Ok(c)),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| HelperError::Tls(e.to_string()))
 }
 
 /// `scheme://host:port` of a URL, for telling whether a redirect leaves its server.

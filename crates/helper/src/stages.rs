@@ -181,7 +181,7 @@ impl<W: Write> Stage<'_, W> {
                     match unpacked {
                         Ok(()) => self.say("Successfully extracted cache"),
                         Err(e) if e.is_refused() => {
-                            self.say(&format!("ERROR: extracting the cache {key}: {e}"));
+                            self.say(&format!("ERROR: extracting the cache {key}: {e}; refused"));
                             return Ending::Refused;
                         }
                         Err(e) => self.say(&format!("WARNING: Failed to extract cache: {e}")),
@@ -269,6 +269,8 @@ impl<W: Write> Stage<'_, W> {
 
     fn upload(&mut self, step: &DataStep, plan: &DataPlan, tracked: &BTreeSet<String>) -> Ending {
         let DataStep::Upload {
+            job_id,
+            succeeded,
             url,
             token,
             artifact_type,
@@ -302,6 +304,10 @@ impl<W: Write> Stage<'_, W> {
             self.say(&format!("ERROR: collecting artifacts failed: {msg}"));
             return Ending::Refused;
         }
+        self.say(&format!(
+            "Uploading artifacts for {} job",
+            if *succeeded { "successful" } else { "failed" }
+        ));
         let archived = self.scratch.join(format!("{tar}.archive"));
         let made = archive(
             &self.scratch.join(tar),
@@ -348,7 +354,7 @@ impl<W: Write> Stage<'_, W> {
                     Ok(status) => {
                         self.say(&format!(
                             "Uploading artifacts as {artifact_type:?} to coordinator... {status} \
-                             Created"
+                             Created  id={job_id}"
                         ));
                         Ending::Done
                     }

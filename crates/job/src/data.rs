@@ -103,6 +103,10 @@ pub enum DataStep {
     },
     /// Archive collected files as one `artifacts:` entry and upload it to GitLab.
     Upload {
+        /// The job's ID (for the trace).
+        job_id: u64,
+        /// Whether the job succeeded (for the trace: GitLab Runner's words).
+        succeeded: bool,
         /// GitLab's `POST /api/v4/jobs/:id/artifacts` URL.
         url: String,
         /// The job's `JOB-TOKEN` (secret).

@@ -5,6 +5,11 @@
 //!   512 MiB artifact; the manager process's resident memory idle and at its peak (VmHWM).
 //! - **upload**: a 512 MiB artifacts archive uploaded by the manager's GitLab client from its
 //!   file, beside `curl` POSTing the same file to the same endpoint.
+//! - **host**: `slipway run` with the job helper on an instance sharing this machine's network:
+//!   one job with a 1 GiB dependency, a 512 MiB artifact and a 100 MiB cache (LocalStack's
+//!   S3), all incompressible. The bytes the manager read and wrote during it beyond those of a
+//!   job without data (measured first, in the same run, after the helper was copied) are the
+//!   job data that crossed it (`/proc/<pid>/io`: files, sockets, pipes).
 //! - **cache**: a 100 MiB cache (incompressible) saved and restored through LocalStack's S3
 //!   the way the manager does it (the collected tar file zipped into a file and PUT from it
 //!   through a pre-signed URL, also with `CACHE_COMPRESSION_LEVEL: fastest`; pre-signed GET
@@ -42,15 +47,18 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let all = std::env::var("SLIPWAY_BENCH_PARTS").is_err();
     let parts =
-        std::env::var("SLIPWAY_BENCH_PARTS").unwrap_or_else(|_| "fleet,upload,cache".into());
+        std::env::var("SLIPWAY_BENCH_PARTS").unwrap_or_else(|_| "host,fleet,upload,cache".into());
     let mut results = serde_json::Map::new();
     for part in parts.split(',').map(str::trim) {
         let got = match part {
+            "host" => rt.block_on(host())?,
             "fleet" => rt.block_on(fleet())?,
             "upload" => rt.block_on(upload())?,
             "cache" => rt.block_on(bench())?,
             other => {
-                anyhow::bail!("SLIPWAY_BENCH_PARTS: unknown part {other:?} (fleet, upload, cache)")
+                anyhow::bail!(
+                    "SLIPWAY_BENCH_PARTS: unknown part {other:?} (host, fleet, upload, cache)"
+                )
             }
         };
         if let serde_json::Value::Object(m) = got {
@@ -175,7 +183,11 @@ check_interval = 1
 {autoscaler}"#,
             url = gl.url(),
             token = gl.runner_token(),
-            autoscaler = common::local_autoscaler_of(&w, name, jobs.div_ceil(2) as u32),
+            // The instances share this machine's network: the job helper uploads from there.
+            autoscaler = common::local_autoscaler_of(&w, name, jobs.div_ceil(2) as u32).replace(
+                "[runners.autoscaler.plugin_config]\n",
+                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
+            ),
         ),
     );
     let child = common::start_manager(&w, &cfg);
@@ -273,6 +285,147 @@ check_interval = 1
         "manager_rss_sampled_peak_bytes": sampled_peak,
         "manager_rss_growth_bytes": peak.saturating_sub(idle),
         "manager_rss_growth_goal_bytes": 64 * MIB,
+    }))
+}
+
+/// Bytes the process `pid` read and wrote through system calls (`rchar` + `wchar`).
+fn io_bytes(pid: u32) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(": ")?;
+            matches!(k, "rchar" | "wchar").then(|| v.trim().parse::<u64>().ok())?
+        })
+        .sum())
+}
+
+/// The host part: the job data that crossed the manager for one job of the issue's shape.
+async fn host() -> anyhow::Result<serde_json::Value> {
+    let dep_mib = env_u64("SLIPWAY_BENCH_DEP_MIB", 1024)?;
+    let artifact_mib = env_u64("SLIPWAY_BENCH_ARTIFACT_MIB", 512)?;
+    let cache_mib = env_u64("SLIPWAY_BENCH_CACHE_MIB", 100)?;
+    let s3 = LocalStack::start(BUCKET).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let w = common::World::new();
+    let gl = slipway_testkit::gitlab::FakeGitlab::start().await;
+    // The dependency: noise, stored in its zip (deflate cannot shrink it).
+    let src = w.path().join("dep");
+    std::fs::create_dir_all(src.join("dep"))?;
+    write_noise(&src.join("dep/payload.bin"), dep_mib * MIB, 11)?;
+    let zip = w.path().join("dep.zip");
+    let st = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, zipfile\n\
+             with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_STORED) as z: \
+             z.write('dep/payload.bin')",
+        ])
+        .arg(&zip)
+        .current_dir(&src)
+        .status()?;
+    anyhow::ensure!(st.success(), "host: zipping the dependency failed");
+    std::fs::remove_dir_all(&src)?;
+    let dep_id = 700;
+    gl.put_artifact(dep_id, "glcbt-1_benchDependency1", std::fs::read(&zip)?);
+    std::fs::remove_file(&zip)?;
+    let cfg = w.write(
+        "config.toml",
+        &format!(
+            r#"
+concurrent = 1
+check_interval = 1
+[[runners]]
+  name = "host"
+  url = "{url}"
+  token = "{token}"
+  executor = "instance"
+  [runners.cache]
+    Type = "s3"
+    Path = "ci"
+    [runners.cache.s3]
+      ServerAddress = "{server}"
+      AccessKey = "{ACCESS_KEY}"
+      SecretKey = "{SECRET_KEY}"
+      BucketName = "{BUCKET}"
+      Insecure = true
+{autoscaler}"#,
+            url = gl.url(),
+            token = gl.runner_token(),
+            server = s3.address(),
+            autoscaler = common::local_autoscaler_of(&w, "host", 1).replace(
+                "[runners.autoscaler.plugin_config]\n",
+                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
+            ),
+        ),
+    );
+    let child = common::start_manager(&w, &cfg);
+    let pid = child.id();
+    let measured = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let idle = proc_kib(pid, "VmRSS").context("reading the manager's VmRSS")?;
+        // The baseline: a job without data beyond a one-byte artifact (which copies the
+        // helper to the instance, as the first job of an instance does).
+        let run = |job: serde_json::Value| {
+            let id = gl.enqueue(job);
+            let gl = &gl;
+            async move {
+                let before = io_bytes(pid)?;
+                let t = Instant::now();
+                let (state, trace) = common::job_ended(gl, id).await;
+                anyhow::ensure!(state == "success", "host: job {id} {state}:\n{trace}");
+                anyhow::Ok((io_bytes(pid)? - before, t.elapsed()))
+            }
+        };
+        let mut warm = slipway_testkit::gitlab::job_payload_with_vars(
+            "warm",
+            &["mkdir -p out && echo x > out/x"],
+            &[("GIT_STRATEGY", "none")],
+        );
+        warm["artifacts"] = serde_json::json!([{"paths": ["out/"], "when": "on_success",
+            "artifact_type": "archive", "artifact_format": "zip"}]);
+        run(warm.clone()).await?;
+        let (baseline, _) = run(warm).await?;
+        let mut job = slipway_testkit::gitlab::job_payload_with_vars(
+            "data",
+            &[
+                "test -f dep/payload.bin",
+                "rm -f dep/payload.bin",
+                &format!(
+                    "mkdir -p out vendor && head -c {artifact_mib}M /dev/urandom > out/app.bin \
+                     && head -c {cache_mib}M /dev/urandom > vendor/deps.bin"
+                ),
+            ],
+            &[("GIT_STRATEGY", "none")],
+        );
+        job["dependencies"] = serde_json::json!([{"id": dep_id,
+            "token": "glcbt-1_benchDependency1", "name": "prepare",
+            "artifacts_file": {"filename": "artifacts.zip", "size": dep_mib * MIB}}]);
+        job["artifacts"] = serde_json::json!([{"paths": ["out/"], "when": "on_success",
+            "artifact_type": "archive", "artifact_format": "zip"}]);
+        job["cache"] = serde_json::json!([{"key": "deps", "paths": ["vendor/"],
+            "policy": "pull-push", "when": "on_success"}]);
+        let (data, took) = run(job).await?;
+        let peak = proc_kib(pid, "VmHWM").context("reading the manager's VmHWM")?;
+        anyhow::Ok((baseline, data, took, idle, peak))
+    }
+    .await;
+    let _ = common::stop_manager(&w, child);
+    let (baseline, data, took, idle, peak) = measured?;
+    let moved = (dep_mib + artifact_mib + cache_mib) * MIB;
+    eprintln!(
+        "host: the data job moved {} MiB in {:.1} s; the manager read and wrote {data} bytes \
+         during it, {baseline} during a job without data",
+        moved / MIB,
+        took.as_secs_f64()
+    );
+    Ok(serde_json::json!({
+        "host_job_data_bytes": moved,
+        "host_job_seconds": round(took.as_secs_f64()),
+        "manager_io_bytes_data_job": data,
+        "manager_io_bytes_baseline_job": baseline,
+        "manager_job_bytes_per_job": data.saturating_sub(baseline),
+        "manager_job_bytes_goal": 0,
+        "host_manager_rss_growth_bytes": peak.saturating_sub(idle),
     }))
 }
 

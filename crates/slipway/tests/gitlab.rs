@@ -144,9 +144,11 @@ async fn gitlab_jobs_run_on_an_autoscaled_instance() {
 async fn gitlab_jobs_run_in_docker_autoscaler_containers() {
     slipway_testkit::ensure_docker_engine().expect("Docker Engine");
     // The mock's jobs name no image: the runner's default one is used.
+    // The mock is on loopback, which build containers do not reach: the manager moves the
+    // job's artifacts (tests/job_data.rs has containers that reach their servers).
     mock_pipeline(
         "docker-autoscaler",
-        "  [runners.docker]\n    image = \"slipway-busybox:latest\"\n    pull_policy = \"never\"\n",
+        "  job_data = \"manager\"\n  [runners.docker]\n    image = \"slipway-busybox:latest\"\n    pull_policy = \"never\"\n",
         "gd",
     )
     .await;
@@ -186,7 +188,11 @@ check_interval = 1
 {extra}
 {autoscaler}"#,
             token = mock.runner_token(),
-            autoscaler = common::local_autoscaler(&w, prefix),
+            // The instance shares this machine's network: the job helper reaches the mock.
+            autoscaler = common::local_autoscaler(&w, prefix).replace(
+                "[runners.autoscaler.plugin_config]\n",
+                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
+            ),
         ),
     );
     let child = w

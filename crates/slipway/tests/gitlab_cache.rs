@@ -50,6 +50,8 @@ check_interval = 1
     [runners.autoscaler.plugin_config]
       dir = "{state}"
       name = "s3c{pid}"
+      # The instances share this machine's network: the job helper reaches S3 from there.
+      network = "loopback"
     [[runners.autoscaler.policy]]
       idle_count = 0
       idle_time = "10m"

@@ -194,9 +194,9 @@ fn exit_status(code: i64) -> ExitStatus {
 
 #[async_trait]
 impl Host for DockerHost {
-    fn helper_home(&self) -> String {
+    fn helper_home(&self) -> Option<String> {
         // The image's user may have no writable home; the container's /tmp is the job's own.
-        "/tmp/.slipway".into()
+        Some("/tmp/.slipway".into())
     }
 
     async fn run_script(

@@ -194,6 +194,8 @@ fn helper_plan(source: &Source, job: &JobResponse, mut data: HostData) -> HostDa
             exclude: spec.exclude.clone(),
             untracked: spec.untracked,
             step: DataStep::Upload {
+                job_id: job.id,
+                succeeded: true,
                 url: source.client.upload_artifacts_url(job.id, &opts),
                 token: job.token.clone(),
                 artifact_type: opts.artifact_type,
