@@ -184,10 +184,11 @@ check_interval = 1
             url = gl.url(),
             token = gl.runner_token(),
             // The instances share this machine's network: the job helper uploads from there.
-            autoscaler = common::local_autoscaler_of(&w, name, jobs.div_ceil(2) as u32).replace(
-                "[runners.autoscaler.plugin_config]\n",
-                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
-            ),
+            autoscaler = common::on_loopback(&common::local_autoscaler_of(
+                &w,
+                name,
+                jobs.div_ceil(2) as u32
+            )),
         ),
     );
     let child = common::start_manager(&w, &cfg);
@@ -352,10 +353,7 @@ check_interval = 1
             url = gl.url(),
             token = gl.runner_token(),
             server = s3.address(),
-            autoscaler = common::local_autoscaler_of(&w, "host", 1).replace(
-                "[runners.autoscaler.plugin_config]\n",
-                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
-            ),
+            autoscaler = common::on_loopback(&common::local_autoscaler_of(&w, "host", 1)),
         ),
     );
     let child = common::start_manager(&w, &cfg);

@@ -189,10 +189,7 @@ check_interval = 1
 {autoscaler}"#,
             token = mock.runner_token(),
             // The instance shares this machine's network: the job helper reaches the mock.
-            autoscaler = common::local_autoscaler(&w, prefix).replace(
-                "[runners.autoscaler.plugin_config]\n",
-                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
-            ),
+            autoscaler = common::loopback_autoscaler(&w, prefix),
         ),
     );
     let child = w

@@ -70,10 +70,7 @@ check_interval = 1
             cache = w.path().join("cache").display(),
             // Its instances share this machine's network: the job helper reaches the test
             // GitLab on loopback from there, as instances reaching GitLab do.
-            autoscaler = common::local_autoscaler(w, "gf").replace(
-                "[runners.autoscaler.plugin_config]\n",
-                "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
-            ),
+            autoscaler = common::loopback_autoscaler(w, "gf"),
         ),
     )
 }

@@ -112,10 +112,7 @@ fn config_with(w: &World, gl: &FakeGitlab, name: &str, extra: &str, loopback: bo
     let mut autoscaler = common::local_autoscaler(w, name)
         .replace("capacity_per_instance = 2", "capacity_per_instance = 1");
     if loopback {
-        autoscaler = autoscaler.replace(
-            "[runners.autoscaler.plugin_config]\n",
-            "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
-        );
+        autoscaler = common::on_loopback(&autoscaler);
     }
     w.write(
         "config.toml",

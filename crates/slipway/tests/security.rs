@@ -40,7 +40,8 @@ check_interval = 1
             token = gl.runner_token(),
             cache = w.path().join("cache").display(),
             pid = std::process::id(),
-            autoscaler = common::local_autoscaler(w, name),
+            // The instances share this machine's network: the job helper uploads from there.
+            autoscaler = common::loopback_autoscaler(w, name),
         ),
     )
 }
@@ -345,7 +346,8 @@ async fn artifact_and_cache_paths_cannot_leave_the_project_directory() {
 async fn docker_jobs_see_no_other_job_no_runner_token_and_no_docker_socket() {
     slipway_testkit::ensure_docker_engine().expect("Docker Engine");
     let w = World::new();
-    let gl = FakeGitlab::start().await;
+    // Where the build containers reach it: the job helper uploads from inside them.
+    let gl = FakeGitlab::start_on(slipway_testkit::docker_gateway().expect("docker0")).await;
     let marker = format!("sec-marker-{}", std::process::id());
     let mut first = job_payload_with_vars(
         "holder",

@@ -477,6 +477,20 @@ pub fn local_autoscaler(w: &World, name: &str) -> String {
     local_autoscaler_of(w, name, 1)
 }
 
+/// [`local_autoscaler`] with its instance on this machine's network (the local plugin's
+/// `loopback`): its jobs reach servers on loopback, as the job helper needs to.
+pub fn loopback_autoscaler(w: &World, name: &str) -> String {
+    on_loopback(&local_autoscaler(w, name))
+}
+
+/// `autoscaler` (a local plugin's section) with its instances on this machine's network.
+pub fn on_loopback(autoscaler: &str) -> String {
+    autoscaler.replace(
+        "[runners.autoscaler.plugin_config]\n",
+        "[runners.autoscaler.plugin_config]\n      network = \"loopback\"\n",
+    )
+}
+
 /// [`local_autoscaler`] with up to `max_instances` instances of two slots.
 pub fn local_autoscaler_of(w: &World, name: &str, max_instances: u32) -> String {
     format!(
