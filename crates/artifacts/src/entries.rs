@@ -62,6 +62,22 @@ pub(crate) struct Entry {
 pub(crate) trait Contents {
     /// Copy `data` to `out`.
     fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()>;
+
+    /// The first `n` bytes of `data` (all of it when shorter).
+    fn head(&self, data: &Data, n: u64) -> io::Result<Vec<u8>> {
+        let short = match data {
+            Data::Owned(v) => {
+                Data::Owned(v[..v.len().min(usize::try_from(n).unwrap_or(usize::MAX))].to_vec())
+            }
+            Data::Span { offset, len } => Data::Span {
+                offset: *offset,
+                len: (*len).min(n),
+            },
+        };
+        let mut out = Vec::new();
+        self.copy(&short, &mut out)?;
+        Ok(out)
+    }
 }
 
 impl Contents for &[u8] {

@@ -37,6 +37,10 @@ pub(crate) fn write_zip<W: Write + Seek>(
             Kind::File(data) => {
                 let options = match compression.level() {
                     Some(0) => options.compression_method(CompressionMethod::Stored),
+                    // Deflate would spend the CPU and save nothing (media, archives, noise).
+                    _ if incompressible(contents, data).map_err(ArtifactsError::ZipWrite)? => {
+                        options.compression_method(CompressionMethod::Stored)
+                    }
                     level => options
                         .compression_method(CompressionMethod::Deflated)
                         .compression_level(level),
@@ -54,6 +58,22 @@ pub(crate) fn write_zip<W: Write + Seek>(
         .map_err(err)?;
     }
     zip.finish().map_err(err)
+}
+
+/// Bytes of a file sampled to tell whether deflating it is worth it.
+const SAMPLE: u64 = 64 * 1024;
+
+/// Whether `data` looks incompressible: its first [`SAMPLE`] bytes deflate (at the fastest
+/// level) to more than 97% of their size. Smaller files are always deflated.
+fn incompressible(contents: &dyn Contents, data: &crate::entries::Data) -> io::Result<bool> {
+    if data.len() < SAMPLE {
+        return Ok(false);
+    }
+    let head = contents.head(data, SAMPLE)?;
+    let mut encoder = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(&head)?;
+    let deflated = encoder.finish()?.len();
+    Ok(deflated * 100 > head.len() * 97)
 }
 
 /// The entry's mode and times as zip options.

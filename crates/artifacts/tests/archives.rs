@@ -486,3 +486,37 @@ fn a_zip_bomb_is_refused_while_it_streams() {
     // Within the limits the same archive expands.
     slipway_artifacts::zip_file_to_tar_file(&zip, &out, &Limits::default()).unwrap();
 }
+
+/// Noise deflate cannot shrink is stored as it is; text is deflated; both come back whole.
+#[test]
+fn incompressible_files_are_stored_and_the_rest_deflated() {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: Vec<u8> = (0..(256 << 10))
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let text = "the quick brown fox jumps over the lazy dog\n".repeat(6000);
+    let tar = TarBuilder::new()
+        .file("out/noise.bin", 0o644, &noise)
+        .file("out/log.txt", 0o644, text.as_bytes())
+        .finish();
+    let archive = archive_from_tar(&tar, Format::Zip, &|_| true).unwrap();
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(archive.bytes.clone())).unwrap();
+    let method =
+        |zip: &mut zip::ZipArchive<_>, name: &str| zip.by_name(name).unwrap().compression();
+    assert_eq!(
+        method(&mut zip, "out/noise.bin"),
+        zip::CompressionMethod::Stored
+    );
+    assert_eq!(
+        method(&mut zip, "out/log.txt"),
+        zip::CompressionMethod::Deflated
+    );
+    let back = unpack(&zip_to_tar(&archive.bytes).unwrap());
+    assert_eq!(back["out/noise.bin"].2, noise);
+    assert_eq!(back["out/log.txt"].2, text.as_bytes());
+}

@@ -67,6 +67,31 @@ pub fn in_project(path: &str, dirs: &JobDirs) -> Option<String> {
     })
 }
 
+/// `list` (an entry's `paths` or `exclude`, named `what` in warnings) made relative to the
+/// project directory; those outside it are dropped with a warning in `trace`, as GitLab
+/// Runner gives, not a failure.
+pub fn relative_in_project(
+    list: &[String],
+    what: &str,
+    dirs: &JobDirs,
+    trace: &mut slipway_job::Trace,
+) -> Vec<String> {
+    list.iter()
+        .filter_map(|p| {
+            let rel = in_project(p, dirs);
+            if rel.is_none() {
+                let why = if p.starts_with('/') || p.starts_with('$') {
+                    "is not inside the project directory"
+                } else {
+                    "leaves the project directory"
+                };
+                trace.message(&format!("WARNING: {what} {p:?} {why}; skipped"));
+            }
+            rel
+        })
+        .collect()
+}
+
 /// What follows `$NAME` or `${NAME}` at the start of `path`, when the reference is whole.
 fn strip_variable<'a>(path: &'a str, name: &str) -> Option<&'a str> {
     let rest = path

@@ -263,24 +263,9 @@ pub fn collected_step(
     succeeded: bool,
     trace: &mut Trace,
 ) -> Option<(Vec<String>, DataStep)> {
-    let mut relative = |list: &[String], what: &str| -> Vec<String> {
-        list.iter()
-            .filter_map(|p| {
-                let rel = artifact_paths::in_project(p, dirs);
-                if rel.is_none() {
-                    let why = if p.starts_with('/') || p.starts_with('$') {
-                        "is not inside the project directory"
-                    } else {
-                        "leaves the project directory"
-                    };
-                    trace.message(&format!("WARNING: {what} {p:?} {why}; skipped"));
-                }
-                rel
-            })
-            .collect()
-    };
-    let included = relative(&c.paths, "artifact path");
-    let excluded = relative(&c.exclude, "artifacts:exclude pattern");
+    let included = artifact_paths::relative_in_project(&c.paths, "artifact path", dirs, trace);
+    let excluded =
+        artifact_paths::relative_in_project(&c.exclude, "artifacts:exclude pattern", dirs, trace);
     let collect = if c.untracked {
         vec![".".to_string()]
     } else {

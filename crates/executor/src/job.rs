@@ -503,25 +503,14 @@ impl JobRunner {
             if !a.when.holds_after(outcome.is_success()) || cancel.is_cancelled() || !collect_here {
                 continue;
             }
-            // Outside the project directory: a warning, as GitLab Runner gives, not a failure.
-            let mut relative = |list: &[String], what: &str| -> Vec<String> {
-                list.iter()
-                    .filter_map(|p| {
-                        let rel = artifact_paths::in_project(p, &dirs);
-                        if rel.is_none() {
-                            let why = if p.starts_with('/') || p.starts_with('$') {
-                                "is not inside the project directory"
-                            } else {
-                                "leaves the project directory"
-                            };
-                            trace.message(&format!("WARNING: {what} {p:?} {why}; skipped"));
-                        }
-                        rel
-                    })
-                    .collect()
-            };
-            let mut paths = relative(&a.paths, "artifact path");
-            let exclude = relative(&a.exclude, "artifacts:exclude pattern");
+            let mut paths =
+                artifact_paths::relative_in_project(&a.paths, "artifact path", &dirs, trace);
+            let exclude = artifact_paths::relative_in_project(
+                &a.exclude,
+                "artifacts:exclude pattern",
+                &dirs,
+                trace,
+            );
             let included = paths.clone();
             if a.untracked {
                 // Untracked files are told apart by the caller, who knows the tracked ones.

@@ -11,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{Run, World};
-use slipway_testkit::s3::{ACCESS_KEY, LocalStack, SECRET_KEY};
+use slipway_testkit::s3::{LocalStack, SECRET_KEY};
 
 const BUCKET: &str = "exec-cache";
 
@@ -38,19 +38,10 @@ concurrent = 1
   executor = "shell"
   builds_dir = "{builds}"
   cache_dir = "{cache}"
-  [runners.cache]
-    Type = "s3"
-    Path = "ci"
-    [runners.cache.s3]
-      ServerAddress = "{server}"
-      AccessKey = "{ACCESS_KEY}"
-      SecretKey = "{SECRET_KEY}"
-      BucketName = "{BUCKET}"
-      Insecure = true
-"#,
+{s3}"#,
             builds = dir.join("builds").display(),
             cache = dir.join("cache").display(),
-            server = s3.address(),
+            s3 = common::s3_cache_section(&s3.address(), BUCKET, SECRET_KEY),
         ),
     )
 }

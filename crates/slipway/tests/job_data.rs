@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use common::World;
 use serde_json::{Value, json};
 use slipway_testkit::gitlab::{FakeGitlab, job_payload_with_vars};
-use slipway_testkit::s3::{ACCESS_KEY, LocalStack, SECRET_KEY};
+use slipway_testkit::s3::{LocalStack, SECRET_KEY};
 
 const BUCKET: &str = "runner-cache";
 /// Each file the jobs move: random, so no archive shrinks it.
@@ -133,16 +133,7 @@ check_interval = 1
   executor = "{executor}"
   allowed_isolation = ["none", "docker"]
 {extra}
-  [runners.cache]
-    Type = "s3"
-    Path = "ci"
-    [runners.cache.s3]
-      ServerAddress = "{server}"
-      AccessKey = "{ACCESS_KEY}"
-      SecretKey = "{SECRET_KEY}"
-      BucketName = "{BUCKET}"
-      Insecure = true
-  [runners.autoscaler]
+{cache}  [runners.autoscaler]
     plugin = "local"
     capacity_per_instance = 1
     max_instances = 1
@@ -159,7 +150,7 @@ check_interval = 1
 "#,
             url = gl.url(),
             token = gl.runner_token(),
-            server = s3.address(),
+            cache = common::s3_cache_section(&s3.address(), BUCKET, SECRET_KEY),
             state = w.path().join("plugin-state").display(),
             pid = std::process::id(),
         ),

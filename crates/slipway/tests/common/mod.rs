@@ -477,6 +477,24 @@ pub fn local_autoscaler(w: &World, name: &str) -> String {
     local_autoscaler_of(w, name, 1)
 }
 
+/// A runner's `[runners.cache]` section for the S3 server at `server` (LocalStack's, which
+/// checks signatures against `secret`), objects under `ci/` in `bucket`.
+pub fn s3_cache_section(server: &str, bucket: &str, secret: &str) -> String {
+    format!(
+        r#"  [runners.cache]
+    Type = "s3"
+    Path = "ci"
+    [runners.cache.s3]
+      ServerAddress = "{server}"
+      AccessKey = "{}"
+      SecretKey = "{secret}"
+      BucketName = "{bucket}"
+      Insecure = true
+"#,
+        slipway_testkit::s3::ACCESS_KEY
+    )
+}
+
 /// [`local_autoscaler`] with its instance on this machine's network (the local plugin's
 /// `loopback`): its jobs reach servers on loopback, as the job helper needs to.
 pub fn loopback_autoscaler(w: &World, name: &str) -> String {
