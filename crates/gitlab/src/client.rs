@@ -317,35 +317,45 @@ impl GitlabClient {
         max_body: usize,
         sink: Option<&Path>,
     ) -> Result<RawResponse, GitlabError> {
-        let mut req = Request::builder().method(method).uri(uri).header(
-            "user-agent",
-            format!("slipway {}", self.config.info.version),
-        );
-        for (name, value) in headers {
-            req = req.header(*name, *value);
-        }
-        let (body, len) = match body {
-            Some((content_type, payload)) => {
-                req = req.header("content-type", content_type);
-                payload.body(&endpoint).await?
+        let build = || async {
+            let mut req = Request::builder().method(method.clone()).uri(uri).header(
+                "user-agent",
+                format!("slipway {}", self.config.info.version),
+            );
+            for (name, value) in headers {
+                req = req.header(*name, *value);
             }
-            None => Payload::Bytes(Bytes::new()).body(&endpoint).await?,
+            let (body, len) = match &body {
+                Some((content_type, payload)) => {
+                    req = req.header("content-type", *content_type);
+                    payload.clone().body(&endpoint).await?
+                }
+                None => Payload::Bytes(Bytes::new()).body(&endpoint).await?,
+            };
+            if len > 0 {
+                req = req.header("content-length", len);
+            }
+            // The builder's error could quote a header value (a token): do not show it.
+            req.body(body).map_err(|_| GitlabError::InvalidRequest {
+                endpoint: endpoint.clone(),
+                message: "a header or the URL has invalid characters".into(),
+            })
         };
-        if len > 0 {
-            req = req.header("content-length", len);
-        }
-        // The builder's error could quote a header value (a token): do not show it.
-        let req = req.body(body).map_err(|_| GitlabError::InvalidRequest {
-            endpoint: endpoint.clone(),
-            message: "a header or the URL has invalid characters".into(),
-        })?;
 
         let exchange = async {
-            let resp = self
-                .http
-                .request(req)
-                .await
-                .map_err(|e| self.network(&endpoint, &e))?;
+            let mut resp = self.http.request(build().await?).await;
+            // A connection the server closed as it was handed out (a TLS 1.3 server refusing
+            // our certificate just after the handshake, say): the request was never sent, and
+            // once more tells what happened instead of a bare "not ready".
+            if let Err(e) = &resp
+                && self
+                    .network(&endpoint, e)
+                    .to_string()
+                    .contains("connection was not ready")
+            {
+                resp = self.http.request(build().await?).await;
+            }
+            let resp = resp.map_err(|e| self.network(&endpoint, &e))?;
             let (parts, body) = resp.into_parts();
             let reading = |e: &dyn std::fmt::Display| GitlabError::Network {
                 endpoint: endpoint.clone(),
