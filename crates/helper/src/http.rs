@@ -50,7 +50,14 @@ impl Client {
             }
         };
         let agent: Agent = Agent::config_builder()
-            .tls_config(TlsConfig::builder().root_certs(roots).build())
+            .tls_config(
+                TlsConfig::builder()
+                    .root_certs(roots)
+                    .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+                        rustls::crypto::aws_lc_rs::default_provider(),
+                    ))
+                    .build(),
+            )
             .http_status_as_error(false)
             .max_redirects(0)
             .timeout_global(Some(timeout))
