@@ -10,7 +10,9 @@ use std::time::Duration;
 use slipway_nesting::agent;
 use slipway_nesting::check_name;
 use slipway_nesting::config::{Config, HypervisorKind, MemoryChoice};
-use slipway_nesting::spec::{Accel, AgentChannel, Disk, DiskFormat, GuestMemory, Level, VmSpec};
+use slipway_nesting::spec::{
+    Accel, AgentChannel, Disk, DiskFormat, GuestMemory, GuestNetwork, Level, VmSpec,
+};
 use tokio::sync::Mutex;
 
 use crate::accel;
@@ -467,6 +469,13 @@ impl Daemon {
                 },
                 _ => GuestMemory::Anonymous,
             },
+            // Firecracker and Cloud Hypervisor have no user-mode network (they need a tap
+            // device the host sets up): their guests run without a NIC.
+            network: if m.network && qemu {
+                GuestNetwork::User
+            } else {
+                GuestNetwork::None
+            },
             run_dir,
         }
     }
@@ -899,6 +908,7 @@ mod tests {
                 accel: Accel::Tcg,
                 run_dir: store::vm_dir(&state, "dead0001"),
                 memory: GuestMemory::Anonymous,
+                network: GuestNetwork::None,
             },
             process: Some(VmProcess {
                 pid: 0,

@@ -104,6 +104,7 @@ fn vm_spec(id: &str, run_dir: &Path) -> VmSpec {
         accel: Accel::Kvm,
         run_dir: run_dir.to_path_buf(),
         memory: Default::default(),
+        network: Default::default(),
     }
 }
 

@@ -21,5 +21,7 @@ pub use agent::{AgentClient, AgentError};
 pub use client::{AgentAddr, ClientError, NestingClient};
 pub use config::{AccelChoice, Config, HypervisorKind};
 pub use name::{BadName, check_name};
-pub use spec::{Accel, AgentChannel, Capabilities, Disk, DiskFormat, GuestMemory, Level, VmSpec};
+pub use spec::{
+    Accel, AgentChannel, Capabilities, Disk, DiskFormat, GuestMemory, GuestNetwork, Level, VmSpec,
+};
 pub use vsock::VsockError;

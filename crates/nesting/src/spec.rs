@@ -135,6 +135,22 @@ pub struct VmSpec {
     /// Where guest RAM lives (records written before this field existed: anonymous memory).
     #[serde(default)]
     pub memory: GuestMemory,
+    /// The guest's network (records written before this field existed: none).
+    #[serde(default)]
+    pub network: GuestNetwork,
+}
+
+/// A guest's network interface.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GuestNetwork {
+    /// No NIC: the guest talks only to its agent.
+    #[default]
+    None,
+    /// One virtio NIC on the hypervisor's user-mode network (QEMU's slirp): outbound
+    /// connections leave through the host's own sockets, nothing reaches the guest from
+    /// outside, and each VM has a network of its own (`10.0.2.15`, gateway `10.0.2.2`).
+    User,
 }
 
 /// Where a VM's RAM lives. A file lets a snapshot keep the RAM by renaming the file and a

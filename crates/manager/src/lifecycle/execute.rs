@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 
 use slipway_config::{Executor as ConfigExecutor, FetchSources, JobData};
-use slipway_executor::isolation::Isolation;
 use slipway_executor::{HostData, HostSources};
 
 use super::{SourcesAt, Stops};
@@ -224,12 +223,12 @@ impl DataAt {
     }
 }
 
-/// Where `runner` moves the data of a job at `level`: where its steps run unless the runner
-/// says `job_data = "manager"`, or the job's environment cannot reach the servers yet (VM
-/// guests have no network) or is another program's (custom and plugin executors).
-pub(super) fn data_at(runner: &Runner, level: Isolation) -> DataAt {
+/// Where `runner` moves the data of a job: where its steps run (the instance, the build
+/// container, the VM's guest on its user-mode network) unless the runner says
+/// `job_data = "manager"`, or the job's environment is another program's (custom and plugin
+/// executors).
+pub(super) fn data_at(runner: &Runner) -> DataAt {
     let here = runner.job_data == JobData::Manager
-        || matches!(level, Isolation::Microvm | Isolation::Vm)
         || matches!(
             runner.executor,
             ConfigExecutor::Custom | ConfigExecutor::Plugin

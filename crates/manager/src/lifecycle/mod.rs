@@ -258,7 +258,7 @@ impl Life<'_> {
         let cache = runner.cache.as_deref().filter(|_| !job.cache.is_empty());
         // Where its dependencies, caches and artifacts move: by the job helper where it runs,
         // unless the runner (or the level) says the manager.
-        let data_at = execute::data_at(runner, admission.level);
+        let data_at = execute::data_at(runner);
         let fetching = async {
             let at = execute::sources_at(runner);
             let r = self

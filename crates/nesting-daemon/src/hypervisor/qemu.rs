@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::json;
 use slipway_nesting::spec::{
-    Accel, AgentChannel, Capabilities, DiskFormat, GuestMemory, Level, VmSpec,
+    Accel, AgentChannel, Capabilities, DiskFormat, GuestMemory, GuestNetwork, Level, VmSpec,
 };
 
 use super::http::host_cpu_model;
@@ -114,7 +114,7 @@ pub fn argv(spec: &VmSpec, incoming: bool) -> Result<Vec<String>, HypervisorErro
         Level::Vm => ("virtio-blk-pci", "virtio-serial-pci"),
     };
     if spec.level == Level::Microvm && spec.disks.len() > 6 {
-        // microvm has 8 virtio-mmio slots; the agent's serial bus needs one.
+        // microvm has 8 virtio-mmio slots; the agent's serial bus and the NIC need one each.
         return Err(HypervisorError::Spec {
             hypervisor: "qemu",
             message: format!("microvm takes at most 6 disks, got {}", spec.disks.len()),
@@ -209,6 +209,18 @@ pub fn argv(spec: &VmSpec, incoming: bool) -> Result<Vec<String>, HypervisorErro
         ));
         a.push("-device".into());
         a.push(format!("{blk},drive={}", d.id));
+    }
+    if spec.network == GuestNetwork::User {
+        let nic = match spec.level {
+            Level::Microvm => "virtio-net-device",
+            Level::Vm => "virtio-net-pci",
+        };
+        a.extend([
+            "-netdev".into(),
+            "user,id=net0".into(),
+            "-device".into(),
+            format!("{nic},netdev=net0"),
+        ]);
     }
     match &spec.agent {
         AgentChannel::VirtioSerial { name, socket } => {
@@ -623,6 +635,7 @@ mod tests {
             accel: Accel::Tcg,
             run_dir: "/vms/7".into(),
             memory: GuestMemory::Anonymous,
+            network: GuestNetwork::None,
         }
     }
 
@@ -650,6 +663,28 @@ mod tests {
         assert!(a.contains("-M q35"), "{a}");
         assert!(a.contains("virtio-blk-pci,drive=work"), "{a}");
         assert!(a.contains("virtio-serial-pci"), "{a}");
+    }
+
+    #[test]
+    fn a_networked_guest_gets_one_user_mode_nic_of_its_level() {
+        assert!(
+            !argv(&spec(Level::Microvm), false)
+                .unwrap()
+                .join(" ")
+                .contains("-netdev")
+        );
+        for (level, nic) in [
+            (Level::Microvm, "virtio-net-device"),
+            (Level::Vm, "virtio-net-pci"),
+        ] {
+            let mut s = spec(level);
+            s.network = GuestNetwork::User;
+            let a = argv(&s, false).unwrap().join(" ");
+            assert!(
+                a.contains(&format!("-netdev user,id=net0 -device {nic},netdev=net0")),
+                "{a}"
+            );
+        }
     }
 
     #[test]

@@ -232,6 +232,7 @@ pub(crate) mod fixtures {
             accel: Accel::Kvm,
             run_dir: "/run/vm".into(),
             memory: Default::default(),
+            network: Default::default(),
         }
     }
 

@@ -233,7 +233,7 @@ pub(super) async fn stage_root(
     let root = root.to_path_buf();
     let busybox = pre.busybox.clone();
     let agent = opts.agent.clone();
-    let init = initramfs::slipway_init_script(AGENT_PORT, VSOCK_PORT, opts.sshd);
+    let init = initramfs::slipway_init_script(AGENT_PORT, VSOCK_PORT, opts.sshd, opts.network);
     let sshd = opts.sshd;
     blocking(STEP, move || {
         let io = |p: &Path, e| ImageError::io(STEP, p, e);

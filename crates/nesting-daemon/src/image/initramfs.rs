@@ -61,7 +61,7 @@ pub(super) async fn stage(
     .await?;
 
     let modules = copy_modules(pre, staging).await?;
-    let script = init_script(level, &modules, AGENT_PORT, VSOCK_PORT);
+    let script = init_script(level, &modules, AGENT_PORT, VSOCK_PORT, opts.network);
     let init = staging.join("init");
     write_exec(&init, script).await
 }
@@ -470,6 +470,7 @@ pub(super) fn init_script(
     modules: &[GuestModule],
     port: &str,
     vsock_port: u32,
+    network: bool,
 ) -> String {
     let mut s = String::from("#!/bin/sh\n");
     s.push_str(match level {
@@ -524,7 +525,12 @@ pub(super) fn init_script(
                  if [ -b /dev/vda ]; then\n  mount -t ext4 -o noatime /dev/vda /work || say \
                  \"cannot mount the work disk /dev/vda on /work\"\nfi\n",
             );
-            s.push_str(&start_agent("", port, vsock_port, ""));
+            let net = if network {
+                net_script("")
+            } else {
+                String::new()
+            };
+            s.push_str(&start_agent("", port, vsock_port, &net));
         }
         Level::Vm => s.push_str(
             r#"root=/dev/vda
@@ -548,7 +554,12 @@ exec switch_root /newroot /sbin/slipway-init
 
 /// `/sbin/slipway-init` on a vm root disk: the same runtime mounts as the microvm `/init` (the
 /// initramfs has moved `/proc`, `/sys` and `/dev` over), then the agent.
-pub(super) fn slipway_init_script(port: &str, vsock_port: u32, sshd: bool) -> String {
+pub(super) fn slipway_init_script(
+    port: &str,
+    vsock_port: u32,
+    sshd: bool,
+    network: bool,
+) -> String {
     let bb = "/bin/busybox ";
     let mut s = String::from(
         "#!/bin/busybox sh\n\
@@ -563,17 +574,36 @@ pub(super) fn slipway_init_script(port: &str, vsock_port: u32, sshd: bool) -> St
          mounted /dev || {bb}mount -t devtmpfs devtmpfs /dev\n\
          exec </dev/console >/dev/console 2>&1\n"
     ));
-    let sshd = if sshd { sshd_script(bb) } else { String::new() };
-    s.push_str(&start_agent(bb, port, vsock_port, &sshd));
+    let mut before = String::new();
+    if network || sshd {
+        before.push_str(&net_script(bb));
+    }
+    if sshd {
+        before.push_str(&sshd_script(bb));
+    }
+    s.push_str(&start_agent(bb, port, vsock_port, &before));
     s
 }
 
-/// sshd images: the guest's host name and machine id from the command line, cgroup v2, the
-/// user-mode network, a fresh host key, the injected key for root, sshd.
+/// Networked images: the first NIC on QEMU's user-mode network, when the hypervisor gave the
+/// guest one (Firecracker and Cloud Hypervisor guests have none).
+fn net_script(bb: &str) -> String {
+    let addr = super::GUEST_USER_NET_ADDR;
+    format!(
+        r#"# QEMU user-mode networking: the guest is {addr}, the host 10.0.2.2, DNS 10.0.2.3.
+if [ -e /sys/class/net/eth0 ]; then
+  {bb}ip link set eth0 up && {bb}ip addr add {addr}/24 dev eth0 && {bb}ip route add default via 10.0.2.2 || say "cannot configure eth0"
+  echo "nameserver 10.0.2.3" >/etc/resolv.conf
+fi
+"#
+    )
+}
+
+/// sshd images: the guest's host name and machine id from the command line, cgroup v2, a
+/// fresh host key, the injected key for root, sshd (after [`net_script`]).
 fn sshd_script(bb: &str) -> String {
     let key = super::SSH_KEY_PARAM;
     let host = super::HOSTNAME_PARAM;
-    let addr = super::GUEST_USER_NET_ADDR;
     format!(
         r#"key=
 name=
@@ -591,9 +621,6 @@ fi
 # Each VM its own identity (the root disk is a copy of one image).
 {bb}cat /proc/sys/kernel/random/uuid | {bb}tr -d - >/etc/machine-id
 {bb}mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null || say "cannot mount cgroup2"
-# QEMU user-mode networking: the guest is {addr}, the host 10.0.2.2, DNS 10.0.2.3.
-{bb}ip link set eth0 up && {bb}ip addr add {addr}/24 dev eth0 && {bb}ip route add default via 10.0.2.2 || say "cannot configure eth0"
-echo "nameserver 10.0.2.3" >/etc/resolv.conf
 if [ -n "$key" ]; then
   {bb}mkdir -p /root/.ssh /run/sshd
   {bb}chmod 700 /root/.ssh
@@ -647,7 +674,7 @@ mod tests {
             module("virtio_mmio", true),
             module("virtio_blk", false),
         ];
-        let s = init_script(Level::Microvm, &mods, "org.slipway.agent", 1024);
+        let s = init_script(Level::Microvm, &mods, "org.slipway.agent", 1024, false);
         let at = |needle: &str| {
             s.find(needle)
                 .unwrap_or_else(|| panic!("{needle:?} in\n{s}"))
@@ -666,7 +693,13 @@ mod tests {
         at("while :; do wait; sleep 1; done");
         assert!(!s.contains("switch_root"));
 
-        let plain = init_script(Level::Microvm, &[module("virtio_mmio", false)], "p", 1);
+        let plain = init_script(
+            Level::Microvm,
+            &[module("virtio_mmio", false)],
+            "p",
+            1,
+            false,
+        );
         assert!(
             plain.contains("insmod /lib/modules/v/virtio_mmio.ko ||"),
             "{plain}"
@@ -675,19 +708,44 @@ mod tests {
 
     #[test]
     fn vm_init_switches_to_the_root_disk() {
-        let s = init_script(Level::Vm, &[module("virtio_pci", false)], "p", 1);
+        let s = init_script(Level::Vm, &[module("virtio_pci", false)], "p", 1, false);
         assert!(s.contains("slipway.root=*"));
         assert!(s.contains("exec switch_root /newroot /sbin/slipway-init"));
         assert!(!s.contains("serve --port"));
-        let init = slipway_init_script("org.slipway.agent", 1024, false);
+        let init = slipway_init_script("org.slipway.agent", 1024, false, false);
         assert!(!init.contains("sshd"));
-        let with_sshd = slipway_init_script("org.slipway.agent", 1024, true);
+        let with_sshd = slipway_init_script("org.slipway.agent", 1024, true, false);
         assert!(with_sshd.contains("/usr/sbin/sshd"));
         assert!(with_sshd.find("sshd started") < with_sshd.find("serve --port"));
         assert!(init.starts_with("#!/bin/busybox sh\n"));
         assert!(init.contains("/sbin/slipway-guest-agent \"$@\""));
         assert!(init.contains("serve --port org.slipway.agent &"));
         assert!(init.contains("/bin/busybox mkdir -p /work/builds"));
+        assert!(!init.contains("eth0"));
+        // sshd images are networked, and the NIC is up before sshd starts.
+        let eth0 = |s: &str| s.find("ip addr add 10.0.2.15/24 dev eth0");
+        assert!(eth0(&with_sshd).is_some() && eth0(&with_sshd) < with_sshd.find("sshd started"));
+        let networked = slipway_init_script("org.slipway.agent", 1024, false, true);
+        assert!(
+            eth0(&networked) < networked.find("serve --port"),
+            "{networked}"
+        );
+    }
+
+    #[test]
+    fn a_networked_microvm_configures_its_nic_before_the_agent_starts() {
+        let mods = [module("virtio_mmio", false), module("virtio_net", false)];
+        let s = init_script(Level::Microvm, &mods, "p", 1, true);
+        let at = |needle: &str| {
+            s.find(needle)
+                .unwrap_or_else(|| panic!("{needle:?} in\n{s}"))
+        };
+        assert!(at("insmod /lib/modules/v/virtio_net.ko") < at("ip link set eth0 up"));
+        assert!(at("ip route add default via 10.0.2.2") < at("serve --port p &"));
+        at("echo \"nameserver 10.0.2.3\" >/etc/resolv.conf");
+        // A guest without a NIC (Firecracker) still boots: the setup is skipped.
+        at("if [ -e /sys/class/net/eth0 ]; then");
+        assert!(!init_script(Level::Microvm, &mods, "p", 1, false).contains("eth0"));
     }
 
     #[test]

@@ -192,6 +192,10 @@ pub struct ImageManifest {
     /// kernel command line (`vm` images built with `--sshd`; see [`SSH_KEY_PARAM`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sshd: bool,
+    /// Whether the guest configures a virtio NIC on QEMU's user-mode network at boot, so that
+    /// its VMs get one (images built before this field existed have no NIC driver).
+    #[serde(default)]
+    pub network: bool,
 }
 
 /// Kernel command line parameter carrying the public key sshd accepts for root, as
@@ -295,6 +299,10 @@ pub struct BuildOptions {
     /// first virtio NIC as QEMU user-mode networking's guest, a host key made at boot, the key
     /// from [`SSH_KEY_PARAM`] authorised for root).
     pub sshd: bool,
+    /// Give the guest a network: the virtio NIC driver, and `/init` configuring QEMU's
+    /// user-mode network, so that jobs reach GitLab, the cache and package mirrors and the
+    /// job helper moves their data in the VM (default on).
+    pub network: bool,
 }
 
 impl BuildOptions {
@@ -317,6 +325,7 @@ impl BuildOptions {
                 Level::Vm => 512,
             },
             sshd: false,
+            network: true,
         }
     }
 }
@@ -604,6 +613,7 @@ async fn build_into(
         memory_mib: opts.memory_mib,
         builds_dir: BUILDS_DIR.into(),
         sshd: opts.sshd,
+        network: opts.network || opts.sshd,
     };
     let json =
         serde_json::to_vec_pretty(&manifest).map_err(|source| ImageError::ManifestParse {
@@ -804,6 +814,7 @@ mod tests {
             memory_mib: 256,
             builds_dir: BUILDS_DIR.into(),
             sshd: false,
+            network: false,
         }
     }
 

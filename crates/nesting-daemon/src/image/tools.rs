@@ -194,7 +194,12 @@ fn preflight_blocking(opts: &BuildOptions) -> Result<Preflight, ImageError> {
         let version = kernel_version(kernel)?;
         let modules_dir = Path::new("/lib/modules").join(&version);
         if modules_dir.is_dir() {
-            let modules = guest_modules(opts.level, opts.sshd, &version, &modules_dir)?;
+            let modules = guest_modules(
+                opts.level,
+                opts.sshd || opts.network,
+                &version,
+                &modules_dir,
+            )?;
             for (compression, tool, package) in [
                 (Compression::Xz, "xz", "xz-utils"),
                 (Compression::Zstd, "zstd", "zstd"),
@@ -451,7 +456,7 @@ pub(super) fn elf_has_interp(b: &[u8]) -> Option<bool> {
 }
 
 /// The modules a guest of `level` needs, with their dependencies, in load order (`net`: and
-/// the virtio NIC, for sshd images).
+/// the virtio NIC, for networked and sshd images).
 fn guest_modules(
     level: Level,
     net: bool,

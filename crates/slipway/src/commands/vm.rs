@@ -485,6 +485,10 @@ pub enum ImageCommand {
         /// vm images: add OpenSSH's sshd, started at boot (for fleeting-plugin-qemu).
         #[arg(long)]
         sshd: bool,
+        /// No network in the guest: its VMs get no NIC, and talk only to their agent (runners
+        /// using the image then need `job_data = "manager"`).
+        #[arg(long)]
+        no_network: bool,
     },
 }
 
@@ -619,6 +623,7 @@ async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
         kernel,
         cache_dir,
         sshd,
+        no_network,
     } = command;
     let level = match level.as_str() {
         "microvm" => slipway_nesting::Level::Microvm,
@@ -635,6 +640,7 @@ async fn image_command(command: ImageCommand) -> anyhow::Result<ExitCode> {
     opts.kernel = kernel;
     opts.cache_dir = cache_dir;
     opts.sshd = sshd;
+    opts.network = !no_network;
     let manifest = build_image(&opts).await?;
     println!(
         "built {} image {:?} in {} (kernel {})",
