@@ -1,4 +1,4 @@
-//! How hard zip archives are compressed: GitLab's `ARTIFACT_COMPRESSION_LEVEL` and
+//! How hard archives are compressed: GitLab's `ARTIFACT_COMPRESSION_LEVEL` and
 //! `CACHE_COMPRESSION_LEVEL`.
 
 /// A compression level by GitLab's name.
@@ -38,6 +38,18 @@ impl Compression {
             Compression::Default => None,
             Compression::Slow => Some(7),
             Compression::Slowest => Some(9),
+        }
+    }
+
+    /// The Zstandard level for `tarzstd` caches: 1, 2, 3 (zstd's default), 7, 11 (the
+    /// native levels closest to GitLab Runner's fastest … best encoder speeds).
+    pub(crate) fn zstd_level(self) -> i32 {
+        match self {
+            Compression::Fastest => 1,
+            Compression::Fast => 2,
+            Compression::Default => 3,
+            Compression::Slow => 7,
+            Compression::Slowest => 11,
         }
     }
 }

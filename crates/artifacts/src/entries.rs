@@ -63,6 +63,9 @@ pub(crate) trait Contents {
     /// Copy `data` to `out`.
     fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()>;
 
+    /// A reader of `data`'s bytes (exactly its length: a short stream is an error).
+    fn reader<'c>(&'c self, data: &'c Data) -> io::Result<Box<dyn Read + 'c>>;
+
     /// The first `n` bytes of `data` (all of it when shorter).
     fn head(&self, data: &Data, n: u64) -> io::Result<Vec<u8>> {
         let short = match data {
@@ -81,6 +84,20 @@ pub(crate) trait Contents {
 }
 
 impl Contents for &[u8] {
+    fn reader<'c>(&'c self, data: &'c Data) -> io::Result<Box<dyn Read + 'c>> {
+        match data {
+            Data::Owned(v) => Ok(Box::new(&v[..])),
+            Data::Span { offset, len } => {
+                let slice = usize::try_from(*offset)
+                    .ok()
+                    .zip(usize::try_from(*len).ok())
+                    .and_then(|(s, l)| self.get(s..s.checked_add(l)?))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+                Ok(Box::new(slice))
+            }
+        }
+    }
+
     fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
         match data {
             Data::Owned(v) => out.write_all(v),
@@ -100,6 +117,17 @@ impl Contents for &[u8] {
 pub(crate) struct FileContents(pub RefCell<std::fs::File>);
 
 impl Contents for FileContents {
+    fn reader<'c>(&'c self, data: &'c Data) -> io::Result<Box<dyn Read + 'c>> {
+        match data {
+            Data::Owned(v) => Ok(Box::new(&v[..])),
+            Data::Span { offset, len } => {
+                let mut file = self.0.borrow_mut();
+                file.seek(SeekFrom::Start(*offset))?;
+                Ok(Box::new(SpanReader { file, left: *len }))
+            }
+        }
+    }
+
     fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
         match data {
             Data::Owned(v) => out.write_all(v),
@@ -114,6 +142,29 @@ impl Contents for FileContents {
                 }
             }
         }
+    }
+}
+
+/// `left` bytes of a file from where it is positioned; ending early is an error.
+struct SpanReader<'c> {
+    file: std::cell::RefMut<'c, std::fs::File>,
+    left: u64,
+}
+
+impl Read for SpanReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let take = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        if take == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read(&mut buf[..take])?;
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        self.left -= n as u64;
+        Ok(n)
     }
 }
 

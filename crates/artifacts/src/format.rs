@@ -11,6 +11,9 @@ pub enum Format {
     Gzip,
     /// `raw`: one file uploaded as it is (most security and quality reports).
     Raw,
+    /// `tarzstd`: a Zstandard-compressed tar stream, for caches
+    /// (`CACHE_COMPRESSION_FORMAT: tarzstd`).
+    TarZstd,
 }
 
 impl Format {
@@ -25,12 +28,23 @@ impl Format {
         }
     }
 
+    /// The cache format `CACHE_COMPRESSION_FORMAT` names: `zip` (also when empty) or
+    /// `tarzstd`; `None` for others.
+    pub fn cache(name: &str) -> Option<Format> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "" | "zip" => Some(Format::Zip),
+            "tarzstd" => Some(Format::TarZstd),
+            _ => None,
+        }
+    }
+
     /// GitLab's name for the format.
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Zip => "zip",
             Format::Gzip => "gzip",
             Format::Raw => "raw",
+            Format::TarZstd => "tarzstd",
         }
     }
 }

@@ -6,13 +6,15 @@
 //! - [`archive_from_tar`]: builds a [`Format::Zip`] or [`Format::Gzip`] [`Archive`].
 //! - [`zip_to_tar`]: a downloaded zip as a tar stream, refusing entries that would escape.
 //! - [`archive_file_from_tar_file`], [`zip_file_to_tar_file`]: the same from file to file,
-//!   streamed, for archives larger than memory should hold.
+//!   streamed, for archives larger than memory should hold; [`archive_file_to_tar_file`] reads
+//!   a cache in either of its formats (zip or `tarzstd`).
 //!
 //! Modules, all private (what they define is re-exported here):
 //!
 //! - `entries`: the executor's tar stream as normalized entries; contents stay in the stream
 //!   until an archive is written, so a stream in a file is never held in memory.
 //! - `zip`: GitLab Runner's `zip` format, written from tar entries and read back as a tar stream.
+//! - `tarzstd`: GitLab Runner's `tarzstd` cache format, compressed on every core.
 //! - `gzip`: GitLab Runner's `gzip` format (reports such as `junit`): one gzip member per file.
 //! - `globs`: doublestar globs as GitLab uses them for `artifacts:paths` and `artifacts:exclude`.
 //! - `format`: the artifact formats Slipway writes ([`Format`]).
@@ -50,6 +52,7 @@ mod globs;
 mod gzip;
 mod limits;
 mod selection;
+mod tarzstd;
 mod zip;
 
 use std::cell::RefCell;
@@ -162,6 +165,10 @@ fn write_archive<W: Write + Seek>(
             let (_, files) = gzip::write_gzip(entries, contents, &mut *out)?;
             Ok((files, None))
         }
+        Format::TarZstd => {
+            tarzstd::write_tar_zstd(entries, contents, compression, &mut *out)?;
+            Ok((entries.len(), None))
+        }
         Format::Raw => {
             // GitLab Runner's raw format holds exactly one regular file, sent as it is.
             let mut files = entries.iter().filter_map(|e| match &e.kind {
@@ -212,6 +219,37 @@ pub fn zip_file_to_tar_file(zip: &Path, out: &Path, limits: &Limits) -> Result<(
     let output = File::create(out).map_err(|e| file(out, e))?;
     let mut written = zip::zip_to_tar(
         BufReader::new(input),
+        BufWriter::with_capacity(256 * 1024, output),
+        archived,
+        limits,
+    )?;
+    written.flush().map_err(|e| file(out, e))
+}
+
+/// [`zip_file_to_tar_file`] for a cache archive in either format GitLab Runner writes: zip,
+/// or a `tarzstd` stream (told apart by its first bytes, as GitLab Runner does).
+pub fn archive_file_to_tar_file(
+    archive: &Path,
+    out: &Path,
+    limits: &Limits,
+) -> Result<(), ArtifactsError> {
+    let file = |path: &Path, source| ArtifactsError::File {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut input = File::open(archive).map_err(|e| file(archive, e))?;
+    let archived = input.metadata().map_err(|e| file(archive, e))?.len();
+    let mut magic = [0u8; 4];
+    let zstd = std::io::Read::read_exact(&mut input, &mut magic).is_ok() && magic == tarzstd::MAGIC;
+    if !zstd {
+        return zip_file_to_tar_file(archive, out, limits);
+    }
+    input
+        .seek(std::io::SeekFrom::Start(0))
+        .map_err(|e| file(archive, e))?;
+    let output = File::create(out).map_err(|e| file(out, e))?;
+    let mut written = tarzstd::tar_zstd_to_tar(
+        BufReader::with_capacity(256 * 1024, input),
         BufWriter::with_capacity(256 * 1024, output),
         archived,
         limits,

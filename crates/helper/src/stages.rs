@@ -214,6 +214,7 @@ impl<W: Write> Stage<'_, W> {
             paths,
             untracked,
             compression,
+            format,
             timeout_secs,
             tar,
         } = step
@@ -221,15 +222,26 @@ impl<W: Write> Stage<'_, W> {
             return Ending::Done;
         };
         let compression = self.compression(compression, "CACHE_COMPRESSION_LEVEL");
+        let format = Format::cache(format).unwrap_or_else(|| {
+            // GitLab Runner takes any other value for zip.
+            self.say(&format!(
+                "WARNING: CACHE_COMPRESSION_FORMAT {format:?} is not zip or tarzstd; using zip"
+            ));
+            Format::Zip
+        });
+        let file_name = match format {
+            Format::TarZstd => "cache.tar.zst",
+            _ => "cache.zip",
+        };
         if let Some(msg) = self.past_max_size(tar, plan) {
             self.say(&format!("WARNING: collecting the cache failed: {msg}"));
             return Ending::Done;
         }
-        let zip = self.scratch.join(format!("{tar}.zip"));
+        let zip = self.scratch.join(format!("{tar}.{}", format.as_str()));
         let made = archive(
             &self.scratch.join(tar),
             &zip,
-            Format::Zip,
+            format,
             (paths, &[], *untracked, tracked),
             compression,
         );
@@ -252,7 +264,7 @@ impl<W: Write> Stage<'_, W> {
                          ({max_upload}); not uploaded"
                     ));
                 } else {
-                    self.say(&format!("Uploading cache.zip to {}", without_query(url)));
+                    self.say(&format!("Uploading {file_name} to {}", without_query(url)));
                     let put = Client::new(None, Duration::from_secs((*timeout_secs).max(1)))
                         .and_then(|c| c.put_file(url, headers, &zip));
                     match put {
@@ -401,7 +413,7 @@ impl<W: Write> Stage<'_, W> {
     /// directory within `limits`, then into place; a refused archive writes nothing there.
     fn unpack(&mut self, zip: &Path, limits: &Limits) -> Result<(), HelperError> {
         let tar = zip.with_extension("tar");
-        let converted = slipway_artifacts::zip_file_to_tar_file(zip, &tar, limits);
+        let converted = slipway_artifacts::archive_file_to_tar_file(zip, &tar, limits);
         let unpacked = converted.map_err(HelperError::from).and_then(|()| {
             let file = std::fs::File::open(&tar).map_err(HelperError::file(&tar))?;
             let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(256 << 10, file));

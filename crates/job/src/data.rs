@@ -96,6 +96,9 @@ pub enum DataStep {
         untracked: bool,
         /// `CACHE_COMPRESSION_LEVEL`.
         compression: String,
+        /// `CACHE_COMPRESSION_FORMAT`: `zip` (also when empty) or `tarzstd`.
+        #[serde(default)]
+        format: String,
         /// Seconds the upload may take (`CACHE_REQUEST_TIMEOUT`).
         timeout_secs: u64,
         /// The collected tar stream, a file name in the stage's scratch directory.

@@ -41,7 +41,8 @@ pub(crate) async fn unzipped(
     let tar = slipway_executor::scratch_file(scratch, prefix, ".tar")
         .map_err(|e| UnzipError::Scratch(format!("creating a file for the tar stream: {e}")))?;
     tokio::task::spawn_blocking(move || {
-        slipway_artifacts::zip_file_to_tar_file(&zip, &tar, &limits).map(|()| Tarball::File(tar))
+        slipway_artifacts::archive_file_to_tar_file(&zip, &tar, &limits)
+            .map(|()| Tarball::File(tar))
     })
     .await
     .map_err(|e| UnzipError::Scratch(e.to_string()))?

@@ -1,7 +1,7 @@
 //! A job's data moves where the job runs: the job helper downloads its dependency's artifacts
 //! from the test GitLab, saves and restores its cache on the real S3 server (LocalStack's), and
-//! uploads its artifacts, at the `none` level (an instance's shell) and the `docker` level (the
-//! build container). Every artifacts request reached GitLab from the helper, and the manager's
+//! uploads its artifacts, at the `none` level (an instance's shell), the `docker` level (the
+//! build container) and the `microvm` level (the VM's guest, on QEMU's user-mode network). Every artifacts request reached GitLab from the helper, and the manager's
 //! own reads and writes during a job stay far below one of the job's files: no artifact or
 //! cache byte crossed it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -71,8 +71,9 @@ fn sha256_of(file: &Path) -> String {
         .to_string()
 }
 
-/// The job that uses the dependency, writes an artifact and fills the cache.
-fn first_job(dep_id: u64, level: &str) -> Value {
+/// The job that uses the dependency, writes an artifact and fills the cache (in
+/// `CACHE_COMPRESSION_FORMAT` `format`).
+fn first_job(dep_id: u64, level: &str, format: &str) -> Value {
     let mut job = job_payload_with_vars(
         "build",
         &[
@@ -83,7 +84,11 @@ fn first_job(dep_id: u64, level: &str) -> Value {
             ),
             "sha256sum out/app.bin vendor/deps.bin",
         ],
-        &[("GIT_STRATEGY", "none"), ("SLIPWAY_ISOLATION", level)],
+        &[
+            ("GIT_STRATEGY", "none"),
+            ("SLIPWAY_ISOLATION", level),
+            ("CACHE_COMPRESSION_FORMAT", format),
+        ],
     );
     job["dependencies"] = json!([
         {"id": dep_id, "token": "glcbt-1_depTokenData01", "name": "prepare",
@@ -131,7 +136,7 @@ check_interval = 1
   url = "{url}"
   token = "{token}"
   executor = "{executor}"
-  allowed_isolation = ["none", "docker"]
+  allowed_isolation = ["none", "docker"{vm}]
 {extra}
 {cache}  [runners.autoscaler]
     plugin = "local"
@@ -153,6 +158,11 @@ check_interval = 1
             cache = common::s3_cache_section(&s3.address(), BUCKET, SECRET_KEY),
             state = w.path().join("plugin-state").display(),
             pid = std::process::id(),
+            vm = if extra.contains("vm_isolation") {
+                ", \"microvm\""
+            } else {
+                ""
+            },
         ),
     )
 }
@@ -167,8 +177,13 @@ fn helper_size() -> u64 {
         .len()
 }
 
-/// Run both jobs at `level` and check where their data went.
-async fn data_moves_where_the_job_runs(level: &str, ip: IpAddr, executor: &str, extra: &str) {
+/// Run both jobs at `level`, the cache in `format`, and check where their data went.
+async fn data_moves_where_the_job_runs(
+    (level, format): (&str, &str),
+    ip: IpAddr,
+    executor: &str,
+    extra: &str,
+) {
     let s3 = LocalStack::start_on(BUCKET, ip).expect("LocalStack");
     let w = World::new();
     let gl = FakeGitlab::start_on(ip).await;
@@ -182,14 +197,25 @@ async fn data_moves_where_the_job_runs(level: &str, ip: IpAddr, executor: &str, 
     let allowance = 2 * helper_size() + (8 << 20);
 
     let before = io_bytes(child.id());
-    let first = gl.enqueue(first_job(dep_id, level));
+    let first = gl.enqueue(first_job(dep_id, level, format));
     let (state, trace) = common::job_ended(&gl, first).await;
     assert_eq!(state, "success", "{trace}");
     let during_first = io_bytes(child.id()) - before;
     assert_eq!(printed_sha(&trace, "dep/payload.bin"), dep_sha, "{trace}");
+    if level == "microvm" {
+        assert!(
+            trace.contains("Creating a microvm VM from image"),
+            "{trace}"
+        );
+    }
     for want in [
         "Downloading artifacts for prepare (700)...",
         "Creating cache deps...",
+        if format == "tarzstd" {
+            "Uploading cache.tar.zst to"
+        } else {
+            "Uploading cache.zip to"
+        },
         "Created cache deps",
         "Uploading artifacts as \"archive\" to coordinator... 201 Created",
     ] {
@@ -219,6 +245,14 @@ async fn data_moves_where_the_job_runs(level: &str, ip: IpAddr, executor: &str, 
         vec!["ci/runner/fAkErUnNe/project/1/deps"],
         "{trace}"
     );
+    // In the format the job named: a Zstandard stream or a zip.
+    let object = s3.object(BUCKET, &objects[0]).unwrap();
+    let magic: &[u8] = if format == "tarzstd" {
+        &[0x28, 0xb5, 0x2f, 0xfd]
+    } else {
+        b"PK\x03\x04"
+    };
+    assert!(object.starts_with(magic), "{:02x?}", &object[..8]);
 
     let before = io_bytes(child.id());
     let second = gl.enqueue(second_job(level));
@@ -267,7 +301,78 @@ async fn data_moves_where_the_job_runs(level: &str, ip: IpAddr, executor: &str, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_none_level_the_instance_moves_its_jobs_data() {
-    data_moves_where_the_job_runs("none", [127, 0, 0, 1].into(), "instance", "").await;
+    // The cache as GitLab Runner's `tarzstd`: written and read back on the instance.
+    data_moves_where_the_job_runs(("none", "tarzstd"), [127, 0, 0, 1].into(), "instance", "").await;
+}
+
+/// A nesting daemon serving this world's VMs (killed on drop; the world's own drop kills
+/// the QEMUs left under its directory).
+struct Nest {
+    child: std::process::Child,
+    socket: PathBuf,
+}
+
+impl Nest {
+    fn start(w: &World, images: &Path) -> Nest {
+        let socket = w.path().join("n.sock");
+        let state = w.path().join("ns");
+        let child = w
+            .slipway(&["nesting", "--socket"])
+            .arg(&socket)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--images-dir")
+            .arg(images)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(
+            common::wait_until(std::time::Duration::from_secs(20), || {
+                std::os::unix::net::UnixStream::connect(&socket).is_ok()
+            }),
+            "the nesting daemon did not listen on {}",
+            socket.display()
+        );
+        Nest { child, socket }
+    }
+}
+
+impl Drop for Nest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_microvm_level_the_vms_guest_moves_its_jobs_data() {
+    use slipway_testkit::guest::{MICROVM_IMAGE, guest_image};
+    slipway_testkit::ensure_docker_engine().expect("Docker Engine");
+    // The guest reaches the host's own addresses through QEMU's user-mode network, except
+    // loopback (its 127.0.0.1 is its own): the servers listen on docker0's address.
+    let gateway = slipway_testkit::docker_gateway().expect("docker0");
+    let images = guest_image(MICROVM_IMAGE, "microvm").unwrap();
+    let w = World::new();
+    let nest = Nest::start(&w, &images);
+    let vm = format!(
+        r#"  [runners.instance]
+    allowed_images = ["test-*"]
+  [runners.autoscaler.vm_isolation]
+    enabled = true
+    nesting_host = "unix://{socket}"
+    microvm_image = "{MICROVM_IMAGE}"
+    [runners.autoscaler.vm_isolation.nesting_config]
+      accel = "tcg"
+      memory_mib = 512
+      images_dir = "{images}"
+"#,
+        socket = nest.socket.display(),
+        images = images.display(),
+    );
+    data_moves_where_the_job_runs(("microvm", "zip"), gateway, "instance", &vm).await;
+    drop(nest);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,5 +381,5 @@ async fn at_the_docker_level_the_build_container_moves_its_jobs_data() {
     let gateway = slipway_testkit::docker_gateway().expect("docker0");
     let docker = "  [runners.docker]\n    image = \"slipway-busybox:latest\"\n    \
                   pull_policy = \"never\"\n";
-    data_moves_where_the_job_runs("docker", gateway, "instance", docker).await;
+    data_moves_where_the_job_runs(("docker", "zip"), gateway, "instance", docker).await;
 }

@@ -168,6 +168,12 @@ impl LocalStack {
     }
 
     fn boto(&self, code: &str) -> Result<String, FixtureError> {
+        self.boto_bytes(code)
+            .map(|out| String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// What `code` wrote to stdout, as bytes (objects are binary).
+    fn boto_bytes(&self, code: &str) -> Result<Vec<u8>, FixtureError> {
         let script = format!(
             "import boto3\nfrom botocore.config import Config\n\
              s3 = boto3.client('s3', endpoint_url='http://{}', \
@@ -182,7 +188,7 @@ impl LocalStack {
         if !out.status.success() {
             return Err(err("boto3", String::from_utf8_lossy(&out.stderr)));
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(out.stdout)
     }
 
     fn make_bucket(&self, bucket: &str) -> Result<(), FixtureError> {
@@ -200,9 +206,8 @@ impl LocalStack {
 
     /// Object `key` of `bucket`.
     pub fn object(&self, bucket: &str, key: &str) -> Result<Vec<u8>, FixtureError> {
-        let out = self.boto(&format!(
+        self.boto_bytes(&format!(
             "import sys\nsys.stdout.buffer.write(s3.get_object(Bucket='{bucket}', Key='{key}')['Body'].read())"
-        ))?;
-        Ok(out.into_bytes())
+        ))
     }
 }

@@ -175,6 +175,10 @@ impl DistributedCache {
                         .variable("CACHE_COMPRESSION_LEVEL")
                         .unwrap_or_default()
                         .to_string(),
+                    format: job
+                        .variable("CACHE_COMPRESSION_FORMAT")
+                        .unwrap_or_default()
+                        .to_string(),
                     timeout_secs: request_timeout(job).as_secs(),
                     tar: String::new(),
                 },
@@ -316,6 +320,14 @@ impl DistributedCache {
         trace: &mut Trace,
     ) {
         let compression = compression_of(job, "CACHE_COMPRESSION_LEVEL", trace);
+        let named = job.variable("CACHE_COMPRESSION_FORMAT").unwrap_or_default();
+        let format = Format::cache(named).unwrap_or_else(|| {
+            // GitLab Runner takes any other value for zip.
+            trace.message(&format!(
+                "WARNING: CACHE_COMPRESSION_FORMAT {named:?} is not zip or tarzstd; using zip"
+            ));
+            Format::Zip
+        });
         for c in collected {
             let Some(spec) = job.artifacts.get(c.spec).filter(|s| s.is_cache()) else {
                 continue;
@@ -356,7 +368,7 @@ impl DistributedCache {
                 slipway_artifacts::archive_file_from_tar_file(
                     &tar,
                     &zip,
-                    Format::Zip,
+                    format,
                     &keep,
                     compression,
                 )
