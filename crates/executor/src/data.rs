@@ -140,14 +140,24 @@ pub fn install_script(home: &str, helper: &Helper) -> String {
     )
 }
 
-/// The start of every helper stage: the helper there (else [`NO_HELPER`]), the plan kept on
-/// fd 3, a private scratch directory removed when the stage ends.
+/// The start of every helper stage: the helper there (else [`NO_HELPER`]), a private scratch
+/// directory removed when the stage ends. The script is bash's stdin, so nothing in it may
+/// read stdin but the helper, whose plan follows the script's last line as a here-document.
 fn preamble(helper: &str) -> String {
     format!(
-        "__h={helper}\n[ -x \"$__h\" ] || exit {NO_HELPER}\nexec 3<&0 </dev/null\n\
+        "__h={helper}\n[ -x \"$__h\" ] || exit {NO_HELPER}\n\
          __s=$(umask 077; mktemp -d \"${{TMPDIR:-/tmp}}/slipway-data.XXXXXXXX\") || exit 1\n\
          trap 'rm -rf \"$__s\"' EXIT\n"
     )
+}
+
+/// The line that ends the plan's here-document. A plan is one line of JSON (a JSON string
+/// holds no raw newline), so no line of it can be this one.
+const PLAN_END: &str = "__SLIPWAY_PLAN__";
+
+/// The helper run on the plan that [`run_stage`] appends: the last line of every stage script.
+fn run_helper() -> String {
+    format!("\"$__h\" run --scratch \"$__s\" <<'{PLAN_END}'\n")
 }
 
 /// A stage that runs the helper (at `helper`, a bash expression: [`helper_for`]) in the
@@ -156,8 +166,9 @@ fn preamble(helper: &str) -> String {
 pub fn run_script(dirs: &JobDirs, helper: &str) -> String {
     let dir = dirs.project_dir();
     format!(
-        "{}mkdir -p {dir}\ncd {dir} || exit 1\n\"$__h\" run --scratch \"$__s\" <&3\n",
-        preamble(helper)
+        "{}mkdir -p {dir}\ncd {dir} || exit 1\n{}",
+        preamble(helper),
+        run_helper()
     )
 }
 
@@ -168,15 +179,13 @@ pub fn collect_script(dirs: &JobDirs, helper: &str, collected: &[(String, String
     for (tar, body) in collected {
         // The collect script's warnings go to the trace with the helper's words.
         s.push_str(&format!(
-            "( {body} ) 2>&1 > \"$__s\"/{} || {{ echo {}; exit 1; }}\n",
+            "( {body} ) </dev/null 2>&1 > \"$__s\"/{} || {{ echo {}; exit 1; }}\n",
             quote(tar),
             quote(&format!("ERROR: collecting artifacts failed ({tar})"))
         ));
     }
     let dir = dirs.project_dir();
-    s.push_str(&format!(
-        "cd {dir} || exit 1\n\"$__h\" run --scratch \"$__s\" <&3\n"
-    ));
+    s.push_str(&format!("cd {dir} || exit 1\n{}", run_helper()));
     s
 }
 
@@ -193,8 +202,9 @@ pub enum StageEnd {
     System(String),
 }
 
-/// Run one helper stage on `host`: `body` (from [`run_script`] or [`collect_script`]) with
-/// `plan` on its stdin, within `limit` and stopped by `cancel`. A host without the helper's
+/// Run one helper stage on `host`: `body` (from [`run_script`] or [`collect_script`]) fed to
+/// bash with `plan` after it as the helper's here-document (stdin, never a command line),
+/// within `limit` and stopped by `cancel`. A host without the helper's
 /// version gets it copied first, once.
 #[allow(clippy::too_many_arguments)]
 pub async fn run_stage(
@@ -206,13 +216,15 @@ pub async fn run_stage(
     limit: Duration,
     cancel: &CancellationToken,
 ) -> StageEnd {
+    let mut script = body.to_string();
+    script.push_str(&String::from_utf8_lossy(&plan).replace('\n', " "));
+    script.push('\n');
+    script.push_str(PLAN_END);
+    script.push('\n');
     let bounded = async {
         let mut installed = false;
         loop {
-            let (status, out, err) = host
-                .capture_stage(stage, body, plan.clone())
-                .await
-                .map_err(|e| e.to_string())?;
+            let (status, out) = stage_output(host, stage, script.clone()).await?;
             match status.code {
                 Some(0) => return Ok(StageEnd::Done(out)),
                 Some(NO_HELPER) if !installed => {
@@ -222,11 +234,7 @@ pub async fn run_stage(
                 Some(c) if c == FAILED as u32 => return Ok(StageEnd::Failed(out)),
                 Some(c) if c == REFUSED as u32 => return Ok(StageEnd::Refused(out)),
                 _ => {
-                    let mut said = String::from_utf8_lossy(&out).trim().to_string();
-                    let err = String::from_utf8_lossy(&err);
-                    if !err.trim().is_empty() {
-                        said.push_str(&format!(" {}", err.trim()));
-                    }
+                    let said = String::from_utf8_lossy(&out);
                     return Err(format!("the job helper: {status}: {}", said.trim()));
                 }
             }
@@ -239,6 +247,72 @@ pub async fn run_stage(
             Err(_) => StageEnd::System(format!("the job helper took longer than {}s", limit.as_secs())),
         },
         () = cancel.cancelled() => StageEnd::System("canceled".into()),
+    }
+}
+
+/// Bytes of a stage's output kept from its start, and from its end: the helper says a few
+/// lines per archive, but the collect scripts print a warning per unreadable file, and a job
+/// decides how many of those there are.
+const KEPT_HEAD: usize = 256 << 10;
+const KEPT_TAIL: usize = 64 << 10;
+
+/// Run `script` as `stage` on `host`, streamed, keeping at most [`KEPT_HEAD`] + [`KEPT_TAIL`] bytes of
+/// its output (stdout and stderr as they come); its exit status and what was kept.
+async fn stage_output(
+    host: &dyn Host,
+    stage: &str,
+    script: String,
+) -> Result<(slipway_connector::ExitStatus, Vec<u8>), String> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let gather = async {
+        let mut kept = Kept::default();
+        while let Some(chunk) = rx.recv().await {
+            match chunk {
+                slipway_connector::Output::Stdout(b) | slipway_connector::Output::Stderr(b) => {
+                    kept.push(&b)
+                }
+            }
+        }
+        kept.into_bytes()
+    };
+    // `run_stage` owns the sender, so the gathering ends when it returns.
+    let (status, out) = tokio::join!(host.run_stage(stage, script, tx), gather);
+    Ok((status.map_err(|e| e.to_string())?, out))
+}
+
+/// The start and the end of a stream, and how much of its middle was left out.
+#[derive(Debug, Default)]
+struct Kept {
+    head: Vec<u8>,
+    tail: std::collections::VecDeque<u8>,
+    dropped: u64,
+}
+
+impl Kept {
+    fn push(&mut self, mut bytes: &[u8]) {
+        let room = KEPT_HEAD - self.head.len();
+        let now = bytes.len().min(room);
+        self.head.extend_from_slice(&bytes[..now]);
+        bytes = &bytes[now..];
+        self.tail.extend(bytes);
+        let over = self.tail.len().saturating_sub(KEPT_TAIL);
+        self.tail.drain(..over);
+        self.dropped += over as u64;
+    }
+
+    fn into_bytes(self) -> Vec<u8> {
+        let mut out = self.head;
+        if self.dropped > 0 {
+            out.extend_from_slice(
+                format!(
+                    "\n[{} bytes of the job helper's output left out]\n",
+                    self.dropped
+                )
+                .as_bytes(),
+            );
+        }
+        out.extend(self.tail);
+        out
     }
 }
 
@@ -341,5 +415,25 @@ mod tests {
         assert_eq!(ha.version.len(), 16);
         assert_ne!(ha.version, hb.version);
         assert!(helper_on_host("\"$HOME\"/.slipway", &ha).ends_with(&ha.version));
+    }
+
+    #[test]
+    fn a_flood_of_output_keeps_its_start_and_its_end() {
+        let mut k = Kept::default();
+        k.push(b"first line\n");
+        for _ in 0..10_000 {
+            k.push(&[b'w'; 1000]);
+        }
+        k.push(b"\nERROR: the last word\n");
+        let out = k.into_bytes();
+        assert!(out.len() < KEPT_HEAD + KEPT_TAIL + 100, "{}", out.len());
+        assert!(out.starts_with(b"first line\n"));
+        assert!(out.ends_with(b"ERROR: the last word\n"));
+        assert_eq!(said_error(&out), "the last word");
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.contains("bytes of the job helper's output left out"),
+            "{text}"
+        );
     }
 }

@@ -429,9 +429,11 @@ impl<W: Write> Stage<'_, W> {
 
 /// The runner's limits as the artifacts crate checks them.
 fn limits_of(l: ArchiveLimits) -> Limits {
+    // The plan's 0 is "no limit", as `[runners.archives]` says.
+    let or_none = |v: u64| if v == 0 { u64::MAX } else { v };
     Limits {
-        max_size: l.max_size,
-        max_entries: l.max_entries,
+        max_size: or_none(l.max_size),
+        max_entries: or_none(l.max_entries),
         max_ratio: l.max_ratio,
     }
 }

@@ -15,6 +15,13 @@
 //!   through a pre-signed URL, also with `CACHE_COMPRESSION_LEVEL: fastest`; pre-signed GET
 //!   into a file, unzipped file to file), beside `curl` PUTting and GETting the same zip
 //!   through the same kind of URL.
+//! - **realistic**: the `node_modules` of a mid-size npm project (webpack, TypeScript, ESLint,
+//!   Jest, Express, Babel, lodash; installed with npm once, kept under `target/bench-trees`)
+//!   saved and restored by the job helper as a job's host runs it (`tar` collecting the
+//!   cache's paths into the stage's scratch directory, then `slipway-helper run` with the
+//!   plan on stdin), in GitLab Runner's `tarzstd` and default `zip` formats at the default
+//!   level, beside the pipeline `tar c | zstd -T0 | curl -T -` and `curl | zstd -d | tar x`
+//!   on the same S3 server.
 //!
 //! `SLIPWAY_BENCH_PARTS` (comma-separated; all by default) picks parts; `SLIPWAY_BENCH_REPO_MIB`,
 //! `SLIPWAY_BENCH_ARTIFACT_MIB` and `SLIPWAY_BENCH_JOBS` scale the fleet part (the sizes used
@@ -46,8 +53,8 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let all = std::env::var("SLIPWAY_BENCH_PARTS").is_err();
-    let parts =
-        std::env::var("SLIPWAY_BENCH_PARTS").unwrap_or_else(|_| "host,fleet,upload,cache".into());
+    let parts = std::env::var("SLIPWAY_BENCH_PARTS")
+        .unwrap_or_else(|_| "host,fleet,upload,cache,realistic".into());
     let mut results = serde_json::Map::new();
     for part in parts.split(',').map(str::trim) {
         let got = match part {
@@ -55,9 +62,11 @@ fn main() -> anyhow::Result<()> {
             "fleet" => rt.block_on(fleet())?,
             "upload" => rt.block_on(upload())?,
             "cache" => rt.block_on(bench())?,
+            "realistic" => rt.block_on(realistic())?,
             other => {
                 anyhow::bail!(
-                    "SLIPWAY_BENCH_PARTS: unknown part {other:?} (host, fleet, upload, cache)"
+                    "SLIPWAY_BENCH_PARTS: unknown part {other:?} (host, fleet, upload, cache, \
+                     realistic)"
                 )
             }
         };
@@ -525,6 +534,238 @@ fn tar_of(data: &[u8]) -> anyhow::Result<Vec<u8>> {
     h.set_cksum();
     b.append_data(&mut h, "deps/blob.bin", data)?;
     Ok(b.into_inner()?)
+}
+
+/// The `node_modules` tree of the realistic part: its project directory, installed with npm
+/// when missing.
+fn npm_tree() -> anyhow::Result<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-trees/npm");
+    if dir.join("node_modules/.package-lock.json").exists() {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("package.json"),
+        r#"{"name":"bench-tree","version":"1.0.0","private":true,"dependencies":{"webpack":"5","typescript":"5","eslint":"8","jest":"29","express":"4","lodash":"4","@babel/core":"7"}}"#,
+    )?;
+    let out = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+        .current_dir(&dir)
+        .output()
+        .context("running npm install (install Node.js and npm)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "npm install: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(dir)
+}
+
+/// Files and bytes under `dir`.
+fn tree_size(dir: &std::path::Path) -> (u64, u64) {
+    let (mut files, mut bytes) = (0, 0);
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                files += 1;
+                bytes += m.len();
+            }
+        }
+    }
+    (files, bytes)
+}
+
+/// `bash -c script`, failing on a non-zero exit.
+fn sh(script: &str) -> anyhow::Result<()> {
+    let out = Command::new("bash")
+        .args(["-o", "pipefail", "-c", script])
+        .output()
+        .context("running bash")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// One helper stage run as a host runs it: `plan` on stdin, a fresh scratch directory,
+/// `collect` (a shell command writing `$S/collected.tar`) first; what the helper said.
+fn helper_stage(
+    helper: &std::path::Path,
+    project: &std::path::Path,
+    collect: Option<&str>,
+    plan: &serde_json::Value,
+) -> anyhow::Result<String> {
+    use std::io::Write as _;
+    let scratch = tempfile::tempdir()?;
+    if let Some(collect) = collect {
+        sh(&format!(
+            "cd {} && {collect} > {}/collected.tar",
+            project.display(),
+            scratch.path().display()
+        ))?;
+    }
+    let mut child = Command::new(helper)
+        .args(["run", "--scratch"])
+        .arg(scratch.path())
+        .current_dir(project)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting the job helper")?;
+    child
+        .stdin
+        .take()
+        .context("helper stdin")?
+        .write_all(&serde_json::to_vec(plan)?)?;
+    let out = child.wait_with_output()?;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    anyhow::ensure!(out.status.success(), "the job helper failed: {said}");
+    Ok(said)
+}
+
+/// The realistic part.
+async fn realistic() -> anyhow::Result<serde_json::Value> {
+    const ROUNDS: usize = 3;
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let helper = repo.join("target/x86_64-unknown-linux-gnu/release/slipway-helper");
+    anyhow::ensure!(
+        helper.exists(),
+        "{} is missing: run `make helper`",
+        helper.display()
+    );
+    let tree = npm_tree()?;
+    let (files, bytes) = tree_size(&tree.join("node_modules"));
+    let s3_server = LocalStack::start(BUCKET).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let s3 = S3::new(S3Config {
+        server_address: s3_server.address(),
+        bucket: BUCKET.into(),
+        insecure: true,
+        credentials: Credentials {
+            access_key: ACCESS_KEY.into(),
+            secret_key: SECRET_KEY.into(),
+            session_token: None,
+        },
+        ..S3Config::default()
+    });
+    let ttl = Duration::from_secs(3600);
+    let mut times: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut sizes: std::collections::BTreeMap<&str, u64> = Default::default();
+    for round in 0..ROUNDS {
+        // Warm the page cache alike for everyone: each round reads the tree first.
+        sh(&format!(
+            "tar -c -C {} node_modules > /dev/null",
+            tree.display()
+        ))?;
+        for format in ["tarzstd", "zip"] {
+            let object = format!("ci/runner/bench/project/1/npm-{format}-{round}");
+            let (url, headers) = s3.put_url(&object, ttl, SystemTime::now());
+            let plan = serde_json::json!({"steps": [{"do": "save_cache", "key": "npm",
+                "url": url, "headers": headers, "max_upload": 0, "paths": ["node_modules"],
+                "untracked": false, "compression": "", "format": format, "timeout_secs": 600,
+                "tar": "collected.tar"}]});
+            let t = Instant::now();
+            let said = helper_stage(&helper, &tree, Some("tar -c -f - -- node_modules"), &plan)?;
+            times
+                .entry(if format == "zip" {
+                    "save_zip"
+                } else {
+                    "save_zstd"
+                })
+                .or_default()
+                .push(ms(t.elapsed()));
+            anyhow::ensure!(said.contains("Created cache npm"), "{said}");
+            let size = s3_server
+                .object(BUCKET, &object)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .len() as u64;
+            sizes.insert(if format == "zip" { "zip" } else { "zstd" }, size);
+
+            let project = tempfile::tempdir()?;
+            let url = s3.get_url(&object, ttl, SystemTime::now());
+            let plan = serde_json::json!({"steps": [{"do": "restore_cache",
+                "sources": [["npm", url]], "attempts": 1, "timeout_secs": 600}]});
+            let t = Instant::now();
+            let said = helper_stage(&helper, project.path(), None, &plan)?;
+            times
+                .entry(if format == "zip" {
+                    "restore_zip"
+                } else {
+                    "restore_zstd"
+                })
+                .or_default()
+                .push(ms(t.elapsed()));
+            anyhow::ensure!(said.contains("Successfully extracted cache"), "{said}");
+            let restored = tree_size(&project.path().join("node_modules"));
+            anyhow::ensure!(
+                restored == (files, bytes),
+                "restored {restored:?} of {:?}",
+                (files, bytes)
+            );
+        }
+        // The pipeline: GNU tar, zstd on every core, curl streaming to and from the same S3.
+        let object = format!("ci/runner/bench/project/1/npm-pipeline-{round}");
+        let (url, _) = s3.put_url(&object, ttl, SystemTime::now());
+        let t = Instant::now();
+        sh(&format!(
+            "tar -c -C {} node_modules | zstd -q -T0 | curl -sS -f -o /dev/null -T - '{url}'",
+            tree.display()
+        ))?;
+        times
+            .entry("save_pipeline")
+            .or_default()
+            .push(ms(t.elapsed()));
+        let project = tempfile::tempdir()?;
+        let url = s3.get_url(&object, ttl, SystemTime::now());
+        let t = Instant::now();
+        sh(&format!(
+            "curl -sS -f '{url}' | zstd -q -d | tar -x -C {}",
+            project.path().display()
+        ))?;
+        times
+            .entry("restore_pipeline")
+            .or_default()
+            .push(ms(t.elapsed()));
+        eprintln!(
+            "round {round}: {:?}",
+            times
+                .iter()
+                .map(|(k, v)| (*k, v[round].round()))
+                .collect::<Vec<_>>()
+        );
+    }
+    let p50: std::collections::BTreeMap<&str, f64> = times
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (k, round(percentile(&v, 50.0)))
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "realistic_tree": "node_modules of webpack, typescript, eslint, jest, express, lodash, @babel/core (npm)",
+        "realistic_tree_files": files,
+        "realistic_tree_bytes": bytes,
+        "realistic_rounds": ROUNDS,
+        "cache_save_realistic_ms_p50": p50["save_zstd"],
+        "cache_save_realistic_zip_ms_p50": p50["save_zip"],
+        "pipeline_save_realistic_ms_p50": p50["save_pipeline"],
+        "cache_save_realistic_over_pipeline": round(p50["save_zstd"] / p50["save_pipeline"]),
+        "cache_save_realistic_zip_over_pipeline": round(p50["save_zip"] / p50["save_pipeline"]),
+        "cache_restore_realistic_ms_p50": p50["restore_zstd"],
+        "cache_restore_realistic_zip_ms_p50": p50["restore_zip"],
+        "pipeline_restore_realistic_ms_p50": p50["restore_pipeline"],
+        "cache_restore_realistic_over_pipeline": round(p50["restore_zstd"] / p50["restore_pipeline"]),
+        "cache_restore_realistic_zip_over_pipeline": round(p50["restore_zip"] / p50["restore_pipeline"]),
+        "cache_realistic_tarzstd_bytes": sizes.get("zstd"),
+        "cache_realistic_zip_bytes": sizes.get("zip"),
+    }))
 }
 
 fn curl(args: &[&str]) -> anyhow::Result<()> {
