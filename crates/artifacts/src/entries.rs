@@ -2,9 +2,8 @@
 //! are (a span of the stream); [`Contents`] copies them out when an archive is written, so a
 //! stream in a file is never held in memory.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, Write};
 
 use tar::EntryType;
 
@@ -59,7 +58,7 @@ pub(crate) struct Entry {
 }
 
 /// The stream the entries' spans point into.
-pub(crate) trait Contents {
+pub(crate) trait Contents: Sync {
     /// Copy `data` to `out`.
     fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()>;
 
@@ -113,56 +112,52 @@ impl Contents for &[u8] {
     }
 }
 
-/// A stream in a file.
-pub(crate) struct FileContents(pub RefCell<std::fs::File>);
+/// A stream in a file, read at offsets (`pread`), so that threads can share it.
+pub(crate) struct FileContents(pub std::fs::File);
 
 impl Contents for FileContents {
     fn reader<'c>(&'c self, data: &'c Data) -> io::Result<Box<dyn Read + 'c>> {
         match data {
             Data::Owned(v) => Ok(Box::new(&v[..])),
-            Data::Span { offset, len } => {
-                let mut file = self.0.borrow_mut();
-                file.seek(SeekFrom::Start(*offset))?;
-                Ok(Box::new(SpanReader { file, left: *len }))
-            }
+            Data::Span { offset, len } => Ok(Box::new(SpanReader {
+                file: &self.0,
+                offset: *offset,
+                left: *len,
+            })),
         }
     }
 
     fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
-        match data {
-            Data::Owned(v) => out.write_all(v),
-            Data::Span { offset, len } => {
-                let mut file = self.0.borrow_mut();
-                file.seek(SeekFrom::Start(*offset))?;
-                let copied = io::copy(&mut (&mut *file).take(*len), out)?;
-                if copied == *len {
-                    Ok(())
-                } else {
-                    Err(io::Error::from(io::ErrorKind::UnexpectedEof))
-                }
-            }
+        let copied = io::copy(&mut self.reader(data)?, out)?;
+        if copied == data.len() {
+            Ok(())
+        } else {
+            Err(io::Error::from(io::ErrorKind::UnexpectedEof))
         }
     }
 }
 
-/// `left` bytes of a file from where it is positioned; ending early is an error.
+/// `left` bytes of a file from `offset`; ending early is an error.
 struct SpanReader<'c> {
-    file: std::cell::RefMut<'c, std::fs::File>,
+    file: &'c std::fs::File,
+    offset: u64,
     left: u64,
 }
 
 impl Read for SpanReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt as _;
         let take = buf
             .len()
             .min(usize::try_from(self.left).unwrap_or(usize::MAX));
         if take == 0 {
             return Ok(0);
         }
-        let n = self.file.read(&mut buf[..take])?;
+        let n = self.file.read_at(&mut buf[..take], self.offset)?;
         if n == 0 {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
         }
+        self.offset += n as u64;
         self.left -= n as u64;
         Ok(n)
     }

@@ -55,7 +55,6 @@ mod selection;
 mod tarzstd;
 mod zip;
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Cursor, Seek, Write};
 use std::path::Path;
@@ -134,7 +133,7 @@ pub fn archive_file_from_tar_file(
         })
     };
     let entries = entries::read_tar(BufReader::new(open(tar)?), keep)?;
-    let contents = FileContents(RefCell::new(open(tar)?));
+    let contents = FileContents(open(tar)?);
     let written = File::create(out).map_err(|source| ArtifactsError::File {
         path: out.to_path_buf(),
         source,

@@ -20,15 +20,129 @@ const DEFAULT_FILE_MODE: u32 = 0o644;
 const DEFAULT_DIR_MODE: u32 = 0o755;
 const DEFAULT_SYMLINK_MODE: u32 = 0o777;
 
-/// Writes `entries` (their contents in `contents`) as a zip archive to `out`.
+/// Files up to this size are deflated in parallel, in runs of entries compressed by worker
+/// threads into zips of their own in memory and then copied, still compressed, in order.
+/// Larger files are deflated where they are written (memory stays bounded).
+const PARALLEL_FILE_MAX: u64 = 16 << 20;
+
+/// Bytes of files per run handed to a worker.
+const RUN_BYTES: u64 = 4 << 20;
+
+/// Writes `entries` (their contents in `contents`) as a zip archive to `out`, deflating on
+/// every core.
 pub(crate) fn write_zip<W: Write + Seek>(
     entries: &[Entry],
     contents: &dyn Contents,
     compression: Compression,
     out: W,
 ) -> Result<W, ArtifactsError> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    write_zip_with(entries, contents, compression, out, workers, RUN_BYTES)
+}
+
+/// [`write_zip`] with `workers` threads and runs of `run_bytes`.
+pub(crate) fn write_zip_with<W: Write + Seek>(
+    entries: &[Entry],
+    contents: &dyn Contents,
+    compression: Compression,
+    out: W,
+    workers: usize,
+    run_bytes: u64,
+) -> Result<W, ArtifactsError> {
     let err = |e: ::zip::result::ZipError| ArtifactsError::ZipWrite(e.into());
     let mut zip = ZipWriter::new(out);
+    if workers < 2 || compression.level() == Some(0) {
+        write_entries(&mut zip, entries, contents, compression)?;
+        return zip.finish().map_err(err);
+    }
+    let runs = runs(entries, run_bytes);
+    for wave in runs.chunks(workers) {
+        let parts: Vec<Result<Vec<u8>, ArtifactsError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = wave
+                .iter()
+                .map(|run| {
+                    scope.spawn(move || match run {
+                        Run::Parallel(part) => {
+                            let mut z = ZipWriter::new(io::Cursor::new(Vec::new()));
+                            write_entries(&mut z, part, contents, compression)?;
+                            z.finish().map(io::Cursor::into_inner).map_err(err)
+                        }
+                        Run::Here(_) => Ok(Vec::new()),
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ArtifactsError::ZipWrite(io::Error::other(
+                            "a compressing thread panicked",
+                        )))
+                    })
+                })
+                .collect()
+        });
+        for (run, part) in wave.iter().zip(parts) {
+            match run {
+                Run::Here(big) => {
+                    write_entries(&mut zip, std::slice::from_ref(*big), contents, compression)?
+                }
+                Run::Parallel(_) => {
+                    let part = ZipArchive::new(io::Cursor::new(part?))
+                        .map_err(|e| ArtifactsError::ZipWrite(e.into()))?;
+                    zip.merge_archive(part).map_err(err)?;
+                }
+            }
+        }
+    }
+    zip.finish().map_err(err)
+}
+
+/// Consecutive entries compressed by one worker, or one large file written in place.
+enum Run<'e> {
+    Parallel(&'e [Entry]),
+    Here(&'e Entry),
+}
+
+/// `entries` cut, in order, into runs of about `run_bytes` of file contents; each file over
+/// [`PARALLEL_FILE_MAX`] a run of its own written in place.
+fn runs(entries: &[Entry], run_bytes: u64) -> Vec<Run<'_>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, e) in entries.iter().enumerate() {
+        let len = match &e.kind {
+            Kind::File(data) => data.len(),
+            _ => 0,
+        };
+        if len > PARALLEL_FILE_MAX {
+            if start < i {
+                out.push(Run::Parallel(&entries[start..i]));
+            }
+            out.push(Run::Here(e));
+            (start, bytes) = (i + 1, 0);
+            continue;
+        }
+        bytes += len;
+        if bytes >= run_bytes {
+            out.push(Run::Parallel(&entries[start..=i]));
+            (start, bytes) = (i + 1, 0);
+        }
+    }
+    if start < entries.len() {
+        out.push(Run::Parallel(&entries[start..]));
+    }
+    out
+}
+
+/// Appends `entries` to `zip`, each file deflated at `compression` unless it looks
+/// incompressible.
+fn write_entries<W: Write + Seek>(
+    zip: &mut ZipWriter<W>,
+    entries: &[Entry],
+    contents: &dyn Contents,
+    compression: Compression,
+) -> Result<(), ArtifactsError> {
+    let err = |e: ::zip::result::ZipError| ArtifactsError::ZipWrite(e.into());
     for entry in entries {
         let options = options(entry).map_err(err)?;
         match &entry.kind {
@@ -50,14 +164,14 @@ pub(crate) fn write_zip<W: Write + Seek>(
                     .large_file(data.len() >= u64::from(u32::MAX));
                 zip.start_file(&entry.path, options).and_then(|()| {
                     contents
-                        .copy(data, &mut zip)
+                        .copy(data, &mut *zip)
                         .map_err(::zip::result::ZipError::Io)
                 })
             }
         }
         .map_err(err)?;
     }
-    zip.finish().map_err(err)
+    Ok(())
 }
 
 /// Bytes of a file sampled to tell whether deflating it is worth it.
@@ -309,6 +423,108 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    /// A tar stream of a directory, a symlink, 300 small text files and one file over
+    /// [`PARALLEL_FILE_MAX`] in the middle.
+    fn tree() -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, data: &[u8], mode: u32, mtime: u64| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(mode);
+            h.set_mtime(mtime);
+            b.append_data(&mut h, path, data).unwrap();
+        };
+        for i in 0..300u64 {
+            let text = format!("module {i}\n").repeat(200 + i as usize);
+            add(
+                &format!("mods/m{i}.js"),
+                text.as_bytes(),
+                0o640 + (i % 2) as u32,
+                1_600_000_000 + i,
+            );
+            if i == 150 {
+                add(
+                    "mods/big.bin",
+                    &vec![7u8; (PARALLEL_FILE_MAX + 1) as usize],
+                    0o755,
+                    1,
+                );
+            }
+        }
+        let mut link = tar::Header::new_gnu();
+        link.set_entry_type(tar::EntryType::Symlink);
+        link.set_mode(0o777);
+        link.set_size(0);
+        b.append_link(&mut link, "mods/latest.js", "m299.js")
+            .unwrap();
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn zips_deflated_on_several_threads_hold_what_one_thread_writes() {
+        let tar = tree();
+        let entries = crate::entries::read_tar(io::Cursor::new(&tar), &|_| true).unwrap();
+        let contents: &[u8] = &tar;
+        let write = |workers| {
+            write_zip_with(
+                &entries,
+                &contents,
+                Compression::Default,
+                io::Cursor::new(Vec::new()),
+                workers,
+                8 << 10,
+            )
+            .unwrap()
+            .into_inner()
+        };
+        let (serial, parallel) = (write(1), write(3));
+        // Same entries, in the same order, with the same modes, times and contents.
+        let unpacked = |zip: &[u8]| crate::zip_to_tar(zip).unwrap();
+        assert_eq!(unpacked(&serial), unpacked(&parallel));
+        let names = |zip: &[u8]| {
+            let a = ZipArchive::new(io::Cursor::new(zip.to_vec())).unwrap();
+            a.file_names().map(|n| n.unwrap().into_owned()).collect::<Vec<_>>()
+        };
+        assert_eq!(names(&serial), names(&parallel));
+        assert_eq!(names(&parallel).len(), 302);
+        // Info-ZIP's unzip checks every entry's CRC and the central directory's offsets.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.zip");
+        std::fs::write(&file, &parallel).unwrap();
+        let out = std::process::Command::new("unzip")
+            .arg("-tq")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(parallel.len() < tar.len() / 4, "{}", parallel.len());
+    }
+
+    #[test]
+    fn runs_keep_order_and_put_large_files_in_place() {
+        let tar = tree();
+        let entries = crate::entries::read_tar(io::Cursor::new(&tar), &|_| true).unwrap();
+        let runs = runs(&entries, 64 << 10);
+        let flat: Vec<&str> = runs
+            .iter()
+            .flat_map(|r| match r {
+                Run::Parallel(es) => es.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(),
+                Run::Here(e) => vec![e.path.as_str()],
+            })
+            .collect();
+        let all: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(flat, all);
+        assert!(
+            runs.iter()
+                .any(|r| matches!(r, Run::Here(e) if e.path == "mods/big.bin"))
+        );
+        assert!(runs.len() > 10, "{}", runs.len());
+    }
 
     #[test]
     fn calendar_conversions_round_trip() {

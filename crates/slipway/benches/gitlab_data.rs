@@ -671,6 +671,8 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
                 "url": url, "headers": headers, "max_upload": 0, "paths": ["node_modules"],
                 "untracked": false, "compression": "", "format": format, "timeout_secs": 600,
                 "tar": "collected.tar"}]});
+            // Dirty pages of the previous step written back first, so none is billed for them.
+            sh("sync")?;
             let t = Instant::now();
             let said = helper_stage(&helper, &tree, Some("tar -c -f - -- node_modules"), &plan)?;
             times
@@ -692,6 +694,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             let url = s3.get_url(&object, ttl, SystemTime::now());
             let plan = serde_json::json!({"steps": [{"do": "restore_cache",
                 "sources": [["npm", url]], "attempts": 1, "timeout_secs": 600}]});
+            sh("sync")?;
             let t = Instant::now();
             let said = helper_stage(&helper, project.path(), None, &plan)?;
             times
@@ -713,6 +716,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
         // The pipeline: GNU tar, zstd on every core, curl streaming to and from the same S3.
         let object = format!("ci/runner/bench/project/1/npm-pipeline-{round}");
         let (url, _) = s3.put_url(&object, ttl, SystemTime::now());
+        sh("sync")?;
         let t = Instant::now();
         sh(&format!(
             "tar -c -C {} node_modules | zstd -q -T0 | curl -sS -f -o /dev/null -T - '{url}'",
@@ -724,6 +728,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             .push(ms(t.elapsed()));
         let project = tempfile::tempdir()?;
         let url = s3.get_url(&object, ttl, SystemTime::now());
+        sh("sync")?;
         let t = Instant::now();
         sh(&format!(
             "curl -sS -f '{url}' | zstd -q -d | tar -x -C {}",
