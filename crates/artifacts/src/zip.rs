@@ -484,7 +484,9 @@ mod tests {
         assert_eq!(unpacked(&serial), unpacked(&parallel));
         let names = |zip: &[u8]| {
             let a = ZipArchive::new(io::Cursor::new(zip.to_vec())).unwrap();
-            a.file_names().map(|n| n.unwrap().into_owned()).collect::<Vec<_>>()
+            a.file_names()
+                .map(|n| n.unwrap().into_owned())
+                .collect::<Vec<_>>()
         };
         assert_eq!(names(&serial), names(&parallel));
         assert_eq!(names(&parallel).len(), 302);

@@ -15,6 +15,7 @@ pub(crate) fn caps_to_pb(c: Capabilities) -> pb::InitResponse {
             Placement::Instance => pb::Placement::Instance,
         }
         .into(),
+        job_data: c.job_data,
     }
 }
 
@@ -39,6 +40,7 @@ pub(crate) fn caps_from_pb(r: pb::InitResponse) -> Result<Capabilities, Provider
         version: r.version,
         isolation_levels: r.isolation_levels,
         placement,
+        job_data: r.job_data,
     })
 }
 
@@ -144,11 +146,17 @@ mod tests {
             version: "1".into(),
             isolation_levels: vec!["sandbox".into()],
             placement: 0,
+            job_data: false,
         };
         let err = caps_from_pb(r.clone()).unwrap_err().to_string();
         assert!(err.contains("placement"), "{err}");
         r.placement = pb::Placement::Local.into();
         assert_eq!(caps_from_pb(r.clone()).unwrap().placement, Placement::Local);
+        // What a provider offers crosses the boundary both ways.
+        let mut caps = caps_from_pb(r.clone()).unwrap();
+        assert!(!caps.job_data);
+        caps.job_data = true;
+        assert!(caps_from_pb(caps_to_pb(caps)).unwrap().job_data);
         r.isolation_levels.clear();
         let err = caps_from_pb(r).unwrap_err().to_string();
         assert!(err.contains("isolation_levels"), "{err}");

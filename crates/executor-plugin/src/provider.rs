@@ -27,6 +27,9 @@ pub struct Capabilities {
     pub isolation_levels: Vec<String>,
     /// Where its jobs run.
     pub placement: Placement,
+    /// Its job environments reach GitLab and the object store, so the runner's job helper
+    /// moves the jobs' data there (proto `job_data`).
+    pub job_data: bool,
 }
 
 /// One job to prepare an environment for.

@@ -123,11 +123,22 @@ fn printed_sha(trace: &str, file: &str) -> String {
 }
 
 /// A runner of `executor` serving `gl` with the S3 cache on `s3`; its instance shares this
-/// machine's network (the job helper reaches the servers from there).
+/// machine's network (the job helper reaches the servers from there). A `plugin` runner's
+/// plugin places its jobs on this machine itself: no autoscaler.
 fn config(w: &World, gl: &FakeGitlab, s3: &LocalStack, executor: &str, extra: &str) -> PathBuf {
-    w.write(
-        "config.toml",
-        &format!(
+    let text = config_text(w, gl, s3, executor, extra);
+    let text = if executor == "plugin" {
+        let cut = text.find("  [runners.autoscaler]").unwrap();
+        text[..cut].replace(r#"["none", "docker"]"#, r#"["none"]"#)
+    } else {
+        text
+    };
+    w.write("config.toml", &text)
+}
+
+fn config_text(w: &World, gl: &FakeGitlab, s3: &LocalStack, executor: &str, extra: &str) -> String {
+    {
+        format!(
             r#"
 concurrent = 1
 check_interval = 1
@@ -163,8 +174,8 @@ check_interval = 1
             } else {
                 ""
             },
-        ),
-    )
+        )
+    }
 }
 
 /// The static job helper `make helper` builds (the one `slipway` finds in a build tree).
@@ -303,6 +314,14 @@ async fn data_moves_where_the_job_runs(
 async fn at_the_none_level_the_instance_moves_its_jobs_data() {
     // The cache as GitLab Runner's `tarzstd`: written and read back on the instance.
     data_moves_where_the_job_runs(("none", "tarzstd"), [127, 0, 0, 1].into(), "instance", "").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_plugin_that_offers_job_data_has_its_environment_move_it() {
+    // executor-plugin-shell runs jobs on this machine and says so in Init (`job_data`): the
+    // helper is copied through its install_helper stage and runs in its stages.
+    let plugin = "  [runners.plugin]\n    name = \"shell\"\n";
+    data_moves_where_the_job_runs(("none", "zip"), [127, 0, 0, 1].into(), "plugin", plugin).await;
 }
 
 /// A nesting daemon serving this world's VMs (killed on drop; the world's own drop kills

@@ -331,6 +331,9 @@ impl ExecutorProvider for NestingProvider {
                 Isolation::Vm.as_str().into(),
             ],
             placement: Placement::Instance,
+            // Images built before guests had a network (or with --no-network) cannot reach
+            // the servers: the runner keeps moving the data.
+            job_data: false,
         })
     }
 

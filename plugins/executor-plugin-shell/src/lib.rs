@@ -112,6 +112,8 @@ impl ExecutorProvider for ShellProvider {
             version: env!("CARGO_PKG_VERSION").into(),
             isolation_levels: vec!["none".into()],
             placement: Placement::Local,
+            // Jobs run on this machine, which reaches what the runner reaches.
+            job_data: true,
         })
     }
 

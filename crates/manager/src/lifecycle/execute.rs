@@ -224,15 +224,18 @@ impl DataAt {
 }
 
 /// Where `runner` moves the data of a job: where its steps run (the instance, the build
-/// container, the VM's guest on its user-mode network) unless the runner says
-/// `job_data = "manager"`, or the job's environment is another program's (custom and plugin
-/// executors).
+/// container, the VM's guest on its user-mode network, an executor plugin's environment when
+/// the plugin offers `job_data`) unless the runner says `job_data = "manager"`, or the job's
+/// environment is another program's that does not say it reaches the servers (custom
+/// executors, other plugins).
 pub(super) fn data_at(runner: &Runner) -> DataAt {
+    let plugin_offers = runner
+        .executor_plugin
+        .as_ref()
+        .is_some_and(|p| p.host.capabilities().job_data);
     let here = runner.job_data == JobData::Manager
-        || matches!(
-            runner.executor,
-            ConfigExecutor::Custom | ConfigExecutor::Plugin
-        );
+        || runner.executor == ConfigExecutor::Custom
+        || (runner.executor == ConfigExecutor::Plugin && !plugin_offers);
     match (&runner.helper, here) {
         (_, true) => DataAt::Manager,
         (None, false) => DataAt::NoHelper,

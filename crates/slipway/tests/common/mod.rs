@@ -14,13 +14,15 @@ pub fn slipway() -> PathBuf {
 }
 
 /// Plugins the tests start from the binary directory.
-const PLUGINS: [&str; 3] = [
+const PLUGINS: [&str; 4] = [
     "fleeting-plugin-local",
     "fleeting-plugin-static",
     "executor-plugin-nesting",
+    "executor-plugin-shell",
 ];
 
-/// Directory holding the [`PLUGINS`] (`fleeting-plugin-local`, `-static`, `executor-plugin-nesting`), building them first
+/// Directory holding the [`PLUGINS`] (`fleeting-plugin-local`, `-static`, `executor-plugin-nesting`,
+/// `executor-plugin-shell`), building them first
 /// if this test run did not.
 pub fn plugin_dir() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
