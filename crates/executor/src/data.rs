@@ -121,12 +121,30 @@ pub fn helper_on_host(home: &str, helper: &Helper) -> String {
     format!("{home}/bin/slipway-helper-{}", helper.version)
 }
 
-/// The helper's path where `host` runs scripts, as a bash expression: its copy under the
-/// host's helper home, or the helper itself on this machine.
+/// Where a build container finds the helper its engine keeps in a read-only volume.
+pub const SHARED_HELPER_DIR: &str = "/opt/slipway-helper";
+
+/// The helper's path where `host` runs scripts, as a bash expression: the host's shared copy
+/// when it has one of this version, else its own copy under the host's helper home, or the
+/// helper itself on this machine.
 pub fn helper_for(host: &dyn Host, helper: &Helper) -> String {
-    match host.helper_home() {
-        Some(home) => helper_on_host(&home, helper),
-        None => quote(&helper.path.display().to_string()),
+    helper_expr(
+        host.helper_home().as_deref(),
+        host.shared_helper_dir().as_deref(),
+        helper,
+    )
+}
+
+/// [`helper_for`] from the host's helper home and shared directory.
+fn helper_expr(home: Option<&str>, shared: Option<&str>, helper: &Helper) -> String {
+    match (home, shared) {
+        (Some(home), None) => helper_on_host(home, helper),
+        (Some(home), Some(dir)) => format!(
+            "$(__p={dir}/slipway-helper-{}; if [ -x \"$__p\" ]; then echo \"$__p\"; else echo {}; fi)",
+            helper.version,
+            helper_on_host(home, helper)
+        ),
+        (None, _) => quote(&helper.path.display().to_string()),
     }
 }
 
@@ -415,6 +433,32 @@ mod tests {
         assert_eq!(ha.version.len(), 16);
         assert_ne!(ha.version, hb.version);
         assert!(helper_on_host("\"$HOME\"/.slipway", &ha).ends_with(&ha.version));
+    }
+
+    #[test]
+    fn a_shared_helper_is_used_when_there_else_the_hosts_own_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        let bin = dir.path().join("h");
+        std::fs::write(&bin, b"#!/bin/sh\n").unwrap();
+        let helper = Helper::at(&bin).unwrap();
+        let home = dir.path().join("home").display().to_string();
+        let expr = helper_expr(Some(&home), Some(&shared.display().to_string()), &helper);
+        let resolve = || {
+            let out = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(format!("echo {expr}"))
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        assert!(resolve().starts_with(&dir.path().join("home/bin").display().to_string()));
+        let placed = shared.join(format!("slipway-helper-{}", helper.version));
+        std::fs::copy(&bin, &placed).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&placed, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(resolve(), placed.display().to_string());
     }
 
     #[test]

@@ -121,6 +121,12 @@ pub trait Host: Send + Sync + std::fmt::Debug {
         Some("\"$HOME\"/.slipway".into())
     }
 
+    /// A read-only directory where this host may find the helper already (a build container's
+    /// engine-wide volume), tried before [`Host::helper_home`].
+    fn shared_helper_dir(&self) -> Option<String> {
+        None
+    }
+
     /// [`Host::run_script`] for GitLab's stage `stage` (`step_script`, `after_script`), for
     /// hosts that run stages differently (an executor plugin).
     async fn run_stage(

@@ -300,6 +300,15 @@ async fn data_moves_where_the_job_runs(
         3 * SIZE,
         SIZE
     );
+    // The helper is copied once per version: an instance keeps it in its home, a Docker
+    // engine in a read-only volume its build containers share. (A VM is new for every job
+    // and gets its own copy over its agent's channel.)
+    if level != "microvm" {
+        assert!(
+            during_second < helper_size(),
+            "the manager moved {during_second} bytes during the second job: the helper again?"
+        );
+    }
     for (job, bytes) in [("first", during_first), ("second", during_second)] {
         assert!(
             bytes < allowance,
@@ -400,5 +409,33 @@ async fn at_the_docker_level_the_build_container_moves_its_jobs_data() {
     let gateway = slipway_testkit::docker_gateway().expect("docker0");
     let docker = "  [runners.docker]\n    image = \"slipway-busybox:latest\"\n    \
                   pull_policy = \"never\"\n";
+    // The engine's helper volume made afresh (one in use by another test stays: then this
+    // test checks the reuse).
+    let helper_volumes = || {
+        let out = std::process::Command::new("docker")
+            .args(["volume", "ls", "-q", "--filter", "label=com.slipway.helper"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    for v in helper_volumes() {
+        let _ = std::process::Command::new("docker")
+            .args(["volume", "rm", &v])
+            .output();
+    }
     data_moves_where_the_job_runs(("docker", "zip"), gateway, "instance", docker).await;
+    assert_eq!(helper_volumes().len(), 1, "{:?}", helper_volumes());
+    // Filled by a container of Slipway's own that is gone now.
+    let out = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", "label=com.slipway.helper"])
+        .output()
+        .unwrap();
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

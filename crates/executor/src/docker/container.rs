@@ -20,14 +20,19 @@ impl DockerExecutor {
         self.docker.create_volume(&vol).await.map(drop)
     }
 
-    /// Create the build container with its configured volumes, then start it attached to its
-    /// main shell; its id and that shell, which will run the first script.
+    /// Create the build container with its configured volumes (and the engine's job helper
+    /// volume, read-only), then start it attached to its main shell; its id and that shell,
+    /// which will run the first script.
     pub(super) async fn start_build_container(
         &self,
         plan: &Plan<'_>,
+        helper_volume: Option<&str>,
         trace: &mut Trace,
     ) -> Result<(String, FirstStep), JobOutcome> {
         let mut spec = build_spec(plan);
+        if let Some(name) = helper_volume {
+            spec.binds.push(super::helper::helper_bind(name));
+        }
         self.config_volumes(&mut spec, plan.job, plan.run, &plan.labels)
             .await
             .map_err(|e| system_failure(trace, "creating the configured volumes", e))?;

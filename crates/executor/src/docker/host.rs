@@ -33,6 +33,8 @@ pub struct DockerHost {
     /// The build container's own shell (its pid 1), attached before it started, which runs the
     /// first script instead of an exec; taken by the first [`Host::run_script`].
     first: Arc<Mutex<Option<FirstStep>>>,
+    /// The engine's helper volume is mounted at [`crate::data::SHARED_HELPER_DIR`].
+    shared_helper: bool,
 }
 
 /// The attached main process of a build container started with [`FIRST_STEP_SHELL`].
@@ -50,6 +52,7 @@ impl DockerHost {
             docker,
             container: container.into(),
             first: Arc::new(Mutex::new(None)),
+            shared_helper: false,
         }
     }
 
@@ -59,7 +62,14 @@ impl DockerHost {
             docker,
             container,
             first: Arc::new(Mutex::new(Some(first))),
+            shared_helper: false,
         }
+    }
+
+    /// This host with the engine's helper volume mounted (or not).
+    pub(super) fn with_shared_helper(mut self, mounted: bool) -> Self {
+        self.shared_helper = mounted;
+        self
     }
 
     fn take_first(&self) -> Option<FirstStep> {
@@ -197,6 +207,11 @@ impl Host for DockerHost {
     fn helper_home(&self) -> Option<String> {
         // The image's user may have no writable home; the container's /tmp is the job's own.
         Some("/tmp/.slipway".into())
+    }
+
+    fn shared_helper_dir(&self) -> Option<String> {
+        self.shared_helper
+            .then(|| crate::data::SHARED_HELPER_DIR.to_string())
     }
 
     async fn run_script(

@@ -64,6 +64,7 @@
 mod cleanup;
 mod config;
 mod container;
+mod helper;
 mod host;
 mod images;
 mod names;
@@ -322,10 +323,12 @@ impl DockerExecutor {
             cgroup_parent,
             cancel: &cancel,
             started,
+            helper: data.as_ref().map(|d| &d.helper),
         };
         let result = match self.prepare(job, setup, trace, lease.as_mut()).await {
-            Ok((container, first)) => {
-                let host = DockerHost::with_first_step(self.docker.clone(), container, first);
+            Ok((container, first, shared_helper)) => {
+                let host = DockerHost::with_first_step(self.docker.clone(), container, first)
+                    .with_shared_helper(shared_helper);
                 let ctx = JobSlot {
                     slot,
                     cgroup: None,

@@ -30,6 +30,8 @@ pub(super) struct Setup<'a> {
     pub(super) cancel: &'a CancellationToken,
     /// When the job started: its timeout covers its preparation too.
     pub(super) started: Instant,
+    /// The job helper, when the job's data moves in its build container.
+    pub(super) helper: Option<&'a crate::data::Helper>,
 }
 
 /// When preparation must stop: the job is canceled, or out of time.
@@ -105,17 +107,24 @@ impl DockerExecutor {
         setup: Setup<'_>,
         trace: &mut Trace,
         lease: Option<&mut SlotLease>,
-    ) -> Result<(String, FirstStep), JobOutcome> {
+    ) -> Result<(String, FirstStep, bool), JobOutcome> {
         let stop = Stop::new(job, setup.cancel, setup.started);
+        let helper = setup.helper;
         let plan = self.plan(job, setup, lease.as_deref(), trace)?;
         stop.check(trace)?;
         self.prepare_images_and_network(&plan, lease, &stop, trace)
             .await?;
         let services = self.start_services(&plan, &stop, trace).await?;
         stop.check(trace)?;
-        let build = self.start_build_container(&plan, trace).await?;
+        let volume = match helper {
+            Some(h) => self.helper_volume(h).await,
+            None => None,
+        };
+        let (id, first) = self
+            .start_build_container(&plan, volume.as_deref(), trace)
+            .await?;
         self.report_exited_services(services, trace).await;
-        Ok(build)
+        Ok((id, first, volume.is_some()))
     }
 
     /// What the job asks for, checked against the configuration: the run's plan, or the job's
