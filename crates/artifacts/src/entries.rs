@@ -60,7 +60,14 @@ pub(crate) struct Entry {
 /// The stream the entries' spans point into.
 pub(crate) trait Contents: Sync {
     /// Copy `data` to `out`.
-    fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()>;
+    fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
+        let copied = io::copy(&mut self.reader(data)?, out)?;
+        if copied == data.len() {
+            Ok(())
+        } else {
+            Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+        }
+    }
 
     /// A reader of `data`'s bytes (exactly its length: a short stream is an error).
     fn reader<'c>(&'c self, data: &'c Data) -> io::Result<Box<dyn Read + 'c>>;
@@ -96,20 +103,6 @@ impl Contents for &[u8] {
             }
         }
     }
-
-    fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
-        match data {
-            Data::Owned(v) => out.write_all(v),
-            Data::Span { offset, len } => {
-                let slice = usize::try_from(*offset)
-                    .ok()
-                    .zip(usize::try_from(*len).ok())
-                    .and_then(|(s, l)| self.get(s..s.checked_add(l)?))
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-                out.write_all(slice)
-            }
-        }
-    }
 }
 
 /// A stream in a file, read at offsets (`pread`), so that threads can share it.
@@ -124,15 +117,6 @@ impl Contents for FileContents {
                 offset: *offset,
                 left: *len,
             })),
-        }
-    }
-
-    fn copy(&self, data: &Data, out: &mut dyn Write) -> io::Result<()> {
-        let copied = io::copy(&mut self.reader(data)?, out)?;
-        if copied == data.len() {
-            Ok(())
-        } else {
-            Err(io::Error::from(io::ErrorKind::UnexpectedEof))
         }
     }
 }
@@ -220,13 +204,7 @@ pub(crate) fn read_tar<R: Read + Seek>(
             }
             EntryType::Directory => Kind::Dir,
             EntryType::Symlink => {
-                let target = entry.link_name_bytes().unwrap_or_default();
-                let target = String::from_utf8(target.into_owned()).map_err(|_| {
-                    ArtifactsError::UnsafePath {
-                        path: path.clone(),
-                        reason: "symlink target is not UTF-8",
-                    }
-                })?;
+                let target = link_target(&path, entry.link_name_bytes().unwrap_or_default())?;
                 if target.split('/').all(|c| c.is_empty() || c == ".") {
                     // A tar stream cannot carry it back (no path component): refused here
                     // rather than when the archive is downloaded.
@@ -277,6 +255,27 @@ pub(crate) fn read_tar<R: Read + Seek>(
         });
     }
     Ok(entries)
+}
+
+/// A symlink's target as text; `path` names the link in the error.
+pub(crate) fn link_target(
+    path: &str,
+    raw: std::borrow::Cow<'_, [u8]>,
+) -> Result<String, ArtifactsError> {
+    String::from_utf8(raw.into_owned()).map_err(|_| ArtifactsError::UnsafePath {
+        path: path.to_string(),
+        reason: "symlink target is not UTF-8",
+    })
+}
+
+/// The tar stream `builder` wrote, ended.
+pub(crate) fn finish_tar<W: Write>(builder: tar::Builder<W>) -> Result<W, ArtifactsError> {
+    builder
+        .into_inner()
+        .map_err(|source| ArtifactsError::Write {
+            what: "the tar stream".into(),
+            source,
+        })
 }
 
 /// Normalizes an entry name: UTF-8, relative, no `..`; `./`, empty and `.` segments and a

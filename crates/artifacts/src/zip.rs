@@ -12,7 +12,7 @@ use ::zip::extra_fields::ExtraField;
 use ::zip::write::{FullFileOptions, SimpleFileOptions};
 use ::zip::{CompressionMethod, DateTime, System, ZipArchive, ZipWriter};
 
-use crate::entries::{Contents, Entry, Kind, normalize};
+use crate::entries::{Contents, Entry, Kind, finish_tar, link_target, normalize};
 use crate::{ArtifactsError, Compression, Limits};
 
 /// Mode given to entries of zips that record none (e.g. made on Windows).
@@ -246,10 +246,7 @@ pub(crate) fn zip_to_tar<R: Read + Seek, W: Write>(
         let written = if file.is_symlink() {
             let mut target = Vec::new();
             file.read_to_end(&mut target).map_err(entry_err)?;
-            let target = String::from_utf8(target).map_err(|_| ArtifactsError::UnsafePath {
-                path: shown(),
-                reason: "symlink target is not UTF-8",
-            })?;
+            let target = link_target(&shown(), target.into())?;
             header.set_entry_type(tar::EntryType::Symlink);
             header.set_mode(mode.unwrap_or(DEFAULT_SYMLINK_MODE));
             header.set_size(0);
@@ -294,12 +291,7 @@ pub(crate) fn zip_to_tar<R: Read + Seek, W: Write>(
             source,
         })?;
     }
-    builder
-        .into_inner()
-        .map_err(|source| ArtifactsError::Write {
-            what: "the tar stream".into(),
-            source,
-        })
+    finish_tar(builder)
 }
 
 /// A reader that counts what it gave and keeps its error (to tell a corrupt zip entry from a

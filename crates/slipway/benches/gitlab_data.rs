@@ -475,13 +475,21 @@ async fn upload() -> anyhow::Result<serde_json::Value> {
         expire_in: None,
     };
     for round in 0..rounds {
-        // A running job per round: the server keeps what it is sent.
-        let token = format!("glcbt-1_upload{round:04}");
-        let mut job = slipway_testkit::gitlab::job_payload_with_vars("upload", &["true"], &[]);
-        job["token"] = serde_json::json!(token);
-        gl.enqueue(job);
-        let got = client
-            .request_job(&Secret::new(gl.runner_token()), &SystemId::generate(), None)
+        // A running job per upload: the server keeps what it is sent.
+        let running = |token: String| {
+            let (gl, client) = (&gl, &client);
+            async move {
+                let mut job =
+                    slipway_testkit::gitlab::job_payload_with_vars("upload", &["true"], &[]);
+                job["token"] = serde_json::json!(token);
+                gl.enqueue(job);
+                let runner = Secret::new(gl.runner_token());
+                client
+                    .request_job(&runner, &SystemId::generate(), None)
+                    .await
+            }
+        };
+        let got = running(format!("glcbt-1_upload{round:04}"))
             .await?
             .job
             .context("a job to upload for")?;
@@ -507,12 +515,7 @@ async fn upload() -> anyhow::Result<serde_json::Value> {
         ])?;
         theirs.push(t.elapsed().as_secs_f64());
 
-        let token = format!("glcbt-1_helper{round:04}");
-        let mut job = slipway_testkit::gitlab::job_payload_with_vars("upload", &["true"], &[]);
-        job["token"] = serde_json::json!(token);
-        gl.enqueue(job);
-        let got = client
-            .request_job(&Secret::new(gl.runner_token()), &SystemId::generate(), None)
+        let got = running(format!("glcbt-1_helper{round:04}"))
             .await?
             .job
             .context("a job to upload for")?;
@@ -671,6 +674,21 @@ fn helper_stage(
     Ok(said)
 }
 
+/// Pre-signed URLs for the bench bucket on `server`.
+fn signer(server: &LocalStack) -> S3 {
+    S3::new(S3Config {
+        server_address: server.address(),
+        bucket: BUCKET.into(),
+        insecure: true,
+        credentials: Credentials {
+            access_key: ACCESS_KEY.into(),
+            secret_key: SECRET_KEY.into(),
+            session_token: None,
+        },
+        ..S3Config::default()
+    })
+}
+
 /// The realistic part.
 async fn realistic() -> anyhow::Result<serde_json::Value> {
     const ROUNDS: usize = 3;
@@ -684,17 +702,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
     let tree = npm_tree()?;
     let (files, bytes) = tree_size(&tree.join("node_modules"));
     let s3_server = LocalStack::start(BUCKET).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let s3 = S3::new(S3Config {
-        server_address: s3_server.address(),
-        bucket: BUCKET.into(),
-        insecure: true,
-        credentials: Credentials {
-            access_key: ACCESS_KEY.into(),
-            secret_key: SECRET_KEY.into(),
-            session_token: None,
-        },
-        ..S3Config::default()
-    });
+    let s3 = signer(&s3_server);
     let ttl = Duration::from_secs(3600);
     let mut times: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     let mut sizes: std::collections::BTreeMap<&str, u64> = Default::default();
@@ -830,17 +838,7 @@ fn curl(args: &[&str]) -> anyhow::Result<()> {
 /// The cache part.
 async fn bench() -> anyhow::Result<serde_json::Value> {
     let s3_server = LocalStack::start(BUCKET).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let s3 = S3::new(S3Config {
-        server_address: s3_server.address(),
-        bucket: BUCKET.into(),
-        insecure: true,
-        credentials: Credentials {
-            access_key: ACCESS_KEY.into(),
-            secret_key: SECRET_KEY.into(),
-            session_token: None,
-        },
-        ..S3Config::default()
-    });
+    let s3 = signer(&s3_server);
     let client = transfer::Client::new(Duration::from_secs(600))?;
     let ttl = Duration::from_secs(3600);
     let dir = tempfile::tempdir()?;
