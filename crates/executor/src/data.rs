@@ -6,9 +6,10 @@
 //! The source (GitLab) and the runner's cache know what to move and where; the executor knows
 //! the job's directories and how to run a script there. [`HostData`] carries the former; the
 //! functions here render the stage scripts. The helper is copied to the host at most once per
-//! version (its content hash), into a directory of the job's user (a container's or guest's
-//! `/tmp`, which only the job sees); each stage's plan, with its secrets, goes on the helper's
-//! stdin.
+//! version (its content hash), into a directory of the job's user (a guest's home, a
+//! container's `/tmp`, which only the job sees) unless the host has it already in a shared
+//! read-only directory (a Docker engine's helper volume); each stage's plan, with its secrets,
+//! goes on the helper's stdin, as the here-document after the stage script.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
