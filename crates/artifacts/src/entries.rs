@@ -243,11 +243,9 @@ pub(crate) fn read_tar<R: Read + Seek>(
         .map(|e| e.path.as_str())
         .collect();
     if !symlinks.is_empty()
-        && let Some(e) = entries.iter().find(|e| {
-            e.path
-                .match_indices('/')
-                .any(|(i, _)| symlinks.contains(&e.path[..i]))
-        })
+        && let Some(e) = entries
+            .iter()
+            .find(|e| ancestors(&e.path).any(|a| symlinks.contains(a)))
     {
         return Err(ArtifactsError::UnsafePath {
             path: e.path.clone(),
@@ -255,6 +253,17 @@ pub(crate) fn read_tar<R: Read + Seek>(
         });
     }
     Ok(entries)
+}
+
+/// `a/b/c` → `a`, `a/b` (not the path itself): where a symlink of an archive would lead an
+/// entry out of the project directory.
+pub(crate) fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    path.match_indices('/').map(move |(i, _)| &path[..i])
+}
+
+/// Threads to compress with: one per core.
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// A symlink's target as text; `path` names the link in the error.

@@ -209,20 +209,7 @@ pub fn zip_to_tar_limited(zip: &[u8], limits: &Limits) -> Result<Vec<u8>, Artifa
 /// [`zip_to_tar`] from the file `zip` to the file `out` (created or truncated), streamed,
 /// within `limits`. On an error `out` may hold part of the stream: the caller removes it.
 pub fn zip_file_to_tar_file(zip: &Path, out: &Path, limits: &Limits) -> Result<(), ArtifactsError> {
-    let file = |path: &Path, source| ArtifactsError::File {
-        path: path.to_path_buf(),
-        source,
-    };
-    let input = File::open(zip).map_err(|e| file(zip, e))?;
-    let archived = input.metadata().map_err(|e| file(zip, e))?.len();
-    let output = File::create(out).map_err(|e| file(out, e))?;
-    let mut written = zip::zip_to_tar(
-        BufReader::new(input),
-        BufWriter::with_capacity(256 * 1024, output),
-        archived,
-        limits,
-    )?;
-    written.flush().map_err(|e| file(out, e))
+    file_to_tar_file(zip, out, limits, false)
 }
 
 /// [`zip_file_to_tar_file`] for a cache archive in either format GitLab Runner writes: zip,
@@ -232,6 +219,16 @@ pub fn archive_file_to_tar_file(
     out: &Path,
     limits: &Limits,
 ) -> Result<(), ArtifactsError> {
+    file_to_tar_file(archive, out, limits, true)
+}
+
+/// `archive` (zip, or `tarzstd` when `zstd` is accepted) converted into the tar file `out`.
+fn file_to_tar_file(
+    archive: &Path,
+    out: &Path,
+    limits: &Limits,
+    zstd: bool,
+) -> Result<(), ArtifactsError> {
     let file = |path: &Path, source| ArtifactsError::File {
         path: path.to_path_buf(),
         source,
@@ -239,19 +236,18 @@ pub fn archive_file_to_tar_file(
     let mut input = File::open(archive).map_err(|e| file(archive, e))?;
     let archived = input.metadata().map_err(|e| file(archive, e))?.len();
     let mut magic = [0u8; 4];
-    let zstd = std::io::Read::read_exact(&mut input, &mut magic).is_ok() && magic == tarzstd::MAGIC;
-    if !zstd {
-        return zip_file_to_tar_file(archive, out, limits);
-    }
+    let is_zstd = zstd
+        && std::io::Read::read_exact(&mut input, &mut magic).is_ok()
+        && magic == tarzstd::MAGIC;
     input
         .seek(std::io::SeekFrom::Start(0))
         .map_err(|e| file(archive, e))?;
-    let output = File::create(out).map_err(|e| file(out, e))?;
-    let mut written = tarzstd::tar_zstd_to_tar(
-        BufReader::with_capacity(256 * 1024, input),
-        BufWriter::with_capacity(256 * 1024, output),
-        archived,
-        limits,
-    )?;
+    let input = BufReader::with_capacity(256 * 1024, input);
+    let output = BufWriter::with_capacity(256 * 1024, File::create(out).map_err(|e| file(out, e))?);
+    let mut written = if is_zstd {
+        tarzstd::tar_zstd_to_tar(input, output, archived, limits)?
+    } else {
+        zip::zip_to_tar(input, output, archived, limits)?
+    };
     written.flush().map_err(|e| file(out, e))
 }

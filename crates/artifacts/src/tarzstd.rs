@@ -10,7 +10,7 @@ use std::io::{self, Read, Write};
 
 use tar::EntryType;
 
-use crate::entries::{Contents, Entry, Kind, normalize};
+use crate::entries::{Contents, Entry, Kind, ancestors, cores, finish_tar, link_target, normalize};
 use crate::{ArtifactsError, Compression, Limits};
 
 /// The first bytes of every Zstandard frame (RFC 8878).
@@ -30,7 +30,7 @@ pub(crate) fn write_tar_zstd<W: Write>(
     };
     let mut encoder =
         zstd::stream::write::Encoder::new(out, compression.zstd_level()).map_err(err)?;
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cores();
     // zstd's workers compress while the caller's thread reads the next files; one worker is
     // the plain single-threaded stream.
     if workers > 1 {
@@ -106,10 +106,7 @@ pub(crate) fn tar_zstd_to_tar<R: Read, W: Write>(
         {
             continue;
         }
-        if path
-            .match_indices('/')
-            .any(|(i, _)| symlinks.contains(&path[..i]))
-        {
+        if ancestors(&path).any(|a| symlinks.contains(a)) {
             return Err(ArtifactsError::UnsafePath {
                 path,
                 reason: "a parent directory is a symlink of the archive",
@@ -133,13 +130,7 @@ pub(crate) fn tar_zstd_to_tar<R: Read, W: Write>(
                 builder.append_data(&mut h, &path, io::empty())
             }
             EntryType::Symlink => {
-                let target = entry.link_name_bytes().unwrap_or_default();
-                let target = String::from_utf8(target.into_owned()).map_err(|_| {
-                    ArtifactsError::UnsafePath {
-                        path: path.clone(),
-                        reason: "symlink target is not UTF-8",
-                    }
-                })?;
+                let target = link_target(&path, entry.link_name_bytes().unwrap_or_default())?;
                 h.set_entry_type(EntryType::Symlink);
                 h.set_size(0);
                 symlinks.insert(path.clone());
@@ -157,12 +148,7 @@ pub(crate) fn tar_zstd_to_tar<R: Read, W: Write>(
             source,
         })?;
     }
-    builder
-        .into_inner()
-        .map_err(|source| ArtifactsError::Write {
-            what: "the tar stream".into(),
-            source,
-        })
+    finish_tar(builder)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use ::zip::extra_fields::ExtraField;
 use ::zip::write::{FullFileOptions, SimpleFileOptions};
 use ::zip::{CompressionMethod, DateTime, System, ZipArchive, ZipWriter};
 
-use crate::entries::{Contents, Entry, Kind, finish_tar, link_target, normalize};
+use crate::entries::{Contents, Entry, Kind, ancestors, cores, finish_tar, link_target, normalize};
 use crate::{ArtifactsError, Compression, Limits};
 
 /// Mode given to entries of zips that record none (e.g. made on Windows).
@@ -36,8 +36,7 @@ pub(crate) fn write_zip<W: Write + Seek>(
     compression: Compression,
     out: W,
 ) -> Result<W, ArtifactsError> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    write_zip_with(entries, contents, compression, out, workers, RUN_BYTES)
+    write_zip_with(entries, contents, compression, out, cores(), RUN_BYTES)
 }
 
 /// [`write_zip`] with `workers` threads and runs of `run_bytes`.
@@ -324,11 +323,6 @@ impl<R: Read> Read for Counted<'_, R> {
             }
         }
     }
-}
-
-/// `a/b/c` → `a`, `a/b` (not the path itself).
-fn ancestors(path: &str) -> impl Iterator<Item = &str> {
-    path.match_indices('/').map(move |(i, _)| &path[..i])
 }
 
 /// An entry's modification time in Unix seconds: the extended timestamp when present (exact,
