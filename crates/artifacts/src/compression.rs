@@ -30,6 +30,23 @@ impl Compression {
         }
     }
 
+    /// The level a job's `variable` (`ARTIFACT_COMPRESSION_LEVEL`, `CACHE_COMPRESSION_LEVEL`)
+    /// names, and for a name that is none of GitLab's the warning for its trace (the default
+    /// level is used, as GitLab Runner does).
+    pub fn named(value: &str, variable: &str) -> (Compression, Option<String>) {
+        match Compression::parse(value) {
+            Some(c) => (c, None),
+            None => (
+                Compression::Default,
+                Some(format!(
+                    "WARNING: {variable} {:?} is not one of fastest, fast, default, slow, \
+                     slowest; using default",
+                    crate::format::shown(value)
+                )),
+            ),
+        }
+    }
+
     /// The deflate level; `None` for deflate's default, `Some(0)` for stored.
     pub(crate) fn level(self) -> Option<i64> {
         match self {
@@ -80,6 +97,30 @@ mod tests {
             let back = crate::zip_to_tar(&z).unwrap();
             assert!(back.windows(1000).any(|w| w == &data[..1000]));
         }
+    }
+
+    #[test]
+    fn unknown_names_are_warnings_that_quote_at_most_64_characters() {
+        assert_eq!(Compression::named("fast", "X"), (Compression::Fast, None));
+        let (c, w) = Compression::named("quick", "ARTIFACT_COMPRESSION_LEVEL");
+        assert_eq!(c, Compression::Default);
+        assert_eq!(
+            w.unwrap(),
+            "WARNING: ARTIFACT_COMPRESSION_LEVEL \"quick\" is not one of fastest, fast, \
+             default, slow, slowest; using default"
+        );
+        let long = "z".repeat(100_000);
+        let (f, w) = crate::Format::cache_named(&long);
+        assert_eq!(f, crate::Format::Zip);
+        let w = w.unwrap();
+        assert!(
+            w.len() < 200 && w.contains(&format!("{}…", "z".repeat(64))),
+            "{w}"
+        );
+        assert_eq!(
+            crate::Format::cache_named("TarZstd"),
+            (crate::Format::TarZstd, None)
+        );
     }
 
     #[test]

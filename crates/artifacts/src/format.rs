@@ -38,6 +38,21 @@ impl Format {
         }
     }
 
+    /// [`Format::cache`], and for another name the warning for the job's trace (GitLab Runner
+    /// takes any other value for zip).
+    pub fn cache_named(value: &str) -> (Format, Option<String>) {
+        match Format::cache(value) {
+            Some(f) => (f, None),
+            None => (
+                Format::Zip,
+                Some(format!(
+                    "WARNING: CACHE_COMPRESSION_FORMAT {:?} is not zip or tarzstd; using zip",
+                    shown(value)
+                )),
+            ),
+        }
+    }
+
     /// GitLab's name for the format.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -52,5 +67,14 @@ impl Format {
 impl fmt::Display for Format {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A job's value as a warning shows it: its first 64 characters (a variable can be long).
+pub(crate) fn shown(value: &str) -> String {
+    const MOST: usize = 64;
+    match value.char_indices().nth(MOST) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_string(),
     }
 }

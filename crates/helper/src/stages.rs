@@ -222,13 +222,10 @@ impl<W: Write> Stage<'_, W> {
             return Ending::Done;
         };
         let compression = self.compression(compression, "CACHE_COMPRESSION_LEVEL");
-        let format = Format::cache(format).unwrap_or_else(|| {
-            // GitLab Runner takes any other value for zip.
-            self.say(&format!(
-                "WARNING: CACHE_COMPRESSION_FORMAT {format:?} is not zip or tarzstd; using zip"
-            ));
-            Format::Zip
-        });
+        let (format, warning) = Format::cache_named(format);
+        if let Some(w) = warning {
+            self.say(&w);
+        }
         let file_name = match format {
             Format::TarZstd => "cache.tar.zst",
             _ => "cache.zip",
@@ -400,13 +397,11 @@ impl<W: Write> Stage<'_, W> {
 
     /// The compression level named `name` (from `variable`); an unknown one is a warning.
     fn compression(&mut self, name: &str, variable: &str) -> Compression {
-        Compression::parse(name).unwrap_or_else(|| {
-            self.say(&format!(
-                "WARNING: {variable} {name:?} is not one of fastest, fast, default, slow, \
-                 slowest; using default"
-            ));
-            Compression::Default
-        })
+        let (compression, warning) = Compression::named(name, variable);
+        if let Some(w) = warning {
+            self.say(&w);
+        }
+        compression
     }
 
     /// The zip `zip` unpacked into the project directory: first as a tar stream in the scratch

@@ -52,14 +52,12 @@ pub(crate) async fn unzipped(
 /// The compression level `variable` of `job` names (GitLab's `fastest` … `slowest`); an
 /// unknown name is a warning and the default.
 pub(crate) fn compression_of(job: &JobResponse, variable: &str, trace: &mut Trace) -> Compression {
-    let value = job.variable(variable).unwrap_or_default();
-    Compression::parse(value).unwrap_or_else(|| {
-        trace.message(&format!(
-            "WARNING: {variable} {value:?} is not one of fastest, fast, default, slow, slowest; \
-             using default"
-        ));
-        Compression::Default
-    })
+    let (compression, warning) =
+        Compression::named(job.variable(variable).unwrap_or_default(), variable);
+    if let Some(w) = warning {
+        trace.message(&w);
+    }
+    compression
 }
 
 /// GitLab's `*_ATTEMPTS` variables (`GET_SOURCES_ATTEMPTS`, `ARTIFACT_DOWNLOAD_ATTEMPTS`,

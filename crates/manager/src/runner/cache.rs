@@ -320,14 +320,11 @@ impl DistributedCache {
         trace: &mut Trace,
     ) {
         let compression = compression_of(job, "CACHE_COMPRESSION_LEVEL", trace);
-        let named = job.variable("CACHE_COMPRESSION_FORMAT").unwrap_or_default();
-        let format = Format::cache(named).unwrap_or_else(|| {
-            // GitLab Runner takes any other value for zip.
-            trace.message(&format!(
-                "WARNING: CACHE_COMPRESSION_FORMAT {named:?} is not zip or tarzstd; using zip"
-            ));
-            Format::Zip
-        });
+        let (format, warning) =
+            Format::cache_named(job.variable("CACHE_COMPRESSION_FORMAT").unwrap_or_default());
+        if let Some(w) = warning {
+            trace.message(&w);
+        }
         for c in collected {
             let Some(spec) = job.artifacts.get(c.spec).filter(|s| s.is_cache()) else {
                 continue;
