@@ -136,10 +136,10 @@ fn config(w: &World, gl: &FakeGitlab, s3: &LocalStack, executor: &str, extra: &s
     w.write("config.toml", &text)
 }
 
+/// The config.toml text of [`config`], with an autoscaler on this machine.
 fn config_text(w: &World, gl: &FakeGitlab, s3: &LocalStack, executor: &str, extra: &str) -> String {
-    {
-        format!(
-            r#"
+    format!(
+        r#"
 concurrent = 1
 check_interval = 1
 [[runners]]
@@ -164,18 +164,17 @@ check_interval = 1
       idle_count = 0
       idle_time = "10m"
 "#,
-            url = gl.url(),
-            token = gl.runner_token(),
-            cache = common::s3_cache_section(&s3.address(), BUCKET, SECRET_KEY),
-            state = w.path().join("plugin-state").display(),
-            pid = std::process::id(),
-            vm = if extra.contains("vm_isolation") {
-                ", \"microvm\""
-            } else {
-                ""
-            },
-        )
-    }
+        url = gl.url(),
+        token = gl.runner_token(),
+        cache = common::s3_cache_section(&s3.address(), BUCKET, SECRET_KEY),
+        state = w.path().join("plugin-state").display(),
+        pid = std::process::id(),
+        vm = if extra.contains("vm_isolation") {
+            ", \"microvm\""
+        } else {
+            ""
+        },
+    )
 }
 
 /// The static job helper `make helper` builds (the one `slipway` finds in a build tree).
