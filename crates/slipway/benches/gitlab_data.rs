@@ -455,13 +455,7 @@ async fn upload() -> anyhow::Result<serde_json::Value> {
     ))?;
     // The job helper's upload from the job's host: the collected tar (the artifact's one file)
     // archived (stored: incompressible) and POSTed as GitLab's form.
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let helper = repo.join("target/x86_64-unknown-linux-gnu/release/slipway-helper");
-    anyhow::ensure!(
-        helper.exists(),
-        "{} is missing: run `make helper`",
-        helper.display()
-    );
+    let helper = static_helper()?;
     let project = dir.path().join("project");
     std::fs::create_dir_all(project.join("out"))?;
     std::fs::hard_link(&file, project.join("out/app.bin"))?;
@@ -626,13 +620,18 @@ fn tree_size(dir: &std::path::Path) -> (u64, u64) {
 
 /// `bash -c script`, failing on a non-zero exit.
 fn sh(script: &str) -> anyhow::Result<()> {
-    let out = Command::new("bash")
-        .args(["-o", "pipefail", "-c", script])
-        .output()
-        .context("running bash")?;
+    succeeds(
+        Command::new("bash").args(["-o", "pipefail", "-c", script]),
+        script,
+    )
+}
+
+/// Run `cmd`; its stderr in the error when it fails, named `what`.
+fn succeeds(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
     anyhow::ensure!(
         out.status.success(),
-        "{script}: {}",
+        "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
@@ -689,16 +688,22 @@ fn signer(server: &LocalStack) -> S3 {
     })
 }
 
-/// The realistic part.
-async fn realistic() -> anyhow::Result<serde_json::Value> {
-    const ROUNDS: usize = 3;
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let helper = repo.join("target/x86_64-unknown-linux-gnu/release/slipway-helper");
+/// The static job helper `make helper` builds.
+fn static_helper() -> anyhow::Result<PathBuf> {
+    let helper = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/x86_64-unknown-linux-gnu/release/slipway-helper");
     anyhow::ensure!(
         helper.exists(),
         "{} is missing: run `make helper`",
         helper.display()
     );
+    Ok(helper)
+}
+
+/// The realistic part.
+async fn realistic() -> anyhow::Result<serde_json::Value> {
+    const ROUNDS: usize = 3;
+    let helper = static_helper()?;
     let tree = npm_tree()?;
     let (files, bytes) = tree_size(&tree.join("node_modules"));
     let s3_server = LocalStack::start(BUCKET).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -712,7 +717,11 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             "tar -c -C {} node_modules > /dev/null",
             tree.display()
         ))?;
-        for format in ["tarzstd", "zip"] {
+        // (format, and the keys of its save and restore times and of its size)
+        for (format, save, restore, size) in [
+            ("tarzstd", "save_zstd", "restore_zstd", "zstd"),
+            ("zip", "save_zip", "restore_zip", "zip"),
+        ] {
             let object = format!("ci/runner/bench/project/1/npm-{format}-{round}");
             let (url, headers) = s3.put_url(&object, ttl, SystemTime::now());
             let plan = serde_json::json!({"steps": [{"do": "save_cache", "key": "npm",
@@ -723,20 +732,13 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             sh("sync")?;
             let t = Instant::now();
             let said = helper_stage(&helper, &tree, Some("tar -c -f - -- node_modules"), &plan)?;
-            times
-                .entry(if format == "zip" {
-                    "save_zip"
-                } else {
-                    "save_zstd"
-                })
-                .or_default()
-                .push(ms(t.elapsed()));
+            times.entry(save).or_default().push(ms(t.elapsed()));
             anyhow::ensure!(said.contains("Created cache npm"), "{said}");
-            let size = s3_server
+            let stored = s3_server
                 .object(BUCKET, &object)
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .len() as u64;
-            sizes.insert(if format == "zip" { "zip" } else { "zstd" }, size);
+            sizes.insert(size, stored);
 
             let project = tempfile::tempdir()?;
             let url = s3.get_url(&object, ttl, SystemTime::now());
@@ -745,14 +747,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             sh("sync")?;
             let t = Instant::now();
             let said = helper_stage(&helper, project.path(), None, &plan)?;
-            times
-                .entry(if format == "zip" {
-                    "restore_zip"
-                } else {
-                    "restore_zstd"
-                })
-                .or_default()
-                .push(ms(t.elapsed()));
+            times.entry(restore).or_default().push(ms(t.elapsed()));
             anyhow::ensure!(said.contains("Successfully extracted cache"), "{said}");
             let restored = tree_size(&project.path().join("node_modules"));
             anyhow::ensure!(
@@ -822,17 +817,12 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
 }
 
 fn curl(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("curl")
-        .args(["-sS", "-f", "-o", "/dev/null"])
-        .args(args)
-        .output()
-        .context("running curl")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "curl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    succeeds(
+        Command::new("curl")
+            .args(["-sS", "-f", "-o", "/dev/null"])
+            .args(args),
+        "curl",
+    )
 }
 
 /// The cache part.
