@@ -101,6 +101,13 @@ if [ "$what" = test ]; then
       || python3 -m pip install -q --break-system-packages 'moto[server]' 2>&1 | grep -v 'Running pip as the' || true
     python3 -c 'import moto.server, flask, flask_cors, boto3' >/dev/null
   fi
+  # The distributed cache's Google Cloud Storage emulator (its Azure one, Azurite, is below).
+  if ! python3 -c 'import gcp_storage_emulator' >/dev/null 2>&1; then
+    echo "deps: installing Python package gcp-storage-emulator"
+    python3 -m pip install -q 'gcp-storage-emulator==2026.7.19' 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages 'gcp-storage-emulator==2026.7.19' 2>&1 | grep -v 'Running pip as the' || true
+    python3 -c 'import gcp_storage_emulator' >/dev/null
+  fi
   # LocalStack's S3 (the distributed cache's tests), pinned in a virtual environment of its own.
   ls_venv=${SLIPWAY_LOCALSTACK_VENV:-$HOME/.cache/slipway/localstack-4.4.0}
   if ! "$ls_venv/bin/python" -c 'import localstack.aws.components, boto3' >/dev/null 2>&1; then
@@ -117,6 +124,14 @@ if [ "$what" = test ]; then
     echo "deps: installing gitlab-ci-local@4.60.1 (npm)"
     npm install -g --silent gitlab-ci-local@4.60.1 >/dev/null 2>&1 \
       || { echo "deps: npm install -g gitlab-ci-local@4.60.1 failed" >&2; exit 1; }
+  fi
+fi
+if [ "$what" = test ]; then
+  # Azurite, Microsoft's Azure Storage emulator: 3.34.0 is the newest that runs on Node 20.
+  if [ "$(azurite-blob --version 2>/dev/null)" != 3.34.0 ]; then
+    echo "deps: installing azurite@3.34.0 (npm)"
+    npm install -g --silent azurite@3.34.0 >/dev/null 2>&1 \
+      || { echo "deps: npm install -g azurite@3.34.0 failed" >&2; exit 1; }
   fi
 fi
 command -v cargo >/dev/null || { echo "deps: cargo not found: install Rust (https://rustup.rs) first" >&2; exit 1; }

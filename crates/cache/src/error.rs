@@ -20,13 +20,23 @@ pub enum CacheError {
         /// The key as given.
         key: String,
     },
-    /// The S3 settings cannot make a URL.
-    #[error("[runners.cache.s3] {key}: {reason}")]
+    /// The settings cannot make a URL.
+    #[error("[runners.cache.{section}] {key}: {reason}")]
     Config {
+        /// The section: `s3`, `gcs` or `azure`.
+        section: &'static str,
         /// The setting.
         key: &'static str,
         /// What is wrong.
         reason: String,
+    },
+    /// No URL could be signed for the object.
+    #[error("signing a URL for {object}: {message}")]
+    Sign {
+        /// The object's name.
+        object: String,
+        /// Why.
+        message: String,
     },
     /// The request could not be sent or its answer not read.
     #[error("{method} {url}: {message}")]

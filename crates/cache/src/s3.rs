@@ -1,8 +1,9 @@
 //! An S3 bucket as `[runners.cache.s3]` describes it, and its pre-signed URLs.
 
-use std::time::{Duration, SystemTime};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 
-use crate::sigv4::{Credentials, Presign, presign};
+use crate::CacheError;
+use crate::connector::Connector;
 
 /// `ServerSideEncryption`: what S3 does with what it stores.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,87 +37,60 @@ pub struct S3Config {
     pub encryption: ServerSideEncryption,
 }
 
-/// An S3 bucket that pre-signs URLs for its objects.
-#[derive(Debug, Clone)]
-pub struct S3 {
-    config: S3Config,
+/// Access keys of an S3 cache (`AccessKey`, `SecretKey`, `SessionToken`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// `AccessKey`.
+    pub access_key: String,
+    /// `SecretKey`.
+    pub secret_key: String,
+    /// `SessionToken`, for temporary credentials.
+    pub session_token: Option<String>,
 }
 
-impl S3 {
-    /// The bucket of `config`.
-    pub fn new(config: S3Config) -> S3 {
-        S3 { config }
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret and the token never reach a log.
+        f.debug_struct("Credentials")
+            .field("access_key", &self.access_key)
+            .finish_non_exhaustive()
     }
+}
 
+impl S3Config {
     fn region(&self) -> &str {
-        match self.config.region.trim() {
+        match self.region.trim() {
             "" => "us-east-1",
             r => r,
         }
     }
 
-    /// Scheme, host and path of `object`.
-    fn locate(&self, object: &str) -> (&'static str, String, String) {
-        let c = &self.config;
-        let scheme = if c.insecure { "http" } else { "https" };
-        let server = match c.server_address.trim().trim_end_matches('/') {
-            "" => match self.region() {
-                "us-east-1" => "s3.amazonaws.com".to_string(),
-                r => format!("s3.{r}.amazonaws.com"),
-            },
-            s => s
-                .trim_start_matches("https://")
-                .trim_start_matches("http://")
-                .to_string(),
-        };
-        // AWS's global endpoint for a bucket of another region answers with a redirect:
-        // the region's own endpoint instead, as GitLab Runner's client finds it.
-        let server = match (server.as_str(), self.region()) {
-            ("s3.amazonaws.com", r) if r != "us-east-1" => format!("s3.{r}.amazonaws.com"),
-            _ => server,
-        };
-        let aws = server.ends_with("amazonaws.com");
-        let object = object.trim_start_matches('/');
-        if c.path_style.unwrap_or(!aws) {
-            (scheme, server, format!("/{}/{object}", c.bucket))
-        } else {
-            (
-                scheme,
-                format!("{}.{server}", c.bucket),
-                format!("/{object}"),
-            )
+    /// The endpoint `object_store` addresses the bucket at (with the bucket's name in it when
+    /// virtual-hosted), and whether that is path style; `None`: AWS's regional endpoint.
+    fn endpoint(&self) -> (Option<String>, bool) {
+        let server = self
+            .server_address
+            .trim()
+            .trim_end_matches('/')
+            .trim_start_matches("https://")
+            .trim_start_matches("http://");
+        // AWS: its regional endpoint, virtual-hosted unless told otherwise, as GitLab Runner's
+        // client addresses it (the global endpoint answers other regions with a redirect).
+        if server.is_empty() || server.ends_with("amazonaws.com") {
+            let path_style = self.path_style.unwrap_or(false);
+            return (None, path_style);
+        }
+        let scheme = if self.insecure { "http" } else { "https" };
+        match self.path_style.unwrap_or(true) {
+            true => (Some(format!("{scheme}://{server}")), true),
+            false => (Some(format!("{scheme}://{}.{server}", self.bucket)), false),
         }
     }
 
-    /// A URL that reads `object` for `valid`.
-    pub fn get_url(&self, object: &str, valid: Duration, now: SystemTime) -> String {
-        let (scheme, host, path) = self.locate(object);
-        presign(
-            &Presign {
-                method: "GET",
-                scheme,
-                host: &host,
-                path: &path,
-                region: self.region(),
-                headers: &[],
-                expires: valid.as_secs().max(1),
-                now,
-            },
-            &self.config.credentials,
-        )
-    }
-
-    /// A URL that writes `object` for `valid`, and the headers the PUT must carry (they are
-    /// part of the signature).
-    pub fn put_url(
-        &self,
-        object: &str,
-        valid: Duration,
-        now: SystemTime,
-    ) -> (String, Vec<(String, String)>) {
-        let (scheme, host, path) = self.locate(object);
+    /// The headers every PUT carries, signed (server-side encryption).
+    pub(crate) fn put_headers(&self) -> Vec<(String, String)> {
         let mut headers: Vec<(String, String)> = Vec::new();
-        match &self.config.encryption {
+        match &self.encryption {
             ServerSideEncryption::None => {}
             ServerSideEncryption::S3 => {
                 headers.push(("x-amz-server-side-encryption".into(), "AES256".into()));
@@ -131,24 +105,31 @@ impl S3 {
                 }
             }
         }
-        let signed: Vec<(&str, &str)> = headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let url = presign(
-            &Presign {
-                method: "PUT",
-                scheme,
-                host: &host,
-                path: &path,
-                region: self.region(),
-                headers: &signed,
-                expires: valid.as_secs().max(1),
-                now,
-            },
-            &self.config.credentials,
-        );
-        (url, headers)
+        headers
+    }
+
+    /// The bucket as `object_store` signs for it.
+    pub(crate) fn build(&self) -> Result<AmazonS3, CacheError> {
+        let (endpoint, path_style) = self.endpoint();
+        let mut b = AmazonS3Builder::new()
+            .with_bucket_name(self.bucket.trim())
+            .with_region(self.region())
+            .with_allow_http(self.insecure)
+            .with_virtual_hosted_style_request(!path_style)
+            .with_access_key_id(self.credentials.access_key.trim())
+            .with_secret_access_key(self.credentials.secret_key.trim())
+            .with_http_connector(Connector);
+        if let Some(token) = &self.credentials.session_token {
+            b = b.with_token(token.trim());
+        }
+        if let Some(endpoint) = endpoint {
+            b = b.with_endpoint(endpoint);
+        }
+        b.build().map_err(|e| CacheError::Config {
+            section: "s3",
+            key: "ServerAddress",
+            reason: e.to_string(),
+        })
     }
 }
 
@@ -156,42 +137,27 @@ impl S3 {
 mod tests {
     use super::*;
 
-    fn s3(server: &str, path_style: Option<bool>) -> S3 {
-        S3::new(S3Config {
+    fn s3(server: &str, path_style: Option<bool>) -> S3Config {
+        S3Config {
             server_address: server.into(),
             bucket: "cache".into(),
             insecure: server.starts_with("127."),
             path_style,
-            credentials: Credentials {
-                access_key: "a".into(),
-                secret_key: "s".into(),
-                session_token: Some("tok".into()),
-            },
-            encryption: ServerSideEncryption::S3,
             ..S3Config::default()
-        })
+        }
     }
 
     #[test]
-    fn urls_follow_the_server_and_style() {
-        let now = SystemTime::now();
-        let ttl = Duration::from_secs(60);
-        let get = s3("127.0.0.1:9000", None).get_url("runner/x/project/1/k", ttl, now);
-        assert!(
-            get.starts_with("http://127.0.0.1:9000/cache/runner/x/project/1/k?"),
-            "{get}"
+    fn endpoints_follow_the_server_and_style() {
+        assert_eq!(
+            s3("127.0.0.1:9000", None).endpoint(),
+            (Some("http://127.0.0.1:9000".into()), true)
         );
-        assert!(get.contains("X-Amz-Security-Token=tok"), "{get}");
-        let aws = s3("", None).get_url("k", ttl, now);
-        assert!(
-            aws.starts_with("https://cache.s3.amazonaws.com/k?"),
-            "{aws}"
+        assert_eq!(
+            s3("https://minio.example/", Some(false)).endpoint(),
+            (Some("https://cache.minio.example".into()), false)
         );
-        let (put, headers) = s3("127.0.0.1:9000", Some(true)).put_url("k", ttl, now);
-        assert!(
-            put.contains("X-Amz-SignedHeaders=host%3Bx-amz-server-side-encryption"),
-            "{put}"
-        );
-        assert_eq!(headers[0].1, "AES256");
+        assert_eq!(s3("", None).endpoint(), (None, false));
+        assert_eq!(s3("s3.amazonaws.com", Some(true)).endpoint(), (None, true));
     }
 }

@@ -39,6 +39,24 @@ enum Body<'a> {
     File(&'a Path),
 }
 
+/// HTTP and HTTPS with the system's roots (Mozilla's when it has none).
+pub(crate) fn https() -> Result<HttpsConnector<HttpConnector>, CacheError> {
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let builder = match hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_native_roots(provider.clone())
+    {
+        Ok(b) => b,
+        Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(provider)
+            .map_err(|e| CacheError::Config {
+                section: "s3",
+                key: "ServerAddress",
+                reason: format!("TLS setup: {e}"),
+            })?,
+    };
+    Ok(builder.https_or_http().enable_http1().build())
+}
+
 /// A URL without its query: pre-signed URLs carry their signature there.
 fn shown(url: &str) -> String {
     url.split('?').next().unwrap_or_default().to_string()
@@ -47,21 +65,8 @@ fn shown(url: &str) -> String {
 impl Client {
     /// A client whose transfers each take at most `timeout`.
     pub fn new(timeout: Duration) -> Result<Client, CacheError> {
-        let provider = rustls::crypto::aws_lc_rs::default_provider();
-        let builder = match hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider.clone())
-        {
-            Ok(b) => b,
-            Err(_) => hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|e| CacheError::Config {
-                    key: "ServerAddress",
-                    reason: format!("TLS setup: {e}"),
-                })?,
-        };
-        let https = builder.https_or_http().enable_http1().build();
         Ok(Client {
-            http: HyperClient::builder(TokioExecutor::new()).build(https),
+            http: HyperClient::builder(TokioExecutor::new()).build(https()?),
             timeout,
         })
     }

@@ -38,10 +38,10 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use slipway_cache::{Credentials, S3, S3Config, transfer};
+use slipway_cache::{Credentials, S3Config, Store, StoreConfig, transfer};
 use slipway_testkit::bench::{ms, percentile, round3 as round};
 use slipway_testkit::s3::{ACCESS_KEY, LocalStack, SECRET_KEY};
 
@@ -674,8 +674,8 @@ fn helper_stage(
 }
 
 /// Pre-signed URLs for the bench bucket on `server`.
-fn signer(server: &LocalStack) -> S3 {
-    S3::new(S3Config {
+fn signer(server: &LocalStack) -> anyhow::Result<Store> {
+    Ok(Store::new(&StoreConfig::S3(S3Config {
         server_address: server.address(),
         bucket: BUCKET.into(),
         insecure: true,
@@ -685,7 +685,7 @@ fn signer(server: &LocalStack) -> S3 {
             session_token: None,
         },
         ..S3Config::default()
-    })
+    }))?)
 }
 
 /// The static job helper `make helper` builds.
@@ -707,7 +707,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
     let tree = npm_tree()?;
     let (files, bytes) = tree_size(&tree.join("node_modules"));
     let s3_server = LocalStack::start(BUCKET).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let s3 = signer(&s3_server);
+    let s3 = signer(&s3_server)?;
     let ttl = Duration::from_secs(3600);
     let mut times: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     let mut sizes: std::collections::BTreeMap<&str, u64> = Default::default();
@@ -723,7 +723,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             ("zip", "save_zip", "restore_zip", "zip"),
         ] {
             let object = format!("ci/runner/bench/project/1/npm-{format}-{round}");
-            let (url, headers) = s3.put_url(&object, ttl, SystemTime::now());
+            let (url, headers) = s3.put_url(&object, ttl).await?;
             let plan = serde_json::json!({"steps": [{"do": "save_cache", "key": "npm",
                 "url": url, "headers": headers, "max_upload": 0, "paths": ["node_modules"],
                 "untracked": false, "compression": "", "format": format, "timeout_secs": 600,
@@ -741,7 +741,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             sizes.insert(size, stored);
 
             let project = tempfile::tempdir()?;
-            let url = s3.get_url(&object, ttl, SystemTime::now());
+            let url = s3.get_url(&object, ttl).await?;
             let plan = serde_json::json!({"steps": [{"do": "restore_cache",
                 "sources": [["npm", url]], "attempts": 1, "timeout_secs": 600}]});
             sh("sync")?;
@@ -758,7 +758,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
         }
         // The pipeline: GNU tar, zstd on every core, curl streaming to and from the same S3.
         let object = format!("ci/runner/bench/project/1/npm-pipeline-{round}");
-        let (url, _) = s3.put_url(&object, ttl, SystemTime::now());
+        let (url, _) = s3.put_url(&object, ttl).await?;
         sh("sync")?;
         let t = Instant::now();
         sh(&format!(
@@ -770,7 +770,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             .or_default()
             .push(ms(t.elapsed()));
         let project = tempfile::tempdir()?;
-        let url = s3.get_url(&object, ttl, SystemTime::now());
+        let url = s3.get_url(&object, ttl).await?;
         sh("sync")?;
         let t = Instant::now();
         sh(&format!(
@@ -828,7 +828,7 @@ fn curl(args: &[&str]) -> anyhow::Result<()> {
 /// The cache part.
 async fn bench() -> anyhow::Result<serde_json::Value> {
     let s3_server = LocalStack::start(BUCKET).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let s3 = signer(&s3_server);
+    let s3 = signer(&s3_server)?;
     let client = transfer::Client::new(Duration::from_secs(600))?;
     let ttl = Duration::from_secs(3600);
     let dir = tempfile::tempdir()?;
@@ -857,20 +857,20 @@ async fn bench() -> anyhow::Result<serde_json::Value> {
             })
         };
         archive(slipway_artifacts::Compression::Default).await??;
-        let (url, headers) = s3.put_url(&object, ttl, SystemTime::now());
+        let (url, headers) = s3.put_url(&object, ttl).await?;
         client.put_file(&url, &headers, &zip_file).await?;
         save.push(ms(t.elapsed()));
 
         // The same with `CACHE_COMPRESSION_LEVEL: fastest` (stored).
         let t = Instant::now();
         archive(slipway_artifacts::Compression::Fastest).await??;
-        let (url, headers) = s3.put_url(&format!("{object}-fastest"), ttl, SystemTime::now());
+        let (url, headers) = s3.put_url(&format!("{object}-fastest"), ttl).await?;
         client.put_file(&url, &headers, &zip_file).await?;
         save_fastest.push(ms(t.elapsed()));
 
         // Restore: the pre-signed GET into a file, then zip -> tar file to file.
         let t = Instant::now();
-        let url = s3.get_url(&object, ttl, SystemTime::now());
+        let url = s3.get_url(&object, ttl).await?;
         let (got, back) = (dir.path().join("got.zip"), dir.path().join("back.tar"));
         anyhow::ensure!(
             client.get_to_file(&url, &got, 2 * SIZE).await?,
@@ -892,12 +892,12 @@ async fn bench() -> anyhow::Result<serde_json::Value> {
         // The archive of the default level again, for curl (the fastest one overwrote it).
         archive(slipway_artifacts::Compression::Default).await??;
         // Baseline: curl moving the same zip through the same kind of URLs.
-        let (url, _) = s3.put_url(&format!("{object}-curl"), ttl, SystemTime::now());
+        let (url, _) = s3.put_url(&format!("{object}-curl"), ttl).await?;
         let file = zip_file.display().to_string();
         let t = Instant::now();
         curl(&["-X", "PUT", "-T", &file, &url])?;
         curl_put.push(ms(t.elapsed()));
-        let url = s3.get_url(&format!("{object}-curl"), ttl, SystemTime::now());
+        let url = s3.get_url(&format!("{object}-curl"), ttl).await?;
         let t = Instant::now();
         curl(&[&url])?;
         curl_get.push(ms(t.elapsed()));

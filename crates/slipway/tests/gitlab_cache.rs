@@ -1,7 +1,8 @@
 //! GitLab's distributed cache on a real S3-compatible server (LocalStack's S3, signatures
 //! checked): with `max_use_count = 1` every job gets a fresh instance, and still finds what an
 //! earlier job saved; objects sit under GitLab Runner's names as zip archives, and a zip put
-//! there by someone else (GitLab Runner) is restored too.
+//! there by someone else (GitLab Runner) is restored too. The same on Google Cloud Storage
+//! (`gcp-storage-emulator`) and Azure Blob Storage (Azurite, SAS signatures checked).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -18,6 +19,22 @@ const BUCKET: &str = "runner-cache";
 
 /// A runner on fresh instances (one job each) with the S3 cache on `s3`.
 fn config(w: &World, gl: &FakeGitlab, s3: &LocalStack, secret: &str) -> PathBuf {
+    let cache = format!(
+        r#"Type = "s3"
+    [runners.cache.s3]
+      ServerAddress = "{server}"
+      AccessKey = "{ACCESS_KEY}"
+      SecretKey = "{secret}"
+      BucketName = "{BUCKET}"
+      Insecure = true"#,
+        server = s3.address()
+    );
+    config_with(w, gl, &cache)
+}
+
+/// A runner on fresh instances (one job each) with `cache` (its `Type` and section) under
+/// `[runners.cache]`.
+fn config_with(w: &World, gl: &FakeGitlab, cache: &str) -> PathBuf {
     w.write(
         "config.toml",
         &format!(
@@ -25,20 +42,14 @@ fn config(w: &World, gl: &FakeGitlab, s3: &LocalStack, secret: &str) -> PathBuf 
 concurrent = 1
 check_interval = 1
 [[runners]]
-  name = "s3cache"
+  name = "distcache"
   url = "{url}"
   token = "{token}"
   executor = "instance"
   [runners.cache]
-    Type = "s3"
     Path = "ci"
     MaxUploadedArchiveSize = 0
-    [runners.cache.s3]
-      ServerAddress = "{server}"
-      AccessKey = "{ACCESS_KEY}"
-      SecretKey = "{secret}"
-      BucketName = "{BUCKET}"
-      Insecure = true
+    {cache}
   [runners.autoscaler]
     plugin = "local"
     capacity_per_instance = 1
@@ -58,7 +69,6 @@ check_interval = 1
 "#,
             url = gl.url(),
             token = gl.runner_token(),
-            server = s3.address(),
             state = w.path().join("plugin-state").display(),
             pid = std::process::id(),
         ),
@@ -68,7 +78,7 @@ check_interval = 1
 /// Put `body` in the bucket as `key`, as another runner (GitLab Runner, or an attacker with
 /// the bucket's keys) would.
 async fn put_object(s3: &LocalStack, key: &str, body: Vec<u8>) {
-    let put = slipway_cache::S3::new(slipway_cache::S3Config {
+    let put = slipway_cache::Store::new(&slipway_cache::StoreConfig::S3(slipway_cache::S3Config {
         server_address: s3.address(),
         bucket: BUCKET.into(),
         insecure: true,
@@ -78,8 +88,9 @@ async fn put_object(s3: &LocalStack, key: &str, body: Vec<u8>) {
             session_token: None,
         },
         ..slipway_cache::S3Config::default()
-    });
-    let (url, headers) = put.put_url(key, Duration::from_secs(300), std::time::SystemTime::now());
+    }))
+    .unwrap();
+    let (url, headers) = put.put_url(key, Duration::from_secs(300)).await.unwrap();
     slipway_cache::transfer::Client::new(Duration::from_secs(60))
         .unwrap()
         .put(&url, &headers, body.into())
@@ -235,4 +246,101 @@ async fn a_zip_bomb_in_the_cache_fails_its_job_and_leaves_the_disk_as_it_was() {
     }
     assert!(!trace.contains("never-runs"), "{trace}");
     common::assert_scratch_empty(&w);
+}
+
+/// A save on one fresh instance and a restore on the next, through `cache` (a `Type` and its
+/// section); `stored` reads an object back from the bucket. Returns the saved object.
+async fn save_then_restore(
+    cache: &str,
+    stored: impl Fn(&str) -> Option<Vec<u8>>,
+    secrets: &[&str],
+) -> Vec<u8> {
+    let w = World::new();
+    let gl = FakeGitlab::start().await;
+    let save = gl.enqueue(job(
+        "build",
+        &["mkdir -p deps && echo saved-on-the-first > deps/lib.txt"],
+        json!([{"key": "deps-$CI_JOB_NAME", "paths": ["deps/"]}]),
+    ));
+    let restore = gl.enqueue(job(
+        "test",
+        &["cat deps/lib.txt"],
+        json!([{"key": "deps-build", "paths": ["deps/"], "policy": "pull"}]),
+    ));
+    let cfg = config_with(&w, &gl, cache);
+    let verify = w.run(&["verify-config", "-c", cfg.to_str().unwrap()]);
+    assert_eq!(verify.code, Some(0), "{}", verify.explain());
+    for said in ["not supported", "ignored"] {
+        assert!(!verify.stderr.contains(said), "{}", verify.explain());
+    }
+    let child = common::start_manager(&w, &cfg);
+    let (state1, trace1) = common::job_ended(&gl, save).await;
+    let (state2, trace2) = common::job_ended(&gl, restore).await;
+    let stderr = common::stop_manager(&w, child);
+    assert_eq!(state1, "success", "{trace1}\n{stderr}");
+    assert_eq!(state2, "success", "{trace2}\n{stderr}");
+    assert!(trace1.contains("Created cache deps-build"), "{trace1}");
+    assert!(trace2.contains("Successfully extracted cache"), "{trace2}");
+    assert!(trace2.contains("saved-on-the-first"), "{trace2}");
+    assert_ne!(
+        instance(&trace1),
+        instance(&trace2),
+        "a fresh instance each"
+    );
+    for t in [&trace1, &trace2, &stderr] {
+        for secret in secrets {
+            assert!(!t.contains(secret), "{secret:?} leaked:\n{t}");
+        }
+    }
+    // GitLab Runner's object name, holding a zip archive.
+    let saved = stored("ci/runner/fAkErUnNe/project/1/deps-build").expect("the saved object");
+    assert!(saved.starts_with(b"PK"), "not a zip archive");
+    saved
+}
+
+/// `Type = "gcs"` with GitLab Runner's `CredentialsFile`: URLs signed with the service
+/// account's RSA key (V4), objects under GitLab Runner's names in the emulator's bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcs_cache_is_shared_by_fresh_instances() {
+    use slipway_testkit::cloud_storage::GcsEmulator;
+    let gcs = GcsEmulator::start(BUCKET).expect("the GCS emulator");
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = gcs.key_file(keys.path()).unwrap();
+    let cache = format!(
+        r#"Type = "gcs"
+    [runners.cache.gcs]
+      CredentialsFile = "{}"
+      BucketName = "{BUCKET}""#,
+        key_file.display()
+    );
+    save_then_restore(
+        &cache,
+        |name| gcs.object(BUCKET, name).unwrap(),
+        &["X-Goog-Signature", "BEGIN PRIVATE KEY"],
+    )
+    .await;
+}
+
+/// `Type = "azure"` with GitLab Runner's `AccountName`, `AccountKey` and `ContainerName`
+/// (and Slipway's `BlobEndpoint` for the emulator): service SAS URLs that Azurite checks,
+/// block blobs under GitLab Runner's names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_azure_cache_is_shared_by_fresh_instances() {
+    use slipway_testkit::cloud_storage::{AZURE_ACCOUNT, AZURE_KEY, Azurite};
+    let azurite = Azurite::start(BUCKET).expect("Azurite");
+    let cache = format!(
+        r#"Type = "azure"
+    [runners.cache.azure]
+      AccountName = "{AZURE_ACCOUNT}"
+      AccountKey = "{AZURE_KEY}"
+      ContainerName = "{BUCKET}"
+      BlobEndpoint = "{}""#,
+        azurite.endpoint()
+    );
+    save_then_restore(
+        &cache,
+        |name| azurite.object(BUCKET, name).unwrap(),
+        &["sig=", AZURE_KEY],
+    )
+    .await;
 }

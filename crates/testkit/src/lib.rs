@@ -12,6 +12,8 @@
 //! - [`peer`]: local pipelines run by `slipway exec` and by gitlab-ci-local, compared.
 //! - [`python`]: an interpreter with the go-plugin peer, grpclib stubs, plugin wrappers.
 //! - [`s3::LocalStack`]: a real S3-compatible server (LocalStack, from PyPI) with a bucket.
+//! - [`cloud_storage`]: Google Cloud Storage (`gcp-storage-emulator`) and Azure Blob Storage
+//!   (Azurite) emulators with a bucket or container.
 //! - [`tls::TestCa`]: a private CA with server and client certificates as PEM files.
 //! - [`moto::Moto`]: a real moto server (AWS APIs) with Auto Scaling groups, and
 //!   [`aws_faults::FaultProxy`] in front of it answering chosen actions with errors.
@@ -20,6 +22,7 @@
 
 pub mod aws_faults;
 pub mod bench;
+pub mod cloud_storage;
 pub mod git_http;
 pub mod gitlab;
 pub mod guest;

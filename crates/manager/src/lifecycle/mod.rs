@@ -275,8 +275,8 @@ impl Life<'_> {
                 }
                 (Ok(mut inputs), Some(cache), DataAt::Host(base)) => {
                     let data = inputs.data.get_or_insert_with(|| base.clone());
-                    data.restore = cache.restore_steps(&job, &mut side);
-                    let saves = cache.save_collects(&job, &mut side);
+                    data.restore = cache.restore_steps(&job, &mut side).await;
+                    let saves = cache.save_collects(&job, &mut side).await;
                     data.collect.splice(0..0, saves);
                     Ok(inputs)
                 }

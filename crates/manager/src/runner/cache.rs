@@ -1,4 +1,4 @@
-//! The distributed cache (`[runners.cache] Type = "s3"`), two named stages of every job's
+//! The distributed cache (`[runners.cache] Type = "s3"`, `"gcs"` or `"azure"`), two named stages of every job's
 //! life whatever its source (restore with the inputs, archive after the steps, as in GitLab
 //! Runner's `build.go`): a job's `cache:` entries restored from and saved to a bucket, under GitLab Runner's object names and in its format
 //! (a zip archive), so a fleet moving from GitLab Runner keeps its caches.
@@ -13,10 +13,10 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use slipway_artifacts::{Format, Globs};
-use slipway_cache::{S3, object_name, transfer};
+use slipway_cache::{Store, object_name, transfer};
 use slipway_config::CacheConfig;
 use slipway_executor::cache::{key_to_save, keys_to_restore};
 use slipway_executor::{Collect, CollectedArtifacts, Tarball};
@@ -33,10 +33,10 @@ use slipway_artifacts::keeps;
 /// from filling the manager's memory).
 const MAX_RESTORE: usize = 4 * 1024 * 1024 * 1024;
 
-/// A runner's S3 cache.
+/// A runner's distributed cache (S3, GCS or Azure).
 #[derive(Debug)]
 pub struct DistributedCache {
-    s3: S3,
+    store: Store,
     client: transfer::Client,
     path: String,
     shared: bool,
@@ -58,16 +58,20 @@ impl DistributedCache {
         limits: slipway_artifacts::Limits,
     ) -> Option<DistributedCache> {
         let cfg = cfg?;
-        let s3 = cfg.s3_config()?;
-        let client = match transfer::Client::new(Duration::from_secs(3600)) {
-            Ok(c) => c,
+        let store = cfg.store_config()?;
+        let made = Store::new(&store)
+            .and_then(|store| Ok((store, transfer::Client::new(Duration::from_secs(3600))?)));
+        let (store, client) = match made {
+            Ok(m) => m,
             Err(e) => {
-                tracing::error!("the S3 cache cannot be used: {e}; jobs use the local cache");
+                tracing::error!(
+                    "the distributed cache cannot be used: {e}; jobs use the local cache"
+                );
                 return None;
             }
         };
         Some(DistributedCache {
-            s3: S3::new(s3),
+            store,
             client,
             path: cfg.path.clone(),
             shared: cfg.shared,
@@ -108,7 +112,7 @@ impl DistributedCache {
 
     /// The job helper's restore steps for the caches of `job` that pull: each with its keys'
     /// pre-signed GET URLs, in the order GitLab tries them. Skipped keys are warnings.
-    pub fn restore_steps(&self, job: &JobResponse, trace: &mut Trace) -> Vec<DataStep> {
+    pub async fn restore_steps(&self, job: &JobResponse, trace: &mut Trace) -> Vec<DataStep> {
         let mut steps = Vec::new();
         for spec in &job.cache {
             let (keys, skipped) = keys_to_restore(spec, job);
@@ -120,13 +124,16 @@ impl DistributedCache {
             }
             let mut sources = Vec::new();
             for key in keys {
-                match self.object(job, &key) {
-                    Ok(object) => {
-                        let url = self
-                            .s3
-                            .get_url(&object, Self::valid_for(job), SystemTime::now());
-                        sources.push((key, url));
-                    }
+                let url = match self.object(job, &key) {
+                    Ok(object) => self
+                        .store
+                        .get_url(&object, Self::valid_for(job))
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                };
+                match url {
+                    Ok(url) => sources.push((key, url)),
                     Err(e) => trace.message(&format!("WARNING: {e}")),
                 }
             }
@@ -143,7 +150,7 @@ impl DistributedCache {
 
     /// What the job helper collects and saves for the caches of `job` that push, each with
     /// its pre-signed PUT URL.
-    pub fn save_collects(&self, job: &JobResponse, trace: &mut Trace) -> Vec<Collect> {
+    pub async fn save_collects(&self, job: &JobResponse, trace: &mut Trace) -> Vec<Collect> {
         let mut out = Vec::new();
         for spec in &job.cache {
             let Some(Ok(key)) = key_to_save(spec, job) else {
@@ -156,9 +163,13 @@ impl DistributedCache {
                     continue;
                 }
             };
-            let (url, headers) = self
-                .s3
-                .put_url(&object, Self::valid_for(job), SystemTime::now());
+            let (url, headers) = match self.store.put_url(&object, Self::valid_for(job)).await {
+                Ok(signed) => signed,
+                Err(e) => {
+                    trace.message(&format!("WARNING: {e}"));
+                    continue;
+                }
+            };
             out.push(Collect {
                 when: spec.when,
                 paths: spec.paths.clone(),
@@ -235,9 +246,13 @@ impl DistributedCache {
                         continue;
                     }
                 };
-                let url = self
-                    .s3
-                    .get_url(&object, Self::valid_for(job), SystemTime::now());
+                let url = match self.store.get_url(&object, Self::valid_for(job)).await {
+                    Ok(url) => url,
+                    Err(e) => {
+                        trace.message(&format!("WARNING: {e}"));
+                        continue;
+                    }
+                };
                 let limit = request_timeout(job);
                 // Through files, streamed: memory does not grow with the cache.
                 let zip =
@@ -400,9 +415,13 @@ impl DistributedCache {
                 ));
                 continue;
             }
-            let (url, headers) = self
-                .s3
-                .put_url(&object, Self::valid_for(job), SystemTime::now());
+            let (url, headers) = match self.store.put_url(&object, Self::valid_for(job)).await {
+                Ok(signed) => signed,
+                Err(e) => {
+                    trace.message(&format!("WARNING: uploading the cache failed: {e}"));
+                    continue;
+                }
+            };
             trace.message(&format!(
                 "Uploading cache.zip to {}",
                 url.split('?').next().unwrap_or_default()
