@@ -5,6 +5,8 @@
 //! - [`Globs`]: `artifacts:paths` / `artifacts:exclude` patterns (doublestar syntax).
 //! - [`archive_from_tar`]: builds a [`Format::Zip`] or [`Format::Gzip`] [`Archive`].
 //! - [`zip_to_tar`]: a downloaded zip as a tar stream, refusing entries that would escape.
+//! - [`CollectedTar`]: a collected tar file's kept entries, written as a zip stream (to a pipe
+//!   into an upload, say).
 //! - [`archive_file_from_tar_file`], [`zip_file_to_tar_file`]: the same from file to file,
 //!   streamed, for archives larger than memory should hold; [`archive_file_to_tar_file`] reads
 //!   a cache in either of its formats (zip or `tarzstd`).
@@ -145,6 +147,58 @@ pub fn archive_file_from_tar_file(
         source,
     })?;
     Ok(ArchiveFile { files, raw_path })
+}
+
+/// The entries of a collected tar file an archive keeps, read once (headers only): how many
+/// there are is known before an archive is written, and the archive can be streamed.
+pub struct CollectedTar {
+    entries: Vec<entries::Entry>,
+    contents: FileContents,
+}
+
+impl std::fmt::Debug for CollectedTar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CollectedTar")
+            .field("entries", &self.entries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CollectedTar {
+    /// The entries of `tar` for which `keep(path)` is true.
+    pub fn open(tar: &Path, keep: &dyn Fn(&str) -> bool) -> Result<CollectedTar, ArtifactsError> {
+        let open = || {
+            File::open(tar).map_err(|source| ArtifactsError::File {
+                path: tar.to_path_buf(),
+                source,
+            })
+        };
+        let entries = entries::read_tar(BufReader::new(open()?), keep)?;
+        Ok(CollectedTar {
+            entries,
+            contents: FileContents(open()?),
+        })
+    }
+
+    /// Entries kept: files, directories and symlinks (as [`Archive::files`] for zip).
+    pub fn files(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The kept entries as a zip archive written to `out` as it is made, never sought back
+    /// (sizes in data descriptors), deflated on every core: an upload can send it while it is
+    /// written.
+    pub fn write_zip<W: Write>(
+        &self,
+        compression: Compression,
+        out: W,
+    ) -> Result<W, ArtifactsError> {
+        let buffered = BufWriter::with_capacity(256 * 1024, out);
+        let buffered = zip::write_zip_stream(&self.entries, &self.contents, compression, buffered)?;
+        buffered
+            .into_inner()
+            .map_err(|e| ArtifactsError::ZipWrite(e.into_error()))
+    }
 }
 
 /// Writes `entries` in `format` to `out`: the entry count and, for raw, the file's path.

@@ -39,6 +39,21 @@ pub(crate) fn write_zip<W: Write + Seek>(
     write_zip_with(entries, contents, compression, out, cores(), RUN_BYTES)
 }
 
+/// [`write_zip`] to a writer that cannot seek (a pipe into an upload): each file's sizes and
+/// CRC follow its data in a data descriptor, as in the zips GitLab Runner streams.
+pub(crate) fn write_zip_stream<W: Write>(
+    entries: &[Entry],
+    contents: &dyn Contents,
+    compression: Compression,
+    out: W,
+) -> Result<W, ArtifactsError> {
+    let zip = ZipWriter::new_stream(out);
+    let zip = fill(zip, entries, contents, compression, cores(), RUN_BYTES)?;
+    zip.finish()
+        .map(::zip::write::StreamWriter::into_inner)
+        .map_err(|e| ArtifactsError::ZipWrite(e.into()))
+}
+
 /// [`write_zip`] with `workers` threads and runs of `run_bytes`.
 pub(crate) fn write_zip_with<W: Write + Seek>(
     entries: &[Entry],
@@ -48,11 +63,31 @@ pub(crate) fn write_zip_with<W: Write + Seek>(
     workers: usize,
     run_bytes: u64,
 ) -> Result<W, ArtifactsError> {
+    let zip = fill(
+        ZipWriter::new(out),
+        entries,
+        contents,
+        compression,
+        workers,
+        run_bytes,
+    )?;
+    zip.finish().map_err(|e| ArtifactsError::ZipWrite(e.into()))
+}
+
+/// Appends `entries` to `zip`: runs of small files deflated by `workers` threads into zips of
+/// their own and copied in, still compressed; large files deflated in place.
+fn fill<W: Write + Seek>(
+    mut zip: ZipWriter<W>,
+    entries: &[Entry],
+    contents: &dyn Contents,
+    compression: Compression,
+    workers: usize,
+    run_bytes: u64,
+) -> Result<ZipWriter<W>, ArtifactsError> {
     let err = |e: ::zip::result::ZipError| ArtifactsError::ZipWrite(e.into());
-    let mut zip = ZipWriter::new(out);
     if workers < 2 || compression.level() == Some(0) {
         write_entries(&mut zip, entries, contents, compression)?;
-        return zip.finish().map_err(err);
+        return Ok(zip);
     }
     let runs = runs(entries, run_bytes);
     for wave in runs.chunks(workers) {
@@ -94,7 +129,7 @@ pub(crate) fn write_zip_with<W: Write + Seek>(
             }
         }
     }
-    zip.finish().map_err(err)
+    Ok(zip)
 }
 
 /// Consecutive entries compressed by one worker, or one large file written in place.
@@ -491,6 +526,52 @@ mod tests {
             String::from_utf8_lossy(&out.stdout)
         );
         assert!(parallel.len() < tar.len() / 4, "{}", parallel.len());
+    }
+
+    /// A writer that can only append, as a pipe.
+    struct Pipe(Vec<u8>);
+
+    impl Write for Pipe {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.write(buf)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_zip_streamed_to_a_pipe_holds_what_a_file_holds_and_unzip_reads_it() {
+        let tar = tree();
+        let entries = crate::entries::read_tar(io::Cursor::new(&tar), &|_| true).unwrap();
+        let contents: &[u8] = &tar;
+        let file = write_zip(
+            &entries,
+            &contents,
+            Compression::Default,
+            io::Cursor::new(Vec::new()),
+        )
+        .unwrap()
+        .into_inner();
+        let streamed =
+            write_zip_stream(&entries, &contents, Compression::Default, Pipe(Vec::new()))
+                .unwrap()
+                .0;
+        let unpacked = |zip: &[u8]| crate::zip_to_tar(zip).unwrap();
+        assert_eq!(unpacked(&file), unpacked(&streamed));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.zip");
+        std::fs::write(&path, &streamed).unwrap();
+        let out = std::process::Command::new("unzip")
+            .arg("-tq")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
 
     #[test]

@@ -150,13 +150,41 @@ impl Client {
         let len = file.metadata().map_err(HelperError::file(src))?.len();
         let total = head.len() as u64 + len + tail.len() as u64;
         let mut body = head.chain(file).chain(tail);
-        let resp = self
+        self.post(url, token, content_type, &mut body, Some(total))
+    }
+
+    /// [`Self::post_framed_file`] of a body read as it is made (`Transfer-Encoding: chunked`,
+    /// as GitLab Runner streams its archives): an error reading it breaks the request off
+    /// before its last chunk, so the server never keeps a part.
+    pub fn post_framed_stream(
+        &self,
+        url: &str,
+        token: &str,
+        content_type: &str,
+        (head, body, tail): (&[u8], &mut dyn Read, &[u8]),
+    ) -> Result<u16, HelperError> {
+        let mut body = head.chain(body).chain(tail);
+        self.post(url, token, content_type, &mut body, None)
+    }
+
+    fn post(
+        &self,
+        url: &str,
+        token: &str,
+        content_type: &str,
+        body: &mut dyn Read,
+        len: Option<u64>,
+    ) -> Result<u16, HelperError> {
+        let mut req = self
             .agent
             .post(url)
             .header("JOB-TOKEN", token)
-            .header("Content-Type", content_type)
-            .header("Content-Length", total.to_string())
-            .send(ureq::SendBody::from_reader(&mut body))
+            .header("Content-Type", content_type);
+        if let Some(len) = len {
+            req = req.header("Content-Length", len.to_string());
+        }
+        let resp = req
+            .send(ureq::SendBody::from_reader(body))
             .map_err(|e| HelperError::http(url, e))?;
         let status = resp.status().as_u16();
         match status {

@@ -9,9 +9,10 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use slipway_artifacts::{Compression, Format, Globs, Limits, keeps};
+use slipway_artifacts::{CollectedTar, Compression, Format, Globs, Limits, keeps};
 use slipway_job::data::{ArchiveLimits, DataPlan, DataStep};
 
 use crate::error::HelperError;
@@ -317,72 +318,107 @@ impl<W: Write> Stage<'_, W> {
             "Uploading artifacts for {} job",
             if *succeeded { "successful" } else { "failed" }
         ));
-        let archived = self.scratch.join(format!("{tar}.archive"));
-        let made = archive(
-            &self.scratch.join(tar),
-            &archived,
-            format,
-            (paths, exclude, *untracked, tracked),
-            compression,
-        );
-        let ended = match made {
-            Err(e) => {
+        let selection = (paths.as_slice(), exclude.as_slice(), *untracked, tracked);
+        let (made, sent) = if format == Format::Zip {
+            // Streamed: the zip is made while it is sent, never written to this host's disk.
+            match collected(&self.scratch.join(tar), selection) {
+                Err(e) => (Err(e), None),
+                Ok(c) if c.files() == 0 => (Ok(()), None),
+                Ok(c) => {
+                    self.say(&format!(
+                        "{} files and directories; uploading artifacts as {artifact_type:?} to \
+                         coordinator...",
+                        c.files()
+                    ));
+                    let file_name = file_name(name.as_deref(), format.as_str());
+                    let sent = Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600))
+                        .and_then(|client| {
+                            retried(3, |_| {
+                                upload_streamed(
+                                    &client,
+                                    url,
+                                    token,
+                                    (artifact_type, format.as_str(), &file_name),
+                                    (&c, compression),
+                                )
+                            })
+                        });
+                    (Ok(()), Some(sent))
+                }
+            }
+        } else {
+            let archived = self.scratch.join(format!("{tar}.archive"));
+            let made = archive(
+                &self.scratch.join(tar),
+                &archived,
+                format,
+                selection,
+                compression,
+            );
+            let done = match made {
+                Ok(made) if made.files > 0 => {
+                    self.say(&format!(
+                        "{} files and directories; uploading artifacts as {artifact_type:?} to \
+                         coordinator...",
+                        made.files
+                    ));
+                    let file_name = file_name(
+                        made.raw_path.as_deref().or(name.as_deref()),
+                        format.as_str(),
+                    );
+                    let sent = Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600))
+                        .and_then(|client| {
+                            retried(3, |_| {
+                                upload_file(
+                                    &client,
+                                    url,
+                                    token,
+                                    (artifact_type, format.as_str(), &file_name),
+                                    &archived,
+                                )
+                            })
+                        });
+                    (Ok(()), Some(sent))
+                }
+                Ok(_) => (Ok(()), None),
+                Err(e) => (Err(e), None),
+            };
+            let _ = std::fs::remove_file(&archived);
+            done
+        };
+        let ended: Ending = match (made, sent) {
+            (Err(e), _) => {
                 self.say(&format!("ERROR: archiving artifacts: {e}"));
                 Ending::Failed
             }
-            Ok(made) if made.files == 0 => {
+            (Ok(()), None) => {
                 self.say(&format!(
                     "WARNING: no files to upload for artifacts {artifact_type:?} (paths {paths:?})"
                 ));
                 Ending::Done
             }
-            Ok(made) => {
-                self.say(&format!(
-                    "{} files and directories; uploading artifacts as {artifact_type:?} to \
-                     coordinator...",
-                    made.files
-                ));
-                let file_name = file_name(
-                    made.raw_path.as_deref().or(name.as_deref()),
-                    format.as_str(),
-                );
-                let sent = Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600)).and_then(
-                    |client| {
-                        retried(3, |_| {
-                            upload_file(
-                                &client,
-                                url,
-                                token,
-                                (artifact_type, format.as_str(), &file_name),
-                                &archived,
-                            )
-                        })
-                    },
-                );
-                match sent {
-                    Ok(status) => {
-                        self.say(&format!(
-                            "Uploading artifacts as {artifact_type:?} to coordinator... {status} \
+            (Ok(()), Some(sent)) => match sent {
+                Ok(status) => {
+                    self.say(&format!(
+                        "Uploading artifacts as {artifact_type:?} to coordinator... {status} \
                              Created  id={job_id}"
-                        ));
-                        Ending::Done
-                    }
-                    Err(HelperError::Status { status: 413, .. }) => {
-                        self.say(
-                            "ERROR: uploading artifacts: artifacts archive too large: GitLab's \
+                    ));
+                    Ending::Done
+                }
+                Err(HelperError::Status { status: 413, .. }) => {
+                    self.say(
+                        "ERROR: uploading artifacts: artifacts archive too large: GitLab's \
                              maximum artifacts size (project, group or instance setting) is \
                              smaller",
-                        );
-                        Ending::Failed
-                    }
-                    Err(e) => {
-                        self.say(&format!("ERROR: uploading artifacts: {e}{}", e.hint()));
-                        Ending::Failed
-                    }
+                    );
+                    Ending::Failed
                 }
-            }
+                Err(e) => {
+                    self.say(&format!("ERROR: uploading artifacts: {e}{}", e.hint()));
+                    Ending::Failed
+                }
+            },
         };
-        let _ = std::fs::remove_file(&archived);
         ended
     }
 
@@ -454,6 +490,89 @@ fn archive(
     )?)
 }
 
+/// The collected tar file's entries that the artifact's paths, `exclude` and `untracked`
+/// keep.
+fn collected(
+    tar: &Path,
+    (paths, exclude, untracked, tracked): (&[String], &[String], bool, &BTreeSet<String>),
+) -> Result<CollectedTar, HelperError> {
+    let includes = Globs::new(paths)?;
+    let excludes = Globs::new(exclude)?;
+    let keep = |p: &str| keeps(p, &includes, &excludes, untracked, tracked);
+    Ok(CollectedTar::open(tar, &keep)?)
+}
+
+/// One multipart upload of `collected` as a zip made while it is sent: a thread writes it
+/// into a pipe that the request reads. A zip that cannot be finished breaks the request off.
+fn upload_streamed(
+    client: &Client,
+    url: &str,
+    token: &str,
+    names: (&str, &str, &str),
+    (collected, compression): (&CollectedTar, Compression),
+) -> Result<u16, HelperError> {
+    let (reader, writer) = std::io::pipe().map_err(|e| HelperError::Transfer {
+        url: without_query(url),
+        source: e,
+    })?;
+    let finished = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let writing = scope.spawn(|| {
+            let made = collected.write_zip(compression, writer).map(drop);
+            finished.store(made.is_ok(), Ordering::SeqCst);
+            made
+        });
+        let mut body = Finished {
+            reader,
+            finished: &finished,
+        };
+        let sent = upload_framed(client, url, token, names, Upload::Stream(&mut body));
+        // The read end closed: a writer the server stopped reading stops too (EPIPE).
+        drop(body);
+        let written = writing.join().unwrap_or_else(|_| {
+            Err(slipway_artifacts::ArtifactsError::ZipWrite(
+                std::io::Error::other("the archiving thread panicked"),
+            ))
+        });
+        match written {
+            // The archive's own failure, not the pipe the request closed.
+            Err(e) if !broken_pipe(&e) => Err(e.into()),
+            _ => sent,
+        }
+    })
+}
+
+/// Whether `e` is only the pipe's read end gone.
+fn broken_pipe(e: &slipway_artifacts::ArtifactsError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::BrokenPipe
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// A pipe's read end whose end counts only once its writer finished: the end of a zip that
+/// failed halfway is an error, so the request is broken off rather than ended.
+struct Finished<'a> {
+    reader: std::io::PipeReader,
+    finished: &'a AtomicBool,
+}
+
+impl std::io::Read for Finished<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.reader.read(buf)?;
+        if n == 0 && !buf.is_empty() && !self.finished.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("the archive was not finished"));
+        }
+        Ok(n)
+    }
+}
+
 /// `f` tried up to `attempts` times while its error is transient; `f` gets the attempt number.
 fn retried<T>(
     attempts: u32,
@@ -490,13 +609,32 @@ fn file_name(name: Option<&str>, format: &str) -> String {
     }
 }
 
+/// What a multipart upload sends as its file.
+enum Upload<'a> {
+    /// An archive in a file.
+    File(&'a Path),
+    /// An archive read as it is made.
+    Stream(&'a mut dyn std::io::Read),
+}
+
 /// One multipart upload of `archive` (fields `artifact_type`, `artifact_format`, `file`).
 fn upload_file(
     client: &Client,
     url: &str,
     token: &str,
-    (kind, format, file_name): (&str, &str, &str),
+    names: (&str, &str, &str),
     archive: &Path,
+) -> Result<u16, HelperError> {
+    upload_framed(client, url, token, names, Upload::File(archive))
+}
+
+/// One multipart upload of `file` (fields `artifact_type`, `artifact_format`, `file`).
+fn upload_framed(
+    client: &Client,
+    url: &str,
+    token: &str,
+    (kind, format, file_name): (&str, &str, &str),
+    file: Upload<'_>,
 ) -> Result<u16, HelperError> {
     // Values from the job payload must not break the multipart framing.
     let clean = |v: &str| v.replace(['"', '\r', '\n'], "_");
@@ -511,12 +649,21 @@ fn upload_file(
         clean(file_name),
     );
     let tail = format!("\r\n--{boundary}--\r\n");
-    client.post_framed_file(
-        url,
-        token,
-        &format!("multipart/form-data; boundary={boundary}"),
-        (head.as_bytes(), archive, tail.as_bytes()),
-    )
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    match file {
+        Upload::File(path) => client.post_framed_file(
+            url,
+            token,
+            &content_type,
+            (head.as_bytes(), path, tail.as_bytes()),
+        ),
+        Upload::Stream(body) => client.post_framed_stream(
+            url,
+            token,
+            &content_type,
+            (head.as_bytes(), body, tail.as_bytes()),
+        ),
+    }
 }
 
 /// A boundary for content not read beforehand: 128 bits from the process's random hash keys.
@@ -534,6 +681,25 @@ fn boundary() -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_stream_whose_archive_was_not_finished_ends_in_an_error_not_an_end() {
+        use std::io::{Read as _, Write as _};
+        for finished in [false, true] {
+            let (reader, mut writer) = std::io::pipe().unwrap();
+            writer.write_all(b"PK part").unwrap();
+            drop(writer);
+            let flag = AtomicBool::new(finished);
+            let mut body = Finished {
+                reader,
+                finished: &flag,
+            };
+            let mut got = Vec::new();
+            let read = body.read_to_end(&mut got);
+            assert_eq!(read.is_ok(), finished, "{read:?}");
+            assert_eq!(got, b"PK part");
+        }
+    }
 
     #[test]
     fn file_names_follow_gitlab_runner() {

@@ -49,13 +49,21 @@ fn serve(status: u16, body: Vec<u8>) -> (String, Arc<Mutex<Vec<Seen>>>) {
                     headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
                 }
             }
-            let len = headers
+            let chunked = headers
                 .iter()
-                .find(|(k, _)| k == "content-length")
-                .and_then(|(_, v)| v.parse::<usize>().ok())
-                .unwrap_or(0);
-            let mut got = vec![0; len];
-            let _ = reader.read_exact(&mut got);
+                .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+            let got = if chunked {
+                read_chunked(&mut reader)
+            } else {
+                let len = headers
+                    .iter()
+                    .find(|(k, _)| k == "content-length")
+                    .and_then(|(_, v)| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                let mut got = vec![0; len];
+                let _ = reader.read_exact(&mut got);
+                got
+            };
             log.lock().unwrap().push(Seen {
                 method,
                 path,
@@ -71,6 +79,31 @@ fn serve(status: u16, body: Vec<u8>) -> (String, Arc<Mutex<Vec<Seen>>>) {
         }
     });
     (url, seen)
+}
+
+/// A `Transfer-Encoding: chunked` body, decoded (what it holds up to a broken chunk).
+fn read_chunked(reader: &mut impl BufRead) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let mut size = String::new();
+        if reader.read_line(&mut size).is_err() {
+            return body;
+        }
+        let hex = size.trim().split(';').next().unwrap_or_default();
+        let Ok(len) = usize::from_str_radix(hex, 16) else {
+            return body;
+        };
+        if len == 0 {
+            let mut end = String::new();
+            let _ = reader.read_line(&mut end);
+            return body;
+        }
+        let mut chunk = vec![0; len + 2];
+        if reader.read_exact(&mut chunk).is_err() {
+            return body;
+        }
+        body.extend_from_slice(&chunk[..len]);
+    }
 }
 
 /// A zip of `files` (name, contents), deflated.
@@ -232,6 +265,13 @@ fn collected_files_are_archived_and_posted_as_gitlab_s_form() {
     assert!(
         post.headers
             .contains(&("job-token".into(), "glcbt-1_jobToken".into()))
+    );
+    // Streamed as it is made, as GitLab Runner sends it: no archive on the host's disk.
+    assert!(
+        post.headers
+            .contains(&("transfer-encoding".into(), "chunked".into())),
+        "{:?}",
+        post.headers
     );
     let body = String::from_utf8_lossy(&post.body);
     assert!(body.contains("filename=\"app.zip\""), "{body}");
