@@ -4,7 +4,8 @@
 //!   1 GiB repository of incompressible blobs (smart HTTP, `git http-backend`) and uploading a
 //!   512 MiB artifact; the manager process's resident memory idle and at its peak (VmHWM).
 //! - **upload**: a 512 MiB artifact (one incompressible file) uploaded by the job helper as a
-//!   job's host runs it (collected with `tar`, archived, POSTed), and by the manager's GitLab
+//!   job's host runs it (collected by the executors' collect script, zipped while it is
+//!   POSTed), and by the manager's GitLab
 //!   client from an archive file (the `job_data = "manager"` path), beside `curl` POSTing the
 //!   archive to the same endpoint.
 //! - **host**: `slipway run` with the job helper on an instance sharing this machine's network:
@@ -19,8 +20,8 @@
 //!   through the same kind of URL.
 //! - **realistic**: the `node_modules` of a mid-size npm project (webpack, TypeScript, ESLint,
 //!   Jest, Express, Babel, lodash; installed with npm once, kept under `target/bench-trees`)
-//!   saved and restored by the job helper as a job's host runs it (`tar` collecting the
-//!   cache's paths into the stage's scratch directory, then `slipway-helper run` with the
+//!   saved and restored by the job helper as a job's host runs it (the executors' collect
+//!   script writing the cache's paths into the stage's scratch directory, then `slipway-helper run` with the
 //!   plan on stdin), in GitLab Runner's `tarzstd` and default `zip` formats at the default
 //!   level, beside the pipeline `tar c | zstd -T0 | curl -T -` and `curl | zstd -d | tar x`
 //!   on the same S3 server.
@@ -454,7 +455,7 @@ async fn upload() -> anyhow::Result<serde_json::Value> {
         VersionInfo::new("instance", "bash", [("artifacts".to_string(), true)]),
     ))?;
     // The job helper's upload from the job's host: the collected tar (the artifact's one file)
-    // archived (stored: incompressible) and POSTed as GitLab's form.
+    // zipped (stored: incompressible) while it is POSTed as GitLab's form.
     let helper = static_helper()?;
     let project = dir.path().join("project");
     std::fs::create_dir_all(project.join("out"))?;
@@ -492,6 +493,9 @@ async fn upload() -> anyhow::Result<serde_json::Value> {
             .upload_artifacts_file(got.id, &Secret::new(got.token.clone()), &file, &opts)
             .await?;
         ours.push(t.elapsed().as_secs_f64());
+        // The fake server keeps what it is sent: forgotten after each upload, so none is
+        // made into a server holding the ones before.
+        gl.forget_artifact_bytes();
         let url = format!(
             "{}/api/v4/jobs/{}/artifacts?artifact_format=zip&artifact_type=archive",
             gl.url().trim_end_matches('/'),
@@ -508,6 +512,7 @@ async fn upload() -> anyhow::Result<serde_json::Value> {
             &url,
         ])?;
         theirs.push(t.elapsed().as_secs_f64());
+        gl.forget_artifact_bytes();
 
         let got = running(format!("glcbt-1_helper{round:04}"))
             .await?
@@ -520,9 +525,10 @@ async fn upload() -> anyhow::Result<serde_json::Value> {
             "exclude": [], "untracked": false, "tar": "collected.tar"}]});
         sh("sync")?;
         let t = Instant::now();
-        let said = helper_stage(&helper, &project, Some("tar -c -f - -- out"), &plan)?;
+        let said = helper_stage(&helper, &project, Some(&["out"]), &plan)?;
         from_host.push(t.elapsed().as_secs_f64());
         anyhow::ensure!(said.contains("201 Created"), "{said}");
+        gl.forget_artifact_bytes();
         eprintln!(
             "upload round {round}: manager client {:.2} s, helper on the host {:.2} s, curl {:.2} s",
             ours[round], from_host[round], theirs[round]
@@ -638,21 +644,42 @@ fn succeeds(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
 }
 
 /// One helper stage run as a host runs it: `plan` on stdin, a fresh scratch directory,
-/// `collect` (a shell command writing `$S/collected.tar`) first; what the helper said.
+/// the `collect` paths first (the executors' collect script writing `$S/collected.tar`); what
+/// the helper said.
 fn helper_stage(
     helper: &std::path::Path,
     project: &std::path::Path,
-    collect: Option<&str>,
+    collect: Option<&[&str]>,
     plan: &serde_json::Value,
 ) -> anyhow::Result<String> {
     use std::io::Write as _;
     let scratch = tempfile::tempdir()?;
-    if let Some(collect) = collect {
-        sh(&format!(
-            "cd {} && {collect} > {}/collected.tar",
-            project.display(),
-            scratch.path().display()
-        ))?;
+    if let Some(paths) = collect {
+        // The executors' own collect script, in a builds directory whose job directory is
+        // the project.
+        let builds = tempfile::tempdir()?;
+        std::fs::create_dir_all(builds.path().join("slot-0"))?;
+        std::os::unix::fs::symlink(project, builds.path().join("slot-0/job-1"))?;
+        let dirs = slipway_executor::script::JobDirs {
+            builds_dir: builds.path().display().to_string(),
+            slot: 0,
+            job_id: 1,
+            clone_path: None,
+        };
+        let paths: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
+        let script = slipway_executor::script::collect_script(&dirs, &paths);
+        let tar = std::fs::File::create(scratch.path().join("collected.tar"))?;
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .stdout(tar)
+            .stderr(std::process::Stdio::piped())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "collecting: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let mut child = Command::new(helper)
         .args(["run", "--scratch"])
@@ -731,7 +758,7 @@ async fn realistic() -> anyhow::Result<serde_json::Value> {
             // Dirty pages of the previous step written back first, so none is billed for them.
             sh("sync")?;
             let t = Instant::now();
-            let said = helper_stage(&helper, &tree, Some("tar -c -f - -- node_modules"), &plan)?;
+            let said = helper_stage(&helper, &tree, Some(&["node_modules"]), &plan)?;
             times.entry(save).or_default().push(ms(t.elapsed()));
             anyhow::ensure!(said.contains("Created cache npm"), "{said}");
             let stored = s3_server

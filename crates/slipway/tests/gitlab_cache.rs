@@ -158,27 +158,9 @@ async fn a_fresh_instance_restores_what_another_saved_in_s3() {
         ]),
     ));
     let cfg = config(&w, &gl, &s3, SECRET_KEY);
-    let verify = w.run(&["verify-config", "-c", cfg.to_str().unwrap()]);
-    assert_eq!(verify.code, Some(0), "{}", verify.explain());
-    assert!(
-        !verify.stderr.contains("not supported"),
-        "{}",
-        verify.explain()
-    );
-    let child = common::start_manager(&w, &cfg);
-    let (state1, trace1) = common::job_ended(&gl, save).await;
-    let (state2, trace2) = common::job_ended(&gl, restore).await;
-    let stderr = common::stop_manager(&w, child);
-    assert_eq!(state1, "success", "{trace1}\n{stderr}");
-    assert_eq!(state2, "success", "{trace2}\n{stderr}");
-    assert!(trace1.contains("Created cache deps-build"), "{trace1}");
+    let (trace1, trace2, stderr) = save_and_restore(&w, &gl, &cfg, save, restore).await;
     assert!(trace2.contains("saved-on-the-first"), "{trace2}");
     assert!(trace2.contains("saved by gitlab-runner"), "{trace2}");
-    assert_ne!(
-        instance(&trace1),
-        instance(&trace2),
-        "the second job must run on a fresh instance"
-    );
     // GitLab Runner's object name, holding a zip archive; no credential in any trace.
     let objects = s3.objects(BUCKET).unwrap();
     assert!(
@@ -248,6 +230,36 @@ async fn a_zip_bomb_in_the_cache_fails_its_job_and_leaves_the_disk_as_it_was() {
     common::assert_scratch_empty(&w);
 }
 
+/// Jobs `save` and `restore` run by a manager on `cfg` (which `verify-config` takes without a
+/// word about the cache), each on a fresh instance, both successful, the first saving its
+/// cache: their traces and the manager's stderr.
+async fn save_and_restore(
+    w: &World,
+    gl: &FakeGitlab,
+    cfg: &std::path::Path,
+    save: u64,
+    restore: u64,
+) -> (String, String, String) {
+    let verify = w.run(&["verify-config", "-c", cfg.to_str().unwrap()]);
+    assert_eq!(verify.code, Some(0), "{}", verify.explain());
+    for said in ["not supported", "ignored"] {
+        assert!(!verify.stderr.contains(said), "{}", verify.explain());
+    }
+    let child = common::start_manager(w, cfg);
+    let (state1, trace1) = common::job_ended(gl, save).await;
+    let (state2, trace2) = common::job_ended(gl, restore).await;
+    let stderr = common::stop_manager(w, child);
+    assert_eq!(state1, "success", "{trace1}\n{stderr}");
+    assert_eq!(state2, "success", "{trace2}\n{stderr}");
+    assert!(trace1.contains("Created cache deps-build"), "{trace1}");
+    assert_ne!(
+        instance(&trace1),
+        instance(&trace2),
+        "a fresh instance each"
+    );
+    (trace1, trace2, stderr)
+}
+
 /// A save on one fresh instance and a restore on the next, through `cache` (a `Type` and its
 /// section); `stored` reads an object back from the bucket. Returns the saved object.
 async fn save_then_restore(
@@ -268,25 +280,9 @@ async fn save_then_restore(
         json!([{"key": "deps-build", "paths": ["deps/"], "policy": "pull"}]),
     ));
     let cfg = config_with(&w, &gl, cache);
-    let verify = w.run(&["verify-config", "-c", cfg.to_str().unwrap()]);
-    assert_eq!(verify.code, Some(0), "{}", verify.explain());
-    for said in ["not supported", "ignored"] {
-        assert!(!verify.stderr.contains(said), "{}", verify.explain());
-    }
-    let child = common::start_manager(&w, &cfg);
-    let (state1, trace1) = common::job_ended(&gl, save).await;
-    let (state2, trace2) = common::job_ended(&gl, restore).await;
-    let stderr = common::stop_manager(&w, child);
-    assert_eq!(state1, "success", "{trace1}\n{stderr}");
-    assert_eq!(state2, "success", "{trace2}\n{stderr}");
-    assert!(trace1.contains("Created cache deps-build"), "{trace1}");
+    let (trace1, trace2, stderr) = save_and_restore(&w, &gl, &cfg, save, restore).await;
     assert!(trace2.contains("Successfully extracted cache"), "{trace2}");
     assert!(trace2.contains("saved-on-the-first"), "{trace2}");
-    assert_ne!(
-        instance(&trace1),
-        instance(&trace2),
-        "a fresh instance each"
-    );
     for t in [&trace1, &trace2, &stderr] {
         for secret in secrets {
             assert!(!t.contains(secret), "{secret:?} leaked:\n{t}");

@@ -71,11 +71,11 @@ impl Server {
     }
 }
 
-/// Run a Python program; its stdout.
+/// Run a Python program (after [`FETCH`]); its stdout.
 fn python(what: &'static str, code: &str, args: &[&str]) -> Result<Vec<u8>, FixtureError> {
     let out = Command::new("python3")
         .arg("-c")
-        .arg(code)
+        .arg(format!("{FETCH}\n{code}"))
         .args(args)
         .output()
         .map_err(|e| err(what, e))?;
@@ -115,18 +115,25 @@ fn ensure(
     ))
 }
 
+/// Python's `fetch(req)`: the answer's body on stdout prefixed `1`, or `0` for a 404.
+const FETCH: &str = r#"
+import sys, urllib.error, urllib.request
+def fetch(req):
+    try:
+        sys.stdout.buffer.write(b"1" + urllib.request.urlopen(req).read())
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+        sys.stdout.buffer.write(b"0")
+"#;
+
 /// Read an object through the emulator's JSON API (argv: URL, bucket, name): its bytes on
 /// stdout, prefixed `1`, or `0` for a 404.
 const GCS_OBJECT: &str = r#"
 import sys, urllib.error, urllib.parse, urllib.request
 url = "%s/download/storage/v1/b/%s/o/%s?alt=media" % (
     sys.argv[1], sys.argv[2], urllib.parse.quote(sys.argv[3], safe=""))
-try:
-    sys.stdout.buffer.write(b"1" + urllib.request.urlopen(url).read())
-except urllib.error.HTTPError as e:
-    if e.code != 404:
-        raise
-    sys.stdout.buffer.write(b"0")
+fetch(url)
 "#;
 
 /// `gcp-storage-emulator` on `127.0.0.1`, in memory, with a bucket; killed on drop.
@@ -252,12 +259,7 @@ full = url + "/" + urllib.parse.quote(path) + ("?" + query if query else "")
 req = urllib.request.Request(full, method=method, headers={"x-ms-date": date,
     "x-ms-version": version, "Content-Length": "0",
     "Authorization": "SharedKey %s:%s" % (account, sig.decode())})
-try:
-    sys.stdout.buffer.write(b"1" + urllib.request.urlopen(req).read())
-except urllib.error.HTTPError as e:
-    if e.code != 404:
-        raise
-    sys.stdout.buffer.write(b"0")
+fetch(req)
 "#;
 
 /// Azurite's blob service on `127.0.0.1`, in memory, with a container; killed on drop.

@@ -437,6 +437,18 @@ impl FakeGitlab {
         })
     }
 
+    /// Forget the bytes of every uploaded artifact (their records stay): a benchmark that
+    /// uploads gigabytes would otherwise make the server's memory grow under every later
+    /// upload.
+    pub fn forget_artifact_bytes(&self) {
+        let mut st = self.shared.lock();
+        for job in st.jobs.values_mut() {
+            for a in &mut job.record.artifacts {
+                a.bytes = Default::default();
+            }
+        }
+    }
+
     /// Every job, by id.
     pub fn jobs(&self) -> Vec<JobRecord> {
         let mut st = self.shared.lock();
