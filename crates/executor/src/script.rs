@@ -430,9 +430,10 @@ mod tests {
         std::fs::create_dir_all(project.join("out/my dir")).unwrap();
         std::fs::write(project.join("out/my dir/a.txt"), "a").unwrap();
         let paths = ["out/my dir/", "missing/", "reports/*.xml"].map(String::from);
-        // The tar on stdout, listed.
+        // The tar on stdout, listed, and read to its end as the executors read it (`tar -t`
+        // stops at the end-of-archive blocks, before the record's padding).
         let listed = format!(
-            "set -o pipefail\n(\n{}) | tar -t -f -",
+            "set -o pipefail\n(\n{}) | {{ tar -t -f -; cat > /dev/null; }}",
             collect_script(&dirs, &paths)
         );
         let out = std::process::Command::new("bash")
