@@ -6,7 +6,9 @@
 //! `&&` (binds tighter), `||`, and parentheses. A lone operand is true when it is a non-blank
 //! string. As in GitLab: an undefined variable is `null`; `null` matched against a pattern is
 //! matched as the empty string; the right side of `=~` may be a variable (or string) holding
-//! `/regex/flags`; a value that is no pattern matches nothing.
+//! `/regex/flags`; a string that is no pattern is searched for the left side's value (GitLab
+//! calls Ruby's `String#scan` on it, so an unset left side matches any string), and null on
+//! the right matches nothing.
 //!
 //! `${VAR}` is no variable to GitLab's lexer (its pattern is `$` and word characters): GitLab
 //! refuses the file ("invalid expression syntax"; its docs list `if: ${ENVIRONMENT} == "x"` as
@@ -406,9 +408,14 @@ fn eval(node: &Node, lookup: &dyn Fn(&str) -> Option<String>) -> bool {
             let text = value(l, lookup).unwrap_or_default();
             let matched = match r {
                 Operand::Pattern(p) => p.regex.is_match(&text),
-                other => value(other, lookup)
-                    .and_then(|v| pattern_of_value(&v))
-                    .is_some_and(|p| p.regex.is_match(&text)),
+                // A string, or a variable's value, that is no `/pattern/` is searched for
+                // the left side's value, as GitLab's `String#scan` does: an unset or empty
+                // left side is found in any string. Nothing (null) on the right matches
+                // nothing.
+                other => value(other, lookup).is_some_and(|v| match pattern_of_value(&v) {
+                    Some(p) => p.regex.is_match(&text),
+                    None => v.contains(text.as_str()),
+                }),
             };
             matched == (*op == Op::Match)
         }
@@ -462,8 +469,17 @@ mod tests {
         assert!(!check("$REF =~ /RELEASE/", &v));
         assert!(check("$REF !~ /^main$/", &v));
         assert!(check("$REF =~ $RE", &v));
-        // A value that is not /…/ matches nothing.
+        // A value that is not /…/ is searched for the left side's value (String#scan).
         assert!(!check("$REF =~ $PLAIN", &v));
+        assert!(check("$PLAIN =~ $REF", &v));
+        assert!(check("$PLAIN =~ \"a release branch\"", &v));
+        assert!(!check("$PLAIN !~ \"a release branch\"", &v));
+        assert!(!check("$REF =~ \"a release branch\"", &v));
+        // An unset left side is found in any string; nothing on the right matches nothing.
+        assert!(check("$UNSET =~ \"feature\"", &v));
+        assert!(!check("$UNSET !~ \"feature\"", &v));
+        assert!(!check("$REF =~ $UNSET", &v));
+        assert!(check("$REF !~ $UNSET", &v));
         // null is matched as the empty string.
         assert!(check("$UNSET =~ /^$/", &v));
         assert!(check("$UNSET !~ /x/", &v));
