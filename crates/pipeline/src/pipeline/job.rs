@@ -274,6 +274,8 @@ impl Reader<'_> {
                         format!("{what}: expected true or false, found {}", v.describe()),
                     ),
                 },
+                // `dependencies:` with no value is unset to GitLab: artifacts as by default.
+                "dependencies" if v.is_null() => {}
                 "dependencies" => job.dependencies = self.string_list(&what, v),
                 "cache" => cache = self.cache(&what, v),
                 "trigger" => match self.trigger(&ctx, v) {
