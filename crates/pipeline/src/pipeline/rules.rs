@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::expr::Expr;
 use super::glob;
-use crate::yaml::Node;
+use crate::yaml::{Kind, Node};
 use slipway_job::model::Variable;
 
 /// What a rule (or a job without rules) says about starting a job.
@@ -230,7 +230,17 @@ impl super::Reader<'_> {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        match node.as_scalar().map(|w| (w, RuleWhen::parse(w))) {
+        // An unquoted `:on_failure` is a Ruby symbol to GitLab's YAML reader, taken by its
+        // name.
+        let plain = matches!(node.kind, Kind::Scalar { plain: true, .. });
+        let word = node.as_scalar().map(|w| {
+            if plain {
+                w.strip_prefix(':').unwrap_or(w)
+            } else {
+                w
+            }
+        });
+        match word.map(|w| (w, RuleWhen::parse(w))) {
             Some((_, Some(w))) if allowed.contains(&w) => Some(w),
             Some((word, _)) => {
                 self.error(
