@@ -230,6 +230,14 @@ impl super::Reader<'_> {
                                 Some(f) => self.string_list(&format!("{sub}:files"), &f.value)?,
                                 None => Vec::new(),
                             };
+                            // GitLab refuses an empty list rather than key the cache on nothing.
+                            if let Some(f) = v.get("files").filter(|_| files.is_empty()) {
+                                self.error(
+                                    f.value.line,
+                                    format!("{sub}:files config requires at least 1 item"),
+                                );
+                                return None;
+                            }
                             let prefix = v.get("prefix").and_then(|p| p.value.as_scalar());
                             let dir = self.facts.project_dir();
                             let listing = if files.iter().any(|f| f.contains('*')) {
