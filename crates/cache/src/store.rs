@@ -28,30 +28,33 @@ pub enum StoreConfig {
 #[derive(Debug, Clone)]
 pub struct Store {
     signer: Arc<dyn Signer>,
-    /// Headers a PUT carries, and whether the signature covers them.
+    /// Headers a PUT carries.
     put_headers: Vec<(String, String)>,
-    sign_put_headers: bool,
+    /// Those of them the signature covers (S3's encryption headers).
+    put_signed: SignedUrlOptions,
 }
 
 impl Store {
     /// The bucket of `config`; an error names the setting that keeps it from use.
     pub fn new(config: &StoreConfig) -> Result<Store, CacheError> {
-        Ok(match config {
-            StoreConfig::S3(c) => Store {
-                signer: Arc::new(c.build()?),
-                put_headers: c.put_headers(),
-                sign_put_headers: true,
-            },
-            StoreConfig::Gcs(c) => Store {
-                signer: Arc::new(c.build()?),
-                put_headers: Vec::new(),
-                sign_put_headers: false,
-            },
-            StoreConfig::Azure(c) => Store {
-                signer: Arc::new(c.build()?),
-                put_headers: c.put_headers(),
-                sign_put_headers: false,
-            },
+        let (signer, put_headers, signed): (Arc<dyn Signer>, _, _) = match config {
+            StoreConfig::S3(c) => (Arc::new(c.build()?), c.put_headers(), true),
+            StoreConfig::Gcs(c) => (Arc::new(c.build()?), Vec::new(), false),
+            StoreConfig::Azure(c) => (Arc::new(c.build()?), c.put_headers(), false),
+        };
+        let mut put_signed = SignedUrlOptions::default();
+        for (k, v) in put_headers.iter().filter(|_| signed) {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                put_signed = put_signed.with_signed_header(name, value);
+            }
+        }
+        Ok(Store {
+            signer,
+            put_headers,
+            put_signed,
         })
     }
 
@@ -68,17 +71,9 @@ impl Store {
         object: &str,
         valid: Duration,
     ) -> Result<(String, Vec<(String, String)>), CacheError> {
-        let mut options = SignedUrlOptions::default();
-        if self.sign_put_headers {
-            for (k, v) in &self.put_headers {
-                let name = HeaderName::from_bytes(k.as_bytes());
-                let value = HeaderValue::from_str(v);
-                if let (Ok(name), Ok(value)) = (name, value) {
-                    options = options.with_signed_header(name, value);
-                }
-            }
-        }
-        let url = self.sign(Method::PUT, object, valid, &options).await?;
+        let url = self
+            .sign(Method::PUT, object, valid, &self.put_signed)
+            .await?;
         Ok((url, self.put_headers.clone()))
     }
 

@@ -147,19 +147,24 @@ impl CacheConfig {
                 .try_into::<T>()
                 .map_err(|e| (section, e.message().to_string(), true))
         }
-        let config = match self.cache_type.as_str() {
+        Ok(Some(match self.cache_type.as_str() {
             "s3" => StoreConfig::S3(table::<S3Toml>(&self.s3, "")?.usable()?),
             "gcs" => StoreConfig::Gcs(table::<GcsToml>(&self.gcs, "")?.usable()?),
             "azure" => StoreConfig::Azure(table::<AzureToml>(&self.azure, "")?.usable()?),
             _ => return Ok(None),
-        };
-        // What only the signer can tell (a key file that cannot be read, a key that is
-        // not PEM or not base64), said with the key's name.
-        Store::new(&config).map_err(|e| match e {
-            slipway_cache::CacheError::Config { key, reason, .. } => (key, reason, true),
-            other => ("", other.to_string(), true),
-        })?;
-        Ok(Some(config))
+        }))
+    }
+
+    /// [`Self::settings`], and what only the signer can tell (a key file that cannot be
+    /// read, a key that is not PEM or not base64), said with the key's name.
+    fn checked_settings(&self) -> Result<(), Unusable> {
+        if let Some(config) = self.settings()? {
+            Store::new(&config).map_err(|e| match e {
+                slipway_cache::CacheError::Config { key, reason, .. } => (key, reason, true),
+                other => ("", other.to_string(), true),
+            })?;
+        }
+        Ok(())
     }
 
     /// A known `Type` with the settings it needs, and a size.
@@ -167,7 +172,7 @@ impl CacheConfig {
         match self.cache_type.as_str() {
             "" => {}
             t @ ("s3" | "gcs" | "azure") => {
-                if let Err((key, why, fatal)) = self.settings() {
+                if let Err((key, why, fatal)) = self.checked_settings() {
                     let at: &[&str] = if key.is_empty() { &[t] } else { &[t, key] };
                     if fatal {
                         report.error(at, why);

@@ -236,13 +236,16 @@ impl<W: Write> Stage<'_, W> {
             return Ending::Done;
         }
         let zip = self.scratch.join(format!("{tar}.{}", format.as_str()));
-        let made = archive(
-            &self.scratch.join(tar),
-            &zip,
-            format,
-            (paths, &[], *untracked, tracked),
-            compression,
-        );
+        let collected = self.scratch.join(tar);
+        let made = selecting((paths, &[], *untracked, tracked), |keep| {
+            slipway_artifacts::archive_file_from_tar_file(
+                &collected,
+                &zip,
+                format,
+                keep,
+                compression,
+            )
+        });
         let ended = match made {
             Err(e) => {
                 self.say(&format!("WARNING: archiving the cache failed: {e}"));
@@ -319,106 +322,83 @@ impl<W: Write> Stage<'_, W> {
             if *succeeded { "successful" } else { "failed" }
         ));
         let selection = (paths.as_slice(), exclude.as_slice(), *untracked, tracked);
-        let (made, sent) = if format == Format::Zip {
-            // Streamed: the zip is made while it is sent, never written to this host's disk.
-            match collected(&self.scratch.join(tar), selection) {
-                Err(e) => (Err(e), None),
-                Ok(c) if c.files() == 0 => (Ok(()), None),
-                Ok(c) => {
-                    self.say(&format!(
-                        "{} files and directories; uploading artifacts as {artifact_type:?} to \
-                         coordinator...",
-                        c.files()
-                    ));
-                    let file_name = file_name(name.as_deref(), format.as_str());
-                    let sent = Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600))
-                        .and_then(|client| {
-                            retried(3, |_| {
-                                upload_streamed(
-                                    &client,
-                                    url,
-                                    token,
-                                    (artifact_type, format.as_str(), &file_name),
-                                    (&c, compression),
-                                )
-                            })
-                        });
-                    (Ok(()), Some(sent))
-                }
-            }
+        let collected = self.scratch.join(tar);
+        let archived = self.scratch.join(format!("{tar}.archive"));
+        // A zip is made while it is sent, never written to this host's disk; gzip and raw
+        // archives go through a file.
+        let prepared = if format == Format::Zip {
+            selecting(selection, |keep| CollectedTar::open(&collected, keep))
+                .map(|c| (c.files(), Prepared::Stream(c)))
         } else {
-            let archived = self.scratch.join(format!("{tar}.archive"));
-            let made = archive(
-                &self.scratch.join(tar),
-                &archived,
-                format,
-                selection,
-                compression,
-            );
-            let done = match made {
-                Ok(made) if made.files > 0 => {
-                    self.say(&format!(
-                        "{} files and directories; uploading artifacts as {artifact_type:?} to \
-                         coordinator...",
-                        made.files
-                    ));
-                    let file_name = file_name(
-                        made.raw_path.as_deref().or(name.as_deref()),
-                        format.as_str(),
-                    );
-                    let sent = Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600))
-                        .and_then(|client| {
-                            retried(3, |_| {
-                                upload_file(
-                                    &client,
-                                    url,
-                                    token,
-                                    (artifact_type, format.as_str(), &file_name),
-                                    &archived,
-                                )
-                            })
-                        });
-                    (Ok(()), Some(sent))
-                }
-                Ok(_) => (Ok(()), None),
-                Err(e) => (Err(e), None),
-            };
-            let _ = std::fs::remove_file(&archived);
-            done
+            selecting(selection, |keep| {
+                slipway_artifacts::archive_file_from_tar_file(
+                    &collected,
+                    &archived,
+                    format,
+                    keep,
+                    compression,
+                )
+            })
+            .map(|made| (made.files, Prepared::File(made.raw_path)))
         };
-        let ended: Ending = match (made, sent) {
-            (Err(e), _) => {
+        let ended: Ending = match prepared {
+            Err(e) => {
                 self.say(&format!("ERROR: archiving artifacts: {e}"));
                 Ending::Failed
             }
-            (Ok(()), None) => {
+            Ok((0, _)) => {
                 self.say(&format!(
                     "WARNING: no files to upload for artifacts {artifact_type:?} (paths {paths:?})"
                 ));
                 Ending::Done
             }
-            (Ok(()), Some(sent)) => match sent {
-                Ok(status) => {
-                    self.say(&format!(
-                        "Uploading artifacts as {artifact_type:?} to coordinator... {status} \
+            Ok((files, prepared)) => {
+                self.say(&format!(
+                    "{files} files and directories; uploading artifacts as {artifact_type:?} to \
+                     coordinator..."
+                ));
+                let raw_path = match &prepared {
+                    Prepared::File(raw_path) => raw_path.as_deref(),
+                    Prepared::Stream(_) => None,
+                };
+                let file_name = file_name(raw_path.or(name.as_deref()), format.as_str());
+                let names = (artifact_type.as_str(), format.as_str(), file_name.as_str());
+                let sent = Client::new(plan.ca_pem.as_deref(), Duration::from_secs(3600)).and_then(
+                    |client| {
+                        retried(3, |_| match &prepared {
+                            Prepared::Stream(c) => {
+                                upload_streamed(&client, url, token, names, (c, compression))
+                            }
+                            Prepared::File(_) => {
+                                upload_framed(&client, url, token, names, Upload::File(&archived))
+                            }
+                        })
+                    },
+                );
+                match sent {
+                    Ok(status) => {
+                        self.say(&format!(
+                            "Uploading artifacts as {artifact_type:?} to coordinator... {status} \
                              Created  id={job_id}"
-                    ));
-                    Ending::Done
-                }
-                Err(HelperError::Status { status: 413, .. }) => {
-                    self.say(
-                        "ERROR: uploading artifacts: artifacts archive too large: GitLab's \
+                        ));
+                        Ending::Done
+                    }
+                    Err(HelperError::Status { status: 413, .. }) => {
+                        self.say(
+                            "ERROR: uploading artifacts: artifacts archive too large: GitLab's \
                              maximum artifacts size (project, group or instance setting) is \
                              smaller",
-                    );
-                    Ending::Failed
+                        );
+                        Ending::Failed
+                    }
+                    Err(e) => {
+                        self.say(&format!("ERROR: uploading artifacts: {e}{}", e.hint()));
+                        Ending::Failed
+                    }
                 }
-                Err(e) => {
-                    self.say(&format!("ERROR: uploading artifacts: {e}{}", e.hint()));
-                    Ending::Failed
-                }
-            },
+            }
         };
+        let _ = std::fs::remove_file(&archived);
         ended
     }
 
@@ -470,36 +450,25 @@ fn limits_of(l: ArchiveLimits) -> Limits {
 }
 
 /// `tar` (the collected files) archived into `out` in `format`, keeping what `paths`,
-/// `exclude`, `untracked` and the tracked list select.
-fn archive(
-    tar: &Path,
-    out: &Path,
-    format: Format,
+/// `f` given the keep rule of an artifact's paths, `exclude` and `untracked` (the collected
+/// tar's paths it keeps).
+fn selecting<T>(
     (paths, exclude, untracked, tracked): (&[String], &[String], bool, &BTreeSet<String>),
-    compression: Compression,
-) -> Result<slipway_artifacts::ArchiveFile, HelperError> {
+    f: impl FnOnce(&dyn Fn(&str) -> bool) -> Result<T, slipway_artifacts::ArtifactsError>,
+) -> Result<T, HelperError> {
     let includes = Globs::new(paths)?;
     let excludes = Globs::new(exclude)?;
-    let keep = |p: &str| keeps(p, &includes, &excludes, untracked, tracked);
-    Ok(slipway_artifacts::archive_file_from_tar_file(
-        tar,
-        out,
-        format,
-        &keep,
-        compression,
-    )?)
+    Ok(f(&|p: &str| {
+        keeps(p, &includes, &excludes, untracked, tracked)
+    })?)
 }
 
-/// The collected tar file's entries that the artifact's paths, `exclude` and `untracked`
-/// keep.
-fn collected(
-    tar: &Path,
-    (paths, exclude, untracked, tracked): (&[String], &[String], bool, &BTreeSet<String>),
-) -> Result<CollectedTar, HelperError> {
-    let includes = Globs::new(paths)?;
-    let excludes = Globs::new(exclude)?;
-    let keep = |p: &str| keeps(p, &includes, &excludes, untracked, tracked);
-    Ok(CollectedTar::open(tar, &keep)?)
+/// What an upload sends as its archive.
+enum Prepared {
+    /// A zip made from the collected tar while it is sent.
+    Stream(CollectedTar),
+    /// An archive in the scratch directory, and for raw the stored file's path.
+    File(Option<String>),
 }
 
 /// One multipart upload of `collected` as a zip made while it is sent: a thread writes it
@@ -618,17 +587,6 @@ enum Upload<'a> {
     File(&'a Path),
     /// An archive read as it is made.
     Stream(&'a mut dyn std::io::Read),
-}
-
-/// One multipart upload of `archive` (fields `artifact_type`, `artifact_format`, `file`).
-fn upload_file(
-    client: &Client,
-    url: &str,
-    token: &str,
-    names: (&str, &str, &str),
-    archive: &Path,
-) -> Result<u16, HelperError> {
-    upload_framed(client, url, token, names, Upload::File(archive))
 }
 
 /// One multipart upload of `file` (fields `artifact_type`, `artifact_format`, `file`).
